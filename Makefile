@@ -1,0 +1,28 @@
+# The two commands of the README: `make demo` and `make test`.
+# Each creates .venv from the pinned lock file on first use, then runs.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench lint clean
+
+$(STAMP): pyproject.toml requirements/test.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/test.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m barrierflow demo
+
+test: $(STAMP)
+	$(BIN)/ruff check barrierflow tests benchmarks
+	$(BIN)/mypy --strict barrierflow
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,32 @@
+"""barrierflow: streaming dataflow for Python.
+
+Actors talk over bounded channels, exchanging Arrow chunks and barriers that cut the stream
+into epochs. Start with :mod:`barrierflow.channels`.
+"""
+
+from barrierflow.errors import BarrierflowError as BarrierflowError
+from barrierflow.errors import BarrierMisalignedError as BarrierMisalignedError
+from barrierflow.errors import ChannelBrokenError as ChannelBrokenError
+from barrierflow.errors import ChannelClosedError as ChannelClosedError
+from barrierflow.errors import ConfigError as ConfigError
+from barrierflow.errors import EpochOrderError as EpochOrderError
+from barrierflow.errors import InvalidArgumentError as InvalidArgumentError
+from barrierflow.errors import ProtocolError as ProtocolError
+from barrierflow.errors import SchemaMismatchError as SchemaMismatchError
+from barrierflow.errors import VnodeOwnershipError as VnodeOwnershipError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BarrierMisalignedError",
+    "BarrierflowError",
+    "ChannelBrokenError",
+    "ChannelClosedError",
+    "ConfigError",
+    "EpochOrderError",
+    "InvalidArgumentError",
+    "ProtocolError",
+    "SchemaMismatchError",
+    "VnodeOwnershipError",
+    "__version__",
+]

@@ -1,0 +1,119 @@
+"""Barriers: the markers that cut a stream into epochs and carry mutations.
+
+Every actor passes each barrier downstream after the data of the epoch it closes and before
+the data of the epoch it opens. A CHECKPOINT barrier also asks every actor to make its state
+durable up to ``epoch.prev``, the epoch it closes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import final
+
+from barrierflow.channels.epoch import EpochPair
+from barrierflow.channels.mutation import (
+    MUTATION_TYPES,
+    Add,
+    Mutation,
+    Pause,
+    Resume,
+    SourceChangeSplit,
+    Split,
+    Stop,
+    Throttle,
+    Update,
+)
+from barrierflow.channels.vnode import VnodeBitmap
+from barrierflow.errors import InvalidArgumentError
+
+__all__ = ["BarrierKind", "Barrier"]
+
+
+class BarrierKind(enum.Enum):
+    """What a barrier asks of the actors it passes."""
+
+    #: The first barrier an actor sees after (re)start; carries its initial configuration.
+    INITIAL = "initial"
+    #: An ordinary epoch boundary.
+    BARRIER = "barrier"
+    #: An epoch boundary after which state is made durable.
+    CHECKPOINT = "checkpoint"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """An epoch boundary, with an optional mutation applied at it.
+
+    Raises:
+        InvalidArgumentError: ``epoch`` is not an :class:`EpochPair`, ``kind`` not a
+            :class:`BarrierKind`, or ``mutation`` not one of the mutation classes.
+    """
+
+    epoch: EpochPair
+    kind: BarrierKind = BarrierKind.BARRIER
+    mutation: Mutation | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.epoch, EpochPair):
+            raise InvalidArgumentError("Barrier.epoch", "an EpochPair", self.epoch)
+        if not isinstance(self.kind, BarrierKind):
+            raise InvalidArgumentError("Barrier.kind", "a BarrierKind", self.kind)
+        if self.mutation is not None and not isinstance(self.mutation, MUTATION_TYPES):
+            raise InvalidArgumentError("Barrier.mutation", "None or a mutation", self.mutation)
+
+    @property
+    def is_checkpoint(self) -> bool:
+        """Whether state must be made durable at this barrier (INITIAL counts: it anchors)."""
+        return self.kind is not BarrierKind.BARRIER
+
+    def with_mutation(self, mutation: Mutation | None) -> Barrier:
+        """The same boundary carrying ``mutation`` instead."""
+        return Barrier(self.epoch, self.kind, mutation)
+
+    # The questions actors ask of a barrier.
+
+    def initial_splits(self, actor_id: int) -> tuple[Split, ...] | None:
+        """The splits assigned to ``actor_id`` when it starts (``Add``), or ``None``."""
+        if isinstance(self.mutation, Add):
+            return self.mutation.splits.get(actor_id)
+        return None
+
+    def is_pause_on_startup(self) -> bool:
+        """Whether newly added actors start paused."""
+        return isinstance(self.mutation, Add) and self.mutation.pause
+
+    def is_pause(self) -> bool:
+        """Whether this barrier pauses sources."""
+        return isinstance(self.mutation, Pause)
+
+    def is_resume(self) -> bool:
+        """Whether this barrier resumes paused sources."""
+        return isinstance(self.mutation, Resume)
+
+    def throttle_for(self, actor_id: int) -> tuple[bool, float | None]:
+        """``(changed, rate)``: whether the rate of ``actor_id`` changes here, and to what."""
+        if isinstance(self.mutation, Throttle) and actor_id in self.mutation.rates:
+            return True, self.mutation.rates[actor_id]
+        return False, None
+
+    def new_splits(self, actor_id: int) -> tuple[Split, ...] | None:
+        """The new split assignment of ``actor_id`` (``SourceChangeSplit`` or ``Update``)."""
+        if isinstance(self.mutation, SourceChangeSplit | Update):
+            return self.mutation.splits.get(actor_id)
+        return None
+
+    def new_vnode_bitmap(self, actor_id: int) -> VnodeBitmap | None:
+        """The new vnode bitmap of ``actor_id`` under an ``Update``, or ``None``."""
+        if isinstance(self.mutation, Update):
+            return self.mutation.vnode_bitmaps.get(actor_id)
+        return None
+
+    def is_stop(self, actor_id: int) -> bool:
+        """Whether ``actor_id`` stops (``Stop``) or is dropped (``Update``) at this barrier."""
+        if isinstance(self.mutation, Stop):
+            return actor_id in self.mutation.actors
+        if isinstance(self.mutation, Update):
+            return actor_id in self.mutation.dropped_actors
+        return False

@@ -1,0 +1,501 @@
+"""Bounded channels: how messages travel between actors, with backpressure.
+
+A channel holds at most ``max_messages`` messages and, if ``max_rows`` is set, at most
+``max_rows`` rows of chunks: a chunk takes as many row permits as it has rows, so memory stays
+bounded whatever the chunk size. A chunk larger than ``max_rows`` is admitted alone, when no
+other rows are buffered, rather than deadlocking. Barriers and watermarks take no row permits
+but queue behind any sender already waiting, so they never overtake an earlier chunk.
+
+The API speaks anyio's vocabulary (``send``/``send_nowait``, ``receive``/``receive_nowait``,
+``clone``, ``close``/``aclose``, ``statistics()``, ``async for``):
+
+* the receiver gets end of stream (:class:`anyio.EndOfStream`; ``async for`` just stops) once
+  every sender clone is closed and the buffer is drained;
+* a sender whose receivers are all gone gets :class:`~barrierflow.errors.ChannelBrokenError`;
+* using an end after closing it raises :class:`~barrierflow.errors.ChannelClosedError`;
+* closing the last receiver drops what is buffered.
+
+**Scheduling.** ``send`` and ``receive`` are checkpoints (a cancellation point and a yield to
+other tasks) whenever they have to wait, and otherwise once every :data:`COOPERATIVE_BUDGET`
+operations on the same end — the cooperative budget that tokio uses, instead of trio's
+checkpoint on every call, which costs more than the hop itself (≈ 1.6 µs for a cancellation
+check alone on asyncio). A consumer thus drains what is buffered without a trip through the
+event loop per message, a producer that never blocks still lets others run, and a cancelled
+task notices within :data:`COOPERATIVE_BUDGET` operations. Operations are atomic either way:
+one that raises a cancellation did nothing. Peers are woken only when they are parked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Generic, TypeVar, final
+
+import anyio
+from anyio.lowlevel import checkpoint
+
+from barrierflow.channels.messages import message_rows
+from barrierflow.errors import ChannelBrokenError, ChannelClosedError, ConfigError
+
+__all__ = [
+    "COOPERATIVE_BUDGET",
+    "ChannelStatistics",
+    "SendChannel",
+    "ReceiveChannel",
+    "create_channel",
+]
+
+T = TypeVar("T")
+
+#: Operations on one channel end between two forced schedule points.
+COOPERATIVE_BUDGET = 64
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ChannelStatistics:
+    """A snapshot of a channel's counters (see :meth:`SendChannel.statistics`)."""
+
+    #: The channel's name, as given to :func:`create_channel`.
+    name: str
+    #: Capacity in messages.
+    max_messages: int
+    #: Capacity in rows, or ``None`` when only messages are counted.
+    max_rows: int | None
+    #: Messages accepted since the channel was created.
+    messages_sent: int
+    #: Of those, how many were chunks.
+    chunks_sent: int
+    #: Rows (visible or not) of the accepted chunks.
+    rows_sent: int
+    #: Arrow buffer bytes of the accepted chunks.
+    bytes_sent: int
+    #: Messages buffered right now.
+    buffered_messages: int
+    #: Row permits held by buffered chunks right now.
+    buffered_rows: int
+    #: Open send ends (clones included).
+    open_send_channels: int
+    #: Open receive ends (clones included).
+    open_receive_channels: int
+    #: Senders parked right now, waiting for room.
+    tasks_waiting_send: int
+    #: Receivers parked right now, waiting for a message.
+    tasks_waiting_receive: int
+    #: Sends that had to wait for room (backpressure events).
+    blocked_sends: int
+    #: Total seconds senders spent parked (wall clock).
+    blocked_seconds: float
+
+
+class _Waiter:
+    __slots__ = ("event", "rows", "woken")
+
+    def __init__(self, rows: int) -> None:
+        self.event = anyio.Event()
+        self.rows = rows
+        self.woken = False
+
+
+class _State(Generic[T]):
+    """What all the ends of one channel share."""
+
+    __slots__ = (
+        "blocked_seconds",
+        "blocked_sends",
+        "buffer",
+        "buffered_rows",
+        "bytes_sent",
+        "chunks_sent",
+        "max_messages",
+        "max_rows",
+        "messages_sent",
+        "name",
+        "open_receivers",
+        "open_senders",
+        "rows_sent",
+        "waiting_receivers",
+        "waiting_senders",
+    )
+
+    def __init__(self, name: str, max_messages: int, max_rows: int | None) -> None:
+        self.name = name
+        self.max_messages = max_messages
+        self.max_rows = max_rows
+        self.buffer: deque[T] = deque()
+        self.buffered_rows = 0
+        self.open_senders = 0
+        self.open_receivers = 0
+        # FIFO of parked senders; only the head is ever woken, so admission stays in order.
+        self.waiting_senders: OrderedDict[_Waiter, None] = OrderedDict()
+        self.waiting_receivers: OrderedDict[_Waiter, None] = OrderedDict()
+        self.messages_sent = 0
+        self.chunks_sent = 0
+        self.rows_sent = 0
+        self.bytes_sent = 0
+        self.blocked_sends = 0
+        self.blocked_seconds = 0.0
+
+    def fits(self, rows: int) -> bool:
+        if len(self.buffer) >= self.max_messages:
+            return False
+        if rows == 0 or self.max_rows is None:
+            return True
+        # An oversized chunk is admitted alone rather than never.
+        return self.buffered_rows + rows <= self.max_rows or self.buffered_rows == 0
+
+    def push(self, item: T, rows: int) -> None:
+        self.buffer.append(item)
+        self.messages_sent += 1
+        if rows:
+            self.buffered_rows += rows
+            self.chunks_sent += 1
+            self.rows_sent += rows
+            self.bytes_sent += item.nbytes  # type: ignore[attr-defined]
+        if self.waiting_receivers:
+            waiter, _ = self.waiting_receivers.popitem(last=False)
+            waiter.woken = True
+            waiter.event.set()
+
+    def wake_sender(self) -> None:
+        """Wake the head of the senders' queue if its message fits now."""
+        if self.waiting_senders:
+            head = next(iter(self.waiting_senders))
+            if not head.woken and (self.open_receivers == 0 or self.fits(head.rows)):
+                head.woken = True
+                head.event.set()
+
+    def statistics(self) -> ChannelStatistics:
+        return ChannelStatistics(
+            name=self.name,
+            max_messages=self.max_messages,
+            max_rows=self.max_rows,
+            messages_sent=self.messages_sent,
+            chunks_sent=self.chunks_sent,
+            rows_sent=self.rows_sent,
+            bytes_sent=self.bytes_sent,
+            buffered_messages=len(self.buffer),
+            buffered_rows=self.buffered_rows,
+            open_send_channels=self.open_senders,
+            open_receive_channels=self.open_receivers,
+            tasks_waiting_send=len(self.waiting_senders),
+            tasks_waiting_receive=len(self.waiting_receivers),
+            blocked_sends=self.blocked_sends,
+            blocked_seconds=self.blocked_seconds,
+        )
+
+
+@final
+class SendChannel(Generic[T]):
+    """The sending end of a channel. Create with :func:`create_channel`; copy with :meth:`clone`."""
+
+    __slots__ = ("_budget", "_closed", "_state")
+
+    def __init__(self, state: _State[T]) -> None:
+        self._state = state
+        self._closed = False
+        self._budget = COOPERATIVE_BUDGET
+        state.open_senders += 1
+
+    @property
+    def name(self) -> str:
+        """The channel's name."""
+        return self._state.name
+
+    def send_nowait(self, item: T) -> None:
+        """Enqueue ``item`` if there is room now.
+
+        Raises:
+            anyio.WouldBlock: the channel is full (or another sender is already waiting).
+            ChannelClosedError: this end was closed.
+            ChannelBrokenError: every receiver is gone.
+        """
+        state = self._state
+        if self._closed:
+            raise ChannelClosedError(state.name, "send")
+        if not state.open_receivers:
+            raise ChannelBrokenError(state.name, "every receiver was closed")
+        rows = message_rows(item)
+        if state.waiting_senders or not state.fits(rows):
+            raise anyio.WouldBlock
+        state.push(item, rows)
+
+    async def send(self, item: T) -> None:
+        """Enqueue ``item``, waiting while the channel is full.
+
+        Cancellation: atomic — if cancelled, the item was not enqueued.
+
+        Raises:
+            ChannelClosedError: this end was closed.
+            ChannelBrokenError: every receiver is gone (also while waiting).
+        """
+        self._budget -= 1
+        if self._budget <= 0:
+            self._budget = COOPERATIVE_BUDGET
+            await checkpoint()
+        try:
+            self.send_nowait(item)
+            return
+        except anyio.WouldBlock:
+            pass
+        await self._send_parked(item)
+
+    async def _send_parked(self, item: T) -> None:
+        state = self._state
+        rows = message_rows(item)
+        waiter = _Waiter(rows)
+        state.waiting_senders[waiter] = None
+        state.blocked_sends += 1
+        started = time.perf_counter()
+        try:
+            while True:
+                await waiter.event.wait()
+                if self._closed:
+                    raise ChannelClosedError(state.name, "send")
+                if not state.open_receivers:
+                    raise ChannelBrokenError(state.name, "every receiver was closed")
+                if state.fits(rows):
+                    break
+                waiter.event = anyio.Event()
+                waiter.woken = False
+            del state.waiting_senders[waiter]
+            state.push(item, rows)
+        finally:
+            state.blocked_seconds += time.perf_counter() - started
+            if waiter in state.waiting_senders:
+                del state.waiting_senders[waiter]
+            # Pass the turn on: the next sender may fit too (or we gave up ours).
+            state.wake_sender()
+        self._budget = COOPERATIVE_BUDGET
+
+    def clone(self) -> SendChannel[T]:
+        """Another send end of the same channel; end of stream needs every clone closed.
+
+        Raises:
+            ChannelClosedError: this end was closed.
+        """
+        if self._closed:
+            raise ChannelClosedError(self._state.name, "send")
+        return SendChannel(self._state)
+
+    def close(self) -> None:
+        """Close this end (idempotent); the last one to close ends the stream for receivers."""
+        if self._closed:
+            return
+        self._closed = True
+        state = self._state
+        state.open_senders -= 1
+        if state.open_senders == 0:
+            while state.waiting_receivers:
+                waiter, _ = state.waiting_receivers.popitem(last=False)
+                waiter.woken = True
+                waiter.event.set()
+
+    async def aclose(self) -> None:
+        """Close this end; a checkpoint, like every async method."""
+        self.close()
+        await checkpoint()
+
+    def statistics(self) -> ChannelStatistics:
+        """A snapshot of the channel's counters."""
+        return self._state.statistics()
+
+    def __enter__(self) -> SendChannel[T]:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> SendChannel[T]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SendChannel {self._state.name!r}{' closed' if self._closed else ''}>"
+
+
+@final
+class ReceiveChannel(Generic[T]):
+    """The receiving end of a channel. Iterate it with ``async for`` until end of stream."""
+
+    __slots__ = ("_budget", "_closed", "_state")
+
+    def __init__(self, state: _State[T]) -> None:
+        self._state = state
+        self._closed = False
+        self._budget = COOPERATIVE_BUDGET
+        state.open_receivers += 1
+
+    @property
+    def name(self) -> str:
+        """The channel's name."""
+        return self._state.name
+
+    def receive_nowait(self) -> T:
+        """Take the next message if one is buffered.
+
+        Raises:
+            anyio.WouldBlock: nothing is buffered and a sender is still open.
+            anyio.EndOfStream: nothing is buffered and every sender is closed.
+            ChannelClosedError: this end was closed.
+        """
+        state = self._state
+        if self._closed:
+            raise ChannelClosedError(state.name, "receive")
+        if state.buffer:
+            item = state.buffer.popleft()
+            rows = message_rows(item)
+            if rows:
+                state.buffered_rows -= rows
+            if state.waiting_senders:
+                state.wake_sender()
+            return item
+        if not state.open_senders:
+            raise anyio.EndOfStream
+        raise anyio.WouldBlock
+
+    async def receive(self) -> T:
+        """Take the next message, waiting for one.
+
+        Cancellation: atomic — if cancelled, no message was taken.
+
+        Raises:
+            anyio.EndOfStream: every sender is closed and the buffer is drained.
+            ChannelClosedError: this end was closed.
+        """
+        self._budget -= 1
+        if self._budget <= 0:
+            self._budget = COOPERATIVE_BUDGET
+            await checkpoint()
+        try:
+            return self.receive_nowait()
+        except anyio.WouldBlock:
+            pass
+        state = self._state
+        while True:
+            waiter = _Waiter(0)
+            state.waiting_receivers[waiter] = None
+            try:
+                await waiter.event.wait()
+            except BaseException:
+                state.waiting_receivers.pop(waiter, None)
+                # We were handed a wake-up we cannot use: hand it to the next receiver.
+                if waiter.woken and state.buffer and state.waiting_receivers:
+                    other, _ = state.waiting_receivers.popitem(last=False)
+                    other.woken = True
+                    other.event.set()
+                raise
+            self._budget = COOPERATIVE_BUDGET
+            try:
+                return self.receive_nowait()
+            except anyio.WouldBlock:
+                continue  # another receiver took it first; wait again
+
+    def clone(self) -> ReceiveChannel[T]:
+        """Another receive end; each message goes to exactly one of the clones.
+
+        Raises:
+            ChannelClosedError: this end was closed.
+        """
+        if self._closed:
+            raise ChannelClosedError(self._state.name, "receive")
+        return ReceiveChannel(self._state)
+
+    def close(self) -> None:
+        """Close this end (idempotent); when the last receiver closes, buffered messages are
+        dropped and senders get :class:`ChannelBrokenError`."""
+        if self._closed:
+            return
+        self._closed = True
+        state = self._state
+        state.open_receivers -= 1
+        if state.open_receivers == 0:
+            state.buffer.clear()
+            state.buffered_rows = 0
+            for waiter in state.waiting_senders:
+                waiter.woken = True
+                waiter.event.set()
+
+    async def aclose(self) -> None:
+        """Close this end; a checkpoint, like every async method."""
+        self.close()
+        await checkpoint()
+
+    def statistics(self) -> ChannelStatistics:
+        """A snapshot of the channel's counters."""
+        return self._state.statistics()
+
+    def __aiter__(self) -> ReceiveChannel[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    def __enter__(self) -> ReceiveChannel[T]:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ReceiveChannel[T]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ReceiveChannel {self._state.name!r}{' closed' if self._closed else ''}>"
+
+
+class create_channel(tuple[SendChannel[T], ReceiveChannel[T]]):  # noqa: N801 - reads as a function
+    """Create a bounded channel and return its ``(send, receive)`` ends.
+
+    Parametrize it for typing like anyio's stream factory: ``create_channel[Message](16)``.
+
+    Args:
+        max_messages: capacity in messages (every message counts, barriers included).
+        max_rows: optional capacity in rows of chunks; ``None`` counts messages only.
+        name: shown in statistics, errors and logs.
+
+    Raises:
+        ConfigError: a capacity is not an int ≥ 1, or ``name`` is not a string.
+    """
+
+    def __new__(  # type: ignore[misc]
+        cls, max_messages: int, max_rows: int | None = None, *, name: str = "channel"
+    ) -> tuple[SendChannel[T], ReceiveChannel[T]]:
+        if type(max_messages) is not int or max_messages < 1:
+            raise ConfigError("max_messages", "an int >= 1", max_messages)
+        if max_rows is not None and (type(max_rows) is not int or max_rows < 1):
+            raise ConfigError("max_rows", "None or an int >= 1", max_rows)
+        if not isinstance(name, str):
+            raise ConfigError("name", "a str", name)
+        state: _State[T] = _State(name, max_messages, max_rows)
+        return SendChannel(state), ReceiveChannel(state)

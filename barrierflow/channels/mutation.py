@@ -1,0 +1,174 @@
+"""Mutations: commands that ride on a barrier and take effect at its epoch boundary.
+
+A mutation is applied by every actor it names exactly between the data of the epoch the
+barrier closes and the data of the epoch it opens, which is what makes reconfiguration
+consistent across a parallel graph. Each is a small frozen dataclass; mappings are copied into
+read-only views on construction so a barrier, once sent, never changes under its receivers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, TypeVar, final
+
+from barrierflow.channels.vnode import VnodeBitmap, owners_from_mapping
+from barrierflow.errors import InvalidArgumentError
+
+__all__ = [
+    "Split",
+    "Add",
+    "Pause",
+    "Resume",
+    "Throttle",
+    "SourceChangeSplit",
+    "Update",
+    "Stop",
+    "Mutation",
+]
+
+V = TypeVar("V")
+
+
+def _frozen_mapping(argument: str, value: Mapping[int, V]) -> Mapping[int, V]:
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(argument, "a mapping of actor id to value", value)
+    for key in value:
+        if type(key) is not int or key < 0:
+            raise InvalidArgumentError(argument, "non-negative int actor ids as keys", key)
+    return MappingProxyType(dict(value))
+
+
+def _split_assignment(
+    argument: str, value: Mapping[int, Iterable[Split]]
+) -> Mapping[int, tuple[Split, ...]]:
+    checked: dict[int, tuple[Split, ...]] = {}
+    for actor, splits in _frozen_mapping(argument, value).items():
+        items = tuple(splits)
+        for split in items:
+            if not isinstance(split, Split):
+                raise InvalidArgumentError(argument, "Split values", split)
+        checked[actor] = items
+    return MappingProxyType(checked)
+
+
+def _actor_set(argument: str, value: Iterable[int]) -> frozenset[int]:
+    actors = frozenset(value)
+    for actor in actors:
+        if type(actor) is not int or actor < 0:
+            raise InvalidArgumentError(argument, "non-negative int actor ids", actor)
+    return actors
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A partition of an external source and, optionally, where to start reading it.
+
+    Attributes:
+        split_id: the partition's stable name (``"orders-3"``).
+        offset: the offset to start *after* (``None``: from the beginning).
+    """
+
+    split_id: str
+    offset: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.split_id, str) or not self.split_id:
+            raise InvalidArgumentError("split_id", "a non-empty str", self.split_id)
+        if self.offset is not None and (type(self.offset) is not int or self.offset < -1):
+            raise InvalidArgumentError("offset", "None or an int >= -1", self.offset)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Add:
+    """New actors start: their initial split assignment, and whether to start paused."""
+
+    splits: Mapping[int, tuple[Split, ...]] = field(default_factory=dict)
+    pause: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splits", _split_assignment("Add.splits", self.splits))
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Every source stops reading until a :class:`Resume`; barriers keep flowing."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Sources paused by :class:`Pause` (or paused on startup) read again."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    """New rate limits, in rows per second per actor (``None``: unlimited; 0: paused)."""
+
+    rates: Mapping[int, float | None]
+
+    def __post_init__(self) -> None:
+        rates = _frozen_mapping("Throttle.rates", self.rates)
+        for rate in rates.values():
+            if rate is not None and (not isinstance(rate, int | float) or rate < 0):
+                raise InvalidArgumentError("Throttle.rates", "None or a rate >= 0", rate)
+        object.__setattr__(self, "rates", rates)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SourceChangeSplit:
+    """A new split assignment for source actors (splits discovered, moved or removed)."""
+
+    splits: Mapping[int, tuple[Split, ...]]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "splits", _split_assignment("SourceChangeSplit.splits", self.splits)
+        )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Update:
+    """Re-scaling: new splits and vnode bitmaps for some actors, and actors that go away."""
+
+    splits: Mapping[int, tuple[Split, ...]] = field(default_factory=dict)
+    vnode_bitmaps: Mapping[int, VnodeBitmap] = field(default_factory=dict)
+    dropped_actors: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splits", _split_assignment("Update.splits", self.splits))
+        bitmaps = owners_from_mapping(_frozen_mapping("Update.vnode_bitmaps", self.vnode_bitmaps))
+        object.__setattr__(self, "vnode_bitmaps", MappingProxyType(bitmaps))
+        object.__setattr__(
+            self, "dropped_actors", _actor_set("Update.dropped_actors", self.dropped_actors)
+        )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """These actors finish after passing this barrier downstream."""
+
+    actors: frozenset[int]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "actors", _actor_set("Stop.actors", self.actors))
+
+
+Mutation = Add | Pause | Resume | Throttle | SourceChangeSplit | Update | Stop
+MUTATION_TYPES: tuple[type[Any], ...] = (
+    Add,
+    Pause,
+    Resume,
+    Throttle,
+    SourceChangeSplit,
+    Update,
+    Stop,
+)

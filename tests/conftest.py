@@ -1,0 +1,24 @@
+"""Shared test setup: every async test runs on asyncio and on trio (anyio's pytest plugin)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=60
+)
+settings.register_profile(
+    "ci",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    max_examples=60,
+    derandomize=True,
+)
+settings.load_profile("default")
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Both backends, for every test marked ``anyio`` (see pytest.ini's anyio_mode)."""
+    return str(request.param)
