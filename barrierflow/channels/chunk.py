@@ -64,9 +64,14 @@ def _as_mask(mask: Any, num_rows: int) -> pa.BooleanArray:
         arr = mask.combine_chunks()
     elif isinstance(mask, pa.Array):
         arr = mask
+    elif isinstance(mask, list | tuple):
+        try:
+            arr = pa.array(mask, type=pa.bool_())
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise InvalidArgumentError("visibility", "a sequence of bools", mask) from exc
     else:
         raise InvalidArgumentError(
-            "visibility", "a pyarrow BooleanArray or a numpy bool array", type(mask).__name__
+            "visibility", "a BooleanArray, numpy bool array or list of bools", type(mask).__name__
         )
     if not pa.types.is_boolean(arr.type):
         raise InvalidArgumentError("visibility", "a boolean mask", arr.type)

@@ -1,0 +1,77 @@
+"""Package structure: explicit exports and the one-way dependency rule."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import types
+from pathlib import Path
+
+import pytest
+
+import barrierflow
+
+PACKAGE_ROOT = Path(barrierflow.__file__).parent
+# Each layer may import only the layers before it: channels ← runtime ← actors ← spark_bridge.
+LAYERS = ["channels", "runtime", "actors", "spark_bridge"]
+PUBLIC_PACKAGES = ["barrierflow", "barrierflow.channels", "barrierflow.testing"]
+
+
+@pytest.mark.parametrize("name", PUBLIC_PACKAGES)
+def test_all_matches_what_is_exported(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = set(module.__all__)
+    public = {
+        attr
+        for attr, value in vars(module).items()
+        if not attr.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert exported == public | ({"__version__"} & exported)
+    for attr in exported:
+        assert hasattr(module, attr), f"{name}.__all__ names missing {attr}"
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_dependencies_point_one_way() -> None:
+    for index, layer in enumerate(LAYERS):
+        directory = PACKAGE_ROOT / layer
+        if not directory.exists():
+            continue
+        forbidden = {f"barrierflow.{later}" for later in LAYERS[index + 1 :]}
+        for path in directory.rglob("*.py"):
+            for imported in _imports(path):
+                assert not any(imported == f or imported.startswith(f + ".") for f in forbidden), (
+                    f"{path.relative_to(PACKAGE_ROOT)} imports {imported}"
+                )
+
+
+def test_core_uses_anyio_only() -> None:
+    for layer in ["channels", "runtime", "actors"]:
+        directory = PACKAGE_ROOT / layer
+        if not directory.exists():
+            continue
+        for path in directory.rglob("*.py"):
+            if path.stem.endswith("_backend"):
+                continue  # backend adapters are the one place allowed
+            roots = {imported.split(".")[0] for imported in _imports(path)}
+            assert not roots & {"asyncio", "trio"}, f"{path.name} imports {roots}"
+
+
+def test_every_module_imports() -> None:
+    for info in pkgutil.walk_packages([str(PACKAGE_ROOT)], prefix="barrierflow."):
+        importlib.import_module(info.name)
+
+
+def test_package_is_typed() -> None:
+    assert (PACKAGE_ROOT / "py.typed").exists()
