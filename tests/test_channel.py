@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 import pyarrow as pa
 import pytest
-from anyio.lowlevel import checkpoint
 from anyio import wait_all_tasks_blocked
+from anyio.lowlevel import checkpoint
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -92,7 +92,8 @@ async def test_epoch_mismatch_names_both_inputs_and_epochs() -> None:
     assert {error.first_input, error.other_input} == {"left", "right"}
     by_input = {error.first_input: error.first_epoch, error.other_input: error.other_epoch}
     assert by_input == {"left": first.curr, "right": second.curr}
-    assert str(second.curr) in str(error) and str(first.curr) in str(error)
+    assert str(second.curr) in str(error)
+    assert str(first.curr) in str(error)
 
 
 async def test_ended_input_leaves_the_alignment() -> None:
