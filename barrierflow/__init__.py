@@ -13,6 +13,10 @@ from barrierflow.errors import EpochOrderError as EpochOrderError
 from barrierflow.errors import InvalidArgumentError as InvalidArgumentError
 from barrierflow.errors import ProtocolError as ProtocolError
 from barrierflow.errors import SchemaMismatchError as SchemaMismatchError
+from barrierflow.errors import StateStoreError as StateStoreError
+from barrierflow.errors import StoreFormatError as StoreFormatError
+from barrierflow.errors import StoreLockedError as StoreLockedError
+from barrierflow.errors import StoreVersionError as StoreVersionError
 from barrierflow.errors import VnodeOwnershipError as VnodeOwnershipError
 
 __version__ = "0.1.0"
@@ -27,6 +31,10 @@ __all__ = [
     "InvalidArgumentError",
     "ProtocolError",
     "SchemaMismatchError",
+    "StateStoreError",
+    "StoreFormatError",
+    "StoreLockedError",
+    "StoreVersionError",
     "VnodeOwnershipError",
     "__version__",
 ]

@@ -27,6 +27,10 @@ __all__ = [
     "ChannelBrokenError",
     "ProtocolError",
     "BarrierMisalignedError",
+    "StateStoreError",
+    "StoreLockedError",
+    "StoreFormatError",
+    "StoreVersionError",
 ]
 
 
@@ -158,4 +162,46 @@ class BarrierMisalignedError(ProtocolError):
         super().__init__(
             f"input {other_input!r}: expected barrier for epoch {first_epoch} "
             f"(as delivered by input {first_input!r}), got epoch {other_epoch}"
+        )
+
+
+class StateStoreError(BarrierflowError):
+    """The durable state store cannot be opened or used as asked."""
+
+
+@final
+class StoreLockedError(StateStoreError):
+    """Another runtime (this process or another) holds the store file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"state store {path!r}: expected to be the only runtime using it, but another "
+            "one holds its lock; stop it first or use another file"
+        )
+
+
+@final
+class StoreFormatError(StateStoreError):
+    """The file is not a barrierflow state store (another SQLite file, or not SQLite)."""
+
+    def __init__(self, path: str, found: str) -> None:
+        self.path = path
+        self.found = found
+        super().__init__(
+            f"state store {path!r}: expected a barrierflow state store or a new file, got {found}"
+        )
+
+
+@final
+class StoreVersionError(StateStoreError):
+    """The store was written by a newer barrierflow whose schema this one cannot read."""
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        self.path = path
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"state store {path!r}: expected schema version <= {supported}, got {found} "
+            "(written by a newer barrierflow)"
         )

@@ -15,7 +15,12 @@ import barrierflow
 PACKAGE_ROOT = Path(barrierflow.__file__).parent
 # Each layer may import only the layers before it: channels ← runtime ← actors ← spark_bridge.
 LAYERS = ["channels", "runtime", "actors", "spark_bridge"]
-PUBLIC_PACKAGES = ["barrierflow", "barrierflow.channels", "barrierflow.testing"]
+PUBLIC_PACKAGES = [
+    "barrierflow",
+    "barrierflow.channels",
+    "barrierflow.runtime",
+    "barrierflow.testing",
+]
 
 
 @pytest.mark.parametrize("name", PUBLIC_PACKAGES)

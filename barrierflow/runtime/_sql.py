@@ -1,0 +1,108 @@
+"""Every SQL statement of the state store, in one place.
+
+The two adapters (:mod:`.sqlite_asyncio_backend` on asyncio, :mod:`.sqlite_thread_backend` on
+trio) only *run* what is here: :class:`SqlConnection` is the whole of what they provide —
+read queries, and a list of statements applied in one transaction.
+
+Layout of a store file:
+
+* ``bf_meta(key, value)``: ``format`` = :data:`FORMAT_TAG` identifies the file as ours,
+  ``schema_version`` = :data:`SCHEMA_VERSION`, ``committed_epoch`` = the last durable
+  checkpoint epoch (0 before the first).
+* ``bf_state(owner, tbl, key, value, epoch)``: every state table of every actor; ``epoch`` is
+  the checkpoint that last wrote the row. Values are JSON text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+FORMAT_TAG = "barrierflow-state"
+SCHEMA_VERSION = 1
+
+PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    # FULL: a commit that returned survives power loss, not only a process crash.
+    "PRAGMA synchronous=FULL",
+    "PRAGMA foreign_keys=ON",
+)
+
+CREATE = (
+    "CREATE TABLE IF NOT EXISTS bf_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS bf_state ("
+    " owner TEXT NOT NULL, tbl TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
+    " epoch INTEGER NOT NULL, PRIMARY KEY (owner, tbl, key)) WITHOUT ROWID",
+)
+
+LIST_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
+READ_META = "SELECT key, value FROM bf_meta"
+INIT_META = "INSERT OR IGNORE INTO bf_meta (key, value) VALUES (?, ?)"
+SET_META = (
+    "INSERT INTO bf_meta (key, value) VALUES (?, ?)"
+    " ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
+GET = "SELECT value FROM bf_state WHERE owner = ? AND tbl = ? AND key = ?"
+SCAN = "SELECT key, value FROM bf_state WHERE owner = ? AND tbl = ? ORDER BY key"
+UPSERT = (
+    "INSERT INTO bf_state (owner, tbl, key, value, epoch) VALUES (?, ?, ?, ?, ?)"
+    " ON CONFLICT(owner, tbl, key) DO UPDATE SET value = excluded.value, epoch = excluded.epoch"
+)
+DELETE = "DELETE FROM bf_state WHERE owner = ? AND tbl = ? AND key = ?"
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One statement of a transaction, run once per parameter row."""
+
+    sql: str
+    rows: Sequence[Sequence[Any]]
+
+
+class SqlConnection(Protocol):
+    """What an adapter provides: queries, and atomic transactions of statements."""
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a read-only query and return every row."""
+        ...
+
+    async def transaction(self, statements: Sequence[Statement]) -> None:
+        """Apply ``statements`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``, or none of them.
+
+        Cancellation: shielded — once submitted, the transaction runs to its end.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Close the connection (idempotent)."""
+        ...
+
+
+def bootstrap_statements() -> list[Statement]:
+    """Create the schema and the meta rows of a new store (no-ops on an existing one)."""
+    statements = [Statement(sql, [()]) for sql in CREATE]
+    statements.append(
+        Statement(
+            INIT_META,
+            [
+                ("format", FORMAT_TAG),
+                ("schema_version", str(SCHEMA_VERSION)),
+                ("committed_epoch", "0"),
+            ],
+        )
+    )
+    return statements
+
+
+def checkpoint_statements(
+    upserts: Sequence[tuple[str, str, str, str]],
+    deletes: Sequence[tuple[str, str, str]],
+    epoch: int,
+) -> list[Statement]:
+    """Everything a checkpoint writes: the rows, and the new committed epoch, together."""
+    return [
+        Statement(UPSERT, [(*row, epoch) for row in upserts]),
+        Statement(DELETE, deletes),
+        Statement(SET_META, [("committed_epoch", str(epoch))]),
+    ]

@@ -1,0 +1,50 @@
+"""The state store's SQLite adapter for asyncio: aiosqlite runs the SQL of :mod:`._sql`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import aiosqlite
+import anyio
+
+from barrierflow.runtime._sql import PRAGMAS, Statement
+
+
+class AiosqliteConnection:
+    """A :class:`~barrierflow.runtime._sql.SqlConnection` over one aiosqlite connection."""
+
+    def __init__(self, connection: aiosqlite.Connection) -> None:
+        self._connection = connection
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: str) -> AiosqliteConnection:
+        """Connect in autocommit mode (transactions are explicit) and apply the pragmas."""
+        connection = await aiosqlite.connect(path, isolation_level=None)
+        for pragma in PRAGMAS:
+            await connection.execute(pragma)
+        return cls(connection)
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        async with self._connection.execute(sql, params) as cursor:
+            return [tuple(row) for row in await cursor.fetchall()]
+
+    async def transaction(self, statements: Sequence[Statement]) -> None:
+        # Shielded: a cancelled caller must not leave a transaction half-open on the thread.
+        with anyio.CancelScope(shield=True):
+            await self._connection.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in statements:
+                    if statement.rows:
+                        await self._connection.executemany(statement.sql, statement.rows)
+                await self._connection.execute("COMMIT")
+            except BaseException:
+                await self._connection.execute("ROLLBACK")
+                raise
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            with anyio.CancelScope(shield=True):
+                await self._connection.close()

@@ -1,0 +1,384 @@
+"""The durable state store: actors' key→value tables, made durable one checkpoint at a time.
+
+Each actor owns :class:`StateTable`\\ s. Writes go to a buffer for the current epoch; at every
+barrier the actor :meth:`~StateTable.seal`\\ s the buffer under that barrier's epoch. When a
+checkpoint epoch has been collected by every actor, :meth:`StateStore.commit` writes every
+table's sealed writes up to that epoch, and the new *committed epoch*, in **one** SQLite
+transaction: after a crash the store holds exactly the state of the last committed checkpoint,
+and epochs after it are gone as if they never happened.
+
+Reads: a table sees its own buffered and sealed writes over the committed state
+(:meth:`StateTable.get`); anyone else sees only committed state (:meth:`StateStore.read`).
+
+SQLite runs in WAL mode with ``synchronous=FULL``: through aiosqlite on asyncio, and on one
+dedicated thread on trio (:mod:`.sqlite_thread_backend`); the SQL itself is in :mod:`._sql`.
+A store file is locked (an OS lock on ``<file>.lock``, released even on SIGKILL) so a second
+runtime cannot open it while one holds it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Literal, final
+
+import anyio
+import anyio.lowlevel
+import sniffio
+
+from barrierflow.errors import (
+    EpochOrderError,
+    InvalidArgumentError,
+    StoreFormatError,
+    StoreLockedError,
+    StoreVersionError,
+)
+from barrierflow.runtime import _sql
+
+__all__ = ["CommittedEpochs", "StateStore", "StateTable"]
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_DELETED: Any = object()
+
+Adapter = Literal["auto", "aiosqlite", "thread"]
+
+
+def _encode(value: Any) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError("value", "a JSON-serializable value", value) from exc
+
+
+def _check_key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise InvalidArgumentError("key", "a str", key)
+    return key
+
+
+@final
+class StateTable:
+    """One actor's key→value table; values are JSON-serializable.
+
+    Create with :meth:`StateStore.table`. Lifecycle per epoch: any number of :meth:`put` /
+    :meth:`delete`, then :meth:`seal` at the barrier; durability comes with the store's
+    :meth:`StateStore.commit` of a checkpoint at or after that epoch.
+    """
+
+    __slots__ = ("_last_sealed", "_name", "_owner", "_pending", "_sealed", "_store")
+
+    def __init__(self, store: StateStore, owner: str, name: str) -> None:
+        self._store = store
+        self._owner = owner
+        self._name = name
+        self._pending: dict[str, Any] = {}
+        # (epoch, writes) in epoch order, sealed but not yet durable.
+        self._sealed: list[tuple[int, dict[str, Any]]] = []
+        self._last_sealed = store.committed_epoch
+
+    @property
+    def owner(self) -> str:
+        """The owning actor's name."""
+        return self._owner
+
+    @property
+    def name(self) -> str:
+        """The table's name within its owner."""
+        return self._name
+
+    def put(self, key: str, value: Any) -> None:
+        """Set ``key`` to ``value`` in the current epoch.
+
+        Raises:
+            InvalidArgumentError: ``key`` is not a str or ``value`` is not JSON-serializable.
+        """
+        _encode(value)
+        self._pending[_check_key(key)] = value
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` in the current epoch."""
+        self._pending[_check_key(key)] = _DELETED
+
+    def seal(self, epoch: int) -> None:
+        """Close the current epoch's writes under ``epoch`` (call at each barrier).
+
+        Raises:
+            EpochOrderError: ``epoch`` is not greater than the last sealed or committed epoch.
+        """
+        last = max(self._last_sealed, self._store.committed_epoch)
+        if type(epoch) is not int or epoch <= last:
+            raise EpochOrderError("epoch", last, epoch)
+        self._last_sealed = epoch
+        if self._pending:
+            self._sealed.append((epoch, self._pending))
+            self._pending = {}
+
+    def _overlay(self) -> Iterator[dict[str, Any]]:
+        yield self._pending
+        for _, writes in reversed(self._sealed):
+            yield writes
+
+    async def get(self, key: str, default: Any = None) -> Any:
+        """The value of ``key`` as this actor sees it: its own writes over committed state."""
+        _check_key(key)
+        for writes in self._overlay():
+            if key in writes:
+                value = writes[key]
+                return default if value is _DELETED else value
+        return await self._store.read(self._owner, self._name, key, default)
+
+    async def items(self) -> dict[str, Any]:
+        """Every key and value as this actor sees it."""
+        merged = await self._store.read_all(self._owner, self._name)
+        for writes in reversed(list(self._overlay())):
+            for key, value in writes.items():
+                if value is _DELETED:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+        return merged
+
+    def _take_through(self, epoch: int) -> dict[str, Any]:
+        """Merge the sealed writes up to ``epoch`` (for the store's commit)."""
+        merged: dict[str, Any] = {}
+        for sealed_epoch, writes in self._sealed:
+            if sealed_epoch <= epoch:
+                merged.update(writes)
+        return merged
+
+    def _drop_through(self, epoch: int) -> None:
+        self._sealed = [(e, w) for e, w in self._sealed if e > epoch]
+
+    def _discard_uncommitted(self) -> None:
+        self._pending = {}
+        self._sealed = []
+        self._last_sealed = self._store.committed_epoch
+
+
+@final
+class StateStore:
+    """The durable store behind every actor's state and the committed epoch.
+
+    Open with ``async with await StateStore.open(path) as store:`` (or :meth:`open` /
+    :meth:`aclose`).
+    """
+
+    def __init__(
+        self, path: str, connection: _sql.SqlConnection, lock: IO[str], committed_epoch: int
+    ) -> None:
+        self._path = path
+        self._connection = connection
+        self._lock = lock
+        self._committed = committed_epoch
+        self._committed_changed = anyio.Event()
+        self._tables: dict[tuple[str, str], StateTable] = {}
+        self._closed = False
+        self._commit_lock = anyio.Lock()
+
+    @classmethod
+    async def open(cls, path: str | os.PathLike[str], *, adapter: Adapter = "auto") -> StateStore:
+        """Open (creating if needed) the store at ``path`` and take its lock.
+
+        Args:
+            path: the SQLite file.
+            adapter: ``"aiosqlite"`` (asyncio only), ``"thread"`` (any backend), or ``"auto"``:
+                aiosqlite on asyncio, the dedicated thread otherwise.
+
+        Raises:
+            StoreLockedError: another runtime holds the store.
+            StoreFormatError: the file is not a barrierflow store.
+            StoreVersionError: the store's schema is newer than this barrierflow.
+            InvalidArgumentError: a bad ``adapter``.
+        """
+        file = str(Path(path))
+        if adapter not in ("auto", "aiosqlite", "thread"):
+            raise InvalidArgumentError("adapter", "'auto', 'aiosqlite' or 'thread'", adapter)
+        lock = _acquire_lock(file)
+        try:
+            _check_magic(file)
+            connection = await _connect(file, adapter)
+            try:
+                committed = await _bootstrap(file, connection)
+            except BaseException:
+                await connection.close()
+                raise
+        except BaseException:
+            lock.close()
+            raise
+        return cls(file, connection, lock, committed)
+
+    @property
+    def path(self) -> str:
+        """The store's file."""
+        return self._path
+
+    @property
+    def committed_epoch(self) -> int:
+        """The last durable checkpoint epoch (0 before the first)."""
+        return self._committed
+
+    def table(self, owner: str, name: str) -> StateTable:
+        """The table ``name`` of actor ``owner``; each may be opened once per store.
+
+        Raises:
+            InvalidArgumentError: empty names, or the table is already open.
+        """
+        for argument, value in (("owner", owner), ("name", name)):
+            if not isinstance(value, str) or not value:
+                raise InvalidArgumentError(argument, "a non-empty str", value)
+        if (owner, name) in self._tables:
+            raise InvalidArgumentError("name", "a table not opened yet", f"{owner}/{name}")
+        table = StateTable(self, owner, name)
+        self._tables[owner, name] = table
+        return table
+
+    async def read(self, owner: str, name: str, key: str, default: Any = None) -> Any:
+        """The committed value of ``key`` in ``owner``'s table ``name``."""
+        rows = await self._connection.fetchall(_sql.GET, (owner, name, _check_key(key)))
+        return json.loads(rows[0][0]) if rows else default
+
+    async def read_all(self, owner: str, name: str) -> dict[str, Any]:
+        """Every committed key and value of ``owner``'s table ``name``."""
+        rows = await self._connection.fetchall(_sql.SCAN, (owner, name))
+        return {key: json.loads(value) for key, value in rows}
+
+    async def commit(self, epoch: int) -> None:
+        """Make every table's writes sealed up to ``epoch`` durable, with ``epoch`` as the new
+        committed epoch, in one transaction; then publish it to subscribers.
+
+        Cancellation: shielded — the transaction, once started, completes.
+
+        Raises:
+            EpochOrderError: ``epoch`` is not greater than the committed epoch.
+        """
+        async with self._commit_lock:
+            if type(epoch) is not int or epoch <= self._committed:
+                raise EpochOrderError("epoch", self._committed, epoch)
+            upserts: list[tuple[str, str, str, str]] = []
+            deletes: list[tuple[str, str, str]] = []
+            for (owner, name), table in self._tables.items():
+                for key, value in table._take_through(epoch).items():
+                    if value is _DELETED:
+                        deletes.append((owner, name, key))
+                    else:
+                        upserts.append((owner, name, key, _encode(value)))
+            await self._connection.transaction(_sql.checkpoint_statements(upserts, deletes, epoch))
+            for table in self._tables.values():
+                table._drop_through(epoch)
+            self._committed = epoch
+            changed, self._committed_changed = self._committed_changed, anyio.Event()
+            changed.set()
+
+    def committed_epochs(self) -> CommittedEpochs:
+        """The committed epoch now, then each newer one as it is published.
+
+        A slow subscriber sees the latest epoch, never an older one, and may skip some in
+        between (each value is a high-water mark). Iteration ends when the store closes.
+        """
+        return CommittedEpochs(self)
+
+    def discard_uncommitted(self) -> None:
+        """Forget every table's writes that are not durable (recovery rewinds to committed)."""
+        for table in self._tables.values():
+            table._discard_uncommitted()
+
+    async def aclose(self) -> None:
+        """Close the connection and release the lock; unsealed and uncommitted writes are lost."""
+        if self._closed:
+            return
+        self._closed = True
+        self._committed_changed.set()
+        try:
+            await self._connection.close()
+        finally:
+            self._lock.close()
+
+    async def __aenter__(self) -> StateStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+@final
+class CommittedEpochs:
+    """An async iterator over a store's committed epochs (see
+    :meth:`StateStore.committed_epochs`). A plain iterator, not an async generator, so
+    breaking out of ``async for`` needs no finalization on any backend."""
+
+    __slots__ = ("_seen", "_store")
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+        self._seen = -1
+
+    def __aiter__(self) -> CommittedEpochs:
+        return self
+
+    async def __anext__(self) -> int:
+        store = self._store
+        while not store._closed:
+            if store._committed > self._seen:
+                self._seen = store._committed
+                await anyio.lowlevel.checkpoint()
+                return self._seen
+            await store._committed_changed.wait()
+        raise StopAsyncIteration
+
+
+def _acquire_lock(file: str) -> IO[str]:
+    lock = open(file + ".lock", "a+")  # noqa: SIM115 - held for the store's lifetime
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise StoreLockedError(file) from None
+    return lock
+
+
+def _check_magic(file: str) -> None:
+    try:
+        with open(file, "rb") as handle:
+            head = handle.read(len(_SQLITE_MAGIC))
+    except FileNotFoundError:
+        return
+    if head and head != _SQLITE_MAGIC:
+        raise StoreFormatError(file, "a file that is not an SQLite database")
+
+
+async def _connect(file: str, adapter: Adapter) -> _sql.SqlConnection:
+    if adapter == "auto":
+        adapter = "aiosqlite" if sniffio.current_async_library() == "asyncio" else "thread"
+    if adapter == "aiosqlite":
+        from barrierflow.runtime.sqlite_asyncio_backend import AiosqliteConnection
+
+        return await AiosqliteConnection.open(file)
+    from barrierflow.runtime.sqlite_thread_backend import ThreadConnection
+
+    return await ThreadConnection.open(file)
+
+
+async def _bootstrap(file: str, connection: _sql.SqlConnection) -> int:
+    tables = {row[0] for row in await connection.fetchall(_sql.LIST_TABLES)}
+    if tables and "bf_meta" not in tables:
+        raise StoreFormatError(
+            file, f"an SQLite database of someone else (tables {sorted(tables)})"
+        )
+    if not tables:
+        await connection.transaction(_sql.bootstrap_statements())
+    meta = dict(await connection.fetchall(_sql.READ_META))
+    if meta.get("format") != _sql.FORMAT_TAG:
+        raise StoreFormatError(file, f"an SQLite database with format tag {meta.get('format')!r}")
+    version = int(meta.get("schema_version", "0"))
+    if version > _sql.SCHEMA_VERSION:
+        raise StoreVersionError(file, version, _sql.SCHEMA_VERSION)
+    return int(meta["committed_epoch"])
