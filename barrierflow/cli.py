@@ -38,7 +38,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     try:
-        bench = importlib.import_module("benchmarks.__main__")
+        bench = importlib.import_module("benchmarks.run")
     except ImportError:
         print(
             "barrierflow bench: the benchmark harness lives in the repository's benchmarks/ "

@@ -358,3 +358,31 @@ def test_bad_capacity_is_a_config_error(kwargs: dict[str, object], argument: str
     assert info.value.argument == argument
     assert "expected" in str(info.value)
     assert repr(kwargs[argument]) in str(info.value)
+
+
+async def test_closing_an_end_fails_sends_parked_on_it_at_once() -> None:
+    tx, rx = create_channel[Message](1)
+    other = tx.clone()
+    tx.send_nowait(chunk(1))
+    async with anyio.create_task_group() as tg:
+
+        async def parked_on_tx() -> None:
+            with pytest.raises(ChannelClosedError):
+                await tx.send(chunk(1, 1))
+
+        tg.start_soon(parked_on_tx)
+        await wait_all_tasks_blocked()
+        tg.start_soon(other.send, chunk(1, 2))  # parked on another end: unaffected
+        await wait_all_tasks_blocked()
+        tx.close()
+        await wait_all_tasks_blocked()
+        assert tx.statistics().tasks_waiting_send == 1
+        received = [await rx.receive(), await rx.receive()]
+    assert ids(received) == [0, 2]
+
+
+async def test_empty_chunks_are_counted_as_chunks() -> None:
+    tx, _rx = create_channel[Message](2)
+    await tx.send(chunk(0))
+    stats = tx.statistics()
+    assert (stats.messages_sent, stats.chunks_sent, stats.rows_sent) == (1, 1, 0)

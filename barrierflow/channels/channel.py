@@ -36,6 +36,7 @@ from typing import Generic, TypeVar, final
 import anyio
 from anyio.lowlevel import checkpoint
 
+from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.messages import message_rows
 from barrierflow.errors import ChannelBrokenError, ChannelClosedError, ConfigError
 
@@ -149,11 +150,11 @@ class _State(Generic[T]):
     def push(self, item: T, rows: int) -> None:
         self.buffer.append(item)
         self.messages_sent += 1
-        if rows:
+        if isinstance(item, Chunk):
             self.buffered_rows += rows
             self.chunks_sent += 1
             self.rows_sent += rows
-            self.bytes_sent += item.nbytes  # type: ignore[attr-defined]
+            self.bytes_sent += item.nbytes
         if self.waiting_receivers:
             waiter, _ = self.waiting_receivers.popitem(last=False)
             waiter.woken = True
@@ -256,7 +257,9 @@ class SendChannel(Generic[T]):
                     raise ChannelClosedError(state.name, "send")
                 if not state.open_receivers:
                     raise ChannelBrokenError(state.name, "every receiver was closed")
-                if state.fits(rows):
+                # Only the head of the queue may enter, so admission stays first come, first
+                # served (a close wakes everyone, not just the head).
+                if next(iter(state.waiting_senders)) is waiter and state.fits(rows):
                     break
                 waiter.event = anyio.Event()
                 waiter.woken = False
@@ -287,6 +290,11 @@ class SendChannel(Generic[T]):
         self._closed = True
         state = self._state
         state.open_senders -= 1
+        # Sends parked on this end must fail now, not whenever room appears: wake them all
+        # (the others re-check and park again).
+        for waiter in state.waiting_senders:
+            waiter.woken = True
+            waiter.event.set()
         if state.open_senders == 0:
             while state.waiting_receivers:
                 waiter, _ = state.waiting_receivers.popitem(last=False)

@@ -153,11 +153,17 @@ class Chunk:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of Arrow buffers the chunk references (computed once)."""
+        """Bytes of the Arrow buffers the chunk keeps alive (computed once).
+
+        A slice counts the whole buffers it references — that is the memory it holds — and
+        this is O(buffers), unlike ``RecordBatch.nbytes`` which walks slices (≈ 7 µs a batch).
+        """
         if self._nbytes is None:
-            extra = 0 if self._ops is None else self._ops.nbytes
-            extra += 0 if self._visibility is None else self._visibility.nbytes
-            self._nbytes = int(self._batch.nbytes) + extra
+            total = self._batch.get_total_buffer_size()
+            for extra in (self._ops, self._visibility):
+                if extra is not None:
+                    total += extra.get_total_buffer_size()
+            self._nbytes = int(total)
         return self._nbytes
 
     def ops_numpy(self) -> npt.NDArray[np.int8]:

@@ -1,0 +1,87 @@
+"""Select, run and print the benchmarks: ``python -m benchmarks [--quick] [--only NAME[,NAME]]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from benchmarks.channels import BENCHMARKS
+from benchmarks.harness import Settings
+
+__all__ = ["BENCHMARKS", "main", "run_benchmarks"]
+
+
+def _select(only: set[str] | None) -> list[str]:
+    if only is None:
+        return list(BENCHMARKS)
+    unknown = sorted(only - BENCHMARKS.keys())
+    if unknown:
+        raise ValueError(f"unknown benchmark(s) {unknown}; known: {sorted(BENCHMARKS)}")
+    return [name for name in BENCHMARKS if name in only]
+
+
+def run_benchmarks(
+    quick: bool,
+    only: set[str] | None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the selected benchmarks (all when ``only`` is ``None``), in a fixed order.
+
+    Each record is passed to ``on_record`` as soon as it is measured, then all are returned.
+
+    Raises:
+        ValueError: ``only`` names an unknown benchmark.
+    """
+    settings = Settings(quick=quick)
+    records = []
+    for name in _select(only):
+        record = BENCHMARKS[name](settings)
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+    return records
+
+
+def _print_record(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit status (1 with ``--strict`` if a goal is missed)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Benchmark barrierflow against in-process baselines; one JSON line each.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="about a second per benchmark instead of several"
+    )
+    parser.add_argument(
+        "--only", metavar="NAME[,NAME]", help=f"run only these, of: {', '.join(BENCHMARKS)}"
+    )
+    parser.add_argument("--list", action="store_true", help="print the benchmark names and exit")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit with status 1 when a goal is not met"
+    )
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(BENCHMARKS))
+        return 0
+    only = None
+    if args.only is not None:
+        only = {name.strip() for name in args.only.split(",") if name.strip()}
+        if not only:
+            parser.error("--only needs at least one name")
+        unknown = sorted(only - BENCHMARKS.keys())
+        if unknown:
+            parser.error(f"unknown benchmark(s): {', '.join(unknown)}")
+    records = run_benchmarks(args.quick, only, on_record=_print_record)
+    if args.strict and not all(r["meets_goal"] for r in records):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

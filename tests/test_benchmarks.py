@@ -1,0 +1,43 @@
+"""The benchmark harness prints the agreed record format (speed itself is not tested here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = ["name", "value", "unit", "baseline", "ratio", "goal", "goal_on", "meets_goal"]
+
+
+def test_benchmark_prints_one_json_record_per_benchmark() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "channel_hop_trio"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.strip().splitlines()
+    record = json.loads(line)
+    assert [k for k in record if k != "details"] == KEYS
+    assert record["name"] == "channel_hop_trio"
+    assert (
+        record["ratio"] == record["value"] / record["baseline"]
+        or abs(record["ratio"] - record["value"] / record["baseline"]) < 1e-3 * record["ratio"]
+    )
+    assert isinstance(record["meets_goal"], bool)
+
+
+def test_unknown_benchmark_is_refused() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--only", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "nope" in done.stderr
