@@ -4,12 +4,16 @@ Actors talk over bounded channels, exchanging Arrow chunks and barriers that cut
 into epochs. Start with :mod:`barrierflow.channels`.
 """
 
+from barrierflow.errors import ActorError as ActorError
+from barrierflow.errors import ActorFailedError as ActorFailedError
+from barrierflow.errors import ActorGoneError as ActorGoneError
 from barrierflow.errors import BarrierflowError as BarrierflowError
 from barrierflow.errors import BarrierMisalignedError as BarrierMisalignedError
 from barrierflow.errors import ChannelBrokenError as ChannelBrokenError
 from barrierflow.errors import ChannelClosedError as ChannelClosedError
 from barrierflow.errors import ConfigError as ConfigError
 from barrierflow.errors import EpochOrderError as EpochOrderError
+from barrierflow.errors import GraphError as GraphError
 from barrierflow.errors import InvalidArgumentError as InvalidArgumentError
 from barrierflow.errors import ProtocolError as ProtocolError
 from barrierflow.errors import SchemaMismatchError as SchemaMismatchError
@@ -22,6 +26,10 @@ from barrierflow.errors import VnodeOwnershipError as VnodeOwnershipError
 __version__ = "0.1.0"
 
 __all__ = [
+    "ActorError",
+    "ActorFailedError",
+    "ActorGoneError",
+    "GraphError",
     "BarrierMisalignedError",
     "BarrierflowError",
     "ChannelBrokenError",

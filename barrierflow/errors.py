@@ -31,6 +31,10 @@ __all__ = [
     "StoreLockedError",
     "StoreFormatError",
     "StoreVersionError",
+    "ActorError",
+    "ActorGoneError",
+    "ActorFailedError",
+    "GraphError",
 ]
 
 
@@ -205,3 +209,33 @@ class StoreVersionError(StateStoreError):
             f"state store {path!r}: expected schema version <= {supported}, got {found} "
             "(written by a newer barrierflow)"
         )
+
+
+class ActorError(BarrierflowError):
+    """Something went wrong with an actor of a runtime."""
+
+
+@final
+class ActorGoneError(ActorError):
+    """A request can never be answered: the actor has stopped or its inbox is closed."""
+
+    def __init__(self, actor: str, reason: str) -> None:
+        self.actor = actor
+        self.reason = reason
+        super().__init__(f"actor {actor!r}: expected it to be running, but {reason}")
+
+
+@final
+class ActorFailedError(ActorError):
+    """An actor raised, which stopped its graph; ``__cause__`` is what it raised."""
+
+    def __init__(self, actor: str, actor_id: int, cause: BaseException) -> None:
+        self.actor = actor
+        self.actor_id = actor_id
+        self.cause = cause
+        super().__init__(f"actor {actor!r} (id {actor_id}) failed: {type(cause).__name__}: {cause}")
+
+
+@final
+class GraphError(InvalidArgumentError):
+    """The graph handed to a runtime is not one it can run (cycle, missing input, ...)."""

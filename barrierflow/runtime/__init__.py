@@ -1,7 +1,43 @@
-"""The runtime: the durable state store (actors, supervision and the barrier manager follow)."""
+"""The runtime: actors and their supervision, barriers and checkpoints, the durable state store,
+and embedding in async or sync drivers."""
 
+from barrierflow.runtime.actor import ActorContext as ActorContext
+from barrierflow.runtime.actor import ActorStats as ActorStats
+from barrierflow.runtime.actor import StreamActor as StreamActor
+from barrierflow.runtime.barrier_manager import BarrierManager as BarrierManager
+from barrierflow.runtime.barrier_manager import InFlightBarrier as InFlightBarrier
+from barrierflow.runtime.blocking import BlockingRuntime as BlockingRuntime
+from barrierflow.runtime.command import ActorRef as ActorRef
+from barrierflow.runtime.command import CommandHandler as CommandHandler
+from barrierflow.runtime.command import open_command_actor as open_command_actor
+from barrierflow.runtime.command import serve_commands as serve_commands
+from barrierflow.runtime.config import RuntimeConfig as RuntimeConfig
+from barrierflow.runtime.graph import Fanout as Fanout
+from barrierflow.runtime.logging import configure_logging as configure_logging
+from barrierflow.runtime.runtime import PushSource as PushSource
+from barrierflow.runtime.runtime import Runtime as Runtime
+from barrierflow.runtime.runtime import RuntimeStats as RuntimeStats
 from barrierflow.runtime.state_store import CommittedEpochs as CommittedEpochs
 from barrierflow.runtime.state_store import StateStore as StateStore
 from barrierflow.runtime.state_store import StateTable as StateTable
 
-__all__ = ["CommittedEpochs", "StateStore", "StateTable"]
+__all__ = [
+    "ActorContext",
+    "ActorRef",
+    "ActorStats",
+    "BarrierManager",
+    "BlockingRuntime",
+    "CommandHandler",
+    "CommittedEpochs",
+    "Fanout",
+    "InFlightBarrier",
+    "PushSource",
+    "Runtime",
+    "RuntimeConfig",
+    "RuntimeStats",
+    "StateStore",
+    "StateTable",
+    "configure_logging",
+    "open_command_actor",
+    "serve_commands",
+]

@@ -286,6 +286,12 @@ class StateStore:
         for table in self._tables.values():
             table._discard_uncommitted()
 
+    def release_tables(self) -> None:
+        """Discard uncommitted writes and close every table, so a rebuilt graph can reopen
+        them (recovery)."""
+        self.discard_uncommitted()
+        self._tables.clear()
+
     async def aclose(self) -> None:
         """Close the connection and release the lock; unsealed and uncommitted writes are lost."""
         if self._closed:

@@ -1,0 +1,168 @@
+"""Stream actors: long-lived tasks that read messages and write messages, driven by barriers.
+
+Subclass :class:`StreamActor` and override :meth:`~StreamActor.process` (and
+:meth:`~StreamActor.restore` if the actor keeps state). The runtime gives each actor an
+:class:`ActorContext`: its identity, a structlog logger bound with actor name, id and epoch,
+its state tables, and :meth:`~ActorContext.emit`.
+
+Lifecycle contract:
+
+* :meth:`~StreamActor.restore` runs once per (re)start, before the first message; state tables
+  then hold the last committed checkpoint.
+* :meth:`~StreamActor.process` runs once per message, in order. An actor passes a barrier on by
+  emitting it — the default ``process`` forwards everything. Emitting a barrier seals the
+  actor's state tables under the epoch it closes, sends it to every output, and reports it
+  collected to the barrier manager, in that order: a barrier is collected only after it was
+  passed downstream.
+* After emitting a barrier whose ``Stop`` (or ``Update.dropped_actors``) names the actor, its
+  outputs are closed and its input is no longer read: the actor has finished.
+* An exception from any hook stops the graph; the runtime reports it as
+  :class:`~barrierflow.errors.ActorFailedError` naming the actor (or recovers, if configured).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import structlog
+
+from barrierflow.channels.barrier import Barrier, BarrierKind
+from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.dispatch import Dispatcher
+from barrierflow.channels.endpoints import Receiver
+from barrierflow.channels.messages import Message
+from barrierflow.runtime.state_store import StateStore, StateTable
+
+if TYPE_CHECKING:
+    from barrierflow.runtime.barrier_manager import BarrierManager
+
+__all__ = ["ActorContext", "ActorStats", "StreamActor"]
+
+
+@dataclass(frozen=True, slots=True)
+class ActorStats:
+    """A snapshot of one actor's counters."""
+
+    #: The actor's name and id.
+    name: str
+    actor_id: int
+    #: Messages read from its input.
+    messages_in: int
+    #: Rows of chunks read from its input.
+    rows_in: int
+    #: Rows of chunks emitted.
+    rows_out: int
+    #: Barriers passed downstream.
+    barriers: int
+    #: The ``curr`` epoch of the last barrier it passed (0 before the first).
+    current_epoch: int
+    #: Whether it has finished (stopped by a barrier, or its input ended).
+    finished: bool
+
+
+class ActorContext:
+    """What the runtime hands an actor: identity, logging, state, and the way out."""
+
+    def __init__(
+        self,
+        actor_id: int,
+        name: str,
+        input: Receiver[Message],
+        output: Dispatcher | None,
+        store: StateStore,
+        manager: BarrierManager,
+    ) -> None:
+        self.actor_id = actor_id
+        self.name = name
+        self._input = input
+        self._output = output
+        self._store = store
+        self._manager = manager
+        self._tables: list[StateTable] = []
+        self.log: Any = structlog.get_logger("barrierflow.actor").bind(
+            actor=name, actor_id=actor_id, epoch=0
+        )
+        self.epoch = 0
+        self.finished = False
+        self._messages_in = 0
+        self._rows_in = 0
+        self._rows_out = 0
+        self._barriers = 0
+
+    def table(self, name: str) -> StateTable:
+        """This actor's state table ``name`` (sealed at each barrier this actor emits)."""
+        table = self._store.table(self.name, name)
+        self._tables.append(table)
+        return table
+
+    async def messages(self) -> AsyncIterator[Message]:
+        """The actor's input, until it ends or the actor has finished."""
+        while not self.finished:
+            try:
+                message = await self._input.receive()
+            except anyio.EndOfStream:
+                self.finished = True
+                return
+            self._messages_in += 1
+            if isinstance(message, Chunk):
+                self._rows_in += message.num_rows
+            yield message
+
+    async def emit(self, message: Message) -> None:
+        """Send ``message`` downstream; for a barrier, also seal state and report collection."""
+        if isinstance(message, Barrier):
+            await self._pass_barrier(message)
+            return
+        if isinstance(message, Chunk):
+            self._rows_out += message.cardinality
+        if self._output is not None:
+            await self._output.dispatch(message)
+
+    async def _pass_barrier(self, barrier: Barrier) -> None:
+        if barrier.kind is not BarrierKind.INITIAL:
+            for table in self._tables:
+                table.seal(barrier.epoch.prev)
+        if self._output is not None:
+            await self._output.dispatch(barrier)
+        self.epoch = barrier.epoch.curr
+        self.log = self.log.bind(epoch=self.epoch)
+        self._barriers += 1
+        stopping = barrier.is_stop(self.actor_id)
+        if stopping:
+            self.finished = True
+            if self._output is not None:
+                self._output.close()
+        self._manager.collect(self.actor_id, barrier)
+
+    def stats(self) -> ActorStats:
+        """A snapshot of this actor's counters."""
+        return ActorStats(
+            name=self.name,
+            actor_id=self.actor_id,
+            messages_in=self._messages_in,
+            rows_in=self._rows_in,
+            rows_out=self._rows_out,
+            barriers=self._barriers,
+            current_epoch=self.epoch,
+            finished=self.finished,
+        )
+
+
+class StreamActor:
+    """Base of stream actors: forwards every message unless :meth:`process` is overridden."""
+
+    async def restore(self, ctx: ActorContext) -> None:
+        """Load state from ``ctx.table(...)`` before the first message (default: nothing)."""
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        """Handle one message; emit what should go downstream (default: the message)."""
+        await ctx.emit(message)
+
+    async def run(self, ctx: ActorContext) -> None:
+        """The actor's whole life: restore, then process every message in order."""
+        await self.restore(ctx)
+        async for message in ctx.messages():
+            await self.process(message, ctx)

@@ -1,0 +1,189 @@
+"""The barrier manager: injects barriers, collects them, and completes epochs in order.
+
+Every ``barrier_interval`` (and on demand) the manager makes the next :class:`EpochPair`
+(strictly increasing, from an :class:`EpochClock` that starts past the committed epoch), and
+sends one barrier into every source's inbox; every ``checkpoint_frequency``-th barrier is a
+checkpoint. At most ``max_in_flight`` barriers are in flight: injection waits for the oldest to
+complete rather than run ahead of a slow graph.
+
+Each actor reports a barrier collected after passing it downstream. An epoch completes when
+every actor has collected it, and epochs complete in injection order: a checkpoint barrier
+``(curr, prev)`` then commits every state table up to ``prev`` in one transaction and
+publishes ``prev`` as the committed epoch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import final
+
+import anyio
+import structlog
+
+from barrierflow.channels.barrier import Barrier, BarrierKind
+from barrierflow.channels.channel import SendChannel
+from barrierflow.channels.epoch import EpochClock, EpochPair
+from barrierflow.channels.messages import Message
+from barrierflow.channels.mutation import Mutation
+from barrierflow.errors import BarrierflowError, ProtocolError
+from barrierflow.runtime.state_store import StateStore
+
+__all__ = ["BarrierManager", "InFlightBarrier"]
+
+
+@final
+class InFlightBarrier:
+    """A barrier that was injected; :meth:`wait` returns once its epoch completed."""
+
+    __slots__ = ("_done", "_error", "barrier", "remaining")
+
+    def __init__(self, barrier: Barrier, actors: set[int]) -> None:
+        self.barrier = barrier
+        self.remaining = set(actors)
+        self._done = anyio.Event()
+        self._error: BaseException | None = None
+
+    async def wait(self) -> Barrier:
+        """Wait until every actor collected the barrier (and, for a checkpoint, it is durable).
+
+        Raises:
+            BarrierflowError: the graph failed before the epoch completed.
+        """
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self.barrier
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._done.set()
+
+
+@final
+class BarrierManager:
+    """Injects and collects the barriers of one graph incarnation."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        sources: Mapping[int, SendChannel[Message]],
+        actors: set[int],
+        *,
+        barrier_interval: float,
+        checkpoint_frequency: int,
+        max_in_flight: int,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._store = store
+        self._sources = dict(sources)
+        self._actors = set(actors)
+        self._interval = barrier_interval
+        self._frequency = checkpoint_frequency
+        self._max_in_flight = max_in_flight
+        self._clock = (
+            EpochClock(store.committed_epoch)
+            if clock is None
+            else EpochClock(store.committed_epoch, clock)
+        )
+        self._pair: EpochPair | None = None
+        self._in_flight: OrderedDict[int, InFlightBarrier] = OrderedDict()
+        self._inject_lock = anyio.Lock()
+        self._slot_freed = anyio.Event()
+        self._collected = anyio.Event()
+        self._injected = 0
+        self._completed = 0
+        self._log = structlog.get_logger("barrierflow.barrier_manager")
+
+    @property
+    def current_epoch(self) -> int:
+        """The ``curr`` of the last injected barrier (0 before the first)."""
+        return 0 if self._pair is None else self._pair.curr
+
+    @property
+    def in_flight(self) -> int:
+        """Barriers injected but not yet completed."""
+        return len(self._in_flight)
+
+    @property
+    def completed(self) -> int:
+        """Barriers whose epoch completed."""
+        return self._completed
+
+    async def inject(
+        self, kind: BarrierKind | None = None, mutation: Mutation | None = None
+    ) -> InFlightBarrier:
+        """Inject the next barrier into every source; waits while too many are in flight.
+
+        Args:
+            kind: ``None`` lets the checkpoint frequency decide (the first barrier of a graph
+                is always INITIAL).
+            mutation: carried by this barrier.
+        """
+        async with self._inject_lock:
+            while len(self._in_flight) >= self._max_in_flight:
+                self._slot_freed = anyio.Event()
+                await self._slot_freed.wait()
+            if self._pair is None:
+                self._pair = EpochPair(self._clock.next(), self._store.committed_epoch)
+                kind = BarrierKind.INITIAL
+            else:
+                self._pair = self._pair.advance(self._clock.next())
+                if kind is None:
+                    due = (self._injected % self._frequency) == 0
+                    kind = BarrierKind.CHECKPOINT if due else BarrierKind.BARRIER
+            self._injected += 1
+            barrier = Barrier(self._pair, kind, mutation)
+            flight = InFlightBarrier(barrier, self._actors)
+            self._in_flight[barrier.epoch.curr] = flight
+            for inbox in self._sources.values():
+                await inbox.send(barrier)
+            return flight
+
+    def collect(self, actor_id: int, barrier: Barrier) -> None:
+        """Record that ``actor_id`` passed ``barrier`` downstream.
+
+        Raises:
+            ProtocolError: the barrier was never injected, or the actor collected it twice.
+        """
+        flight = self._in_flight.get(barrier.epoch.curr)
+        if flight is None or actor_id not in flight.remaining:
+            raise ProtocolError(
+                f"actor {actor_id}: expected to collect an in-flight barrier once, got epoch "
+                f"{barrier.epoch.curr} (in flight: {list(self._in_flight)})"
+            )
+        flight.remaining.discard(actor_id)
+        if not flight.remaining:
+            self._collected.set()
+
+    async def run(self) -> None:
+        """Inject the initial barrier, then one every interval; complete epochs in order."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._complete_in_order)
+            await self.inject()
+            while True:
+                await anyio.sleep(self._interval)
+                await self.inject()
+
+    async def _complete_in_order(self) -> None:
+        while True:
+            await self._collected.wait()
+            self._collected = anyio.Event()
+            while self._in_flight:
+                epoch, flight = next(iter(self._in_flight.items()))
+                if flight.remaining:
+                    break
+                barrier = flight.barrier
+                if barrier.kind is BarrierKind.CHECKPOINT:
+                    await self._store.commit(barrier.epoch.prev)
+                del self._in_flight[epoch]
+                self._completed += 1
+                self._slot_freed.set()
+                flight._finish()
+
+    def fail_in_flight(self, error: BarrierflowError) -> None:
+        """Release every waiter of an in-flight barrier with ``error`` (the graph failed)."""
+        for flight in self._in_flight.values():
+            flight._finish(error)
+        self._in_flight.clear()
+        self._slot_freed.set()

@@ -1,0 +1,99 @@
+"""Driving a runtime from synchronous code: a PySpark ``foreachBatch`` callback, a script.
+
+:class:`BlockingRuntime` runs the runtime's event loop (asyncio or trio) on a background thread
+through an anyio blocking portal; every method blocks the calling thread until the async call
+finished there. Backpressure reaches the caller: :meth:`push` blocks while the source's inbox
+is full.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import TracebackType
+from typing import Literal, final
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.epoch import EpochPair
+from barrierflow.channels.mutation import Mutation
+from barrierflow.errors import BarrierflowError, InvalidArgumentError
+from barrierflow.runtime.runtime import Runtime, RuntimeStats
+
+__all__ = ["BlockingRuntime"]
+
+
+@final
+class BlockingRuntime:
+    """A blocking handle on a :class:`Runtime`, for code that is not async.
+
+    Usage::
+
+        rt = Runtime(config); rt.add_source("events") ...
+        with BlockingRuntime(rt, backend="trio") as handle:
+            handle.push("events", chunk)
+            epoch = handle.checkpoint()      # returns once durable
+
+    Raises:
+        InvalidArgumentError: ``runtime`` is not a Runtime or ``backend`` is unknown.
+    """
+
+    def __init__(self, runtime: Runtime, backend: Literal["asyncio", "trio"] = "asyncio") -> None:
+        if not isinstance(runtime, Runtime):
+            raise InvalidArgumentError("runtime", "a Runtime", runtime)
+        if backend not in ("asyncio", "trio"):
+            raise InvalidArgumentError("backend", "'asyncio' or 'trio'", backend)
+        self._runtime = runtime
+        self._backend = backend
+        self._stack: contextlib.ExitStack | None = None
+        self._portal: BlockingPortal | None = None
+
+    def __enter__(self) -> BlockingRuntime:
+        stack = contextlib.ExitStack()
+        try:
+            portal = stack.enter_context(start_blocking_portal(self._backend))
+            stack.enter_context(portal.wrap_async_context_manager(self._runtime))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack, self._portal = stack, portal
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack, self._portal = self._stack, None, None
+        if stack is not None:
+            stack.__exit__(exc_type, exc, tb)
+
+    def _call_portal(self) -> BlockingPortal:
+        if self._portal is None:
+            raise BarrierflowError("the blocking runtime is not running: use it in `with`")
+        return self._portal
+
+    def push(self, source: str, chunk: Chunk) -> None:
+        """Push ``chunk`` into ``source``, blocking while its inbox is full."""
+        self._call_portal().call(self._runtime.push, source, chunk)
+
+    def checkpoint(self) -> int:
+        """Inject a checkpoint and block until it is durable; returns its epoch."""
+        return self._call_portal().call(self._runtime.checkpoint)
+
+    def mutate(self, mutation: Mutation) -> EpochPair:
+        """Inject a barrier carrying ``mutation`` and block until it is collected."""
+        return self._call_portal().call(self._runtime.mutate, mutation)
+
+    def stats(self) -> RuntimeStats:
+        """The runtime's counters (read on the runtime's thread)."""
+        return self._call_portal().call(self._sync_stats)
+
+    async def _sync_stats(self) -> RuntimeStats:
+        return self._runtime.stats()
+
+    @property
+    def committed_epoch(self) -> int:
+        """The last durable checkpoint epoch."""
+        return self._runtime.committed_epoch

@@ -1,0 +1,150 @@
+"""The graph a runtime runs: named actors, their inputs, and how each fans out.
+
+Declared before the runtime starts, validated when it starts: every non-source actor needs an
+input, an edge is declared once, and the graph has no cycle. Each edge becomes a bounded
+channel; an actor with several inputs reads them through an aligned merge; an actor with
+several outputs writes them through its dispatcher (broadcast unless told otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import final
+
+from barrierflow.errors import GraphError
+from barrierflow.runtime.actor import StreamActor
+
+__all__ = ["Fanout", "Graph", "Node"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Fanout:
+    """How an actor's output is split among its downstream actors.
+
+    Attributes:
+        kind: ``"broadcast"`` (everything to all), ``"round_robin"`` (whole chunks in turn) or
+            ``"hash"`` (rows by vnode of ``key_columns``; vnodes split evenly).
+        key_columns: the hashed columns, for ``"hash"``.
+    """
+
+    kind: str = "broadcast"
+    key_columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("broadcast", "round_robin", "hash"):
+            raise GraphError("fanout", "'broadcast', 'round_robin' or 'hash'", self.kind)
+        if (self.kind == "hash") != bool(self.key_columns):
+            raise GraphError(
+                "key_columns", "key columns exactly when kind is 'hash'", self.key_columns
+            )
+
+
+@dataclass(slots=True)
+class Node:
+    """One actor of the graph."""
+
+    actor_id: int
+    name: str
+    factory: Callable[[], StreamActor]
+    is_source: bool
+    fanout: Fanout
+    inputs: list[str] = field(default_factory=list)
+
+
+@final
+class Graph:
+    """A builder for the actors and edges of a runtime."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, Node] = {}
+
+    @property
+    def nodes(self) -> dict[str, Node]:
+        """Name → node, in declaration order."""
+        return dict(self._nodes)
+
+    def add(
+        self,
+        name: str,
+        actor: StreamActor | Callable[[], StreamActor],
+        *,
+        inputs: Sequence[str] = (),
+        source: bool = False,
+        fanout: Fanout | None = None,
+    ) -> Node:
+        """Declare an actor; ``actor`` is an instance or a factory (called at every (re)start).
+
+        Raises:
+            GraphError: a duplicate name, a source with inputs, or an unknown input.
+        """
+        if not isinstance(name, str) or not name:
+            raise GraphError("name", "a non-empty str", name)
+        if name in self._nodes:
+            raise GraphError("name", "a name not used by another actor", name)
+        if isinstance(actor, StreamActor):
+            instance = actor
+
+            def factory() -> StreamActor:
+                return instance
+        elif callable(actor):
+            factory = actor
+        else:
+            raise GraphError("actor", "a StreamActor or a factory of one", actor)
+        if source and inputs:
+            raise GraphError("inputs", "no inputs for a source", list(inputs))
+        node = Node(len(self._nodes) + 1, name, factory, source, fanout or Fanout())
+        self._nodes[name] = node
+        for upstream in inputs:
+            self.connect(upstream, name)
+        return node
+
+    def connect(self, upstream: str, downstream: str) -> None:
+        """Add the edge ``upstream → downstream``.
+
+        Raises:
+            GraphError: an unknown actor, an edge into a source, or the edge exists already.
+        """
+        for end in (upstream, downstream):
+            if end not in self._nodes:
+                raise GraphError("actor", f"one of {list(self._nodes)}", end)
+        node = self._nodes[downstream]
+        if node.is_source:
+            raise GraphError("downstream", "an actor that is not a source", downstream)
+        if upstream in node.inputs:
+            raise GraphError("edge", "each edge connected once", f"{upstream} -> {downstream}")
+        node.inputs.append(upstream)
+
+    def downstream_of(self, name: str) -> list[str]:
+        """The actors reading ``name``'s output, in declaration order."""
+        return [n.name for n in self._nodes.values() if name in n.inputs]
+
+    def validate(self) -> None:
+        """Check the graph can run.
+
+        Raises:
+            GraphError: no actors, no source, an actor without input, or a cycle.
+        """
+        if not self._nodes:
+            raise GraphError("graph", "at least one actor", "an empty graph")
+        if not any(n.is_source for n in self._nodes.values()):
+            raise GraphError("graph", "at least one source", "no source")
+        for node in self._nodes.values():
+            if not node.is_source and not node.inputs:
+                raise GraphError("inputs", f"at least one input for actor {node.name!r}", [])
+        state: dict[str, int] = {}
+
+        def visit(name: str, path: list[str]) -> None:
+            if state.get(name) == 1:
+                cycle = [*path[path.index(name) :], name]
+                raise GraphError("graph", "no cycle", " -> ".join(cycle))
+            if state.get(name) == 2:
+                return
+            state[name] = 1
+            for down in self.downstream_of(name):
+                visit(down, [*path, name])
+            state[name] = 2
+
+        for name in self._nodes:
+            visit(name, [])

@@ -1,0 +1,458 @@
+"""The runtime: runs a graph of actors in one task group, with barriers, state and recovery.
+
+Usage::
+
+    rt = Runtime(RuntimeConfig(state_path="state.db"))
+    rt.add_source("events")                       # a PushSource fed by rt.push()
+    rt.add_actor("enrich", Enrich(), inputs=["events"])
+    async with rt:
+        await rt.push("events", chunk)
+        epoch = await rt.checkpoint()             # returns once durable
+
+Supervision is structured concurrency: every actor of the graph runs in one task group. An
+actor that raises stops the graph and ``async with`` raises
+:class:`~barrierflow.errors.ActorFailedError` naming it, with the actor's exception as
+``__cause__``. With ``recovery=True`` the graph is rebuilt instead, from the last committed
+checkpoint (uncommitted state is discarded, actors are re-created by their factories and
+restore their tables), after ``restart_backoff`` seconds doubling per restart, at most
+``max_restarts`` times. Rows pushed after the last checkpoint are not replayed by the runtime:
+a pushing driver learns it from the ``ActorFailedError`` its pending ``checkpoint()`` raises,
+and pushes them again (the Spark bridge does exactly that).
+
+Leaving ``async with`` normally stops the graph cleanly: a final checkpoint barrier carrying
+``Stop`` for every actor, then the store is closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import final
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+
+from barrierflow.channels.barrier import BarrierKind
+from barrierflow.channels.channel import ChannelStatistics, SendChannel, create_channel
+from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.dispatch import (
+    BroadcastDispatcher,
+    Dispatcher,
+    HashDispatcher,
+    RoundRobinDispatcher,
+)
+from barrierflow.channels.endpoints import Receiver
+from barrierflow.channels.epoch import EpochPair
+from barrierflow.channels.merge import AlignedMerge
+from barrierflow.channels.messages import Message
+from barrierflow.channels.mutation import (
+    Add,
+    Mutation,
+    SourceChangeSplit,
+    Stop,
+    Throttle,
+    Update,
+)
+from barrierflow.channels.vnode import VnodeBitmap
+from barrierflow.errors import (
+    ActorFailedError,
+    BarrierflowError,
+    GraphError,
+    InvalidArgumentError,
+)
+from barrierflow.runtime.actor import ActorContext, ActorStats, StreamActor
+from barrierflow.runtime.barrier_manager import BarrierManager
+from barrierflow.runtime.config import RuntimeConfig
+from barrierflow.runtime.graph import Fanout, Graph, Node
+from barrierflow.runtime.logging import configure_logging
+from barrierflow.runtime.state_store import CommittedEpochs, StateStore
+
+__all__ = ["PushSource", "Runtime", "RuntimeStats"]
+
+
+class PushSource(StreamActor):
+    """A source fed by :meth:`Runtime.push`: chunks and injected barriers share one inbox, so
+    a chunk pushed before a barrier was injected belongs to the epoch that barrier closes."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RuntimeStats:
+    """A snapshot of a runtime's counters."""
+
+    #: Actor name → its counters.
+    actors: dict[str, ActorStats]
+    #: Channel name → its counters (``"a->b"`` for edges, ``"a inbox"`` for sources).
+    channels: dict[str, ChannelStatistics]
+    #: ``curr`` of the last injected barrier.
+    current_epoch: int
+    #: The last durable checkpoint epoch.
+    committed_epoch: int
+    #: Barriers injected but not yet completed.
+    barriers_in_flight: int
+    #: Graph restarts so far (recovery).
+    restarts: int
+
+
+class _Incarnation:
+    """One build of the graph: its channels, contexts and barrier manager."""
+
+    def __init__(self, manager: BarrierManager) -> None:
+        self.manager = manager
+        self.contexts: dict[str, ActorContext] = {}
+        self.inboxes: dict[str, SendChannel[Message]] = {}
+        self.channels: list[SendChannel[Message]] = []
+        self.ready = anyio.Event()
+
+
+def _first_actor_failure(group: BaseExceptionGroup[BaseException]) -> ActorFailedError | None:
+    for exc in group.exceptions:
+        if isinstance(exc, ActorFailedError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_actor_failure(exc)
+            if found is not None:
+                return found
+    return None
+
+
+@final
+class Runtime:
+    """Runs a graph of stream actors (see the module docstring).
+
+    Args:
+        config: how to run.
+        clock: wall-clock seconds for epochs; a test may pass a fake.
+
+    Raises:
+        InvalidArgumentError: ``config`` is not a :class:`RuntimeConfig`.
+    """
+
+    def __init__(self, config: RuntimeConfig, *, clock: Callable[[], float] | None = None) -> None:
+        if not isinstance(config, RuntimeConfig):
+            raise InvalidArgumentError("config", "a RuntimeConfig", config)
+        self._config = config
+        self._clock = clock
+        self._graph = Graph()
+        self._store: StateStore | None = None
+        self._task_group: TaskGroup | None = None
+        self._incarnation: _Incarnation | None = None
+        self._restarts = 0
+        self._failure: ActorFailedError | None = None
+        self._log = structlog.get_logger("barrierflow.runtime")
+
+    # Building the graph.
+
+    def add_source(
+        self,
+        name: str,
+        actor: StreamActor | Callable[[], StreamActor] | None = None,
+        *,
+        fanout: Fanout | None = None,
+    ) -> Node:
+        """Declare a source (a :class:`PushSource` unless ``actor`` is given)."""
+        self._check_not_started()
+        return self._graph.add(name, actor or PushSource, source=True, fanout=fanout)
+
+    def add_actor(
+        self,
+        name: str,
+        actor: StreamActor | Callable[[], StreamActor],
+        *,
+        inputs: Sequence[str],
+        fanout: Fanout | None = None,
+    ) -> Node:
+        """Declare an actor reading ``inputs`` (aligned-merged if more than one)."""
+        self._check_not_started()
+        return self._graph.add(name, actor, inputs=inputs, fanout=fanout)
+
+    def connect(self, upstream: str, downstream: str) -> None:
+        """Add an edge between two declared actors."""
+        self._check_not_started()
+        self._graph.connect(upstream, downstream)
+
+    def _check_not_started(self) -> None:
+        if self._task_group is not None:
+            raise GraphError("graph", "changes before the runtime starts", "a running runtime")
+
+    # Lifecycle.
+
+    async def __aenter__(self) -> Runtime:
+        self._graph.validate()
+        if self._config.log_format is not None:
+            configure_logging(self._config.log_format)
+        self._store = await StateStore.open(
+            self._config.state_path, adapter=self._config.store_adapter
+        )
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        try:
+            await task_group.start(self._supervise)
+        except BaseException as exc:
+            await self._shutdown(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None and self._failure is None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(30):
+                await self._stop_graph()
+        await self._shutdown(exc_type, exc, tb)
+
+    async def _shutdown(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task_group, self._task_group = self._task_group, None
+        try:
+            if task_group is not None:
+                if exc is not None:
+                    task_group.cancel_scope.cancel()
+                try:
+                    await task_group.__aexit__(exc_type, exc, tb)
+                except BaseExceptionGroup as group:
+                    failure = _first_actor_failure(group)
+                    if failure is not None:
+                        raise failure from failure.cause
+                    raise
+        finally:
+            if self._store is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._store.aclose()
+        if self._failure is not None and exc is None:
+            raise self._failure from self._failure.cause
+
+    async def _stop_graph(self) -> None:
+        incarnation = self._incarnation
+        if incarnation is None:
+            return
+        await incarnation.ready.wait()
+        stop = Stop(frozenset(n.actor_id for n in self._graph.nodes.values()))
+        flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT, stop)
+        await flight.wait()
+
+    async def _supervise(self, *, task_status: TaskStatus[None]) -> None:
+        started = False
+        while True:
+            try:
+                await self._run_incarnation(task_status if not started else None)
+                return
+            except ActorFailedError as failure:
+                started = True
+                if self._incarnation is not None:
+                    self._incarnation.manager.fail_in_flight(failure)
+                if not self._config.recovery or self._restarts >= self._config.max_restarts:
+                    self._log.error(
+                        "actor failed; stopping",
+                        actor=failure.actor,
+                        error=repr(failure.cause),
+                        restarts=self._restarts,
+                    )
+                    self._failure = failure
+                    raise
+                self._restarts += 1
+                delay = self._config.restart_backoff * 2 ** (self._restarts - 1)
+                self._log.warning(
+                    "actor failed; restarting from the last checkpoint",
+                    actor=failure.actor,
+                    error=repr(failure.cause),
+                    restart=self._restarts,
+                    backoff_s=delay,
+                )
+                assert self._store is not None
+                self._store.release_tables()
+                await anyio.sleep(delay)
+            started = True
+
+    async def _run_incarnation(self, task_status: TaskStatus[None] | None) -> None:
+        store = self._store
+        assert store is not None
+        nodes = self._graph.nodes
+        sources: dict[int, SendChannel[Message]] = {}
+        channels: list[SendChannel[Message]] = []
+        inputs: dict[str, dict[str, Receiver[Message]]] = {name: {} for name in nodes}
+        outputs: dict[str, list[SendChannel[Message]]] = {name: [] for name in nodes}
+        capacity, rows = self._config.channel_capacity, self._config.channel_rows
+        for node in nodes.values():
+            if node.is_source:
+                tx, rx = create_channel[Message](capacity, rows, name=f"{node.name} inbox")
+                sources[node.actor_id] = tx
+                channels.append(tx)
+                inputs[node.name]["inbox"] = rx
+            for upstream in node.inputs:
+                tx, rx = create_channel[Message](capacity, rows, name=f"{upstream}->{node.name}")
+                outputs[upstream].append(tx)
+                channels.append(tx)
+                inputs[node.name][upstream] = rx
+        manager = BarrierManager(
+            store,
+            sources,
+            {n.actor_id for n in nodes.values()},
+            barrier_interval=self._config.barrier_interval,
+            checkpoint_frequency=self._config.checkpoint_frequency,
+            max_in_flight=self._config.max_in_flight,
+            clock=self._clock,
+        )
+        incarnation = _Incarnation(manager)
+        incarnation.channels = channels
+        incarnation.inboxes = {n.name: sources[n.actor_id] for n in nodes.values() if n.is_source}
+        self._incarnation = incarnation
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(manager.run, name="barrier manager")
+            async with anyio.create_task_group() as actors:
+                for node in nodes.values():
+                    actor_input = self._input_of(node, inputs[node.name], actors)
+                    ctx = ActorContext(
+                        node.actor_id,
+                        node.name,
+                        actor_input,
+                        self._dispatcher(node, outputs[node.name]),
+                        store,
+                        manager,
+                    )
+                    incarnation.contexts[node.name] = ctx
+                    actors.start_soon(self._run_actor, node, ctx, name=f"actor {node.name}")
+                incarnation.ready.set()
+                if task_status is not None:
+                    task_status.started()
+            tg.cancel_scope.cancel()  # every actor finished: no more barriers to inject
+
+    @staticmethod
+    def _input_of(
+        node: Node, receivers: dict[str, Receiver[Message]], group: TaskGroup
+    ) -> Receiver[Message]:
+        if len(receivers) == 1:
+            return next(iter(receivers.values()))
+        tx, rx = create_channel[Message](16, name=f"{node.name} merged")
+        group.start_soon(AlignedMerge(receivers).run, tx, name=f"merge into {node.name}")
+        return rx
+
+    @staticmethod
+    def _dispatcher(node: Node, senders: list[SendChannel[Message]]) -> Dispatcher | None:
+        if not senders:
+            return None
+        if node.fanout.kind == "hash":
+            bitmaps = VnodeBitmap.split(len(senders))
+            return HashDispatcher(senders, bitmaps, node.fanout.key_columns)
+        if node.fanout.kind == "round_robin":
+            return RoundRobinDispatcher(senders)
+        return BroadcastDispatcher(senders)
+
+    async def _run_actor(self, node: Node, ctx: ActorContext) -> None:
+        try:
+            actor = node.factory()
+            await actor.run(ctx)
+        except Exception as exc:
+            ctx.log.error("actor raised", error=repr(exc))
+            raise ActorFailedError(node.name, node.actor_id, exc) from exc
+        finally:
+            ctx.finished = True
+            if ctx._output is not None:
+                ctx._output.close()
+
+    # Driving a running graph.
+
+    def _running(self) -> _Incarnation:
+        if self._task_group is None or self._incarnation is None:
+            raise BarrierflowError("the runtime is not running: use it inside `async with rt:`")
+        return self._incarnation
+
+    async def push(self, source: str, chunk: Chunk) -> None:
+        """Send ``chunk`` into the inbox of push source ``source`` (waits while it is full).
+
+        Raises:
+            InvalidArgumentError: ``source`` is not a source, or ``chunk`` not a Chunk.
+            BarrierflowError: the runtime is not running.
+        """
+        incarnation = self._running()
+        if not isinstance(chunk, Chunk):
+            raise InvalidArgumentError("chunk", "a Chunk", type(chunk).__name__)
+        await incarnation.ready.wait()
+        inbox = incarnation.inboxes.get(source)
+        if inbox is None:
+            raise InvalidArgumentError("source", f"one of {list(incarnation.inboxes)}", source)
+        await inbox.send(chunk)
+
+    async def checkpoint(self) -> int:
+        """Inject a checkpoint barrier now and return the epoch it made durable.
+
+        Raises:
+            ActorFailedError: the graph failed before the checkpoint completed.
+        """
+        incarnation = self._running()
+        await incarnation.ready.wait()
+        flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT)
+        barrier = await flight.wait()
+        return barrier.epoch.prev
+
+    async def mutate(self, mutation: Mutation) -> EpochPair:
+        """Inject a barrier carrying ``mutation`` now; returns its epoch once collected.
+
+        Raises:
+            InvalidArgumentError: the mutation names an actor id that is not in the graph.
+        """
+        ids = {n.actor_id for n in self._graph.nodes.values()}
+        named: set[int] = set()
+        if isinstance(mutation, Add | SourceChangeSplit):
+            named |= set(mutation.splits)
+        elif isinstance(mutation, Throttle):
+            named |= set(mutation.rates)
+        elif isinstance(mutation, Update):
+            named |= set(mutation.splits) | set(mutation.vnode_bitmaps) | mutation.dropped_actors
+        elif isinstance(mutation, Stop):
+            named |= mutation.actors
+        unknown = sorted(named - ids)
+        if unknown:
+            raise InvalidArgumentError(
+                "mutation", f"actor ids of this graph {sorted(ids)}", unknown
+            )
+        incarnation = self._running()
+        await incarnation.ready.wait()
+        flight = await incarnation.manager.inject(mutation=mutation)
+        return (await flight.wait()).epoch
+
+    def actor_id(self, name: str) -> int:
+        """The id of the actor named ``name``."""
+        node = self._graph.nodes.get(name)
+        if node is None:
+            raise InvalidArgumentError("name", f"one of {list(self._graph.nodes)}", name)
+        return node.actor_id
+
+    @property
+    def committed_epoch(self) -> int:
+        """The last durable checkpoint epoch."""
+        return 0 if self._store is None else self._store.committed_epoch
+
+    def committed_epochs(self) -> CommittedEpochs:
+        """The committed epoch now, then each newer one (see ``StateStore.committed_epochs``)."""
+        if self._store is None:
+            raise BarrierflowError("the runtime is not running: use it inside `async with rt:`")
+        return self._store.committed_epochs()
+
+    def stats(self) -> RuntimeStats:
+        """Per-actor and per-channel counters, epochs and restarts."""
+        incarnation = self._incarnation
+        if incarnation is None:
+            return RuntimeStats({}, {}, 0, self.committed_epoch, 0, self._restarts)
+        return RuntimeStats(
+            actors={name: ctx.stats() for name, ctx in incarnation.contexts.items()},
+            channels={tx.name: tx.statistics() for tx in incarnation.channels},
+            current_epoch=incarnation.manager.current_epoch,
+            committed_epoch=self.committed_epoch,
+            barriers_in_flight=incarnation.manager.in_flight,
+            restarts=self._restarts,
+        )
+
+    def __repr__(self) -> str:
+        state = "running" if self._task_group is not None else "stopped"
+        return f"<Runtime {state} actors={list(self._graph.nodes)}>"
