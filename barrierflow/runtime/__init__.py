@@ -37,6 +37,7 @@ __all__ = [
     "RuntimeStats",
     "StateStore",
     "StateTable",
+    "StreamActor",
     "configure_logging",
     "open_command_actor",
     "serve_commands",

@@ -22,7 +22,6 @@ Lifecycle contract:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -98,18 +97,9 @@ class ActorContext:
         self._tables.append(table)
         return table
 
-    async def messages(self) -> AsyncIterator[Message]:
+    def messages(self) -> _Messages:
         """The actor's input, until it ends or the actor has finished."""
-        while not self.finished:
-            try:
-                message = await self._input.receive()
-            except anyio.EndOfStream:
-                self.finished = True
-                return
-            self._messages_in += 1
-            if isinstance(message, Chunk):
-                self._rows_in += message.num_rows
-            yield message
+        return _Messages(self)
 
     async def emit(self, message: Message) -> None:
         """Send ``message`` downstream; for a barrier, also seal state and report collection."""
@@ -149,6 +139,33 @@ class ActorContext:
             current_epoch=self.epoch,
             finished=self.finished,
         )
+
+
+class _Messages:
+    """Iterator over an actor's input (a class, not an async generator, so that an actor
+    raising mid-iteration leaves nothing to finalize)."""
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: ActorContext) -> None:
+        self._ctx = ctx
+
+    def __aiter__(self) -> _Messages:
+        return self
+
+    async def __anext__(self) -> Message:
+        ctx = self._ctx
+        if ctx.finished:
+            raise StopAsyncIteration
+        try:
+            message = await ctx._input.receive()
+        except anyio.EndOfStream:
+            ctx.finished = True
+            raise StopAsyncIteration from None
+        ctx._messages_in += 1
+        if isinstance(message, Chunk):
+            ctx._rows_in += message.num_rows
+        return message
 
 
 class StreamActor:

@@ -25,7 +25,8 @@ Leaving ``async with`` normally stops the graph cleanly: a final checkpoint barr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import final
@@ -59,6 +60,8 @@ from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import (
     ActorFailedError,
     BarrierflowError,
+    ChannelBrokenError,
+    ChannelClosedError,
     GraphError,
     InvalidArgumentError,
 )
@@ -141,6 +144,8 @@ class Runtime:
         self._incarnation: _Incarnation | None = None
         self._restarts = 0
         self._failure: ActorFailedError | None = None
+        self._last_failure: ActorFailedError | None = None
+        self._rebuilt: anyio.Event | None = None
         self._log = structlog.get_logger("barrierflow.runtime")
 
     # Building the graph.
@@ -186,6 +191,7 @@ class Runtime:
         self._store = await StateStore.open(
             self._config.state_path, adapter=self._config.store_adapter
         )
+        self._rebuilt = anyio.Event()
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -249,8 +255,13 @@ class Runtime:
                 return
             except ActorFailedError as failure:
                 started = True
-                if self._incarnation is not None:
-                    self._incarnation.manager.fail_in_flight(failure)
+                self._last_failure = failure
+                old, self._incarnation = self._incarnation, None
+                self._rebuilt = anyio.Event()
+                if old is not None:
+                    old.manager.fail_in_flight(failure)
+                    for tx in old.channels:
+                        tx.close()  # pushes parked on the dead graph fail now
                 if not self._config.recovery or self._restarts >= self._config.max_restarts:
                     self._log.error(
                         "actor failed; stopping",
@@ -275,6 +286,16 @@ class Runtime:
             started = True
 
     async def _run_incarnation(self, task_status: TaskStatus[None] | None) -> None:
+        try:
+            await self._run_graph(task_status)
+        except BaseExceptionGroup as group:
+            # Surface the actor failure itself (siblings were only cancelled by it).
+            failure = _first_actor_failure(group)
+            if failure is None:
+                raise
+            raise failure from failure.cause
+
+    async def _run_graph(self, task_status: TaskStatus[None] | None) -> None:
         store = self._store
         assert store is not None
         nodes = self._graph.nodes
@@ -323,6 +344,8 @@ class Runtime:
                     incarnation.contexts[node.name] = ctx
                     actors.start_soon(self._run_actor, node, ctx, name=f"actor {node.name}")
                 incarnation.ready.set()
+                if self._rebuilt is not None:
+                    self._rebuilt.set()
                 if task_status is not None:
                     task_status.started()
             tg.cancel_scope.cancel()  # every actor finished: no more barriers to inject
@@ -362,26 +385,35 @@ class Runtime:
 
     # Driving a running graph.
 
-    def _running(self) -> _Incarnation:
-        if self._task_group is None or self._incarnation is None:
-            raise BarrierflowError("the runtime is not running: use it inside `async with rt:`")
-        return self._incarnation
+    async def _running(self) -> _Incarnation:
+        """The current graph, waiting while recovery rebuilds it."""
+        while True:
+            if self._task_group is None:
+                raise BarrierflowError("the runtime is not running: use it inside `async with rt:`")
+            incarnation = self._incarnation
+            if incarnation is not None:
+                await incarnation.ready.wait()
+                return incarnation
+            assert self._rebuilt is not None
+            await self._rebuilt.wait()
 
     async def push(self, source: str, chunk: Chunk) -> None:
         """Send ``chunk`` into the inbox of push source ``source`` (waits while it is full).
 
         Raises:
             InvalidArgumentError: ``source`` is not a source, or ``chunk`` not a Chunk.
+            ActorFailedError: the graph failed while the chunk waited for room (with recovery,
+                the graph is rebuilt from the last checkpoint; push again what followed it).
             BarrierflowError: the runtime is not running.
         """
-        incarnation = self._running()
         if not isinstance(chunk, Chunk):
             raise InvalidArgumentError("chunk", "a Chunk", type(chunk).__name__)
-        await incarnation.ready.wait()
+        incarnation = await self._running()
         inbox = incarnation.inboxes.get(source)
         if inbox is None:
             raise InvalidArgumentError("source", f"one of {list(incarnation.inboxes)}", source)
-        await inbox.send(chunk)
+        with self._as_failure():
+            await inbox.send(chunk)
 
     async def checkpoint(self) -> int:
         """Inject a checkpoint barrier now and return the epoch it made durable.
@@ -389,11 +421,22 @@ class Runtime:
         Raises:
             ActorFailedError: the graph failed before the checkpoint completed.
         """
-        incarnation = self._running()
-        await incarnation.ready.wait()
-        flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT)
+        incarnation = await self._running()
+        with self._as_failure():
+            flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT)
         barrier = await flight.wait()
         return barrier.epoch.prev
+
+    @contextlib.contextmanager
+    def _as_failure(self) -> Iterator[None]:
+        """A send into a graph that just failed surfaces as the failure itself."""
+        try:
+            yield
+        except (ChannelClosedError, ChannelBrokenError) as exc:
+            failure = self._last_failure
+            if failure is None:
+                raise
+            raise failure from exc
 
     async def mutate(self, mutation: Mutation) -> EpochPair:
         """Inject a barrier carrying ``mutation`` now; returns its epoch once collected.
@@ -416,9 +459,9 @@ class Runtime:
             raise InvalidArgumentError(
                 "mutation", f"actor ids of this graph {sorted(ids)}", unknown
             )
-        incarnation = self._running()
-        await incarnation.ready.wait()
-        flight = await incarnation.manager.inject(mutation=mutation)
+        incarnation = await self._running()
+        with self._as_failure():
+            flight = await incarnation.manager.inject(mutation=mutation)
         return (await flight.wait()).epoch
 
     def actor_id(self, name: str) -> int:

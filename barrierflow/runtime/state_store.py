@@ -11,7 +11,8 @@ Reads: a table sees its own buffered and sealed writes over the committed state
 (:meth:`StateTable.get`); anyone else sees only committed state (:meth:`StateStore.read`).
 
 SQLite runs in WAL mode with ``synchronous=FULL``: through aiosqlite on asyncio, and on one
-dedicated thread on trio (:mod:`.sqlite_thread_backend`); the SQL itself is in :mod:`._sql`.
+worker thread on trio (:mod:`.sqlite_thread_backend`, one call at a time); the SQL itself is
+in :mod:`._sql`.
 A store file is locked (an OS lock on ``<file>.lock``, released even on SIGKILL) so a second
 runtime cannot open it while one holds it.
 """
@@ -33,6 +34,7 @@ import sniffio
 from barrierflow.errors import (
     EpochOrderError,
     InvalidArgumentError,
+    ProtocolError,
     StoreFormatError,
     StoreLockedError,
     StoreVersionError,
@@ -177,7 +179,7 @@ class StateStore:
         self._committed_changed = anyio.Event()
         self._tables: dict[tuple[str, str], StateTable] = {}
         self._closed = False
-        self._commit_lock = anyio.Lock()
+        self._committing = False
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], *, adapter: Adapter = "auto") -> StateStore:
@@ -255,7 +257,13 @@ class StateStore:
         Raises:
             EpochOrderError: ``epoch`` is not greater than the committed epoch.
         """
-        async with self._commit_lock:
+        if self._committing:
+            raise ProtocolError(
+                f"state store {self._path!r}: expected one checkpoint commit at a time, got a "
+                f"commit of epoch {epoch} while another is running"
+            )
+        self._committing = True
+        try:
             if type(epoch) is not int or epoch <= self._committed:
                 raise EpochOrderError("epoch", self._committed, epoch)
             upserts: list[tuple[str, str, str, str]] = []
@@ -272,6 +280,8 @@ class StateStore:
             self._committed = epoch
             changed, self._committed_changed = self._committed_changed, anyio.Event()
             changed.set()
+        finally:
+            self._committing = False
 
     def committed_epochs(self) -> CommittedEpochs:
         """The committed epoch now, then each newer one as it is published.

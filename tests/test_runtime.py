@@ -1,0 +1,327 @@
+"""The runtime: graph validation, barriers and checkpoints, supervision, recovery, embedding."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import anyio
+import pyarrow as pa
+import pytest
+
+from barrierflow import (
+    ActorFailedError,
+    ActorGoneError,
+    ConfigError,
+    GraphError,
+    InvalidArgumentError,
+)
+from barrierflow.channels import Barrier, BarrierKind, Chunk, Message, Pause, Stop
+from barrierflow.runtime import (
+    ActorContext,
+    BlockingRuntime,
+    Fanout,
+    Runtime,
+    RuntimeConfig,
+    StateStore,
+    StreamActor,
+    open_command_actor,
+    serve_commands,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def chunk(*ids: int) -> Chunk:
+    return Chunk(pa.record_batch({"id": pa.array(ids, pa.int64())}))
+
+
+class Counter(StreamActor):
+    """Counts visible rows in a state table; remembers the barriers it saw."""
+
+    def __init__(self) -> None:
+        self.barriers: list[Barrier] = []
+
+    async def restore(self, ctx: ActorContext) -> None:
+        self.table = ctx.table("count")
+        self.rows = await self.table.get("rows", 0)
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk):
+            self.rows += message.cardinality
+            self.table.put("rows", self.rows)
+        elif isinstance(message, Barrier):
+            self.barriers.append(message)
+        await ctx.emit(message)
+
+
+class FailOn(StreamActor):
+    """Raises when it sees id ``bad`` (mid-epoch), at most ``times`` times overall."""
+
+    failures = 0
+
+    def __init__(self, bad: int, times: int = 1_000) -> None:
+        self.bad = bad
+        self.times = times
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        ids = message.batch.column("id").to_pylist() if isinstance(message, Chunk) else []
+        if self.bad in ids and FailOn.failures < self.times:
+            FailOn.failures += 1
+            raise RuntimeError(f"bad row {self.bad}")
+        await ctx.emit(message)
+
+
+def config(tmp_path: Path, **kwargs: object) -> RuntimeConfig:
+    return RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=60.0, **kwargs)  # type: ignore[arg-type]
+
+
+async def read(tmp_path: Path, owner: str) -> object:
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        return await store.read(owner, "count", "rows")
+
+
+async def test_checkpoint_returns_once_state_is_durable(tmp_path: Path) -> None:
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src", fanout=Fanout("hash", ("id",)))
+    rt.add_actor("left", Counter, inputs=["src"])
+    rt.add_actor("right", Counter, inputs=["src"])
+    rt.add_actor("sink", Counter, inputs=["left", "right"])
+    async with rt:
+        for i in range(10):
+            await rt.push("src", chunk(*range(i * 10, i * 10 + 10)))
+        epoch = await rt.checkpoint()
+        assert rt.committed_epoch == epoch
+        stats = rt.stats()
+        assert stats.actors["sink"].rows_in == 100
+        assert stats.actors["left"].rows_in + stats.actors["right"].rows_in == 100
+        assert stats.channels["src inbox"].rows_sent == 100
+        assert stats.committed_epoch == epoch
+    assert await read(tmp_path, "sink") == 100
+
+
+async def test_barriers_complete_in_epoch_order_and_every_kth_is_checkpoint(
+    tmp_path: Path,
+) -> None:
+    seen: list[Counter] = []
+
+    def factory() -> Counter:
+        seen.append(Counter())
+        return seen[-1]
+
+    rt = Runtime(config(tmp_path, checkpoint_frequency=3))
+    rt.add_source("src")
+    rt.add_actor("count", factory, inputs=["src"])
+    async with rt:
+        for _ in range(7):
+            await rt.mutate(Pause())  # an injected barrier each, frequency decides the kind
+    kinds = [b.kind for b in seen[0].barriers]
+    assert kinds[0] is BarrierKind.INITIAL
+    assert kinds[1:8] == [
+        BarrierKind.CHECKPOINT if i % 3 == 0 else BarrierKind.BARRIER for i in range(1, 8)
+    ]
+    epochs = [b.epoch.curr for b in seen[0].barriers]
+    assert epochs == sorted(epochs)
+    assert all(
+        b.epoch.prev == a.epoch.curr
+        for a, b in zip(seen[0].barriers, seen[0].barriers[1:], strict=False)
+    )
+
+
+async def test_in_flight_bound_holds_injection(tmp_path: Path) -> None:
+    gate = anyio.Event()
+
+    class Slow(StreamActor):
+        async def process(self, message: Message, ctx: ActorContext) -> None:
+            if isinstance(message, Barrier) and message.kind is not BarrierKind.INITIAL:
+                await gate.wait()
+            await ctx.emit(message)
+
+    rt = Runtime(config(tmp_path, max_in_flight=2))
+    rt.add_source("src")
+    rt.add_actor("slow", Slow, inputs=["src"])
+    async with rt:
+        injected = 0
+
+        async def inject() -> None:
+            nonlocal injected
+            await rt.checkpoint()
+            injected += 1
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(inject)
+            await anyio.wait_all_tasks_blocked()
+            assert rt.stats().barriers_in_flight == 2  # the other two are held back
+            gate.set()
+        assert injected == 4
+
+
+async def test_failing_actor_stops_graph_and_is_named(tmp_path: Path) -> None:
+    FailOn.failures = 0
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    rt.add_actor("checker", lambda: FailOn(13), inputs=["src"])
+    with pytest.raises(ActorFailedError) as info:
+        async with rt:
+            await rt.push("src", chunk(1, 13))
+            await rt.checkpoint()
+    assert info.value.actor == "checker"
+    assert info.value.actor_id == rt.actor_id("checker")
+    assert isinstance(info.value.cause, RuntimeError)
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+async def test_recovery_rebuilds_from_last_checkpoint(tmp_path: Path) -> None:
+    FailOn.failures = 0
+    rt = Runtime(config(tmp_path, recovery=True, max_restarts=2, restart_backoff=0.01))
+    rt.add_source("src")
+    rt.add_actor("count", Counter, inputs=["src"])
+    rt.add_actor("checker", lambda: FailOn(13, times=1), inputs=["count"])
+    async with rt:
+        await rt.push("src", chunk(1, 2, 3))
+        await rt.checkpoint()
+        await rt.push("src", chunk(4, 13))  # counted by "count" (uncommitted), then fails
+        with pytest.raises(ActorFailedError):
+            await rt.checkpoint()
+        # The graph was rebuilt from the checkpoint: the 2 uncommitted rows are forgotten.
+        await rt.push("src", chunk(4, 13))  # the driver replays; no failure this time
+        await rt.checkpoint()
+        assert rt.stats().restarts == 1
+    assert await read(tmp_path, "count") == 5
+
+
+async def test_restarts_are_bounded(tmp_path: Path) -> None:
+    FailOn.failures = 0
+    rt = Runtime(config(tmp_path, recovery=True, max_restarts=1, restart_backoff=0.01))
+    rt.add_source("src")
+    rt.add_actor("checker", lambda: FailOn(13), inputs=["src"])
+    with pytest.raises(ActorFailedError):
+        async with rt:
+            for _ in range(3):
+                with pytest.raises(ActorFailedError):
+                    await rt.push("src", chunk(13))
+                    await rt.checkpoint()
+            await anyio.sleep_forever()
+    assert rt.stats().restarts == 1
+
+
+async def test_committed_epochs_are_published(tmp_path: Path) -> None:
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    async with rt:
+        epochs = rt.committed_epochs()
+        first = await epochs.__anext__()
+        durable = await rt.checkpoint()
+        assert first < durable
+        assert await epochs.__anext__() == durable
+
+
+async def test_restart_resumes_at_committed_epoch(tmp_path: Path) -> None:
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    rt.add_actor("count", Counter, inputs=["src"])
+    async with rt:
+        await rt.push("src", chunk(1, 2))
+    committed = rt.committed_epoch
+    seen: list[Counter] = []
+    again = Runtime(config(tmp_path))
+    again.add_source("src")
+    again.add_actor("count", lambda: seen.append(Counter()) or seen[-1], inputs=["src"])
+    async with again:
+        assert again.committed_epoch == committed
+        await again.checkpoint()
+    assert seen[0].barriers[0].epoch.prev == committed
+    assert seen[0].rows == 2
+
+
+def test_blocking_handle_from_a_plain_thread(tmp_path: Path) -> None:
+    results: dict[str, object] = {}
+
+    def driver(backend: str) -> None:
+        rt = Runtime(config(tmp_path / backend))
+        rt.add_source("src")
+        rt.add_actor("count", Counter, inputs=["src"])
+        with BlockingRuntime(rt, backend=backend) as handle:  # type: ignore[arg-type]
+            handle.push("src", chunk(1, 2, 3))
+            results[backend] = handle.checkpoint() == handle.committed_epoch
+            results[backend + "-rows"] = handle.stats().actors["count"].rows_in
+
+    for backend in ("asyncio", "trio"):
+        (tmp_path / backend).mkdir()
+        thread = threading.Thread(target=driver, args=(backend,))
+        thread.start()
+        thread.join(timeout=60)
+        assert results[backend] is True
+        assert results[backend + "-rows"] == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"barrier_interval": 0}, "barrier_interval"),
+        ({"barrier_interval": -1.0}, "barrier_interval"),
+        ({"checkpoint_frequency": 0}, "checkpoint_frequency"),
+        ({"max_in_flight": 0}, "max_in_flight"),
+        ({"restart_backoff": 0}, "restart_backoff"),
+        ({"max_restarts": -1}, "max_restarts"),
+    ],
+)
+def test_config_out_of_range_is_rejected(kwargs: dict[str, object], argument: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        RuntimeConfig(state_path="x.db", **kwargs)  # type: ignore[arg-type]
+    assert info.value.argument == argument
+
+
+def test_bad_graphs_are_rejected() -> None:
+    rt = Runtime(RuntimeConfig(state_path="unused.db"))
+    rt.add_source("src")
+    rt.add_actor("a", Counter, inputs=["src"])
+    with pytest.raises(GraphError) as twice:
+        rt.connect("src", "a")
+    assert twice.value.argument == "edge"
+    rt.add_actor("b", Counter, inputs=["a"])
+    rt.connect("b", "a")
+    with pytest.raises(GraphError) as cycle:
+        rt._graph.validate()
+    assert "a -> b -> a" in str(cycle.value.got)
+    lonely = Runtime(RuntimeConfig(state_path="unused.db"))
+    lonely.add_source("src")
+    lonely.add_actor("x", Counter, inputs=["src"])
+    lonely._graph.nodes["x"].inputs.clear()
+    with pytest.raises(GraphError) as no_input:
+        lonely._graph.validate()
+    assert no_input.value.argument == "inputs"
+
+
+async def test_mutation_naming_unknown_actor_is_rejected(tmp_path: Path) -> None:
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    async with rt:
+        with pytest.raises(InvalidArgumentError) as info:
+            await rt.mutate(Stop(frozenset({99})))
+        assert info.value.got == [99]
+
+
+async def test_command_actor_answers_asks_and_reports_gone() -> None:
+    class Doubler:
+        async def handle(self, request: int) -> int:
+            if request < 0:
+                raise ValueError("negative")
+            return request * 2
+
+    ref, inbox = open_command_actor("doubler", capacity=4)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve_commands, "doubler", Doubler(), inbox)
+        assert await ref.ask(21) == 42
+        with pytest.raises(ValueError, match="negative"):
+            await ref.ask(-1)
+        await ref.tell(-1)  # logged, not raised
+        assert await ref.ask(1) == 2
+        tg.cancel_scope.cancel()
+    with pytest.raises(ActorGoneError) as info:
+        await ref.ask(1)
+    assert info.value.actor == "doubler"
+    ref.close()
+    with pytest.raises(ActorGoneError):
+        await ref.tell(1)
