@@ -8,8 +8,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks.channels import BENCHMARKS
+from benchmarks.channels import BENCHMARKS as CHANNEL_BENCHMARKS
 from benchmarks.harness import Settings
+from benchmarks.runtime import BENCHMARKS as RUNTIME_BENCHMARKS
+
+BENCHMARKS = {**CHANNEL_BENCHMARKS, **RUNTIME_BENCHMARKS}
 
 __all__ = ["BENCHMARKS", "main", "run_benchmarks"]
 
