@@ -325,3 +325,59 @@ async def test_command_actor_answers_asks_and_reports_gone() -> None:
     ref.close()
     with pytest.raises(ActorGoneError):
         await ref.tell(1)
+
+
+RUNTIME_CHILD = """
+import sys, anyio, pyarrow as pa
+sys.path.insert(0, sys.argv[3])
+from test_runtime import Counter
+from barrierflow.channels import Chunk
+from barrierflow.runtime import Runtime, RuntimeConfig
+
+async def main(path):
+    rt = Runtime(RuntimeConfig(state_path=path, barrier_interval=3600.0))
+    rt.add_source("src")
+    rt.add_actor("count", Counter, inputs=["src"])
+    async with rt:
+        while True:
+            await rt.push("src", Chunk(pa.record_batch({"id": pa.array(range(10), pa.int64())})))
+            epoch = await rt.checkpoint()
+            print("DURABLE", epoch, flush=True)
+            await rt.push("src", Chunk(pa.record_batch({"id": pa.array(range(5), pa.int64())})))
+
+anyio.run(main, sys.argv[1], backend=sys.argv[2])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_runtime_killed_restarts_from_last_checkpoint(tmp_path: Path, backend: str) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "state.db"
+    child = subprocess.Popen(
+        [sys.executable, "-c", RUNTIME_CHILD, str(path), backend, str(Path(__file__).parent)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    try:
+        lines = [child.stdout.readline().split() for _ in range(5)]
+    finally:
+        child.send_signal(signal.SIGKILL)  # often between a push and the next checkpoint
+        child.wait(timeout=30)
+        child.stdout.close()
+    assert all(line[0] == "DURABLE" for line in lines)
+
+    async def check() -> None:
+        async with await StateStore.open(path) as store:
+            rows = await store.read("count", "count", "rows")
+            # Each durable checkpoint k holds 10 rows of its epoch plus 5 of the one before it.
+            checkpoints = (rows + 5) // 15
+            assert rows == 15 * checkpoints - 5
+            assert checkpoints >= 5
+            assert store.committed_epoch >= int(lines[-1][1])
+
+    anyio.run(check, backend=backend)
