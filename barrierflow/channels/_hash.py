@@ -43,6 +43,9 @@ _MUL = np.uint64(31)
 #: The hash of a null key, in any column.
 NULL_HASH = np.uint64(0x6A09E667F3BCC909)
 _NAN_BITS = np.float64("nan").view(np.uint64)
+_NEG_ZERO_BITS = np.uint64(0x8000000000000000)
+_EXPONENT = np.uint64(0x7FF0000000000000)
+_MANTISSA = np.uint64(0x000FFFFFFFFFFFFF)
 
 
 def splitmix64(x: U64) -> U64:
@@ -65,9 +68,11 @@ def _fixed_width_bits(arr: pa.Array) -> U64:
     typ = arr.type
     if pa.types.is_floating(typ):
         values = pc.fill_null(arr.cast(pa.float64()), 0.0).to_numpy(zero_copy_only=False)
-        values = values + 0.0  # folds -0.0 into 0.0
+        # Work on the bits, not the floats: arithmetic on a signaling NaN warns.
         bits: U64 = values.view(np.uint64).copy()
-        bits[np.isnan(values)] = _NAN_BITS
+        bits[bits == _NEG_ZERO_BITS] = 0
+        is_nan = ((bits & _EXPONENT) == _EXPONENT) & ((bits & _MANTISSA) != 0)
+        bits[is_nan] = _NAN_BITS
         return bits
     if pa.types.is_boolean(typ):
         flags = pc.fill_null(arr, False).to_numpy(zero_copy_only=False)
@@ -163,7 +168,7 @@ def hashable_type(typ: pa.DataType) -> bool:
         pa.types.is_integer(typ)
         or pa.types.is_floating(typ)
         or pa.types.is_boolean(typ)
-        or pa.types.is_temporal(typ)
+        or (pa.types.is_temporal(typ) and not pa.types.is_interval(typ))
         or pa.types.is_string(typ)
         or pa.types.is_large_string(typ)
         or pa.types.is_binary(typ)

@@ -59,6 +59,10 @@ def _as_mask(mask: Any, num_rows: int) -> pa.BooleanArray:
     if isinstance(mask, np.ndarray):
         if mask.dtype != np.bool_:
             raise InvalidArgumentError("visibility", "a boolean mask", f"numpy {mask.dtype}")
+        if mask.ndim != 1:
+            raise InvalidArgumentError(
+                "visibility", "a one-dimensional mask", f"shape {mask.shape}"
+            )
         arr = pa.array(mask)
     elif isinstance(mask, pa.ChunkedArray):
         arr = mask.combine_chunks()

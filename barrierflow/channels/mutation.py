@@ -45,6 +45,9 @@ def _split_assignment(
 ) -> Mapping[int, tuple[Split, ...]]:
     checked: dict[int, tuple[Split, ...]] = {}
     for actor, splits in _frozen_mapping(argument, value).items():
+        candidate: object = splits
+        if isinstance(candidate, Split | str) or not isinstance(candidate, Iterable):
+            raise InvalidArgumentError(argument, "a sequence of Splits per actor", splits)
         items = tuple(splits)
         for split in items:
             if not isinstance(split, Split):
@@ -54,6 +57,9 @@ def _split_assignment(
 
 
 def _actor_set(argument: str, value: Iterable[int]) -> frozenset[int]:
+    candidate: object = value
+    if isinstance(candidate, str) or not isinstance(candidate, Iterable):
+        raise InvalidArgumentError(argument, "a set of actor ids", value)
     actors = frozenset(value)
     for actor in actors:
         if type(actor) is not int or actor < 0:
@@ -115,7 +121,11 @@ class Throttle:
     def __post_init__(self) -> None:
         rates = _frozen_mapping("Throttle.rates", self.rates)
         for rate in rates.values():
-            if rate is not None and (not isinstance(rate, int | float) or rate < 0):
+            if rate is not None and (
+                isinstance(rate, bool)
+                or not isinstance(rate, int | float)
+                or not rate >= 0  # also refuses NaN
+            ):
                 raise InvalidArgumentError("Throttle.rates", "None or a rate >= 0", rate)
         object.__setattr__(self, "rates", rates)
 

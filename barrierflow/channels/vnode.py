@@ -25,6 +25,11 @@ __all__ = ["DEFAULT_VNODE_COUNT", "VnodeBitmap", "compute_vnodes", "vnode_owners
 DEFAULT_VNODE_COUNT = 256
 
 
+def _is_index(value: object) -> bool:
+    """An int or NumPy integer, but not a bool (``True`` is no vnode)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
 def _check_vnode_count(vnode_count: int) -> None:
     if type(vnode_count) is not int or not 1 <= vnode_count <= 1 << 15:
         raise InvalidArgumentError("vnode_count", "an int in 1..32768", vnode_count)
@@ -60,9 +65,9 @@ class VnodeBitmap:
         _check_vnode_count(vnode_count)
         bits = np.zeros(vnode_count, dtype=np.bool_)
         for vnode in vnodes:
-            if type(vnode) is not int or not 0 <= vnode < vnode_count:
+            if not _is_index(vnode) or not 0 <= vnode < vnode_count:
                 raise InvalidArgumentError("vnodes", f"ints in 0..{vnode_count - 1}", vnode)
-            bits[vnode] = True
+            bits[int(vnode)] = True
         return cls(bits)
 
     @classmethod
@@ -118,7 +123,11 @@ class VnodeBitmap:
         return bool(self._bits.all())
 
     def __contains__(self, vnode: object) -> bool:
-        return isinstance(vnode, int) and 0 <= vnode < len(self._bits) and bool(self._bits[vnode])
+        return (
+            _is_index(vnode)
+            and 0 <= int(vnode) < len(self._bits)  # type: ignore[call-overload]
+            and bool(self._bits[int(vnode)])  # type: ignore[call-overload]
+        )
 
     def _same_size(self, other: VnodeBitmap) -> None:
         if other.vnode_count != self.vnode_count:
@@ -127,14 +136,20 @@ class VnodeBitmap:
             )
 
     def __or__(self, other: VnodeBitmap) -> VnodeBitmap:
+        if not isinstance(other, VnodeBitmap):
+            return NotImplemented
         self._same_size(other)
         return VnodeBitmap(self._bits | other._bits)
 
     def __and__(self, other: VnodeBitmap) -> VnodeBitmap:
+        if not isinstance(other, VnodeBitmap):
+            return NotImplemented
         self._same_size(other)
         return VnodeBitmap(self._bits & other._bits)
 
     def __sub__(self, other: VnodeBitmap) -> VnodeBitmap:
+        if not isinstance(other, VnodeBitmap):
+            return NotImplemented
         self._same_size(other)
         return VnodeBitmap(self._bits & ~other._bits)
 
@@ -159,6 +174,8 @@ def vnode_owners(bitmaps: Sequence[VnodeBitmap], argument: str = "bitmaps") -> n
     """
     if not bitmaps:
         raise InvalidArgumentError(argument, "at least one vnode bitmap", bitmaps)
+    if not isinstance(bitmaps[0], VnodeBitmap):
+        raise InvalidArgumentError(argument, "VnodeBitmaps", bitmaps[0])
     vnode_count = bitmaps[0].vnode_count
     for bitmap in bitmaps:
         if not isinstance(bitmap, VnodeBitmap) or bitmap.vnode_count != vnode_count:
