@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
 import anyio
 import pyarrow as pa
 import pytest
+import structlog
+import structlog.testing
 
 from barrierflow import (
     ActorFailedError,
@@ -25,6 +28,7 @@ from barrierflow.runtime import (
     RuntimeConfig,
     StateStore,
     StreamActor,
+    configure_logging,
     open_command_actor,
     serve_commands,
 )
@@ -120,6 +124,8 @@ async def test_barriers_complete_in_epoch_order_and_every_kth_is_checkpoint(
     assert kinds[1:8] == [
         BarrierKind.CHECKPOINT if i % 3 == 0 else BarrierKind.BARRIER for i in range(1, 8)
     ]
+    # The mutation rides the barrier injected for it.
+    assert [b.mutation for b in seen[0].barriers[1:8]] == [Pause()] * 7
     epochs = [b.epoch.curr for b in seen[0].barriers]
     assert epochs == sorted(epochs)
     assert all(
@@ -381,3 +387,33 @@ def test_runtime_killed_restarts_from_last_checkpoint(tmp_path: Path, backend: s
             assert store.committed_epoch >= int(lines[-1][1])
 
     anyio.run(check, backend=backend)
+
+
+async def test_actor_log_is_bound_with_name_id_and_epoch(tmp_path: Path) -> None:
+    FailOn.failures = 0
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    rt.add_actor("checker", lambda: FailOn(13), inputs=["src"])
+    with structlog.testing.capture_logs() as logs, pytest.raises(ActorFailedError):
+        async with rt:
+            await rt.checkpoint()
+            await rt.push("src", chunk(13))
+            await rt.checkpoint()
+    (raised,) = [e for e in logs if e["event"] == "actor raised"]
+    assert raised["actor"] == "checker"
+    assert raised["actor_id"] == rt.actor_id("checker")
+    assert raised["epoch"] > 0
+
+
+def test_json_log_format_writes_json_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("json")
+    try:
+        structlog.get_logger("barrierflow.test").bind(actor="a", actor_id=1, epoch=7).info("hi")
+        record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert record["event"] == "hi"
+        assert (record["actor"], record["actor_id"], record["epoch"]) == ("a", 1, 7)
+        configure_logging("console")
+        structlog.get_logger("barrierflow.test").info("plain")
+        assert "plain" in capsys.readouterr().out
+    finally:
+        structlog.reset_defaults()

@@ -249,7 +249,7 @@ CHILD = textwrap.dedent(
             table.seal(epoch)
             if mode == "buffered" and epoch == 3:
                 print("BUFFERED", flush=True)
-                await anyio.sleep(60)
+                await anyio.sleep_forever()  # until the parent kills us
             await store.commit(epoch)
             print("COMMITTED", epoch, flush=True)
 

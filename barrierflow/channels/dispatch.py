@@ -27,7 +27,12 @@ import pyarrow as pa
 from barrierflow.channels.chunk import Chunk, Op
 from barrierflow.channels.endpoints import Sender
 from barrierflow.channels.messages import Message
-from barrierflow.channels.vnode import VnodeBitmap, check_key_columns, compute_vnodes, vnode_owners
+from barrierflow.channels.vnode import (
+    VnodeBitmap,
+    check_key_columns,
+    vnode_owners,
+    vnodes_unchecked,
+)
 from barrierflow.errors import InvalidArgumentError
 
 __all__ = ["Dispatcher", "HashDispatcher", "BroadcastDispatcher", "RoundRobinDispatcher"]
@@ -189,7 +194,7 @@ class HashDispatcher(Dispatcher):
         if self._checked_schema is None or not batch.schema.equals(self._checked_schema):
             check_key_columns(batch.schema, self._key_columns)
             self._checked_schema = batch.schema
-        vnodes = compute_vnodes(batch, self._key_columns, self._vnode_count)
+        vnodes = vnodes_unchecked(batch, self._key_columns, self._vnode_count)
         dest = self._owners[vnodes]
         if chunk.visibility is not None:
             visible = chunk.visibility.to_numpy(zero_copy_only=False)

@@ -208,6 +208,13 @@ def compute_vnodes(
     """
     check_key_columns(batch.schema, key_columns)
     _check_vnode_count(vnode_count)
+    return vnodes_unchecked(batch, key_columns, vnode_count)
+
+
+def vnodes_unchecked(
+    batch: pa.RecordBatch | pa.Table, key_columns: Sequence[str], vnode_count: int
+) -> npt.NDArray[np.int64]:
+    """:func:`compute_vnodes` for callers that validated the schema already (hot path)."""
     hashed = hash_columns([batch.column(name) for name in key_columns], batch.num_rows)
     return (hashed % np.uint64(vnode_count)).astype(np.int64)
 

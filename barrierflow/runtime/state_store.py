@@ -77,6 +77,7 @@ class StateTable:
         self._store = store
         self._owner = owner
         self._name = name
+        # Writes are JSON text (or _DELETED), as they will be stored.
         self._pending: dict[str, Any] = {}
         # (epoch, writes) in epoch order, sealed but not yet durable.
         self._sealed: list[tuple[int, dict[str, Any]]] = []
@@ -98,8 +99,8 @@ class StateTable:
         Raises:
             InvalidArgumentError: ``key`` is not a str or ``value`` is not JSON-serializable.
         """
-        _encode(value)
-        self._pending[_check_key(key)] = value
+        # Kept encoded: validated once here, written as is by the checkpoint.
+        self._pending[_check_key(key)] = _encode(value)
 
     def delete(self, key: str) -> None:
         """Remove ``key`` in the current epoch."""
@@ -130,7 +131,7 @@ class StateTable:
         for writes in self._overlay():
             if key in writes:
                 value = writes[key]
-                return default if value is _DELETED else value
+                return default if value is _DELETED else json.loads(value)
         return await self._store.read(self._owner, self._name, key, default)
 
     async def items(self) -> dict[str, Any]:
@@ -141,7 +142,7 @@ class StateTable:
                 if value is _DELETED:
                     merged.pop(key, None)
                 else:
-                    merged[key] = value
+                    merged[key] = json.loads(value)
         return merged
 
     def _take_through(self, epoch: int) -> dict[str, Any]:
@@ -273,7 +274,7 @@ class StateStore:
                     if value is _DELETED:
                         deletes.append((owner, name, key))
                     else:
-                        upserts.append((owner, name, key, _encode(value)))
+                        upserts.append((owner, name, key, value))
             await self._connection.transaction(_sql.checkpoint_statements(upserts, deletes, epoch))
             for table in self._tables.values():
                 table._drop_through(epoch)
