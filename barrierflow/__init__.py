@@ -13,10 +13,15 @@ from barrierflow.errors import ChannelBrokenError as ChannelBrokenError
 from barrierflow.errors import ChannelClosedError as ChannelClosedError
 from barrierflow.errors import ConfigError as ConfigError
 from barrierflow.errors import EpochOrderError as EpochOrderError
+from barrierflow.errors import EpochPoisonedError as EpochPoisonedError
 from barrierflow.errors import GraphError as GraphError
 from barrierflow.errors import InvalidArgumentError as InvalidArgumentError
 from barrierflow.errors import ProtocolError as ProtocolError
 from barrierflow.errors import SchemaMismatchError as SchemaMismatchError
+from barrierflow.errors import SinkConnectorError as SinkConnectorError
+from barrierflow.errors import SinkEpochError as SinkEpochError
+from barrierflow.errors import SinkError as SinkError
+from barrierflow.errors import SinkRecoveryError as SinkRecoveryError
 from barrierflow.errors import StateStoreError as StateStoreError
 from barrierflow.errors import StoreFormatError as StoreFormatError
 from barrierflow.errors import StoreLockedError as StoreLockedError
@@ -43,6 +48,11 @@ __all__ = [
     "StoreFormatError",
     "StoreLockedError",
     "StoreVersionError",
+    "EpochPoisonedError",
+    "SinkConnectorError",
+    "SinkEpochError",
+    "SinkError",
+    "SinkRecoveryError",
     "VnodeOwnershipError",
     "__version__",
 ]

@@ -35,6 +35,11 @@ __all__ = [
     "ActorGoneError",
     "ActorFailedError",
     "GraphError",
+    "SinkError",
+    "EpochPoisonedError",
+    "SinkEpochError",
+    "SinkConnectorError",
+    "SinkRecoveryError",
 ]
 
 
@@ -239,3 +244,94 @@ class ActorFailedError(ActorError):
 @final
 class GraphError(InvalidArgumentError):
     """The graph handed to a runtime is not one it can run (cycle, missing input, ...)."""
+
+
+class SinkError(BarrierflowError):
+    """A sink refused or failed an operation.
+
+    Attributes:
+        sink: the sink's name.
+    """
+
+    sink: str
+
+
+@final
+class EpochPoisonedError(SinkError):
+    """A write of the current epoch failed, so the epoch cannot be pre-committed or committed.
+
+    Committing it would publish an epoch with rows missing; the only way forward is to roll it
+    back and begin a new epoch (whose successful begin clears the poison).
+
+    Attributes:
+        sink: the sink's name.
+        operation: ``"pre_commit"`` or ``"commit_epoch"``.
+        epoch: the epoch that was asked for.
+        write_errors: failed writes counted by the sink so far.
+    """
+
+    def __init__(self, sink: str, operation: str, epoch: int, write_errors: int) -> None:
+        self.sink = sink
+        self.operation = operation
+        self.epoch = epoch
+        self.write_errors = write_errors
+        super().__init__(
+            f"sink {sink!r}: {operation} of epoch {epoch} refused: the epoch is poisoned by a "
+            f"failed write ({write_errors} write error(s) so far); expected a rollback and a "
+            "successful begin_epoch first"
+        )
+
+
+@final
+class SinkEpochError(SinkError, ProtocolError):
+    """An epoch command arrived out of the sink's order (begin → pre-commit → commit).
+
+    Attributes:
+        sink: the sink's name.
+        operation: the refused operation (``"begin_epoch"``, ``"pre_commit"``, ...).
+        epoch: the epoch that was asked for.
+        expected: what the sink would have accepted, in words.
+    """
+
+    def __init__(self, sink: str, operation: str, epoch: int, expected: str) -> None:
+        self.sink = sink
+        self.operation = operation
+        self.epoch = epoch
+        self.expected = expected
+        super().__init__(f"sink {sink!r}: {operation}({epoch}): expected {expected}")
+
+
+@final
+class SinkConnectorError(SinkError):
+    """A sink's connector raised; ``__cause__`` is what it raised.
+
+    Attributes:
+        sink: the sink's name.
+        operation: the connector method that failed.
+        epoch: the epoch it concerned, if any.
+    """
+
+    def __init__(self, sink: str, operation: str, epoch: int | None, cause: BaseException) -> None:
+        self.sink = sink
+        self.operation = operation
+        self.epoch = epoch
+        self.cause = cause
+        at = "" if epoch is None else f" of epoch {epoch}"
+        super().__init__(f"sink {sink!r}: {operation}{at} failed: {type(cause).__name__}: {cause}")
+
+
+@final
+class SinkRecoveryError(SinkError):
+    """A sink's files or records do not allow it to recover what its checkpoint promises
+    (an epoch recorded as pre-committed is neither staged nor committed, a manifest is
+    unreadable, ...). Nothing is deleted when this is raised.
+
+    Attributes:
+        sink: the sink's name (or its path).
+        reason: what was found, in words.
+    """
+
+    def __init__(self, sink: str, reason: str) -> None:
+        self.sink = sink
+        self.reason = reason
+        super().__init__(f"sink {sink!r}: cannot recover: {reason}")

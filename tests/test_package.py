@@ -19,6 +19,7 @@ PUBLIC_PACKAGES = [
     "barrierflow",
     "barrierflow.channels",
     "barrierflow.runtime",
+    "barrierflow.actors",
     "barrierflow.testing",
 ]
 

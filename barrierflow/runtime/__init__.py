@@ -9,6 +9,8 @@ from barrierflow.runtime.barrier_manager import InFlightBarrier as InFlightBarri
 from barrierflow.runtime.blocking import BlockingRuntime as BlockingRuntime
 from barrierflow.runtime.command import ActorRef as ActorRef
 from barrierflow.runtime.command import CommandHandler as CommandHandler
+from barrierflow.runtime.command import Finish as Finish
+from barrierflow.runtime.command import Ticker as Ticker
 from barrierflow.runtime.command import open_command_actor as open_command_actor
 from barrierflow.runtime.command import serve_commands as serve_commands
 from barrierflow.runtime.config import RuntimeConfig as RuntimeConfig
@@ -30,6 +32,7 @@ __all__ = [
     "CommandHandler",
     "CommittedEpochs",
     "Fanout",
+    "Finish",
     "InFlightBarrier",
     "PushSource",
     "Runtime",
@@ -38,6 +41,7 @@ __all__ = [
     "StateStore",
     "StateTable",
     "StreamActor",
+    "Ticker",
     "configure_logging",
     "open_command_actor",
     "serve_commands",

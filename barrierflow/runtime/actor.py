@@ -33,7 +33,7 @@ from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.dispatch import Dispatcher
 from barrierflow.channels.endpoints import Receiver
 from barrierflow.channels.messages import Message
-from barrierflow.runtime.state_store import StateStore, StateTable
+from barrierflow.runtime.state_store import CommittedEpochs, StateStore, StateTable
 
 if TYPE_CHECKING:
     from barrierflow.runtime.barrier_manager import BarrierManager
@@ -96,6 +96,16 @@ class ActorContext:
         table = self._store.table(self.name, name)
         self._tables.append(table)
         return table
+
+    @property
+    def committed_epoch(self) -> int:
+        """The runtime's last durable checkpoint epoch (0 before the first)."""
+        return self._store.committed_epoch
+
+    def committed_epochs(self) -> CommittedEpochs:
+        """The committed epoch now, then each newer one as checkpoints become durable (ends
+        when the store closes); what an actor with a two-phase commit waits on."""
+        return self._store.committed_epochs()
 
     def messages(self) -> _Messages:
         """The actor's input, until it ends or the actor has finished."""

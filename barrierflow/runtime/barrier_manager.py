@@ -157,10 +157,12 @@ class BarrierManager:
             self._collected.set()
 
     async def run(self) -> None:
-        """Inject the initial barrier, then one every interval; complete epochs in order."""
+        """Inject the initial barrier (unless already injected), then one every interval;
+        complete epochs in order."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._complete_in_order)
-            await self.inject()
+            if self._pair is None:
+                await self.inject()
             while True:
                 await anyio.sleep(self._interval)
                 await self.inject()

@@ -16,15 +16,30 @@ serving it is cancelled; requests still queued then are answered with ``ActorGon
 
 from __future__ import annotations
 
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, final
 
 import anyio
 import structlog
 
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
-from barrierflow.errors import ActorGoneError, ChannelBrokenError, ChannelClosedError
+from barrierflow.errors import (
+    ActorGoneError,
+    ChannelBrokenError,
+    ChannelClosedError,
+    InvalidArgumentError,
+)
 
-__all__ = ["ActorRef", "CommandHandler", "open_command_actor", "serve_commands"]
+__all__ = [
+    "ActorRef",
+    "CommandHandler",
+    "Finish",
+    "Ticker",
+    "open_command_actor",
+    "serve_commands",
+]
 
 Req = TypeVar("Req")
 Req_contra = TypeVar("Req_contra", contravariant=True)
@@ -110,34 +125,78 @@ def open_command_actor(
     return ActorRef(name, send), receive
 
 
+@final
+class Finish:
+    """Returned by a handler to reply with ``value`` and then stop serving: the inbox is
+    closed and the requests still queued are answered with ``ActorGoneError``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Ticker:
+    """A periodic hook run between requests, never concurrently with one.
+
+    The first tick comes one ``interval`` after serving starts (there is no immediate tick).
+    Ticks missed while a request ran are skipped, not bursted: a late tick runs once, as soon
+    as the running request is done, and the next one is due at the next multiple of
+    ``interval`` on the original schedule. A due tick runs before a queued request, so a busy
+    inbox cannot starve it.
+    """
+
+    interval: float
+    tick: Callable[[], Awaitable[None]]
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.interval, bool)
+            or not isinstance(self.interval, int | float)
+            or not 0 < self.interval < math.inf
+        ):
+            raise InvalidArgumentError(
+                "interval", "a positive finite number of seconds", self.interval
+            )
+
+
 async def serve_commands(
     name: str,
     handler: CommandHandler[Any],
     inbox: ReceiveChannel[tuple[Any, _Reply | None]],
+    *,
+    ticker: Ticker | None = None,
+    on_end: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Serve requests from ``inbox`` one at a time until every ref is closed.
+    """Serve requests from ``inbox`` one at a time until every ref is closed or the handler
+    returns :class:`Finish`; run ``ticker`` between requests.
+
+    ``on_end`` runs once when the inbox ends because every ref was closed (not after
+    ``Finish``, not on cancellation).
 
     Cancellation: the requests still queued are answered with ``ActorGoneError``.
     """
     log = structlog.get_logger("barrierflow.actor").bind(actor=name)
+    next_tick = math.inf if ticker is None else anyio.current_time() + ticker.interval
     try:
-        async for request, reply in inbox:
-            try:
-                value = await handler.handle(request)
-            except Exception as exc:
-                if reply is None:
-                    log.warning("request failed", request=type(request).__name__, error=repr(exc))
-                else:
-                    reply.error = exc
-                    reply.done.set()
+        while True:
+            if ticker is not None and anyio.current_time() >= next_tick:
+                await ticker.tick()
+                late = anyio.current_time() - next_tick
+                next_tick += (math.floor(late / ticker.interval) + 1) * ticker.interval
                 continue
-            except BaseException:
-                # Cancelled mid-request: the asker must not wait for a reply that cannot come.
-                _gone(name, reply)
-                raise
-            if reply is not None:
-                reply.value = value
-                reply.done.set()
+            received: tuple[Any, _Reply | None] | None = None
+            try:
+                with anyio.move_on_after(next_tick - anyio.current_time()):
+                    received = await inbox.receive()  # atomic: a timeout takes nothing
+            except anyio.EndOfStream:
+                if on_end is not None:
+                    await on_end()
+                return
+            if received is not None and await _serve_one(name, log, handler, *received):
+                return
     finally:
         while True:
             try:
@@ -146,6 +205,30 @@ async def serve_commands(
                 break
             _gone(name, reply)
         inbox.close()  # later requests fail fast instead of queueing forever
+
+
+async def _serve_one(
+    name: str, log: Any, handler: CommandHandler[Any], request: Any, reply: _Reply | None
+) -> bool:
+    """Handle one request and answer it; True if the handler asked to stop serving."""
+    try:
+        value = await handler.handle(request)
+    except Exception as exc:
+        if reply is None:
+            log.warning("request failed", request=type(request).__name__, error=repr(exc))
+        else:
+            reply.error = exc
+            reply.done.set()
+        return False
+    except BaseException:
+        # Cancelled mid-request: the asker must not wait for a reply that cannot come.
+        _gone(name, reply)
+        raise
+    finish = isinstance(value, Finish)
+    if reply is not None:
+        reply.value = value.value if finish else value
+        reply.done.set()
+    return finish
 
 
 def _gone(name: str, reply: _Reply | None) -> None:

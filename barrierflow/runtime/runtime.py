@@ -328,6 +328,9 @@ class Runtime:
         incarnation.channels = channels
         incarnation.inboxes = {n.name: sources[n.actor_id] for n in nodes.values() if n.is_source}
         self._incarnation = incarnation
+        # The initial barrier goes in before anyone may push, so every actor sees it first
+        # and knows its epoch before its first chunk.
+        await manager.inject()
         async with anyio.create_task_group() as tg:
             tg.start_soon(manager.run, name="barrier manager")
             async with anyio.create_task_group() as actors:

@@ -1,0 +1,239 @@
+"""The sink writer: a stream actor that drives a sink task from the barriers it reads.
+
+This is the single-writer exactly-once path (the coordinator adds the multi-writer one). Per
+*sink epoch* — the rows between two checkpoint barriers, named by the ``curr`` epoch of the
+barrier that opened it:
+
+1. **begin**: after passing the initial barrier, and after each checkpoint barrier, the writer
+   begins the next sink epoch.
+2. **write**: each chunk's visible rows (visibility compacted first) go to the sink task.
+   The sink is append-only: a chunk with delete or update rows is refused.
+3. **pre-commit**: at a checkpoint barrier ``(curr, prev)`` — before passing it on — the
+   writer pre-commits the open sink epoch and records ``{epoch, checkpoint: prev, metadata}``
+   in its state table. That record is sealed by the same barrier, so it becomes durable
+   exactly when checkpoint ``prev`` does.
+4. **commit**: a second task waits for the runtime's committed epoch to reach ``prev`` and
+   only then commits the sink epoch (oldest first) and deletes its record. A crash between
+   pre-commit and a durable checkpoint therefore never exposes rows that recovery replays.
+
+On (re)start the writer hands its durable records to the sink's ``recover``: those epochs are
+committed (their checkpoint is durable, the upstream will not replay them) and every other
+staged epoch is rolled back (the upstream will replay it).
+
+Failures: a failed pre-commit rolls the open epoch back and fails the writer; a failed commit
+rolls back the open epoch and fails the writer, but leaves the failed epoch pre-committed —
+its checkpoint is durable, so rolling it back would lose rows the upstream will never replay;
+recovery commits it. The runtime's supervision or recovery takes over from there.
+
+Stopping: at a ``Stop`` on a checkpoint barrier (what a graceful runtime stop sends) the
+writer waits until every pre-committed epoch is committed, then the sink task flushes and
+closes the connector. A ``Stop`` on a plain barrier rolls back the open epoch first.
+The writer passes barriers downstream, never chunks: it is a sink.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, final
+
+import anyio
+import numpy as np
+
+from barrierflow._taskgroups import single_error
+from barrierflow.actors.sink import PendingCommit, SinkConnector
+from barrierflow.actors.sink_task import (
+    DEFAULT_CAPACITY,
+    DEFAULT_FLUSH_INTERVAL,
+    SinkTaskHandle,
+    SinkTaskStats,
+    start_sink_task,
+)
+from barrierflow.channels.barrier import Barrier, BarrierKind
+from barrierflow.channels.chunk import Chunk
+from barrierflow.errors import InvalidArgumentError, ProtocolError
+from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.state_store import StateTable
+
+__all__ = ["SinkWriter"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    epoch: int  # the sink epoch
+    checkpoint: int  # the checkpoint epoch whose durability allows the commit
+    key: str  # its record in the state table
+
+
+def _record_key(epoch: int) -> str:
+    return f"{epoch:020d}"
+
+
+@final
+class SinkWriter(StreamActor):
+    """Writes its input into a sink, exactly once if the connector is (see the module).
+
+    Args:
+        connector: the sink, or a factory called at every (re)start. Pass a factory unless the
+            connector can be opened again after ``close``.
+        name: the sink's name in logs, stats and errors (default: the actor's name).
+        flush_interval: seconds between the sink task's periodic flushes.
+        capacity: commands the sink task's inbox holds.
+
+    Raises:
+        InvalidArgumentError: ``connector`` is neither a connector nor a callable.
+    """
+
+    def __init__(
+        self,
+        connector: SinkConnector | Callable[[], SinkConnector],
+        *,
+        name: str | None = None,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> None:
+        if not isinstance(connector, SinkConnector) and not callable(connector):
+            raise InvalidArgumentError(
+                "connector", "a SinkConnector or a factory of one", type(connector).__name__
+            )
+        self._connector = connector
+        self._name = name
+        self._flush_interval = flush_interval
+        self._capacity = capacity
+        self._handle: SinkTaskHandle | None = None
+        self._open: int | None = None
+        self._pending: deque[_Pending] = deque()
+        self._committed_one: anyio.Event | None = None
+        self._stopped = False
+
+    def stats(self) -> SinkTaskStats | None:
+        """The sink task's counters, while it runs (``None`` before)."""
+        return None if self._handle is None else self._handle.stats()
+
+    def _make_connector(self) -> SinkConnector:
+        if isinstance(self._connector, SinkConnector):
+            return self._connector
+        connector = self._connector()
+        if not isinstance(connector, SinkConnector):
+            raise InvalidArgumentError(
+                "connector", "a factory returning a SinkConnector", type(connector).__name__
+            )
+        return connector
+
+    async def run(self, ctx: ActorContext) -> None:
+        """Recover the sink, then write every message's rows and follow its barriers."""
+        self._open, self._pending, self._stopped = None, deque(), False
+        self._committed_one = anyio.Event()
+        table = ctx.table("sink")
+        records = await table.items()
+        failure: BaseException | None = None
+        async with anyio.create_task_group() as sink_group:
+            handle = await start_sink_task(
+                sink_group,
+                self._make_connector(),
+                name=self._name or ctx.name,
+                capacity=self._capacity,
+                flush_interval=self._flush_interval,
+            )
+            self._handle = handle
+            try:
+                pending = sorted(records.values(), key=lambda r: r["epoch"])
+                await handle.recover([PendingCommit(r["epoch"], r["metadata"]) for r in pending])
+                for key in records:
+                    table.delete(key)  # committed now; the delete is durable at the next checkpoint
+                with single_error():
+                    async with anyio.create_task_group() as tasks:
+                        tasks.start_soon(self._commit_when_durable, ctx, handle, table)
+                        await self._consume(ctx, handle, table)
+                        if self._stopped:
+                            while self._pending:
+                                assert self._committed_one is not None
+                                await self._committed_one.wait()
+                        tasks.cancel_scope.cancel()
+            except Exception as exc:
+                # Let the sink task serve what is queued (a rollback) before it closes.
+                failure = exc
+            finally:
+                handle.release()
+        if failure is not None:
+            raise failure
+
+    async def _consume(self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable) -> None:
+        async for message in ctx.messages():
+            if isinstance(message, Chunk):
+                await self._write(ctx, handle, message)
+            elif isinstance(message, Barrier):
+                await self._on_barrier(ctx, handle, table, message)
+            # Watermarks mean nothing to a sink.
+
+    async def _write(self, ctx: ActorContext, handle: SinkTaskHandle, chunk: Chunk) -> None:
+        if chunk.cardinality == 0:
+            return
+        if self._open is None:
+            raise ProtocolError(
+                f"sink writer {ctx.name!r}: expected a barrier to begin an epoch before rows"
+            )
+        chunk = chunk.compact()
+        if chunk.ops is not None:
+            changes = int(np.count_nonzero(chunk.ops_numpy()))  # Op.INSERT is 0
+            if changes:
+                raise ProtocolError(
+                    f"sink writer {ctx.name!r}: expected insert-only chunks (the sink is "
+                    f"append-only), got {changes} delete/update row(s)"
+                )
+        try:
+            await handle.write_batch(chunk.batch)
+        except Exception:
+            await handle.rollback_epoch(self._open)
+            raise
+
+    async def _on_barrier(
+        self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable, barrier: Barrier
+    ) -> None:
+        if barrier.kind is BarrierKind.CHECKPOINT and self._open is not None:
+            epoch = self._open
+            try:
+                metadata = await handle.pre_commit(epoch)
+            except Exception:
+                await handle.rollback_epoch(epoch)
+                raise
+            self._open = None
+            key = _record_key(epoch)
+            record: dict[str, Any] = {
+                "epoch": epoch,
+                "checkpoint": barrier.epoch.prev,
+                "metadata": dict(metadata),
+            }
+            table.put(key, record)  # sealed by this barrier: durable with its checkpoint
+            self._pending.append(_Pending(epoch, barrier.epoch.prev, key))
+        await ctx.emit(barrier)
+        if barrier.is_stop(ctx.actor_id):
+            self._stopped = True
+            if self._open is not None:
+                await handle.rollback_epoch(self._open)
+                self._open = None
+            return
+        if self._open is None:
+            await handle.begin_epoch(barrier.epoch.curr)
+            self._open = barrier.epoch.curr
+
+    async def _commit_when_durable(
+        self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable
+    ) -> None:
+        async for committed in ctx.committed_epochs():
+            while self._pending and self._pending[0].checkpoint <= committed:
+                pending = self._pending[0]
+                try:
+                    await handle.commit_epoch(pending.epoch)
+                except Exception:
+                    # The failed epoch stays pre-committed for recovery to commit; only the
+                    # open epoch, which the upstream will replay, is rolled back.
+                    if self._open is not None:
+                        await handle.rollback_epoch(self._open)
+                    raise
+                self._pending.popleft()
+                table.delete(pending.key)
+                done, self._committed_one = self._committed_one, anyio.Event()
+                if done is not None:
+                    done.set()
