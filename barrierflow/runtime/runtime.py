@@ -110,6 +110,14 @@ class _Incarnation:
         self.ready = anyio.Event()
 
 
+def _contains(group: BaseExceptionGroup[BaseException], exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the errors in ``group`` (at any depth)."""
+    return any(
+        leaf is exc or (isinstance(leaf, BaseExceptionGroup) and _contains(leaf, exc))
+        for leaf in group.exceptions
+    )
+
+
 def _first_actor_failure(group: BaseExceptionGroup[BaseException]) -> ActorFailedError | None:
     for exc in group.exceptions:
         if isinstance(exc, ActorFailedError):
@@ -227,6 +235,10 @@ class Runtime:
                 try:
                     await task_group.__aexit__(exc_type, exc, tb)
                 except BaseExceptionGroup as group:
+                    if exc is not None and _contains(group, exc):
+                        # The body's own error, not a group of it: what the actors raised while
+                        # being torn down because of it is a consequence (and was logged).
+                        raise exc from exc.__cause__
                     failure = _first_actor_failure(group)
                     if failure is not None:
                         raise failure from failure.cause
