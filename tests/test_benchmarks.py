@@ -7,13 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ["name", "value", "unit", "baseline", "ratio", "goal", "goal_on", "meets_goal"]
 
 
-def test_benchmark_prints_one_json_record_per_benchmark() -> None:
+@pytest.mark.parametrize("name", ["channel_hop_trio", "sink_parquet_rows_per_s"])
+def test_benchmark_prints_one_json_record_per_benchmark(name: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--only", "channel_hop_trio"],
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", name],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -23,7 +26,7 @@ def test_benchmark_prints_one_json_record_per_benchmark() -> None:
     (line,) = done.stdout.strip().splitlines()
     record = json.loads(line)
     assert [k for k in record if k != "details"] == KEYS
-    assert record["name"] == "channel_hop_trio"
+    assert record["name"] == name
     assert (
         record["ratio"] == record["value"] / record["baseline"]
         or abs(record["ratio"] - record["value"] / record["baseline"]) < 1e-3 * record["ratio"]

@@ -284,3 +284,22 @@ def test_writer_rejects_a_non_connector() -> None:
     with pytest.raises(InvalidArgumentError) as info:
         SinkWriter(42)  # type: ignore[arg-type]
     assert info.value.argument == "connector"
+
+
+async def test_wait_committed_returns_once_rows_are_visible(tmp_path: Path) -> None:
+    writers: list[SinkWriter] = []
+
+    def make() -> SinkWriter:
+        writers.append(SinkWriter(lambda: ParquetFileSink(tmp_path / "table", SCHEMA)))
+        return writers[-1]
+
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    rt.add_actor("sink", make, inputs=["src"])
+    async with rt:
+        await rt.push("src", chunk(4, 5))
+        durable = await rt.checkpoint()
+        with anyio.fail_after(5):
+            await writers[-1].wait_committed(durable)
+        assert writers[-1].committed_checkpoint >= durable
+        assert table_ids(tmp_path / "table") == [4, 5]

@@ -105,11 +105,27 @@ class SinkWriter(StreamActor):
         self._open: int | None = None
         self._pending: deque[_Pending] = deque()
         self._committed_one: anyio.Event | None = None
+        self._committed_checkpoint = 0
         self._stopped = False
 
     def stats(self) -> SinkTaskStats | None:
         """The sink task's counters, while it runs (``None`` before)."""
         return None if self._handle is None else self._handle.stats()
+
+    @property
+    def committed_checkpoint(self) -> int:
+        """The checkpoint epoch up to which this writer's rows are committed to the sink
+        (0 until the first commit of this incarnation)."""
+        return self._committed_checkpoint
+
+    async def wait_committed(self, checkpoint: int) -> None:
+        """Wait until every row before checkpoint ``checkpoint`` (an epoch returned by
+        ``Runtime.checkpoint``) is committed to the sink — visible to its readers."""
+        while self._committed_checkpoint < checkpoint:
+            if self._committed_one is None:
+                await anyio.sleep(0.001)  # not started yet
+                continue
+            await self._committed_one.wait()
 
     def _make_connector(self) -> SinkConnector:
         if isinstance(self._connector, SinkConnector):
@@ -234,6 +250,7 @@ class SinkWriter(StreamActor):
                     raise
                 self._pending.popleft()
                 table.delete(pending.key)
+                self._committed_checkpoint = pending.checkpoint
                 done, self._committed_one = self._committed_one, anyio.Event()
                 if done is not None:
                     done.set()

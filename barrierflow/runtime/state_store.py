@@ -184,7 +184,8 @@ class StateStore:
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], *, adapter: Adapter = "auto") -> StateStore:
-        """Open (creating if needed) the store at ``path`` and take its lock.
+        """Open (creating it, and its directory, if needed) the store at ``path`` and take
+        its lock.
 
         Args:
             path: the SQLite file.
@@ -200,6 +201,7 @@ class StateStore:
         file = str(Path(path))
         if adapter not in ("auto", "aiosqlite", "thread"):
             raise InvalidArgumentError("adapter", "'auto', 'aiosqlite' or 'thread'", adapter)
+        Path(file).parent.mkdir(parents=True, exist_ok=True)
         lock = _acquire_lock(file)
         try:
             _check_magic(file)
