@@ -92,15 +92,47 @@ def _positive_int(argument: str, value: Any) -> int:
     return value
 
 
+def _dictionary_columns(schema: pa.Schema, choice: Any) -> bool | list[str]:
+    if choice is None:
+        return [
+            f.name
+            for f in schema
+            if pa.types.is_string(f.type)
+            or pa.types.is_large_string(f.type)
+            or pa.types.is_binary(f.type)
+            or pa.types.is_large_binary(f.type)
+            or pa.types.is_dictionary(f.type)
+        ]
+    if isinstance(choice, bool):
+        return choice
+    if isinstance(choice, str) or not isinstance(choice, Sequence):
+        raise InvalidArgumentError(
+            "use_dictionary", "None, a bool or a list of column names", choice
+        )
+    names = list(choice)
+    unknown = [n for n in names if n not in schema.names]
+    if unknown:
+        raise InvalidArgumentError("use_dictionary", f"column names of {schema.names}", unknown)
+    return names
+
+
 class _Files:
     """The blocking half: every method runs on a worker thread, under one lock."""
 
-    def __init__(self, root: Path, schema: pa.Schema, rows_per_file: int, compression: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        schema: pa.Schema,
+        rows_per_file: int,
+        compression: str,
+        use_dictionary: bool | list[str],
+    ) -> None:
         self.root = root
         self.staging = root / STAGING
         self.schema = schema
         self.rows_per_file = rows_per_file
         self.compression = compression
+        self.use_dictionary = use_dictionary
         self.lock = threading.Lock()
         self.writer: pq.ParquetWriter | None = None
         self.file_rows = 0
@@ -164,7 +196,10 @@ class _Files:
                     directory.mkdir(exist_ok=True)
                     name = f"part-{len(self.files):05d}.parquet"
                     self.writer = pq.ParquetWriter(
-                        directory / name, self.schema, compression=self.compression
+                        str(directory / name),
+                        self.schema,
+                        compression=self.compression,
+                        use_dictionary=self.use_dictionary,
                     )
                     self.files.append(name)
                     self.file_rows = 0
@@ -273,6 +308,11 @@ class ParquetFileSink:
         row_group_rows: rows buffered in memory before they are written as one row group
             (also written by every flush and pre-commit).
         compression: the Parquet codec (``"snappy"``, ``"zstd"``, ``"none"``, ...).
+        use_dictionary: which columns are dictionary-encoded: ``None`` (the default) for the
+            string, binary and dictionary columns only — where it pays — since trying it on
+            high-cardinality numeric columns costs time before falling back to plain
+            encoding; ``True`` for every column (pyarrow's default), ``False`` for none, or a
+            list of column names.
 
     Raises:
         InvalidArgumentError: a bad argument.
@@ -288,6 +328,7 @@ class ParquetFileSink:
         rows_per_file: int = 1_000_000,
         row_group_rows: int = 131_072,
         compression: str = "snappy",
+        use_dictionary: bool | Sequence[str] | None = None,
     ) -> None:
         if not isinstance(path, str | os.PathLike) or not str(path):
             raise InvalidArgumentError("path", "a directory path", path)
@@ -303,6 +344,7 @@ class ParquetFileSink:
             schema,
             _positive_int("rows_per_file", rows_per_file),
             compression,
+            _dictionary_columns(schema, use_dictionary),
         )
         self._buffer: list[pa.RecordBatch] = []
         self._buffered_rows = 0
