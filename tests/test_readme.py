@@ -19,11 +19,19 @@ def test_readme_opens_with_the_two_commands() -> None:
     assert "exec make test" in (ROOT / ".ci" / "run").read_text()
 
 
-def test_readme_example_runs() -> None:
-    example = re.search(r"```python\n(.*?)```", README, re.S)
-    assert example is not None
-    done = subprocess.run(
-        [sys.executable, "-c", example.group(1)], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    assert "Barrier(" in done.stdout.splitlines()[-1]
+def test_readme_examples_run(tmp_path: Path) -> None:
+    examples = re.findall(r"```python\n(.*?)```", README, re.S)
+    assert len(examples) == 2
+    outputs = []
+    for example in examples:
+        done = subprocess.run(
+            [sys.executable, "-c", example],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.splitlines()[-1])
+    assert outputs[0].startswith("3 rows committed")
+    assert "Barrier(" in outputs[1]
