@@ -214,7 +214,7 @@ async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
         db.execute("UPDATE bf_meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(StoreVersionError) as info:
         await StateStore.open(path)
-    assert (info.value.found, info.value.supported) == (99, 1)
+    assert (info.value.found, info.value.supported) == (99, 2)
 
 
 @pytest.mark.anyio
@@ -313,3 +313,51 @@ def test_sigkill_during_commits_leaves_exactly_one_checkpoint(tmp_path: Path, ba
             assert len(values) == 200
 
     anyio.run(check, backend=backend)
+
+
+@pytest.mark.anyio
+async def test_version_1_store_is_migrated_with_its_state(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    async with await StateStore.open(path) as store:
+        store.table("a", "t").put("k", 1)
+        store._tables["a", "t"].seal(5)
+        await store.commit(5)
+    with sqlite3.connect(path) as db:  # what a version-1 store looked like
+        db.execute("DROP TABLE bf_sink_state")
+        db.execute("UPDATE bf_meta SET value = '1' WHERE key = 'schema_version'")
+    async with await StateStore.open(path) as store:
+        assert store.committed_epoch == 5
+        assert await store.read("a", "t", "k") == 1
+        assert await store.sink_states("s").list() == []
+    with sqlite3.connect(path) as db:
+        (version,) = db.execute("SELECT value FROM bf_meta WHERE key = 'schema_version'").fetchone()
+    assert version == "2"
+
+
+@pytest.mark.anyio
+async def test_sink_states_are_aborted_after_the_committed_epoch_at_open(tmp_path: Path) -> None:
+    from barrierflow.runtime import SinkState
+
+    path = tmp_path / "s.db"
+    async with await StateStore.open(path) as store:
+        store.table("a", "t").put("k", 1)
+        store._tables["a", "t"].seal(10)
+        await store.commit(10)
+        states = store.sink_states("iceberg")
+        await states.persist_pending(5, {"files": ["a"]}, None)
+        await states.commit_and_prune(5)
+        await states.persist_pending(10, {"files": ["b"]}, None)  # durable checkpoint: stays
+        await states.persist_pending(12, {"files": ["c"]}, {"add": "x"})  # after it: aborted
+    async with await StateStore.open(path) as store:
+        records = await store.sink_states("iceberg").list()
+        assert [(r.epoch, r.state) for r in records] == [
+            (5, SinkState.COMMITTED),
+            (10, SinkState.PENDING),
+            (12, SinkState.ABORTED),
+        ]
+        assert records[2].metadata == {"files": ["c"]}
+        assert records[2].schema_change == {"add": "x"}
+        await store.sink_states("iceberg").commit_and_prune(10)
+        await store.sink_states("iceberg").delete([12])
+        records = await store.sink_states("iceberg").list()
+        assert [(r.epoch, r.state) for r in records] == [(10, SinkState.COMMITTED)]

@@ -19,6 +19,9 @@ from barrierflow.runtime.logging import configure_logging as configure_logging
 from barrierflow.runtime.runtime import PushSource as PushSource
 from barrierflow.runtime.runtime import Runtime as Runtime
 from barrierflow.runtime.runtime import RuntimeStats as RuntimeStats
+from barrierflow.runtime.sink_states import SinkState as SinkState
+from barrierflow.runtime.sink_states import SinkStateRecord as SinkStateRecord
+from barrierflow.runtime.sink_states import SinkStates as SinkStates
 from barrierflow.runtime.state_store import CommittedEpochs as CommittedEpochs
 from barrierflow.runtime.state_store import StateStore as StateStore
 from barrierflow.runtime.state_store import StateTable as StateTable
@@ -38,6 +41,9 @@ __all__ = [
     "Runtime",
     "RuntimeConfig",
     "RuntimeStats",
+    "SinkState",
+    "SinkStateRecord",
+    "SinkStates",
     "StateStore",
     "StateTable",
     "StreamActor",

@@ -11,6 +11,10 @@ Layout of a store file:
   checkpoint epoch (0 before the first).
 * ``bf_state(owner, tbl, key, value, epoch)``: every state table of every actor; ``epoch`` is
   the checkpoint that last wrote the row. Values are JSON text.
+* ``bf_sink_state(sink, epoch, state, metadata, schema_change)`` (schema version 2): the meta
+  store of coordinated sinks — one row per epoch a coordinator pre-committed, *pending*,
+  *committed* or *aborted*; metadata and schema change are JSON text (or NULL). Written in
+  their own transactions, not with checkpoints.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 FORMAT_TAG = "barrierflow-state"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 PRAGMAS = (
     "PRAGMA journal_mode=WAL",
@@ -34,6 +38,10 @@ CREATE = (
     "CREATE TABLE IF NOT EXISTS bf_state ("
     " owner TEXT NOT NULL, tbl TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
     " epoch INTEGER NOT NULL, PRIMARY KEY (owner, tbl, key)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS bf_sink_state ("
+    " sink TEXT NOT NULL, epoch INTEGER NOT NULL,"
+    " state TEXT NOT NULL CHECK (state IN ('pending', 'committed', 'aborted')),"
+    " metadata TEXT, schema_change TEXT, PRIMARY KEY (sink, epoch)) WITHOUT ROWID",
 )
 
 LIST_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
@@ -50,6 +58,19 @@ UPSERT = (
     " ON CONFLICT(owner, tbl, key) DO UPDATE SET value = excluded.value, epoch = excluded.epoch"
 )
 DELETE = "DELETE FROM bf_state WHERE owner = ? AND tbl = ? AND key = ?"
+SINK_STATES = (
+    "SELECT epoch, state, metadata, schema_change FROM bf_sink_state WHERE sink = ? ORDER BY epoch"
+)
+SINK_PENDING = (
+    "INSERT INTO bf_sink_state (sink, epoch, state, metadata, schema_change)"
+    " VALUES (?, ?, 'pending', ?, ?)"
+)
+SINK_COMMITTED = "UPDATE bf_sink_state SET state = 'committed' WHERE sink = ? AND epoch = ?"
+SINK_PRUNE = "DELETE FROM bf_sink_state WHERE sink = ? AND state = 'committed' AND epoch < ?"
+SINK_DELETE = "DELETE FROM bf_sink_state WHERE sink = ? AND epoch = ?"
+SINK_ABORT_AFTER = (
+    "UPDATE bf_sink_state SET state = 'aborted' WHERE state = 'pending' AND epoch > ?"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +113,15 @@ def bootstrap_statements() -> list[Statement]:
             ],
         )
     )
+    return statements
+
+
+def migrate_statements(version: int) -> list[Statement]:
+    """Bring a store of schema ``version`` to :data:`SCHEMA_VERSION` (tables are only added)."""
+    if version >= SCHEMA_VERSION:
+        return []
+    statements = [Statement(sql, [()]) for sql in CREATE]
+    statements.append(Statement(SET_META, [("schema_version", str(SCHEMA_VERSION))]))
     return statements
 
 

@@ -294,6 +294,7 @@ class Runtime:
                 )
                 assert self._store is not None
                 self._store.release_tables()
+                await self._store.abort_sink_epochs_after_committed()
                 await anyio.sleep(delay)
             started = True
 

@@ -40,6 +40,7 @@ from barrierflow.errors import (
     StoreVersionError,
 )
 from barrierflow.runtime import _sql
+from barrierflow.runtime.sink_states import SinkStates
 
 __all__ = ["CommittedEpochs", "StateStore", "StateTable"]
 
@@ -294,6 +295,17 @@ class StateStore:
         """
         return CommittedEpochs(self)
 
+    def sink_states(self, sink: str) -> SinkStates:
+        """The meta-store records of coordinated sink ``sink`` (see :mod:`.sink_states`)."""
+        return SinkStates(self._connection, sink)
+
+    async def abort_sink_epochs_after_committed(self) -> None:
+        """Mark every *pending* sink epoch after the committed epoch *aborted*: the upstream
+        replays its rows. Runs at open, and before recovery rebuilds a graph."""
+        await self._connection.transaction(
+            [_sql.Statement(_sql.SINK_ABORT_AFTER, [(self._committed,)])]
+        )
+
     def discard_uncommitted(self) -> None:
         """Forget every table's writes that are not durable (recovery rewinds to committed)."""
         for table in self._tables.values():
@@ -400,4 +412,9 @@ async def _bootstrap(file: str, connection: _sql.SqlConnection) -> int:
     version = int(meta.get("schema_version", "0"))
     if version > _sql.SCHEMA_VERSION:
         raise StoreVersionError(file, version, _sql.SCHEMA_VERSION)
-    return int(meta["committed_epoch"])
+    await connection.transaction(_sql.migrate_statements(version))
+    committed = int(meta["committed_epoch"])
+    # Recovery starts here: sink epochs pre-committed after the last durable checkpoint will be
+    # replayed by the upstream, so their coordinators must abort them, not commit them.
+    await connection.transaction([_sql.Statement(_sql.SINK_ABORT_AFTER, [(committed,)])])
+    return committed
