@@ -12,11 +12,14 @@ from barrierflow.errors import BarrierMisalignedError as BarrierMisalignedError
 from barrierflow.errors import ChannelBrokenError as ChannelBrokenError
 from barrierflow.errors import ChannelClosedError as ChannelClosedError
 from barrierflow.errors import ConfigError as ConfigError
+from barrierflow.errors import CoordinatorAbortedError as CoordinatorAbortedError
+from barrierflow.errors import DuplicateVnodeError as DuplicateVnodeError
 from barrierflow.errors import EpochOrderError as EpochOrderError
 from barrierflow.errors import EpochPoisonedError as EpochPoisonedError
 from barrierflow.errors import GraphError as GraphError
 from barrierflow.errors import InvalidArgumentError as InvalidArgumentError
 from barrierflow.errors import ProtocolError as ProtocolError
+from barrierflow.errors import SchemaChangeMismatchError as SchemaChangeMismatchError
 from barrierflow.errors import SchemaMismatchError as SchemaMismatchError
 from barrierflow.errors import SinkConnectorError as SinkConnectorError
 from barrierflow.errors import SinkEpochError as SinkEpochError
@@ -40,6 +43,9 @@ __all__ = [
     "ChannelBrokenError",
     "ChannelClosedError",
     "ConfigError",
+    "CoordinatorAbortedError",
+    "DuplicateVnodeError",
+    "SchemaChangeMismatchError",
     "EpochOrderError",
     "InvalidArgumentError",
     "ProtocolError",

@@ -40,6 +40,9 @@ __all__ = [
     "SinkEpochError",
     "SinkConnectorError",
     "SinkRecoveryError",
+    "DuplicateVnodeError",
+    "SchemaChangeMismatchError",
+    "CoordinatorAbortedError",
 ]
 
 
@@ -335,3 +338,58 @@ class SinkRecoveryError(SinkError):
         self.sink = sink
         self.reason = reason
         super().__init__(f"sink {sink!r}: cannot recover: {reason}")
+
+
+@final
+class DuplicateVnodeError(ProtocolError):
+    """Two sink writers claimed the same vnodes (at registration or in one epoch's commit).
+
+    Attributes:
+        sink: the sink's name.
+        vnodes: the vnodes claimed twice.
+        stage: what was being aligned (``"registration"``, ``"epoch 123"``, ...).
+    """
+
+    def __init__(self, sink: str, vnodes: Iterable[int], stage: str) -> None:
+        self.sink = sink
+        self.vnodes = sorted(vnodes)
+        self.stage = stage
+        super().__init__(
+            f"sink {sink!r}: expected every vnode exactly once in {stage}, got vnodes "
+            f"{_short(self.vnodes)} from two writers"
+        )
+
+
+@final
+class SchemaChangeMismatchError(ProtocolError):
+    """The writers of one epoch sent different schema changes.
+
+    Attributes:
+        sink, epoch: where.
+        first, other: the two schema changes.
+    """
+
+    def __init__(self, sink: str, epoch: int, first: Any, other: Any) -> None:
+        self.sink = sink
+        self.epoch = epoch
+        self.first = first
+        self.other = other
+        super().__init__(
+            f"sink {sink!r}: epoch {epoch}: expected one schema change from every writer, got "
+            f"{first!r} and {other!r}"
+        )
+
+
+@final
+class CoordinatorAbortedError(SinkError):
+    """The sink's coordinator failed; every writer handle is aborted with its cause.
+
+    Attributes:
+        sink: the sink's name.
+        cause: what the coordinator failed with (also ``__cause__``).
+    """
+
+    def __init__(self, sink: str, cause: BaseException) -> None:
+        self.sink = sink
+        self.cause = cause
+        super().__init__(f"sink {sink!r}: the coordinator failed: {type(cause).__name__}: {cause}")

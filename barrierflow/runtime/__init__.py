@@ -19,6 +19,8 @@ from barrierflow.runtime.logging import configure_logging as configure_logging
 from barrierflow.runtime.runtime import PushSource as PushSource
 from barrierflow.runtime.runtime import Runtime as Runtime
 from barrierflow.runtime.runtime import RuntimeStats as RuntimeStats
+from barrierflow.runtime.service import Service as Service
+from barrierflow.runtime.service import ServiceContext as ServiceContext
 from barrierflow.runtime.sink_states import SinkState as SinkState
 from barrierflow.runtime.sink_states import SinkStateRecord as SinkStateRecord
 from barrierflow.runtime.sink_states import SinkStates as SinkStates
@@ -41,6 +43,8 @@ __all__ = [
     "Runtime",
     "RuntimeConfig",
     "RuntimeStats",
+    "Service",
+    "ServiceContext",
     "SinkState",
     "SinkStateRecord",
     "SinkStates",

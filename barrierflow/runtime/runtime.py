@@ -70,6 +70,7 @@ from barrierflow.runtime.barrier_manager import BarrierManager
 from barrierflow.runtime.config import RuntimeConfig
 from barrierflow.runtime.graph import Fanout, Graph, Node
 from barrierflow.runtime.logging import configure_logging
+from barrierflow.runtime.service import Service, ServiceContext
 from barrierflow.runtime.state_store import CommittedEpochs, StateStore
 
 __all__ = ["PushSource", "Runtime", "RuntimeStats"]
@@ -147,6 +148,7 @@ class Runtime:
         self._config = config
         self._clock = clock
         self._graph = Graph()
+        self._services: dict[str, Service] = {}
         self._store: StateStore | None = None
         self._task_group: TaskGroup | None = None
         self._incarnation: _Incarnation | None = None
@@ -180,6 +182,24 @@ class Runtime:
         """Declare an actor reading ``inputs`` (aligned-merged if more than one)."""
         self._check_not_started()
         return self._graph.add(name, actor, inputs=inputs, fanout=fanout)
+
+    def add_service(self, name: str, service: Service) -> None:
+        """Run ``service`` alongside the graph, in every incarnation (see :mod:`.service`).
+
+        Raises:
+            InvalidArgumentError: ``service`` has no ``run(ctx)``, or ``name`` is taken.
+        """
+        self._check_not_started()
+        if not isinstance(service, Service):
+            raise InvalidArgumentError("service", "an object with async run(ctx)", service)
+        if (
+            not isinstance(name, str)
+            or not name
+            or name in self._services
+            or name in (self._graph.nodes)
+        ):
+            raise InvalidArgumentError("name", "a new, non-empty service name", name)
+        self._services[name] = service
 
     def connect(self, upstream: str, downstream: str) -> None:
         """Add an edge between two declared actors."""
@@ -346,6 +366,9 @@ class Runtime:
         await manager.inject()
         async with anyio.create_task_group() as tg:
             tg.start_soon(manager.run, name="barrier manager")
+            for index, (name, service) in enumerate(self._services.items()):
+                service_id = len(nodes) + 1 + index
+                tg.start_soon(self._run_service, name, service_id, service, store)
             async with anyio.create_task_group() as actors:
                 for node in nodes.values():
                     actor_input = self._input_of(node, inputs[node.name], actors)
@@ -398,6 +421,15 @@ class Runtime:
             ctx.finished = True
             if ctx._output is not None:
                 ctx._output.close()
+
+    @staticmethod
+    async def _run_service(name: str, service_id: int, service: Service, store: StateStore) -> None:
+        ctx = ServiceContext(name, store)
+        try:
+            await service.run(ctx)
+        except Exception as exc:
+            ctx.log.error("service raised", error=repr(exc))
+            raise ActorFailedError(name, service_id, exc) from exc
 
     # Driving a running graph.
 
