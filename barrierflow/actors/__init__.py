@@ -1,6 +1,12 @@
-"""The actors: the sink task and sink writer with their connectors (the coordinator and the
-backfills come next)."""
+"""The actors: the sink task, the sink writer and the coordinator worker, with their
+connectors (the backfills come next)."""
 
+from barrierflow.actors.coordinator import CommitCoordinator as CommitCoordinator
+from barrierflow.actors.coordinator import Coordinator as Coordinator
+from barrierflow.actors.coordinator import CoordinatorStats as CoordinatorStats
+from barrierflow.actors.coordinator import SchemaChange as SchemaChange
+from barrierflow.actors.coordinator import WriterHandle as WriterHandle
+from barrierflow.actors.parquet_committer import ParquetCommitter as ParquetCommitter
 from barrierflow.actors.parquet_sink import ParquetFileSink as ParquetFileSink
 from barrierflow.actors.print_sink import PrintSink as PrintSink
 from barrierflow.actors.sink import CommitMetadata as CommitMetadata
@@ -13,14 +19,20 @@ from barrierflow.actors.sink_task import start_sink_task as start_sink_task
 from barrierflow.actors.sink_writer import SinkWriter as SinkWriter
 
 __all__ = [
+    "CommitCoordinator",
     "CommitMetadata",
+    "Coordinator",
+    "CoordinatorStats",
+    "ParquetCommitter",
     "ParquetFileSink",
     "PendingCommit",
     "PrintSink",
+    "SchemaChange",
     "SinkConnector",
     "SinkTask",
     "SinkTaskHandle",
     "SinkTaskStats",
     "SinkWriter",
+    "WriterHandle",
     "start_sink_task",
 ]

@@ -83,8 +83,11 @@ class CommitCoordinator(Protocol):
         """Whether commits wait for the epoch's checkpoint to be durable."""
         ...
 
-    async def init(self) -> None:
-        """Prepare (load the table, ...); called once per coordinator run."""
+    async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
+        """Prepare (load the table, ...) once per coordinator run, after aborting the aborted
+        epochs. ``pending`` maps the epochs that will still be committed to their metadata:
+        anything staged that none of them references is garbage of epochs that never reached
+        the meta store, and may be deleted."""
         ...
 
     async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
@@ -413,6 +416,11 @@ class Coordinator:
         self._next_id = 0
         self._reset_run_state()
 
+    @property
+    def vnode_count(self) -> int:
+        """Vnodes the writers' bitmaps partition."""
+        return self._vnode_count
+
     def _reset_run_state(self) -> None:
         self._handles: dict[int, WriterHandle] = {}
         self._running: set[int] = set()
@@ -424,6 +432,7 @@ class Coordinator:
         self._delays: list[float] = []
         self._aborted: list[int] = []
         self._open_replies: set[_Future] = set()
+        self._progress: anyio.Event | None = None
         self._state_waiting: set[int] | None = None  # writers waiting for a flushed schema change
         self._two_phase: _TwoPhase | None = None
 
@@ -460,6 +469,28 @@ class Coordinator:
             await self._inbox.send(event)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
             raise ActorGoneError(self.sink, "its coordinator stopped") from exc
+
+    def is_committed(self, epoch: int) -> bool:
+        """Whether every epoch up to ``epoch`` was acknowledged and committed in this run."""
+        if self._last_acked is None or epoch > self._last_acked:
+            return False
+        two_phase = self._two_phase
+        if two_phase is None:
+            return False
+        return not any(item.epoch <= epoch for item in (*two_phase.prepared, *two_phase.pending))
+
+    async def wait_committed(self, epoch: int) -> None:
+        """Wait until every epoch up to ``epoch`` is committed (what a writer waits for before
+        it leaves at a graceful stop, so the last epoch is visible when the runtime stops)."""
+        while not self.is_committed(epoch):
+            if self._progress is None:
+                self._progress = anyio.Event()
+            await self._progress.wait()
+
+    def _made_progress(self) -> None:
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            progress.set()
 
     def stats(self) -> CoordinatorStats:
         """A snapshot of the counters of the current run."""
@@ -523,7 +554,9 @@ class Coordinator:
         states = ctx.store.sink_states(self.sink)
         two_phase = await self._recover(ctx, states)
         self._two_phase = two_phase
-        await self._committer.init()
+        await self._committer.init(
+            {item.epoch: item.metadata for item in (*two_phase.prepared, *two_phase.pending)}
+        )
         running = await self._wait_init_handles()
         await self._try_start(running)
         epochs: dict[int, _Aligning] = {}
@@ -747,6 +780,7 @@ class Coordinator:
             self._answer(request.reply)
         self._acked += 1
         self._last_acked = oldest
+        self._made_progress()
 
     async def _commit_prepared(self, item: _Item) -> None:
         two_phase = self._two_phase
@@ -776,6 +810,7 @@ class Coordinator:
         two_phase.last_committed = item.epoch
         self._committed += 1
         self._last_committed = item.epoch
+        self._made_progress()
 
     async def _with_warnings(self, epoch: int, commit: Any) -> None:
         started = anyio.current_time()

@@ -92,6 +92,14 @@ def _positive_int(argument: str, value: Any) -> int:
     return value
 
 
+def _writer_id(writer: Any) -> str | None:
+    if writer is None:
+        return None
+    if not isinstance(writer, str) or not writer or not writer.replace("-", "").isalnum():
+        raise InvalidArgumentError("writer", "None or a non-empty alphanumeric id", writer)
+    return writer
+
+
 def _dictionary_columns(schema: pa.Schema, choice: Any) -> bool | list[str]:
     if choice is None:
         return [
@@ -126,9 +134,11 @@ class _Files:
         rows_per_file: int,
         compression: str,
         use_dictionary: bool | list[str],
+        writer: str | None = None,
     ) -> None:
         self.root = root
         self.staging = root / STAGING
+        self.writer_id = writer
         self.schema = schema
         self.rows_per_file = rows_per_file
         self.compression = compression
@@ -177,11 +187,17 @@ class _Files:
         with self.lock:
             self.staging.mkdir(parents=True, exist_ok=True)
 
+    def staged_dir(self, epoch: int) -> Path:
+        """Where this sink stages ``epoch``: its own subdirectory when it is one writer of a
+        coordinated sink, so that the epoch's directory holds every writer's files."""
+        directory = self.staging / f"{epoch:020d}"
+        return directory if self.writer_id is None else directory / f"w{self.writer_id}"
+
     def begin(self, epoch: int) -> None:
         with self.lock:
             self._close_writer()
             self.epoch, self.files, self.rows = epoch, [], 0
-            leftover = self.staging / f"{epoch:020d}"
+            leftover = self.staged_dir(epoch)
             if leftover.exists():  # an earlier incarnation staged this epoch number
                 shutil.rmtree(leftover)
 
@@ -192,8 +208,8 @@ class _Files:
             offset = 0
             while offset < table.num_rows:
                 if self.writer is None:
-                    directory = self.staging / f"{self.epoch:020d}"
-                    directory.mkdir(exist_ok=True)
+                    directory = self.staged_dir(self.epoch)
+                    directory.mkdir(parents=True, exist_ok=True)
                     name = f"part-{len(self.files):05d}.parquet"
                     self.writer = pq.ParquetWriter(
                         str(directory / name),
@@ -219,12 +235,23 @@ class _Files:
     def pre_commit(self, epoch: int) -> dict[str, Any]:
         with self.lock:
             self._close_writer()
-            metadata = {"epoch": epoch, "files": list(self.files), "rows": self.rows}
+            metadata: dict[str, Any] = {
+                "epoch": epoch,
+                "files": list(self.files),
+                "rows": self.rows,
+            }
             if self.files:
-                directory = self.staging / f"{epoch:020d}"
+                directory = self.staged_dir(epoch)
                 for name in self.files:
                     _fsync_path(directory / name)
-                _write_json_atomically(directory / PRECOMMITTED, metadata)
+                if self.writer_id is None:
+                    _write_json_atomically(directory / PRECOMMITTED, metadata)
+                else:  # the coordinator's meta store records it; paths relative to the root
+                    _fsync_path(directory)
+                    metadata["writer"] = self.writer_id
+                    metadata["paths"] = [
+                        str((directory / name).relative_to(self.root)) for name in self.files
+                    ]
             self.epoch, self.files, self.rows = None, [], 0
             return metadata
 
@@ -233,7 +260,7 @@ class _Files:
             if self.epoch == epoch:
                 self._close_writer()
                 self.epoch, self.files, self.rows = None, [], 0
-            shutil.rmtree(self.staging / f"{epoch:020d}", ignore_errors=True)
+            shutil.rmtree(self.staged_dir(epoch), ignore_errors=True)
 
     # Committing.
 
@@ -313,6 +340,11 @@ class ParquetFileSink:
             high-cardinality numeric columns costs time before falling back to plain
             encoding; ``True`` for every column (pyarrow's default), ``False`` for none, or a
             list of column names.
+        writer: makes this one of the parallel writers of a coordinated sink: its files are
+            staged under ``.staging/<epoch>/w<writer>/``, its pre-commit returns their paths,
+            and commit and recovery belong to the coordinator's
+            :class:`~barrierflow.actors.parquet_committer.ParquetCommitter` (``commit_epoch``
+            and ``recover`` are no-ops here).
 
     Raises:
         InvalidArgumentError: a bad argument.
@@ -329,6 +361,7 @@ class ParquetFileSink:
         row_group_rows: int = 131_072,
         compression: str = "snappy",
         use_dictionary: bool | Sequence[str] | None = None,
+        writer: str | None = None,
     ) -> None:
         if not isinstance(path, str | os.PathLike) or not str(path):
             raise InvalidArgumentError("path", "a directory path", path)
@@ -345,6 +378,7 @@ class ParquetFileSink:
             _positive_int("rows_per_file", rows_per_file),
             compression,
             _dictionary_columns(schema, use_dictionary),
+            _writer_id(writer),
         )
         self._buffer: list[pa.RecordBatch] = []
         self._buffered_rows = 0
@@ -371,14 +405,21 @@ class ParquetFileSink:
         """Create the table and staging directories."""
         await self._run(self._files.open)
 
+    @property
+    def writer(self) -> str | None:
+        """This sink's writer id, if it is one writer of a coordinated sink."""
+        return self._files.writer_id
+
     async def recover(self, pending: Sequence[PendingCommit]) -> None:
-        """Record renamed epochs, commit ``pending`` ones, delete every other staged epoch.
+        """Record renamed epochs, commit ``pending`` ones, delete every other staged epoch
+        (a no-op for a coordinated writer: its coordinator recovers).
 
         Raises:
             SinkRecoveryError: the manifest is unreadable, or a pending epoch with files is
                 neither staged nor committed (nothing is deleted then).
         """
-        await self._run(self._files.recover, list(pending))
+        if self._files.writer_id is None:
+            await self._run(self._files.recover, list(pending))
 
     async def begin_epoch(self, epoch: int) -> None:
         """Start staging ``epoch`` (a leftover staging directory of that number is removed)."""
@@ -411,8 +452,12 @@ class ParquetFileSink:
         return await self._run(self._files.pre_commit, epoch)
 
     async def commit_epoch(self, epoch: int) -> None:
-        """Rename the epoch's staging directory into the table and record it (idempotent)."""
-        await self._run(self._files.commit, epoch)
+        """Rename the epoch's staging directory into the table and record it (idempotent; a
+        no-op for a coordinated writer: its coordinator commits)."""
+        if self._files.writer_id is None:
+            await self._run(self._files.commit, epoch)
+        else:
+            await anyio.lowlevel.checkpoint()
 
     async def rollback_epoch(self, epoch: int) -> None:
         """Delete what ``epoch`` staged."""

@@ -42,6 +42,7 @@ import anyio
 import numpy as np
 
 from barrierflow._taskgroups import single_error
+from barrierflow.actors.coordinator import Coordinator, WriterHandle
 from barrierflow.actors.sink import PendingCommit, SinkConnector
 from barrierflow.actors.sink_task import (
     DEFAULT_CAPACITY,
@@ -52,6 +53,7 @@ from barrierflow.actors.sink_task import (
 )
 from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import InvalidArgumentError, ProtocolError
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.state_store import StateTable
@@ -92,7 +94,10 @@ class SinkWriter(StreamActor):
         name: str | None = None,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         capacity: int = DEFAULT_CAPACITY,
+        coordinator: Coordinator | None = None,
     ) -> None:
+        if coordinator is not None and not isinstance(coordinator, Coordinator):
+            raise InvalidArgumentError("coordinator", "None or a Coordinator", coordinator)
         if not isinstance(connector, SinkConnector) and not callable(connector):
             raise InvalidArgumentError(
                 "connector", "a SinkConnector or a factory of one", type(connector).__name__
@@ -107,6 +112,10 @@ class SinkWriter(StreamActor):
         self._committed_one: anyio.Event | None = None
         self._committed_checkpoint = 0
         self._stopped = False
+        self._coordinator = coordinator
+        self._coordination: WriterHandle | None = None
+        self._rewind: int | None = None
+        self._last_checkpoint = 0
 
     def stats(self) -> SinkTaskStats | None:
         """The sink task's counters, while it runs (``None`` before)."""
@@ -121,6 +130,9 @@ class SinkWriter(StreamActor):
     async def wait_committed(self, checkpoint: int) -> None:
         """Wait until every row before checkpoint ``checkpoint`` (an epoch returned by
         ``Runtime.checkpoint``) is committed to the sink — visible to its readers."""
+        if self._coordinator is not None:
+            await self._coordinator.wait_committed(checkpoint)
+            return
         while self._committed_checkpoint < checkpoint:
             if self._committed_one is None:
                 await anyio.sleep(0.001)  # not started yet
@@ -138,11 +150,17 @@ class SinkWriter(StreamActor):
         return connector
 
     async def run(self, ctx: ActorContext) -> None:
-        """Recover the sink, then write every message's rows and follow its barriers."""
+        """Recover the sink (or join its coordinator), then write every message's rows and
+        follow its barriers."""
         self._open, self._pending, self._stopped = None, deque(), False
         self._committed_one = anyio.Event()
         table = ctx.table("sink")
         records = await table.items()
+        self._coordination, self._rewind = None, None
+        if self._coordinator is not None:
+            bitmap = ctx.vnode_bitmap or VnodeBitmap.full(self._coordinator.vnode_count)
+            self._coordination = await self._coordinator.register(bitmap)
+            self._rewind = await self._coordination.wait_started()
         failure: BaseException | None = None
         async with anyio.create_task_group() as sink_group:
             handle = await start_sink_task(
@@ -154,18 +172,20 @@ class SinkWriter(StreamActor):
             )
             self._handle = handle
             try:
-                pending = sorted(records.values(), key=lambda r: r["epoch"])
-                await handle.recover([PendingCommit(r["epoch"], r["metadata"]) for r in pending])
-                for key in records:
-                    table.delete(key)  # committed now; the delete is durable at the next checkpoint
+                if self._coordination is None:
+                    pending = sorted(records.values(), key=lambda r: r["epoch"])
+                    await handle.recover(
+                        [PendingCommit(r["epoch"], r["metadata"]) for r in pending]
+                    )
+                    for key in records:
+                        table.delete(key)  # committed; the delete is durable at the next checkpoint
                 with single_error():
                     async with anyio.create_task_group() as tasks:
-                        tasks.start_soon(self._commit_when_durable, ctx, handle, table)
+                        if self._coordination is None:
+                            tasks.start_soon(self._commit_when_durable, ctx, handle, table)
                         await self._consume(ctx, handle, table)
                         if self._stopped:
-                            while self._pending:
-                                assert self._committed_one is not None
-                                await self._committed_one.wait()
+                            await self._wait_for_last_commit()
                         tasks.cancel_scope.cancel()
             except Exception as exc:
                 # Let the sink task serve what is queued (a rollback) before it closes.
@@ -174,6 +194,18 @@ class SinkWriter(StreamActor):
                 handle.release()
         if failure is not None:
             raise failure
+
+    async def _wait_for_last_commit(self) -> None:
+        """At a graceful stop: wait until what was pre-committed is committed (and leave the
+        coordinator), so that the rows are visible once the runtime has stopped."""
+        if self._coordination is not None:
+            assert self._coordinator is not None
+            await self._coordinator.wait_committed(self._last_checkpoint)
+            await self._coordination.stop()
+            return
+        while self._pending:
+            assert self._committed_one is not None
+            await self._committed_one.wait()
 
     async def _consume(self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable) -> None:
         async for message in ctx.messages():
@@ -207,6 +239,13 @@ class SinkWriter(StreamActor):
     async def _on_barrier(
         self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable, barrier: Barrier
     ) -> None:
+        if (
+            barrier.kind is BarrierKind.INITIAL
+            and self._coordination is not None
+            and self._rewind is None
+        ):
+            # A fresh coordinated sink: every writer starts at the same (the latest) epoch.
+            await self._coordination.align_initial_epoch(barrier.epoch.curr)
         if barrier.kind is BarrierKind.CHECKPOINT and self._open is not None:
             epoch = self._open
             try:
@@ -215,14 +254,21 @@ class SinkWriter(StreamActor):
                 await handle.rollback_epoch(epoch)
                 raise
             self._open = None
-            key = _record_key(epoch)
-            record: dict[str, Any] = {
-                "epoch": epoch,
-                "checkpoint": barrier.epoch.prev,
-                "metadata": dict(metadata),
-            }
-            table.put(key, record)  # sealed by this barrier: durable with its checkpoint
-            self._pending.append(_Pending(epoch, barrier.epoch.prev, key))
+            if self._coordination is not None:
+                # Acknowledged only once every writer's part of the epoch is in and recorded
+                # as pending: the checkpoint cannot become durable without that record.
+                await self._coordination.commit(barrier.epoch.prev, dict(metadata))
+                await handle.commit_epoch(epoch)  # the sink task's bookkeeping; a no-op write
+                self._last_checkpoint = barrier.epoch.prev
+            else:
+                key = _record_key(epoch)
+                record: dict[str, Any] = {
+                    "epoch": epoch,
+                    "checkpoint": barrier.epoch.prev,
+                    "metadata": dict(metadata),
+                }
+                table.put(key, record)  # sealed by this barrier: durable with its checkpoint
+                self._pending.append(_Pending(epoch, barrier.epoch.prev, key))
         await ctx.emit(barrier)
         if barrier.is_stop(ctx.actor_id):
             self._stopped = True

@@ -33,6 +33,7 @@ from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.dispatch import Dispatcher
 from barrierflow.channels.endpoints import Receiver
 from barrierflow.channels.messages import Message
+from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.state_store import CommittedEpochs, StateStore, StateTable
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class ActorContext:
     ) -> None:
         self.actor_id = actor_id
         self.name = name
+        #: The vnodes this actor owns, if its input is hash-dispatched (else ``None``).
+        self.vnode_bitmap: VnodeBitmap | None = None
         self._input = input
         self._output = output
         self._store = store

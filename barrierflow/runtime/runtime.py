@@ -336,6 +336,7 @@ class Runtime:
         channels: list[SendChannel[Message]] = []
         inputs: dict[str, dict[str, Receiver[Message]]] = {name: {} for name in nodes}
         outputs: dict[str, list[SendChannel[Message]]] = {name: [] for name in nodes}
+        downstream: dict[str, list[str]] = {name: [] for name in nodes}
         capacity, rows = self._config.channel_capacity, self._config.channel_rows
         for node in nodes.values():
             if node.is_source:
@@ -346,6 +347,7 @@ class Runtime:
             for upstream in node.inputs:
                 tx, rx = create_channel[Message](capacity, rows, name=f"{upstream}->{node.name}")
                 outputs[upstream].append(tx)
+                downstream[upstream].append(node.name)
                 channels.append(tx)
                 inputs[node.name][upstream] = rx
         manager = BarrierManager(
@@ -361,6 +363,13 @@ class Runtime:
         incarnation.channels = channels
         incarnation.inboxes = {n.name: sources[n.actor_id] for n in nodes.values() if n.is_source}
         self._incarnation = incarnation
+        # A hash fan-out splits the vnodes over its outputs in order; each downstream actor
+        # learns the vnodes it owns (a parallel sink writer registers them).
+        bitmaps: dict[str, VnodeBitmap] = {}
+        for name, names in downstream.items():
+            if names and nodes[name].fanout.kind == "hash":
+                for target, bitmap in zip(names, VnodeBitmap.split(len(names)), strict=True):
+                    bitmaps.setdefault(target, bitmap)
         # The initial barrier goes in before anyone may push, so every actor sees it first
         # and knows its epoch before its first chunk.
         await manager.inject()
@@ -380,6 +389,7 @@ class Runtime:
                         store,
                         manager,
                     )
+                    ctx.vnode_bitmap = bitmaps.get(node.name)
                     incarnation.contexts[node.name] = ctx
                     actors.start_soon(self._run_actor, node, ctx, name=f"actor {node.name}")
                 incarnation.ready.set()

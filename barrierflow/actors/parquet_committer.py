@@ -1,0 +1,157 @@
+"""The coordinated mode of the Parquet file sink: parallel writers, one commit per epoch.
+
+Each parallel writer is a :class:`~barrierflow.actors.parquet_sink.ParquetFileSink` created
+with ``writer=<id>``: it stages its rows of sink epoch *S* under ``.staging/<S>/w<id>/``,
+fsyncs them at pre-commit and sends their paths to the :class:`~.coordinator.Coordinator`,
+whose committer is a :class:`ParquetCommitter` on the same directory:
+
+* ``pre_commit(epoch, metadatas)`` checks that every writer staged the same sink epoch and
+  returns the epoch's file list (persisted as *pending* by the coordinator);
+* ``commit(epoch, metadata)`` renames ``.staging/<S>/`` — every writer's files at once — to
+  ``epoch=<S>/`` (the atomic commit point readers see), then records the coordinator's epoch in
+  the manifest; a commit at or below the manifest's epoch, or whose directory is already in
+  place, only completes the record (a replay after a crash is a no-op);
+* ``abort(epoch, metadata)`` deletes the epoch's staged files;
+* ``init(pending)`` deletes every staged epoch no pending commit references (a writer staged
+  it, but the epoch never reached the meta store, so the upstream replays its rows).
+
+Schema changes are not supported by Parquet files: a commit request carrying one is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, final
+
+import anyio
+import anyio.to_thread
+
+from barrierflow.actors.coordinator import SchemaChange
+from barrierflow.actors.parquet_sink import STAGING, _Files, _fsync_path, epoch_dir_name
+from barrierflow.actors.sink import CommitMetadata
+from barrierflow.errors import InvalidArgumentError, ProtocolError, SinkRecoveryError
+
+__all__ = ["ParquetCommitter"]
+
+
+@final
+class ParquetCommitter:
+    """Commits the epochs of a coordinated Parquet sink (see the module docstring).
+
+    Args:
+        path: the table directory its writers write into.
+    """
+
+    two_phase = True
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        if not isinstance(path, str | os.PathLike) or not str(path):
+            raise InvalidArgumentError("path", "a directory path", path)
+        self._root = Path(path)
+        # Only the manifest helpers of _Files are used (no schema needed for them).
+        self._files = _Files(self._root, None, 1, "none", False)
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    @property
+    def path(self) -> Path:
+        """The table directory."""
+        return self._root
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(1)
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
+        """Create the directories; delete staged epochs no pending commit references."""
+        keep = {
+            f"{metadata['staging_epoch']:020d}"
+            for metadata in pending.values()
+            if metadata is not None and "staging_epoch" in metadata
+        }
+        await self._run(self._clean_staging, keep)
+
+    def _clean_staging(self, keep: set[str]) -> None:
+        staging = self._root / STAGING
+        staging.mkdir(parents=True, exist_ok=True)
+        self._files.read_manifest()  # refuse a foreign or corrupt manifest early
+        for entry in staging.iterdir():
+            if entry.name not in keep:
+                shutil.rmtree(entry, ignore_errors=True)
+
+    async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
+        """Not used: this committer is two-phase."""
+        raise ProtocolError("ParquetCommitter is two-phase: expected pre_commit, got commit_data")
+
+    async def pre_commit(
+        self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: SchemaChange | None
+    ) -> CommitMetadata | None:
+        """The epoch's files, from every writer's metadata (``None`` if nobody wrote rows).
+
+        Raises:
+            ProtocolError: a schema change, or writers that staged different sink epochs.
+        """
+        await anyio.lowlevel.checkpoint()
+        if schema_change is not None:
+            raise ProtocolError(
+                f"parquet sink {str(self._root)!r}: expected no schema change (Parquet files "
+                f"cannot evolve), got {dict(schema_change)!r} at epoch {epoch}"
+            )
+        staged = {m.get("epoch") for m in metadatas}
+        if len(staged) != 1:
+            raise ProtocolError(
+                f"parquet sink {str(self._root)!r}: expected every writer to stage one sink "
+                f"epoch for epoch {epoch}, got {sorted(map(str, staged))}"
+            )
+        paths = [path for m in metadatas for path in m.get("paths", [])]
+        if not paths:
+            return None
+        return {
+            "staging_epoch": staged.pop(),
+            "paths": paths,
+            "rows": sum(int(m.get("rows", 0)) for m in metadatas),
+        }
+
+    async def commit(
+        self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None
+    ) -> None:
+        """Rename the staged epoch into the table and record ``epoch`` (idempotent).
+
+        Raises:
+            SinkRecoveryError: the epoch is neither staged nor committed (its files are lost).
+        """
+        if metadata is None:
+            await anyio.lowlevel.checkpoint()
+            return
+        await self._run(self._commit, epoch, dict(metadata))
+
+    def _commit(self, epoch: int, metadata: dict[str, Any]) -> None:
+        files = self._files
+        with files.lock:
+            manifest = files.read_manifest()
+            if epoch <= manifest["committed_epoch"]:
+                return  # a replayed commit
+            staging_epoch = int(metadata["staging_epoch"])
+            staged = self._root / STAGING / f"{staging_epoch:020d}"
+            final = self._root / epoch_dir_name(staging_epoch)
+            if not final.exists():
+                if not staged.exists():
+                    raise SinkRecoveryError(
+                        str(self._root),
+                        f"epoch {epoch} is pending with {len(metadata['paths'])} file(s), but "
+                        "they are neither staged nor committed",
+                    )
+                os.rename(staged, final)  # the commit point: every writer's files at once
+                _fsync_path(self._root)
+            files.record(manifest, epoch, len(metadata["paths"]), int(metadata["rows"]))
+
+    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
+        """Delete what the epoch staged."""
+        if metadata is None or "staging_epoch" not in metadata:
+            await anyio.lowlevel.checkpoint()
+            return
+        staged = self._root / STAGING / f"{int(metadata['staging_epoch']):020d}"
+        await self._run(shutil.rmtree, staged, True)
