@@ -6,6 +6,9 @@ from barrierflow.actors.coordinator import Coordinator as Coordinator
 from barrierflow.actors.coordinator import CoordinatorStats as CoordinatorStats
 from barrierflow.actors.coordinator import SchemaChange as SchemaChange
 from barrierflow.actors.coordinator import WriterHandle as WriterHandle
+from barrierflow.actors.iceberg_sink import IcebergCommitter as IcebergCommitter
+from barrierflow.actors.iceberg_sink import IcebergSink as IcebergSink
+from barrierflow.actors.iceberg_sink import open_local_catalog as open_local_catalog
 from barrierflow.actors.parquet_committer import ParquetCommitter as ParquetCommitter
 from barrierflow.actors.parquet_sink import ParquetFileSink as ParquetFileSink
 from barrierflow.actors.print_sink import PrintSink as PrintSink
@@ -23,6 +26,8 @@ __all__ = [
     "CommitMetadata",
     "Coordinator",
     "CoordinatorStats",
+    "IcebergCommitter",
+    "IcebergSink",
     "ParquetCommitter",
     "ParquetFileSink",
     "PendingCommit",
@@ -34,5 +39,6 @@ __all__ = [
     "SinkTaskStats",
     "SinkWriter",
     "WriterHandle",
+    "open_local_catalog",
     "start_sink_task",
 ]

@@ -1,0 +1,318 @@
+"""A coordinated exactly-once Apache Iceberg sink: one Iceberg snapshot per epoch.
+
+No server: the catalog is pyiceberg's ``SqlCatalog`` on a local SQLite file and the warehouse a
+local directory (:func:`open_local_catalog`). The parts:
+
+* **Writers** are Parquet writers in coordinated mode (:meth:`IcebergSink.writer`): each stages
+  its rows of sink epoch *S* under ``<table>/data/.staging/<S>/w<id>/``, fsyncs them at
+  pre-commit and sends their paths to the coordinator.
+* **The committer** (:class:`IcebergCommitter`, the coordinator's two-phase committer):
+  ``pre_commit`` gathers every writer's files; ``commit`` moves them out of staging to
+  ``<table>/data/<S>/w<id>/`` and adds them in **one** transaction that also sets the table
+  property ``barrierflow.committed-epoch`` (and the snapshot summary's ``barrierflow.epoch``):
+  one atomic snapshot per epoch. A commit whose epoch is not above that property is a replay
+  after a crash and is skipped — the property, not the snapshot summaries, is the source of
+  truth, because snapshot expiry deletes old summaries. ``abort`` deletes the epoch's files;
+  ``init`` deletes staged files no pending commit references.
+* **Schema change** is Iceberg schema evolution: a commit carrying
+  ``{"add_columns": [{"name": ..., "type": "int64" | "double" | "string" | ...}]}`` adds the
+  columns in the same transaction.
+* **Maintenance**: commit latency grows with the number of snapshots and metadata files, so
+  every ``expire_every`` commits the committer expires all but the last ``keep_snapshots``
+  snapshots, and the table is created with ``write.metadata.delete-after-commit.enabled`` so
+  old metadata files are deleted.
+
+pyiceberg calls are blocking: they run on a worker thread, one at a time. pyiceberg is imported
+when a committer or sink is first used, not when :mod:`barrierflow.actors` is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, final
+
+import anyio
+import anyio.to_thread
+import pyarrow as pa
+
+from barrierflow.actors.coordinator import SchemaChange
+from barrierflow.actors.parquet_sink import STAGING, ParquetFileSink, _fsync_path
+from barrierflow.actors.sink import CommitMetadata
+from barrierflow.errors import InvalidArgumentError, ProtocolError, SinkRecoveryError
+
+__all__ = ["COMMITTED_EPOCH_PROPERTY", "IcebergCommitter", "IcebergSink", "open_local_catalog"]
+
+#: The table property holding the last committed epoch (epochs only increase).
+COMMITTED_EPOCH_PROPERTY = "barrierflow.committed-epoch"
+_SUMMARY_EPOCH = "barrierflow.epoch"
+_TYPES = {
+    "int32": "IntegerType",
+    "int64": "LongType",
+    "float": "FloatType",
+    "double": "DoubleType",
+    "string": "StringType",
+    "bool": "BooleanType",
+}
+
+
+def open_local_catalog(root: str | os.PathLike[str], name: str = "barrierflow") -> Any:
+    """A pyiceberg ``SqlCatalog`` on ``<root>/catalog.db`` with warehouse ``<root>/warehouse``
+    (blocking; both are created if missing)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    base = Path(root).resolve()
+    (base / "warehouse").mkdir(parents=True, exist_ok=True)
+    return SqlCatalog(
+        name, uri=f"sqlite:///{base / 'catalog.db'}", warehouse=f"file://{base / 'warehouse'}"
+    )
+
+
+def _local_path(location: str) -> Path:
+    if not location.startswith("file://") and "://" in location:
+        raise InvalidArgumentError("table location", "a local file:// location", location)
+    return Path(location.removeprefix("file://"))
+
+
+@final
+class IcebergSink:
+    """An Iceberg table opened for a coordinated exactly-once sink.
+
+    Use :meth:`committer` for the :class:`~barrierflow.actors.coordinator.Coordinator` and
+    :meth:`writer` for each parallel :class:`~barrierflow.actors.sink_writer.SinkWriter`.
+
+    Args:
+        catalog: a pyiceberg catalog (e.g. :func:`open_local_catalog`).
+        identifier: ``"namespace.table"``; created (with its namespace) if missing.
+        schema: the Arrow schema of the rows; its nullability must match the table's.
+    """
+
+    def __init__(self, catalog: Any, identifier: str, schema: pa.Schema) -> None:
+        if not isinstance(identifier, str) or "." not in identifier:
+            raise InvalidArgumentError("identifier", "'namespace.table'", identifier)
+        if not isinstance(schema, pa.Schema):
+            raise InvalidArgumentError("schema", "a pyarrow.Schema", type(schema).__name__)
+        self.catalog = catalog
+        self.identifier = identifier
+        self.schema = schema
+        self._table = self._load_or_create()
+        self.location = _local_path(self._table.location())
+
+    def _load_or_create(self) -> Any:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        namespace = self.identifier.rsplit(".", 1)[0]
+        self.catalog.create_namespace_if_not_exists(namespace)
+        try:
+            table = self.catalog.load_table(self.identifier)
+        except NoSuchTableError:
+            table = self.catalog.create_table(
+                self.identifier,
+                schema=self.schema,
+                properties={
+                    "write.metadata.delete-after-commit.enabled": "true",
+                    "write.metadata.previous-versions-max": "10",
+                },
+            )
+        arrow = table.schema().as_arrow()
+        if not arrow.equals(self.schema, check_metadata=False) and not _same_fields(
+            arrow, self.schema
+        ):
+            raise InvalidArgumentError(
+                "schema",
+                f"the table's schema {arrow}",
+                f"{self.schema} (names, types, nullability)",
+            )
+        return table
+
+    @property
+    def data_path(self) -> Path:
+        """Where writers stage and the committer places data files."""
+        return self.location / "data"
+
+    def writer(self, writer_id: str, **options: Any) -> ParquetFileSink:
+        """The sink connector of parallel writer ``writer_id`` (a coordinated Parquet writer)."""
+        return ParquetFileSink(self.data_path, self.schema, writer=writer_id, **options)
+
+    def committer(self, *, keep_snapshots: int = 10, expire_every: int = 10) -> IcebergCommitter:
+        """The coordinator's committer for this table."""
+        return IcebergCommitter(self, keep_snapshots=keep_snapshots, expire_every=expire_every)
+
+    def table(self) -> Any:
+        """The table as the catalog has it now (blocking)."""
+        return self.catalog.load_table(self.identifier)
+
+
+def _same_fields(a: pa.Schema, b: pa.Schema) -> bool:
+    return [(f.name, f.type, f.nullable) for f in a] == [(f.name, f.type, f.nullable) for f in b]
+
+
+@final
+class IcebergCommitter:
+    """The two-phase committer of an :class:`IcebergSink` (see the module docstring)."""
+
+    two_phase = True
+
+    def __init__(self, sink: IcebergSink, *, keep_snapshots: int, expire_every: int) -> None:
+        for name, value in (("keep_snapshots", keep_snapshots), ("expire_every", expire_every)):
+            if type(value) is not int or value < 1:
+                raise InvalidArgumentError(name, "an int >= 1", value)
+        self._sink = sink
+        self._keep = keep_snapshots
+        self._expire_every = expire_every
+        self._commits = 0
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(1)
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    def committed_epoch(self) -> int:
+        """The table property's last committed epoch (blocking; 0 for a new table)."""
+        return int(self._sink.table().properties.get(COMMITTED_EPOCH_PROPERTY, "0"))
+
+    async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
+        """Delete staged epochs that no pending commit references."""
+        keep = {
+            f"{int(metadata['staging_epoch']):020d}"
+            for metadata in pending.values()
+            if metadata is not None and "staging_epoch" in metadata
+        }
+        await self._run(self._clean_staging, keep)
+
+    def _clean_staging(self, keep: set[str]) -> None:
+        staging = self._sink.data_path / STAGING
+        staging.mkdir(parents=True, exist_ok=True)
+        for entry in staging.iterdir():
+            if entry.name not in keep:
+                shutil.rmtree(entry, ignore_errors=True)
+
+    async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
+        """Not used: this committer is two-phase."""
+        raise ProtocolError("IcebergCommitter is two-phase: expected pre_commit, got commit_data")
+
+    async def pre_commit(
+        self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: SchemaChange | None
+    ) -> CommitMetadata | None:
+        """Every writer's staged files of the epoch (``None`` if there is nothing to commit)."""
+        await anyio.lowlevel.checkpoint()
+        staged = {m.get("epoch") for m in metadatas}
+        if len(staged) != 1:
+            raise ProtocolError(
+                f"iceberg sink {self._sink.identifier!r}: expected every writer to stage one "
+                f"sink epoch for epoch {epoch}, got {sorted(map(str, staged))}"
+            )
+        if schema_change is not None:
+            _check_schema_change(schema_change)
+        paths = [path for m in metadatas for path in m.get("paths", [])]
+        if not paths and schema_change is None:
+            return None
+        return {
+            "staging_epoch": staged.pop(),
+            "paths": paths,
+            "rows": sum(int(m.get("rows", 0)) for m in metadatas),
+        }
+
+    async def commit(
+        self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None
+    ) -> None:
+        """Move the epoch's files out of staging and add them as one snapshot (idempotent)."""
+        await self._run(
+            self._commit, epoch, None if metadata is None else dict(metadata), schema_change
+        )
+
+    def _final_path(self, relative: str) -> Path:
+        # .staging/<S>/w<id>/part.parquet -> <S>/w<id>/part.parquet
+        parts = Path(relative).parts
+        if not parts or parts[0] != STAGING:
+            raise ProtocolError(f"expected a staged file path, got {relative!r}")
+        return self._sink.data_path.joinpath(*parts[1:])
+
+    def _commit(
+        self, epoch: int, metadata: dict[str, Any] | None, schema_change: SchemaChange | None
+    ) -> None:
+        table = self._sink.table()
+        if epoch <= int(table.properties.get(COMMITTED_EPOCH_PROPERTY, "0")):
+            return  # a replayed commit
+        finals: list[str] = []
+        for relative in [] if metadata is None else metadata.get("paths", []):
+            staged = self._sink.data_path / relative
+            final = self._final_path(relative)
+            if staged.exists():
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staged, final)
+            elif not final.exists():
+                raise SinkRecoveryError(
+                    self._sink.identifier,
+                    f"file {relative} of pending epoch {epoch} is neither staged nor moved",
+                )
+            finals.append(str(final))
+        for directory in {Path(f).parent for f in finals}:
+            _fsync_path(directory)
+        with table.transaction() as tx:
+            if schema_change is not None:
+                _evolve(tx, schema_change)
+            if finals:
+                tx.add_files(
+                    finals,
+                    snapshot_properties={_SUMMARY_EPOCH: str(epoch)},
+                    check_duplicate_files=False,  # the epoch property already rules replays out
+                )
+            tx.set_properties({COMMITTED_EPOCH_PROPERTY: str(epoch)})
+        self._commits += 1
+        if self._commits % self._expire_every == 0:
+            self._expire()
+        if metadata is not None:
+            staging = self._sink.data_path / STAGING / f"{int(metadata['staging_epoch']):020d}"
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _expire(self) -> None:
+        table = self._sink.table()
+        snapshots = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
+        old = [s.snapshot_id for s in snapshots[: -self._keep]]
+        if old:
+            table.maintenance.expire_snapshots().by_ids(old).commit()
+
+    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
+        """Delete the epoch's staged (or already moved, never committed) files."""
+        if metadata is None:
+            await anyio.lowlevel.checkpoint()
+            return
+        await self._run(self._abort, epoch, dict(metadata))
+
+    def _abort(self, epoch: int, metadata: dict[str, Any]) -> None:
+        if epoch <= self.committed_epoch():
+            return  # it was committed after all: never delete committed files
+        for relative in metadata.get("paths", []):
+            for path in (self._sink.data_path / relative, self._final_path(relative)):
+                path.unlink(missing_ok=True)
+        staging = self._sink.data_path / STAGING / f"{int(metadata['staging_epoch']):020d}"
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check_schema_change(change: SchemaChange) -> None:
+    columns = change.get("add_columns")
+    if set(change) != {"add_columns"} or not isinstance(columns, list) or not columns:
+        raise InvalidArgumentError(
+            "schema_change", "{'add_columns': [{'name': ..., 'type': ...}, ...]}", dict(change)
+        )
+    for column in columns:
+        if (
+            not isinstance(column, Mapping)
+            or not isinstance(column.get("name"), str)
+            or column.get("type") not in _TYPES
+        ):
+            raise InvalidArgumentError(
+                "schema_change", f"columns with a name and a type in {sorted(_TYPES)}", column
+            )
+
+
+def _evolve(tx: Any, change: SchemaChange) -> None:
+    from pyiceberg import types
+
+    with tx.update_schema() as update:
+        for column in change["add_columns"]:
+            update.add_column(column["name"], getattr(types, _TYPES[column["type"]])())
