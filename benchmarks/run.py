@@ -9,11 +9,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.channels import BENCHMARKS as CHANNEL_BENCHMARKS
+from benchmarks.coordinator import BENCHMARKS as COORDINATOR_BENCHMARKS
 from benchmarks.harness import Settings
 from benchmarks.runtime import BENCHMARKS as RUNTIME_BENCHMARKS
 from benchmarks.sinks import BENCHMARKS as SINK_BENCHMARKS
 
-BENCHMARKS = {**CHANNEL_BENCHMARKS, **RUNTIME_BENCHMARKS, **SINK_BENCHMARKS}
+BENCHMARKS = {
+    **CHANNEL_BENCHMARKS,
+    **RUNTIME_BENCHMARKS,
+    **SINK_BENCHMARKS,
+    **COORDINATOR_BENCHMARKS,
+}
 
 __all__ = ["BENCHMARKS", "main", "run_benchmarks"]
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, final
@@ -117,9 +118,7 @@ class IcebergSink:
                 },
             )
         arrow = table.schema().as_arrow()
-        if not arrow.equals(self.schema, check_metadata=False) and not _same_fields(
-            arrow, self.schema
-        ):
+        if not _same_fields(arrow, self.schema):
             raise InvalidArgumentError(
                 "schema",
                 f"the table's schema {arrow}",
@@ -133,11 +132,15 @@ class IcebergSink:
         return self.location / "data"
 
     def writer(self, writer_id: str, **options: Any) -> ParquetFileSink:
-        """The sink connector of parallel writer ``writer_id`` (a coordinated Parquet writer)."""
+        """The sink connector of parallel writer ``writer_id`` (a coordinated Parquet writer;
+        ``options`` go to :class:`~barrierflow.actors.parquet_sink.ParquetFileSink`). Row groups
+        default to 32 K rows: a writer gets a share of each epoch, and encoding them as they
+        fill overlaps the encoding with the dataflow instead of leaving it all to pre-commit."""
+        options.setdefault("row_group_rows", 32_768)
         return ParquetFileSink(self.data_path, self.schema, writer=writer_id, **options)
 
     def committer(self, *, keep_snapshots: int = 10, expire_every: int = 10) -> IcebergCommitter:
-        """The coordinator's committer for this table."""
+        """The coordinator's committer for this table (one per table and process)."""
         return IcebergCommitter(self, keep_snapshots=keep_snapshots, expire_every=expire_every)
 
     def table(self) -> Any:
@@ -145,8 +148,20 @@ class IcebergSink:
         return self.catalog.load_table(self.identifier)
 
 
+def _plain(type_: pa.DataType) -> pa.DataType:
+    """Iceberg reads strings and binaries back as their large Arrow forms; either is fine."""
+    if pa.types.is_large_string(type_):
+        return pa.string()
+    if pa.types.is_large_binary(type_):
+        return pa.binary()
+    return type_
+
+
 def _same_fields(a: pa.Schema, b: pa.Schema) -> bool:
-    return [(f.name, f.type, f.nullable) for f in a] == [(f.name, f.type, f.nullable) for f in b]
+    def fields(schema: pa.Schema) -> list[tuple[str, pa.DataType, bool]]:
+        return [(f.name, _plain(f.type), f.nullable) for f in schema]
+
+    return fields(a) == fields(b)
 
 
 @final
@@ -164,6 +179,8 @@ class IcebergCommitter:
         self._expire_every = expire_every
         self._commits = 0
         self._limiter: anyio.CapacityLimiter | None = None
+        #: Seconds each catalog commit took (the transaction, not the file moves), in order.
+        self.commit_seconds: list[float] = []
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         if self._limiter is None:
@@ -252,6 +269,7 @@ class IcebergCommitter:
             finals.append(str(final))
         for directory in {Path(f).parent for f in finals}:
             _fsync_path(directory)
+        started = time.perf_counter()
         with table.transaction() as tx:
             if schema_change is not None:
                 _evolve(tx, schema_change)
@@ -262,6 +280,7 @@ class IcebergCommitter:
                     check_duplicate_files=False,  # the epoch property already rules replays out
                 )
             tx.set_properties({COMMITTED_EPOCH_PROPERTY: str(epoch)})
+        self.commit_seconds.append(time.perf_counter() - started)
         self._commits += 1
         if self._commits % self._expire_every == 0:
             self._expire()
