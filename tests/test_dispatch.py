@@ -193,3 +193,32 @@ async def test_hash_dispatch_rejects_chunk_without_key_column() -> None:
         await dispatcher.dispatch(Chunk(pa.record_batch({"key": [1]})))
     assert info.value.argument == "key_columns"
     assert info.value.got == "customer"
+
+
+async def test_dropped_output_is_closed_and_gets_nothing_more() -> None:
+    ends = [create_channel[Message](8) for _ in range(3)]
+    dispatcher = RoundRobinDispatcher([tx for tx, _ in ends])
+    dispatcher.drop_output(1)
+    with pytest.raises(anyio.EndOfStream):
+        ends[1][1].receive_nowait()  # closed: end of stream for its reader
+    chunk = Chunk(pa.record_batch({"k": pa.array([1], pa.int64())}))
+    for _ in range(4):
+        await dispatcher.dispatch(chunk)
+    await dispatcher.dispatch(Watermark("k", 1))
+    assert [ends[i][1].statistics().buffered_messages for i in (0, 2)] == [3, 3]
+    with pytest.raises(InvalidArgumentError):
+        dispatcher.drop_output(7)
+
+
+async def test_hash_dispatch_refuses_rows_for_a_dropped_output_with_vnodes() -> None:
+    ends = [create_channel[Message](8) for _ in range(2)]
+    dispatcher = HashDispatcher([tx for tx, _ in ends], VnodeBitmap.split(2), ["k"])
+    dispatcher.drop_output(1)
+    chunk = Chunk(pa.record_batch({"k": pa.array(range(100), pa.int64())}))
+    from barrierflow import ProtocolError
+
+    with pytest.raises(ProtocolError):
+        await dispatcher.dispatch(chunk)
+    dispatcher.update_bitmaps([VnodeBitmap.full(), VnodeBitmap.empty()])
+    await dispatcher.dispatch(chunk)
+    assert ends[0][1].receive_nowait().num_rows == 100

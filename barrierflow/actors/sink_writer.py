@@ -25,6 +25,16 @@ rolls back the open epoch and fails the writer, but leaves the failed epoch pre-
 its checkpoint is durable, so rolling it back would lose rows the upstream will never replay;
 recovery commits it. The runtime's supervision or recovery takes over from there.
 
+**Coordinated mode** (``coordinator=``, one of several parallel writers of a sink): the writer
+registers its vnode bitmap (the one its hash-dispatched input gives it) with the sink's
+:class:`~barrierflow.actors.coordinator.Coordinator`, waits to be started, aligns its initial
+epoch on a fresh start, and at each checkpoint barrier sends its pre-commit metadata to the
+coordinator and waits for the acknowledgement *before* passing the barrier — the coordinator
+acknowledges once every vnode's writer reported and the epoch is recorded as pending, so no
+checkpoint becomes durable without that record. Commit and recovery are the coordinator's. A
+barrier carrying ``Update`` with a new bitmap for the writer re-registers it (rescaling); one
+dropping it makes it leave the coordinator.
+
 Stopping: at a ``Stop`` on a checkpoint barrier (what a graceful runtime stop sends) the
 writer waits until every pre-committed epoch is committed, then the sink task flushes and
 closes the connector. A ``Stop`` on a plain barrier rolls back the open epoch first.
@@ -53,6 +63,7 @@ from barrierflow.actors.sink_task import (
 )
 from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import InvalidArgumentError, ProtocolError
 from barrierflow.runtime.actor import ActorContext, StreamActor
@@ -198,8 +209,9 @@ class SinkWriter(StreamActor):
     async def _wait_for_last_commit(self) -> None:
         """At a graceful stop: wait until what was pre-committed is committed (and leave the
         coordinator), so that the rows are visible once the runtime has stopped."""
-        if self._coordination is not None:
-            assert self._coordinator is not None
+        if self._coordinator is not None:
+            if self._coordination is None:
+                return  # left the coordinator already (dropped by a rescale)
             await self._coordinator.wait_committed(self._last_checkpoint)
             await self._coordination.stop()
             return
@@ -275,7 +287,18 @@ class SinkWriter(StreamActor):
             if self._open is not None:
                 await handle.rollback_epoch(self._open)
                 self._open = None
+            if self._coordination is not None and isinstance(barrier.mutation, Update):
+                # Dropped by a rescale: leave now, so the coordinator can realign the others
+                # (waiting for a commit here would wait on that very realignment).
+                await self._coordination.stop()
+                self._coordination = None
             return
+        bitmap = barrier.new_vnode_bitmap(ctx.actor_id)
+        if self._coordination is not None and bitmap is not None:
+            # Rescaled: every writer of the sink gets the same barrier, so the coordinator
+            # sees every writer's new bitmap (or stop) and realigns before the next commit.
+            await self._coordination.update_vnode_bitmap(bitmap)
+            await self._coordination.wait_started()
         if self._open is None:
             await handle.begin_epoch(barrier.epoch.curr)
             self._open = barrier.epoch.curr

@@ -33,7 +33,7 @@ from barrierflow.channels.vnode import (
     vnode_owners,
     vnodes_unchecked,
 )
-from barrierflow.errors import InvalidArgumentError
+from barrierflow.errors import ChannelBrokenError, InvalidArgumentError, ProtocolError
 
 __all__ = ["Dispatcher", "HashDispatcher", "BroadcastDispatcher", "RoundRobinDispatcher"]
 
@@ -55,11 +55,29 @@ class Dispatcher:
 
     def __init__(self, outputs: Sequence[Sender[Message]]) -> None:
         self._outputs = _check_outputs(outputs)
+        self._dropped: set[int] = set()
 
     @property
     def outputs(self) -> list[Sender[Message]]:
         """The outputs, in the order given."""
         return list(self._outputs)
+
+    def drop_output(self, index: int) -> None:
+        """Close output ``index`` and send it nothing more (its actor was dropped by a
+        rescale). A hash dispatcher must have given it an empty bitmap first.
+
+        Raises:
+            InvalidArgumentError: no such output.
+        """
+        if type(index) is not int or not 0 <= index < len(self._outputs):
+            raise InvalidArgumentError(
+                "index", f"an output index in 0..{len(self._outputs) - 1}", index
+            )
+        self._dropped.add(index)
+        self._outputs[index].close()
+
+    def _live(self) -> list[Sender[Message]]:
+        return [o for i, o in enumerate(self._outputs) if i not in self._dropped]
 
     async def dispatch(self, message: Message) -> None:
         """Send ``message`` on: a chunk as the strategy routes it, anything else to all.
@@ -71,7 +89,7 @@ class Dispatcher:
         if isinstance(message, Chunk):
             await self.dispatch_chunk(message)
         else:
-            for output in self._outputs:
+            for output in self._live() if self._dropped else self._outputs:
                 await output.send(message)
 
     async def dispatch_chunk(self, chunk: Chunk) -> None:
@@ -89,7 +107,7 @@ class BroadcastDispatcher(Dispatcher):
     """Every message, chunks included, to every output."""
 
     async def dispatch_chunk(self, chunk: Chunk) -> None:
-        for output in self._outputs:
+        for output in self._live() if self._dropped else self._outputs:
             await output.send(chunk)
 
 
@@ -102,8 +120,11 @@ class RoundRobinDispatcher(Dispatcher):
         self._next = 0
 
     async def dispatch_chunk(self, chunk: Chunk) -> None:
-        output = self._outputs[self._next]
-        self._next = (self._next + 1) % len(self._outputs)
+        live = self._live() if self._dropped else self._outputs
+        if not live:
+            raise ChannelBrokenError("round-robin dispatch", "every output was dropped")
+        output = live[self._next % len(live)]
+        self._next = (self._next + 1) % len(live)
         await output.send(chunk)
 
 
@@ -228,6 +249,14 @@ class HashDispatcher(Dispatcher):
         return routed
 
     async def dispatch_chunk(self, chunk: Chunk) -> None:
-        for output, part in zip(self._outputs, self.route(chunk), strict=True):
+        parts = self.route(chunk)
+        for index in self._dropped:
+            stray = parts[index]
+            if stray is not None:
+                raise ProtocolError(
+                    f"hash dispatch: expected no rows for dropped output {index}, got "
+                    f"{stray.num_rows} (give it an empty bitmap before dropping it)"
+                )
+        for output, part in zip(self._outputs, parts, strict=True):
             if part is not None:
                 await output.send(part)

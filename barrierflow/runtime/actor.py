@@ -30,9 +30,10 @@ import structlog
 
 from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.chunk import Chunk
-from barrierflow.channels.dispatch import Dispatcher
+from barrierflow.channels.dispatch import Dispatcher, HashDispatcher
 from barrierflow.channels.endpoints import Receiver
 from barrierflow.channels.messages import Message
+from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.state_store import CommittedEpochs, StateStore, StateTable
 
@@ -79,6 +80,8 @@ class ActorContext:
         self.name = name
         #: The vnodes this actor owns, if its input is hash-dispatched (else ``None``).
         self.vnode_bitmap: VnodeBitmap | None = None
+        #: The actor ids behind each output of ``output``, in order (set by the runtime).
+        self.downstream_ids: list[int] = []
         self._input = input
         self._output = output
         self._store = store
@@ -130,6 +133,8 @@ class ActorContext:
                 table.seal(barrier.epoch.prev)
         if self._output is not None:
             await self._output.dispatch(barrier)
+            if isinstance(barrier.mutation, Update):
+                self._rescale_outputs(barrier.mutation)
         self.epoch = barrier.epoch.curr
         self.log = self.log.bind(epoch=self.epoch)
         self._barriers += 1
@@ -139,6 +144,28 @@ class ActorContext:
             if self._output is not None:
                 self._output.close()
         self._manager.collect(self.actor_id, barrier)
+        if stopping:
+            self._manager.retire(self.actor_id, barrier)
+
+    def _rescale_outputs(self, update: Update) -> None:
+        """Apply a rescale to the outputs, after the barrier carrying it went out on all of
+        them: new vnode bitmaps for the next chunks, and no more messages to dropped actors."""
+        output = self._output
+        assert output is not None
+        ids = self.downstream_ids
+        if isinstance(output, HashDispatcher) and (update.vnode_bitmaps or update.dropped_actors):
+            current = output.bitmaps
+            output.update_bitmaps(
+                [
+                    VnodeBitmap.empty(bitmap.vnode_count)
+                    if actor in update.dropped_actors
+                    else update.vnode_bitmaps.get(actor, bitmap)
+                    for actor, bitmap in zip(ids, current, strict=True)
+                ]
+            )
+        for index, actor in enumerate(ids):
+            if actor in update.dropped_actors:
+                output.drop_output(index)
 
     def stats(self) -> ActorStats:
         """A snapshot of this actor's counters."""

@@ -156,6 +156,15 @@ class BarrierManager:
         if not flight.remaining:
             self._collected.set()
 
+    def retire(self, actor_id: int, barrier: Barrier) -> None:
+        """``actor_id`` finished at ``barrier`` (stopped or dropped): later barriers, in flight
+        or to come, no longer wait for it."""
+        self._actors.discard(actor_id)
+        for flight in self._in_flight.values():
+            if flight.barrier.epoch.curr > barrier.epoch.curr:
+                flight.remaining.discard(actor_id)
+        self._collected.set()
+
     async def run(self) -> None:
         """Inject the initial barrier (unless already injected), then one every interval;
         complete epochs in order."""

@@ -390,6 +390,7 @@ class Runtime:
                         manager,
                     )
                     ctx.vnode_bitmap = bitmaps.get(node.name)
+                    ctx.downstream_ids = [nodes[d].actor_id for d in downstream[node.name]]
                     incarnation.contexts[node.name] = ctx
                     actors.start_soon(self._run_actor, node, ctx, name=f"actor {node.name}")
                 incarnation.ready.set()
