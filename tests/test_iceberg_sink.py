@@ -158,9 +158,16 @@ CHILD = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGKILL)
         IcebergCommitter._commit = commit
     elif point == "after_commit":
+        # The committed mark is written with the next pending record (or at the end).
         from barrierflow.runtime.sink_states import SinkStates
+        persist = SinkStates.persist_pending
+        async def persist_pending(self, *args, committed=None):
+            if committed is not None:
+                os.kill(os.getpid(), signal.SIGKILL)
+            await persist(self, *args, committed=committed)
         async def commit_and_prune(self, epoch):
             os.kill(os.getpid(), signal.SIGKILL)
+        SinkStates.persist_pending = persist_pending
         SinkStates.commit_and_prune = commit_and_prune
 
     async def main():

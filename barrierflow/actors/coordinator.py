@@ -435,6 +435,7 @@ class Coordinator:
         self._progress: anyio.Event | None = None
         self._state_waiting: set[int] | None = None  # writers waiting for a flushed schema change
         self._two_phase: _TwoPhase | None = None
+        self._unmarked_commit: int | None = None
 
     # The writers' side.
 
@@ -531,6 +532,7 @@ class Coordinator:
         finally:
             self._inbox = None
             send.close()
+            await self._mark_committed()
             receive.close()
 
     async def _follow_committed_epochs(
@@ -769,12 +771,12 @@ class Coordinator:
             self._committed += 1
             self._last_committed = oldest
             if change is not None:
-                await self._two_phase.states.persist_pending(oldest, None, change)
+                await self._persist_pending(oldest, None, change)
                 self._two_phase.push(_Item(oldest, None, change))
         else:
             metadata = await self._committer.pre_commit(oldest, metadatas, change)
             if metadata is not None or change is not None:
-                await self._two_phase.states.persist_pending(oldest, metadata, change)
+                await self._persist_pending(oldest, metadata, change)
                 self._two_phase.push(_Item(oldest, metadata, change))
         for request in requests:
             self._answer(request.reply)
@@ -806,11 +808,28 @@ class Coordinator:
         two_phase.prepared.popleft()
         two_phase.retry_at = None
         two_phase.retries = 0
-        await two_phase.states.commit_and_prune(item.epoch)
+        # The committed mark rides on the next pending record's transaction (one fsync per
+        # epoch, not two). A mark lost in a crash only makes recovery commit the epoch again,
+        # which every committer skips (commits are idempotent).
+        self._unmarked_commit = item.epoch
         two_phase.last_committed = item.epoch
         self._committed += 1
         self._last_committed = item.epoch
         self._made_progress()
+
+    async def _persist_pending(
+        self, epoch: int, metadata: CommitMetadata | None, change: SchemaChange | None
+    ) -> None:
+        assert self._two_phase is not None
+        committed, self._unmarked_commit = self._unmarked_commit, None
+        await self._two_phase.states.persist_pending(epoch, metadata, change, committed=committed)
+
+    async def _mark_committed(self) -> None:
+        """Write a committed mark that no pending record carried yet (at the end of a run)."""
+        committed, self._unmarked_commit = self._unmarked_commit, None
+        if committed is not None and self._two_phase is not None:
+            with anyio.move_on_after(2, shield=True):
+                await self._two_phase.states.commit_and_prune(committed)
 
     async def _with_warnings(self, epoch: int, commit: Any) -> None:
         started = anyio.current_time()

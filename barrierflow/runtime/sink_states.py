@@ -12,6 +12,7 @@ transaction — they are not part of checkpoints.
 
 from __future__ import annotations
 
+import builtins
 import enum
 import json
 from collections.abc import Iterable
@@ -79,24 +80,30 @@ class SinkStates:
             for epoch, state, metadata, change in rows
         ]
 
-    async def persist_pending(self, epoch: int, metadata: Any, schema_change: Any) -> None:
-        """Record ``epoch`` as pre-committed and not yet committed (one transaction)."""
+    async def persist_pending(
+        self, epoch: int, metadata: Any, schema_change: Any, *, committed: int | None = None
+    ) -> None:
+        """Record ``epoch`` as pre-committed and not yet committed — and, in the same
+        transaction, epoch ``committed`` as committed (see :meth:`commit_and_prune`)."""
         row = (
             self._sink,
             epoch,
             _json("metadata", metadata),
             _json("schema_change", schema_change),
         )
-        await self._connection.transaction([_sql.Statement(_sql.SINK_PENDING, [row])])
+        statements = [] if committed is None else self._commit_statements(committed)
+        statements.append(_sql.Statement(_sql.SINK_PENDING, [row]))
+        await self._connection.transaction(statements)
+
+    def _commit_statements(self, epoch: int) -> builtins.list[_sql.Statement]:
+        return [
+            _sql.Statement(_sql.SINK_COMMITTED, [(self._sink, epoch)]),
+            _sql.Statement(_sql.SINK_PRUNE, [(self._sink, epoch)]),
+        ]
 
     async def commit_and_prune(self, epoch: int) -> None:
         """Mark ``epoch`` committed and delete the committed records before it."""
-        await self._connection.transaction(
-            [
-                _sql.Statement(_sql.SINK_COMMITTED, [(self._sink, epoch)]),
-                _sql.Statement(_sql.SINK_PRUNE, [(self._sink, epoch)]),
-            ]
-        )
+        await self._connection.transaction(self._commit_statements(epoch))
 
     async def delete(self, epochs: Iterable[int]) -> None:
         """Delete the records of ``epochs`` (aborted epochs, once aborted)."""

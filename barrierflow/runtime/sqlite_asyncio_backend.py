@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,10 @@ class AiosqliteConnection:
     def __init__(self, connection: aiosqlite.Connection) -> None:
         self._connection = connection
         self._closed = False
+        # A transaction is several calls on the one connection: without this lock a second
+        # caller (a coordinator's meta-store write during a checkpoint commit) would BEGIN
+        # inside the first one's transaction, or read its uncommitted rows.
+        self._lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, path: str) -> AiosqliteConnection:
@@ -27,21 +32,25 @@ class AiosqliteConnection:
         return cls(connection)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        async with self._connection.execute(sql, params) as cursor:
+        async with self._lock, self._connection.execute(sql, params) as cursor:
             return [tuple(row) for row in await cursor.fetchall()]
 
     async def transaction(self, statements: Sequence[Statement]) -> None:
         # Shielded: a cancelled caller must not leave a transaction half-open on the thread.
         with anyio.CancelScope(shield=True):
-            await self._connection.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in statements:
-                    if statement.rows:
-                        await self._connection.executemany(statement.sql, statement.rows)
-                await self._connection.execute("COMMIT")
-            except BaseException:
-                await self._connection.execute("ROLLBACK")
-                raise
+            async with self._lock:
+                await self._apply(statements)
+
+    async def _apply(self, statements: Sequence[Statement]) -> None:
+        await self._connection.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in statements:
+                if statement.rows:
+                    await self._connection.executemany(statement.sql, statement.rows)
+            await self._connection.execute("COMMIT")
+        except BaseException:
+            await self._connection.execute("ROLLBACK")
+            raise
 
     async def close(self) -> None:
         if not self._closed:
