@@ -653,8 +653,9 @@ class SinkTask:
             self._handle = await start_sink_task(group, self._connector, **self._options)
         except BaseException as exc:
             group.cancel_scope.cancel()
-            await group.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
+            with contextlib.suppress(BaseExceptionGroup):
+                await group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise exc from exc.__cause__  # the error itself, not a group around it
         self._group = group
         return self._handle
 
