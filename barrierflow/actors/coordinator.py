@@ -755,11 +755,12 @@ class Coordinator:
             )
         self._open_replies.add(event.reply)
         round_.add(event.handle, event)
-        oldest = min(epochs)
-        if not epochs[oldest].aligned:
-            return
-        round_ = epochs.pop(oldest)
-        requests: list[_Commit] = round_.requests
+        # Only the oldest epoch may complete; a newer one that is complete waits its turn.
+        while epochs and epochs[min(epochs)].aligned:
+            oldest = min(epochs)
+            await self._complete_epoch(oldest, epochs.pop(oldest).requests)
+
+    async def _complete_epoch(self, oldest: int, requests: list[_Commit]) -> None:
         change = requests[0].schema_change
         for request in requests[1:]:
             if request.schema_change != change:
