@@ -143,7 +143,7 @@ class _Files:
         self.rows_per_file = rows_per_file
         self.compression = compression
         self.use_dictionary = use_dictionary
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # write_taken calls write under it
         self.writer: pq.ParquetWriter | None = None
         self.file_rows = 0
         self.epoch: int | None = None
@@ -173,6 +173,12 @@ class _Files:
                 str(self.root),
                 f"expected manifest version {_VERSION}, got {manifest.get('version')!r}",
             )
+        for field in ("committed_epoch", "rows", "files"):
+            value = manifest.get(field)
+            if type(value) is not int or value < 0:
+                raise SinkRecoveryError(
+                    str(self.root), f"{MANIFEST}: expected {field} to be an int >= 0, got {value!r}"
+                )
         return manifest
 
     def record(self, manifest: dict[str, Any], epoch: int, files: int, rows: int) -> None:
@@ -200,6 +206,13 @@ class _Files:
             leftover = self.staged_dir(epoch)
             if leftover.exists():  # an earlier incarnation staged this epoch number
                 shutil.rmtree(leftover)
+
+    def write_taken(self, take: Callable[[], list[pa.RecordBatch]]) -> None:
+        """Write what ``take`` hands over, taken under the lock: into the epoch open now."""
+        with self.lock:
+            batches = take()
+            if batches:
+                self.write(batches)
 
     def write(self, batches: list[pa.RecordBatch]) -> None:
         with self.lock:
@@ -382,6 +395,7 @@ class ParquetFileSink:
         )
         self._buffer: list[pa.RecordBatch] = []
         self._buffered_rows = 0
+        self._buffer_lock = threading.Lock()  # the buffer is taken on the writing thread
         self._limiter: anyio.CapacityLimiter | None = None
 
     @property
@@ -423,14 +437,16 @@ class ParquetFileSink:
 
     async def begin_epoch(self, epoch: int) -> None:
         """Start staging ``epoch`` (a leftover staging directory of that number is removed)."""
-        self._buffer, self._buffered_rows = [], 0
+        self._take_buffer()  # dropped
         await self._run(self._files.begin, epoch)
 
     async def write_batch(self, batch: pa.RecordBatch) -> None:
         """Buffer ``batch``; write a row group once ``row_group_rows`` are buffered."""
-        self._buffer.append(batch)
-        self._buffered_rows += batch.num_rows
-        if self._buffered_rows >= self._row_group_rows:
+        with self._buffer_lock:
+            self._buffer.append(batch)
+            self._buffered_rows += batch.num_rows
+            full = self._buffered_rows >= self._row_group_rows
+        if full:
             await self.flush()
 
     async def flush(self) -> None:
@@ -438,9 +454,14 @@ class ParquetFileSink:
         if not self._buffer:
             await anyio.lowlevel.checkpoint()
             return
-        # Handed over before the thread starts: an abandoned flush still writes these rows.
-        batches, self._buffer, self._buffered_rows = self._buffer, [], 0
-        await self._run(self._files.write, batches)
+        # Taken on the thread, under the files' lock: an abandoned flush still writes what it
+        # took, and one cancelled before its thread started leaves the rows for the next call.
+        await self._run(self._files.write_taken, self._take_buffer)
+
+    def _take_buffer(self) -> list[pa.RecordBatch]:
+        with self._buffer_lock:
+            batches, self._buffer, self._buffered_rows = self._buffer, [], 0
+        return batches
 
     async def pre_commit(self, epoch: int) -> CommitMetadata:
         """Write what is buffered, close and fsync the staged files, record the pre-commit.
@@ -462,12 +483,12 @@ class ParquetFileSink:
     async def rollback_epoch(self, epoch: int) -> None:
         """Delete what ``epoch`` staged."""
         if self._files.epoch == epoch:
-            self._buffer, self._buffered_rows = [], 0
+            self._take_buffer()  # dropped
         await self._run(self._files.rollback, epoch)
 
     async def close(self) -> None:
         """Close the open staged file; a staged, uncommitted epoch stays for recovery."""
-        self._buffer, self._buffered_rows = [], 0
+        self._take_buffer()  # dropped
         await self._run(self._files.close)
 
     def committed_epoch(self) -> int:
