@@ -25,8 +25,10 @@ How each phase keeps the table exact:
   checkpoint lists as pre-committed are committed (the upstream will not replay their rows);
   every other staged epoch is deleted (the upstream will replay its rows).
 
-Empty epochs write nothing at all. The directory names carry the epoch, so
-``pyarrow.dataset.dataset(path, partitioning="hive")`` also yields an ``epoch`` column.
+Empty epochs write nothing at all. The directory names carry the epoch, so a hive
+partitioning also yields an ``epoch`` column; epochs exceed int32, so declare its type:
+``ds.dataset(path, partitioning=ds.partitioning(pa.schema([("epoch", pa.int64())]),
+flavor="hive"))``.
 
 File I/O runs on a worker thread, one call at a time (a per-sink limiter and lock); a call
 abandoned by cancellation (a periodic flush that overran its timeout) finishes on its thread
@@ -265,6 +267,11 @@ class _Files:
                     metadata["paths"] = [
                         str((directory / name).relative_to(self.root)) for name in self.files
                     ]
+                # The directory entries leading to the files must survive a power loss too.
+                parent = directory.parent
+                while parent != self.root:
+                    _fsync_path(parent)
+                    parent = parent.parent
             self.epoch, self.files, self.rows = None, [], 0
             return metadata
 

@@ -529,7 +529,9 @@ class _SinkActor:
         """Flush then close the connector; errors are logged, each step bounded in time."""
         if self.closed:
             return
-        self.closed = True
+        # ``closed`` is set by _close_connector, not here: cancelled during this flush, the
+        # task must still close the connector (abort).
+        await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled already: abort, no flush
         with anyio.move_on_after(self.shutdown_timeout) as scope:
             try:
                 await self.connector.flush()
@@ -542,10 +544,10 @@ class _SinkActor:
     async def abort(self) -> None:
         """Close the connector without flushing (the task was cancelled)."""
         if not self.closed:
-            self.closed = True
             await self._close_connector()
 
     async def _close_connector(self) -> None:
+        self.closed = True
         with anyio.move_on_after(self.shutdown_timeout, shield=True) as scope:
             try:
                 await self.connector.close()
