@@ -1,9 +1,11 @@
 """The ``barrierflow`` command: the demo pipeline and the benchmark harness.
 
-``barrierflow demo`` runs the demo pipeline (:mod:`barrierflow.demo`) and ends with one
-machine-readable line, ``VERIFIED rows_in=N rows_out=N duplicates=0 epochs=K`` (or ``FAILED``
-with the same fields and exit status 1). ``barrierflow bench`` runs ``python -m benchmarks``
-from a checkout of the repository.
+``barrierflow demo`` runs the demo pipeline (:mod:`barrierflow.demo`: Spark Structured
+Streaming → the Spark bridge → 4 parallel writers → an Iceberg table, exactly once) and ends
+with one machine-readable line, ``VERIFIED rows_in=N rows_out=N duplicates=0 epochs=K`` (or
+``FAILED`` with the same fields and exit status 1). ``--crash-after N`` kills the driver
+mid-run; ``--resume`` continues and verifies again. ``barrierflow bench`` runs
+``python -m benchmarks`` from a checkout of the repository.
 """
 
 from __future__ import annotations
@@ -12,28 +14,39 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-import anyio
-
-from barrierflow.demo import DemoResult, run_demo
+from barrierflow.demo import CRASH_POINTS, DemoConfig, run_demo
 
 
 def _demo(args: argparse.Namespace) -> int:
-    results: list[DemoResult] = []
-    for backend in args.backend:
-        result = anyio.run(run_demo, args.rows, args.chunk_rows, backend=backend)
-        results.append(result)
-        rate = result.rows_out / result.seconds if result.seconds else 0.0
-        print(
-            f"[{backend:7}] {result.rows_out:,} rows in {result.epochs} epochs through "
-            f"source → hash dispatch → 4 workers → aligned merge in {result.seconds:.2f} s "
-            f"({rate / 1e6:.1f} M rows/s; senders blocked {result.blocked_seconds:.2f} s "
-            f"in total — backpressure)"
-        )
-    verified = all(r.verified for r in results)
-    worst = next((r for r in results if not r.verified), results[-1])
-    print(worst.summary_line())
-    return 0 if verified else 1
+    conf = {}
+    for item in args.conf or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"barrierflow demo: --conf expects key=value, got {item!r}", file=sys.stderr)
+            return 2
+        conf[key] = value
+    config = DemoConfig(
+        workdir=Path(args.workdir),
+        rows=args.rows,
+        batches=args.batches,
+        backend=args.backend,
+        spark_master=args.spark_master,
+        spark_conf=conf,
+        crash_after=args.crash_after,
+        crash_point=args.crash_point,
+        resume=args.resume,
+        progress=not args.no_progress,
+    )
+    result = run_demo(config)
+    print(
+        f"{result.rows_out:,} rows in the Iceberg table, {result.epochs} epochs committed; "
+        f"{result.batches_this_run} micro-batches this run in {result.seconds:.1f} s; "
+        f"duplicates {result.duplicates}, missing {result.missing}"
+    )
+    print(result.summary_line())
+    return 0 if result.verified else 1
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -55,19 +68,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="barrierflow", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the demo pipeline and verify its output")
-    demo.add_argument("--rows", type=int, default=2_000_000, help="rows to generate")
-    demo.add_argument("--chunk-rows", type=int, default=4_096, help="rows per chunk")
+    demo.add_argument("--rows", type=int, default=1_000_000, help="events to generate")
+    demo.add_argument("--batches", type=int, default=20, help="micro-batches (input files)")
+    demo.add_argument("--workdir", default="demo-data", help="input, state, table, checkpoints")
+    demo.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    demo.add_argument("--spark-master", help="Spark master URL (default: local[2])")
+    demo.add_argument("--conf", action="append", help="Spark configuration key=value")
     demo.add_argument(
-        "--backend",
-        action="append",
-        choices=["asyncio", "trio"],
-        help="async backend (repeatable; default: both)",
+        "--crash-after", type=int, help="SIGKILL the driver during micro-batch N of this run"
     )
+    demo.add_argument("--crash-point", choices=CRASH_POINTS, default="mid-batch")
+    demo.add_argument("--resume", action="store_true", help="continue from a crashed run")
+    demo.add_argument("--no-progress", action="store_true", help="no live progress display")
     bench = commands.add_parser("bench", help="run the benchmark harness")
     bench.add_argument("--quick", action="store_true", help="about a second per benchmark")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        args.backend = args.backend or ["asyncio", "trio"]
         return _demo(args)
     return _bench(args)
 

@@ -1,6 +1,10 @@
 """The actors: the sink task, the sink writer and the coordinator worker, with their
-connectors (the backfills come next)."""
+connectors, and the batch source that drivers such as the Spark bridge feed (the backfills
+come next)."""
 
+from barrierflow.actors.batch_source import BatchFeed as BatchFeed
+from barrierflow.actors.batch_source import BatchFeedStats as BatchFeedStats
+from barrierflow.actors.batch_source import BatchSource as BatchSource
 from barrierflow.actors.coordinator import CommitCoordinator as CommitCoordinator
 from barrierflow.actors.coordinator import Coordinator as Coordinator
 from barrierflow.actors.coordinator import CoordinatorStats as CoordinatorStats
@@ -22,6 +26,9 @@ from barrierflow.actors.sink_task import start_sink_task as start_sink_task
 from barrierflow.actors.sink_writer import SinkWriter as SinkWriter
 
 __all__ = [
+    "BatchFeed",
+    "BatchFeedStats",
+    "BatchSource",
     "CommitCoordinator",
     "CommitMetadata",
     "Coordinator",

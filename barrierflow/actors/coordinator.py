@@ -46,6 +46,7 @@ from typing import Any, Protocol, final, runtime_checkable
 import anyio
 import structlog
 
+from barrierflow._taskgroups import single_error
 from barrierflow.actors.sink import CommitMetadata
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
@@ -237,6 +238,8 @@ class WriterHandle:
     async def wait_started(self) -> int | None:
         """Wait until the coordinator starts this writer; returns the rewind epoch (the last
         epoch acknowledged before a restart), or ``None`` for a fresh start."""
+        if self._aborted is not None:
+            raise self._aborted  # even if it was started before the coordinator failed
         rewind: int | None = await self._answer(self._started)
         return rewind
 
@@ -360,8 +363,7 @@ class _TwoPhase:
         return not self.pending and not self.prepared
 
     def has_uncommitted_schema_change(self) -> bool:
-        last = self.pending[-1] if self.pending else self.prepared[-1] if self.prepared else None
-        return last is not None and last.schema_change is not None
+        return any(item.schema_change is not None for item in (*self.prepared, *self.pending))
 
 
 @final
@@ -403,6 +405,10 @@ class Coordinator:
                 or not 0 < value < math.inf
             ):
                 raise InvalidArgumentError(name, "a positive finite number of seconds", value)
+        if type(vnode_count) is not int or not 1 <= vnode_count <= 1 << 15:
+            raise InvalidArgumentError("vnode_count", "an int in 1..32768", vnode_count)
+        if rng is not None and not isinstance(rng, random.Random):
+            raise InvalidArgumentError("rng", "None or a random.Random", rng)
         self.sink = sink
         self._committer = committer
         self._vnode_count = vnode_count
@@ -435,7 +441,7 @@ class Coordinator:
         self._progress: anyio.Event | None = None
         self._state_waiting: set[int] | None = None  # writers waiting for a flushed schema change
         self._two_phase: _TwoPhase | None = None
-        self._unmarked_commit: int | None = None
+        self._unmarked_commits: list[int] = []  # committed, mark not written yet
 
     # The writers' side.
 
@@ -519,12 +525,14 @@ class Coordinator:
         self._ready.set()
         self._ready = None  # the next run makes a fresh one
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._follow_committed_epochs, ctx, send.clone())
-                await self._coordinate(ctx, receive)
+            with single_error():
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._follow_committed_epochs, ctx, send.clone())
+                    await self._coordinate(ctx, receive)
         except BaseException as exc:
             cause = exc if isinstance(exc, Exception) else ActorGoneError(self.sink, "cancelled")
             error = CoordinatorAbortedError(self.sink, cause)
+            self._drain(receive)
             for handle in self._handles.values():
                 handle._abort(error)
             self._fail_pending(error)
@@ -541,6 +549,25 @@ class Coordinator:
         with send:
             async for epoch in ctx.committed_epochs():
                 await send.send(_CommittedEpoch(epoch))
+
+    def _drain(self, inbox: ReceiveChannel[_Event]) -> None:
+        """Take the events still queued (a failed run will never serve them), so that their
+        writers are aborted too: a registration in flight, a request posted meanwhile."""
+        while True:
+            try:
+                event = inbox.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                return
+            self._track(event)
+            handle = getattr(event, "handle", None)
+            if handle is not None:
+                self._handles.setdefault(handle.handle_id, handle)
+
+    def _track(self, event: _Event) -> None:
+        """Remember a writer's request until answered: a run that fails fails it."""
+        reply = getattr(event, "reply", None)
+        if reply is not None and not reply.done:
+            self._open_replies.add(reply)
 
     def _fail_pending(self, error: BaseException) -> None:
         for future in self._open_replies:
@@ -607,6 +634,7 @@ class Coordinator:
                 assert self._two_phase is not None
                 self._two_phase.on_committed_epoch(event.epoch)
                 return None  # re-evaluate what is due
+            self._track(event)
             return event
 
     async def _next_writer_event(self) -> _Event:
@@ -621,9 +649,21 @@ class Coordinator:
         records = await states.list()
         index = 0
         last_committed: int | None = None
-        if records and records[0].state is SinkState.COMMITTED:
-            last_committed = records[0].epoch
-            index = 1
+        committed = [i for i, r in enumerate(records) if r.state is SinkState.COMMITTED]
+        if committed:
+            # Commits run in epoch order, so a committed mark covers every record before it:
+            # pending ones there were committed too, only their marks were never written (a
+            # mark rides on the next pending record; epochs committed back to back leave all
+            # but the last unmarked).
+            index = committed[-1] + 1
+            last_committed = records[index - 1].epoch
+            stale = [r.epoch for r in records[: index - 1]]
+            if any(records[i].state is SinkState.ABORTED for i in range(index - 1)):
+                raise ProtocolError(
+                    f"sink {self.sink!r}: expected no aborted record before the committed epoch "
+                    f"{last_committed}, got {[(r.epoch, r.state.value) for r in records]}"
+                )
+            await states.delete(stale)
         pending: list[_Item] = []
         while index < len(records) and records[index].state is SinkState.PENDING:
             r = records[index]
@@ -812,7 +852,7 @@ class Coordinator:
         # The committed mark rides on the next pending record's transaction (one fsync per
         # epoch, not two). A mark lost in a crash only makes recovery commit the epoch again,
         # which every committer skips (commits are idempotent).
-        self._unmarked_commit = item.epoch
+        self._unmarked_commits.append(item.epoch)
         two_phase.last_committed = item.epoch
         self._committed += 1
         self._last_committed = item.epoch
@@ -822,15 +862,26 @@ class Coordinator:
         self, epoch: int, metadata: CommitMetadata | None, change: SchemaChange | None
     ) -> None:
         assert self._two_phase is not None
-        committed, self._unmarked_commit = self._unmarked_commit, None
-        await self._two_phase.states.persist_pending(epoch, metadata, change, committed=committed)
+        marks, self._unmarked_commits = self._unmarked_commits, []
+        states = self._two_phase.states
+        await states.persist_pending(
+            epoch, metadata, change, committed=marks[-1] if marks else None
+        )
+        await self._delete_covered(states, marks)
+
+    async def _delete_covered(self, states: SinkStates, marks: list[int]) -> None:
+        """Epochs committed back to back get one mark, the last one's (pruning only deletes
+        *committed* records): delete the records of the others, which it covers."""
+        if len(marks) > 1:
+            await states.delete(marks[:-1])
 
     async def _mark_committed(self) -> None:
         """Write a committed mark that no pending record carried yet (at the end of a run)."""
-        committed, self._unmarked_commit = self._unmarked_commit, None
-        if committed is not None and self._two_phase is not None:
+        marks, self._unmarked_commits = self._unmarked_commits, []
+        if marks and self._two_phase is not None:
             with anyio.move_on_after(2, shield=True):
-                await self._two_phase.states.commit_and_prune(committed)
+                await self._two_phase.states.commit_and_prune(marks[-1])
+                await self._delete_covered(self._two_phase.states, marks)
 
     async def _with_warnings(self, epoch: int, commit: Any) -> None:
         started = anyio.current_time()
@@ -842,9 +893,17 @@ class Coordinator:
                     "commit still running", epoch=epoch, elapsed_s=anyio.current_time() - started
                 )
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(warn)
-            try:
-                await commit
-            finally:
-                tg.cancel_scope.cancel()
+        error: Exception | None = None
+        with single_error():
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(warn)
+                try:
+                    await commit
+                except Exception as exc:
+                    # Raised below, as itself: inside the group it would be wrapped, and
+                    # grouped with a cancellation of the run arriving meanwhile.
+                    error = exc
+                finally:
+                    tg.cancel_scope.cancel()
+        if error is not None:
+            raise error

@@ -9,18 +9,21 @@ is full.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Literal, final
+from typing import Literal, TypeVar, final
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.epoch import EpochPair
 from barrierflow.channels.mutation import Mutation
-from barrierflow.errors import BarrierflowError, InvalidArgumentError
+from barrierflow.errors import InvalidArgumentError, NotRunningError
 from barrierflow.runtime.runtime import Runtime, RuntimeStats
 
 __all__ = ["BlockingRuntime"]
+
+T = TypeVar("T")
 
 
 @final
@@ -71,8 +74,28 @@ class BlockingRuntime:
 
     def _call_portal(self) -> BlockingPortal:
         if self._portal is None:
-            raise BarrierflowError("the blocking runtime is not running: use it in `with`")
+            raise NotRunningError(
+                "the blocking runtime", "use it inside `with BlockingRuntime(rt):`"
+            )
         return self._portal
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime this handle drives."""
+        return self._runtime
+
+    @property
+    def running(self) -> bool:
+        """Whether the handle is inside its ``with`` block."""
+        return self._portal is not None
+
+    def call(self, func: Callable[..., Awaitable[T]], *args: object) -> T:
+        """Run ``await func(*args)`` on the runtime's thread and block until it returns.
+
+        Raises:
+            NotRunningError: the handle is not inside its ``with`` block.
+        """
+        return self._call_portal().call(func, *args)
 
     def push(self, source: str, chunk: Chunk) -> None:
         """Push ``chunk`` into ``source``, blocking while its inbox is full."""

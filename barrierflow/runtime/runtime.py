@@ -59,11 +59,11 @@ from barrierflow.channels.mutation import (
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import (
     ActorFailedError,
-    BarrierflowError,
     ChannelBrokenError,
     ChannelClosedError,
     GraphError,
     InvalidArgumentError,
+    NotRunningError,
 )
 from barrierflow.runtime.actor import ActorContext, ActorStats, StreamActor
 from barrierflow.runtime.barrier_manager import BarrierManager
@@ -448,7 +448,7 @@ class Runtime:
         """The current graph, waiting while recovery rebuilds it."""
         while True:
             if self._task_group is None:
-                raise BarrierflowError("the runtime is not running: use it inside `async with rt:`")
+                raise NotRunningError("the runtime", "use it inside `async with rt:`")
             incarnation = self._incarnation
             if incarnation is not None:
                 await incarnation.ready.wait()
@@ -463,7 +463,7 @@ class Runtime:
             InvalidArgumentError: ``source`` is not a source, or ``chunk`` not a Chunk.
             ActorFailedError: the graph failed while the chunk waited for room (with recovery,
                 the graph is rebuilt from the last checkpoint; push again what followed it).
-            BarrierflowError: the runtime is not running.
+            NotRunningError: the runtime is not running.
         """
         if not isinstance(chunk, Chunk):
             raise InvalidArgumentError("chunk", "a Chunk", type(chunk).__name__)
@@ -538,7 +538,7 @@ class Runtime:
     def committed_epochs(self) -> CommittedEpochs:
         """The committed epoch now, then each newer one (see ``StateStore.committed_epochs``)."""
         if self._store is None:
-            raise BarrierflowError("the runtime is not running: use it inside `async with rt:`")
+            raise NotRunningError("the runtime", "use it inside `async with rt:`")
         return self._store.committed_epochs()
 
     def stats(self) -> RuntimeStats:

@@ -1,0 +1,102 @@
+"""Getting a SparkSession: local mode by default, a cluster by configuration.
+
+:func:`spark_session` builds (or reuses) the process's session. Local mode (``local[2]``) is
+the embedded default; pass ``master="spark://host:7077"`` (or ``yarn``, ``k8s://...``) and the
+usual Spark configuration to run the *same* code against a cluster — nothing in user code
+changes: the bridge only ever talks to the driver-side DataFrame API (``foreachBatch`` and
+``toArrow``), so the executors never need barrierflow. What changes is where the DataFrame is
+computed, and that paths (checkpoint locations, input directories) must be reachable by the
+executors (a shared filesystem or object store instead of local files).
+
+Local mode binds to ``127.0.0.1`` (``SPARK_LOCAL_IP``) unless it is set already: otherwise
+Spark may resolve the host name to an address it cannot bind to. The Spark UI is off and
+shuffles use few partitions, which suits micro-batches of a streaming driver.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from barrierflow.errors import InvalidArgumentError, SparkUnavailableError
+
+__all__ = ["DEFAULT_MASTER", "require_spark", "spark_session"]
+
+#: The embedded default: Spark in this process's JVM with two worker threads.
+DEFAULT_MASTER = "local[2]"
+
+
+def require_spark() -> None:
+    """Check that pyspark is importable and that a Java runtime is present.
+
+    Raises:
+        SparkUnavailableError: what is missing and how to install it.
+    """
+    if importlib.util.find_spec("pyspark") is None:
+        raise SparkUnavailableError(
+            "the pyspark package is not installed",
+            "pip install 'barrierflow[spark]' (or pyspark>=4.0,<5)",
+        )
+    java_home = os.environ.get("JAVA_HOME")
+    java = (
+        os.path.join(java_home, "bin", "java")
+        if java_home and os.path.exists(os.path.join(java_home, "bin", "java"))
+        else shutil.which("java")
+    )
+    if java is None:
+        raise SparkUnavailableError(
+            "no Java runtime found (neither $JAVA_HOME/bin/java nor java on PATH)",
+            "install Java 17 (e.g. apt install openjdk-17-jre-headless) or set JAVA_HOME",
+        )
+
+
+def spark_session(
+    app_name: str = "barrierflow",
+    *,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> Any:
+    """The process's SparkSession, created on first use.
+
+    Args:
+        app_name: the application name.
+        master: the Spark master (default :data:`DEFAULT_MASTER`).
+        conf: further Spark configuration (``{"spark.executor.memory": "4g"}``).
+
+    Raises:
+        SparkUnavailableError: pyspark or Java is missing.
+        InvalidArgumentError: ``master`` or ``conf`` is malformed.
+    """
+    require_spark()
+    master = master or DEFAULT_MASTER
+    if not isinstance(master, str):
+        raise InvalidArgumentError("master", "a Spark master URL such as 'local[2]'", master)
+    if conf is not None and (
+        not isinstance(conf, Mapping)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in conf.items())
+    ):
+        raise InvalidArgumentError("conf", "a mapping of str to str", conf)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers (``mapInArrow`` in the Spark reader) run this interpreter, which has
+        # pyarrow, rather than whatever ``python3`` is first on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
