@@ -22,3 +22,12 @@ settings.load_profile("default")
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Both backends, for every test marked ``anyio`` (see pytest.ini's anyio_mode)."""
     return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def spark() -> object:
+    """One local SparkSession for the whole test session (≈ 8 s to start); tests that use it
+    are marked ``spark`` so that ``-m spark`` / ``-m 'not spark'`` select them."""
+    from barrierflow.spark_bridge import spark_session
+
+    return spark_session("barrierflow-tests", conf={"spark.default.parallelism": "2"})

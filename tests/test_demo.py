@@ -1,34 +1,83 @@
-"""The demo pipeline verifies itself; the CLI reports it on its last line."""
+"""The demo: Spark Structured Streaming → bridge → 4 writers → Iceberg, verified; a driver
+SIGKILLed mid-batch, between the checkpoint and Spark's commit, or mid-commit, then resumed,
+still holds every row exactly once. Run as subprocesses (the demo kills its own process)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from barrierflow import ConfigError
 from barrierflow.cli import main
-from barrierflow.demo import run_demo
+from barrierflow.demo import DemoConfig
+from barrierflow.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.anyio
-async def test_demo_pipeline_delivers_every_row_and_barrier_once() -> None:
-    result = await run_demo(rows=50_000, chunk_rows=1_000, chunks_per_epoch=5)
-    assert result.verified
-    assert result.rows_out == 50_000
-    assert result.duplicates == 0
-    assert result.barriers_out == result.epochs == 11
-    assert result.summary_line() == "VERIFIED rows_in=50000 rows_out=50000 duplicates=0 epochs=11"
+def demo(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "barrierflow", "demo", "--workdir", str(workdir), "--no-progress"]
+        + list(args),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
 
 
-@pytest.mark.anyio
-async def test_demo_rejects_bad_sizes() -> None:
-    with pytest.raises(ConfigError) as info:
-        await run_demo(rows=0)
-    assert info.value.argument == "rows"
+@pytest.mark.spark
+def test_the_demo_ends_with_a_verified_line(tmp_path: Path) -> None:
+    done = demo(tmp_path / "d", "--rows", "30000", "--batches", "3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == "VERIFIED rows_in=30000 rows_out=30000 duplicates=0 epochs=3"
 
 
-def test_cli_demo_ends_with_verified_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--rows", "20000", "--chunk-rows", "500"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-1] == "VERIFIED rows_in=20000 rows_out=20000 duplicates=0 epochs=3"
-    assert any("[asyncio]" in line for line in lines)
-    assert any("[trio" in line for line in lines)
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("point", "backend"),
+    [("mid-batch", "asyncio"), ("after-checkpoint", "trio"), ("mid-commit", "asyncio")],
+)
+def test_a_driver_killed_then_resumed_still_holds_every_row_once(
+    tmp_path: Path, point: str, backend: str
+) -> None:
+    workdir = tmp_path / "d"
+    common = ["--rows", "20000", "--batches", "4", "--backend", backend]
+    crashed = demo(workdir, *common, "--crash-after", "1", "--crash-point", point)
+    assert crashed.returncode == -9, crashed.stdout[-2000:] + crashed.stderr[-3000:]
+    assert "CRASH" in crashed.stdout
+    assert "VERIFIED" not in crashed.stdout
+    resumed = demo(workdir, "--resume", "--backend", backend)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    last = resumed.stdout.strip().splitlines()[-1]
+    assert last == "VERIFIED rows_in=20000 rows_out=20000 duplicates=0 epochs=4"
+
+
+def test_demo_config_refuses_bad_values(tmp_path: Path) -> None:
+    for kwargs, name in (
+        ({"rows": 0}, "rows"),
+        ({"batches": 0}, "batches"),
+        ({"rows": 3, "batches": 5}, "rows"),
+        ({"crash_after": -1}, "crash_after"),
+        ({"crash_point": "nowhere"}, "crash_point"),
+        ({"backend": "curio"}, "backend"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            DemoConfig(workdir=tmp_path, **kwargs)  # type: ignore[arg-type]
+        assert info.value.argument == name
+
+
+def test_resume_without_a_previous_run_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="a previous run's state"):
+        main(["demo", "--workdir", str(tmp_path / "none"), "--resume", "--no-progress"])
+
+
+def test_a_malformed_spark_conf_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--conf", "novalue"]) == 2
+    assert "key=value" in capsys.readouterr().err

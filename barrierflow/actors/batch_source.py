@@ -40,6 +40,8 @@ from typing import final
 import anyio
 import pyarrow as pa
 
+from barrierflow._taskgroups import single_error
+from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.messages import Message
@@ -337,16 +339,24 @@ class BatchSource(StreamActor):
     async def run(self, ctx: ActorContext) -> None:
         table = ctx.table(_TABLE)
         durable = {str(k): int(v) for k, v in (await table.items()).items()}
+        # The initial barrier first: no row may reach downstream before it.
+        async for message in ctx.messages():
+            await ctx.emit(message)
+            if isinstance(message, Barrier) or ctx.finished:
+                break
+        if ctx.finished:
+            return
         feed = self._feed
         send, receive = create_channel[_Item](
             feed.capacity, feed.capacity * feed.chunk_rows, name=f"{ctx.name} feed"
         )
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._forward_inbox, ctx, send.clone())
-                feed._attach(send, dict(durable))
-                await self._emit(ctx, feed, receive, table)
-                tg.cancel_scope.cancel()
+            with single_error():
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._forward_inbox, ctx, send.clone())
+                    feed._attach(send, dict(durable))
+                    await self._emit(ctx, feed, receive, table)
+                    tg.cancel_scope.cancel()
         finally:
             feed._detach(send)
             receive.close()

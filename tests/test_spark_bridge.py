@@ -1,0 +1,211 @@
+"""The Spark bridge with a real local Spark: micro-batches in exactly once, static pumps, the
+reader, and the typed errors. One SparkSession for the session; both runtime backends."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from barrierflow.actors import BatchFeed, ParquetFileSink, SinkWriter
+from barrierflow.errors import (
+    BatchOrderError,
+    InvalidArgumentError,
+    NotRunningError,
+    SchemaMismatchError,
+    SparkUnavailableError,
+)
+from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
+from barrierflow.spark_bridge import SparkBridge, SparkReader, arrow_schema_of, require_spark
+from barrierflow.spark_bridge import session as session_module
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = pa.schema([("key", pa.int64()), ("value", pa.float64())])
+BACKENDS = pytest.mark.parametrize("backend", ["asyncio", "trio"])
+
+
+def build(tmp_path: Path) -> tuple[Runtime, BatchFeed]:
+    feed = BatchFeed(SCHEMA, chunk_rows=100, capacity=4)
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=0.05))
+    rt.add_source("events", feed.source)
+    rt.add_actor(
+        "sink", lambda: SinkWriter(ParquetFileSink(tmp_path / "table", SCHEMA)), inputs=["events"]
+    )
+    return rt, feed
+
+
+def keys(tmp_path: Path) -> list[int]:
+    table = tmp_path / "table"
+    if not table.exists():
+        return []
+    return sorted(ds.dataset(table, SCHEMA, format="parquet").to_table()["key"].to_pylist())
+
+
+def frame(spark: Any, start: int, count: int) -> Any:
+    return spark.range(start, start + count).selectExpr("id as key", "cast(id as double) as value")
+
+
+def write_files(directory: Path, sizes: list[int], start: int = 0, first: int = 0) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for index, size in enumerate(sizes, start=first):
+        keys_ = pa.array(range(start, start + size), pa.int64())
+        table = pa.table({"key": keys_, "value": pa.compute.cast(keys_, pa.float64())})
+        pq.write_table(table, directory / f"part-{index:03d}.parquet")
+        start += size
+
+
+def streaming(spark: Any, directory: Path) -> Any:
+    from pyspark.sql.types import DoubleType, LongType, StructField, StructType
+
+    schema = StructType([StructField("key", LongType()), StructField("value", DoubleType())])
+    return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(directory))
+
+
+@BACKENDS
+def test_a_streaming_query_is_delivered_exactly_once_across_a_restart(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    write_files(tmp_path / "in", [300, 0, 250])
+    rt, feed = build(tmp_path)
+    with BlockingRuntime(rt, backend=backend) as handle:
+        bridge = SparkBridge(handle, feed, stream="q")
+        query = bridge.start(
+            streaming(spark, tmp_path / "in"), str(tmp_path / "ck"), available_now=True
+        )
+        query.awaitTermination()
+        assert query.exception() is None
+        assert bridge.stats().rows == 550
+    assert keys(tmp_path) == list(range(550))
+    # New files, a new driver on the same state and Spark checkpoint: only the new ones.
+    write_files(tmp_path / "in", [40], start=550, first=3)
+    rt, feed = build(tmp_path)
+    with BlockingRuntime(rt, backend=backend) as handle:
+        bridge = SparkBridge(handle, feed, stream="q")
+        query = bridge.start(
+            streaming(spark, tmp_path / "in"), str(tmp_path / "ck"), available_now=True
+        )
+        query.awaitTermination()
+        assert bridge.stats().batches == 1
+    assert keys(tmp_path) == list(range(590))
+
+
+@BACKENDS
+def test_a_replayed_batch_is_skipped_and_out_of_order_ids_are_refused(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    rt, feed = build(tmp_path)
+    with BlockingRuntime(rt, backend=backend) as handle:
+        bridge = SparkBridge(handle, feed)
+        assert bridge.deliver(frame(spark, 0, 10), 0) is not None
+        assert bridge.deliver(frame(spark, 0, 10), 0) is None  # Spark's replay
+        with pytest.raises(BatchOrderError, match="skips ahead"):
+            bridge.deliver(frame(spark, 10, 10), 5)
+        bridge.deliver(frame(spark, 10, 10), 1)
+        with pytest.raises(BatchOrderError, match="goes backwards"):
+            bridge.deliver(frame(spark, 0, 10), 0)
+        assert bridge.stats().replays_skipped == 1
+    assert keys(tmp_path) == list(range(20))
+
+
+@BACKENDS
+def test_a_mismatched_schema_names_both_before_any_row(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    rt, feed = build(tmp_path)
+    with BlockingRuntime(rt, backend=backend) as handle:
+        bridge = SparkBridge(handle, feed)
+        wrong = spark.range(5).selectExpr("id as key", "cast(id as string) as value")
+        with pytest.raises(SchemaMismatchError) as info:
+            bridge.deliver(wrong, 0)
+        message = str(info.value)
+        assert "value: double" in message and "value: string" in message
+        with pytest.raises(InvalidArgumentError, match="a streaming DataFrame"):
+            bridge.start(wrong, str(tmp_path / "ck"))
+    assert keys(tmp_path) == []
+
+
+def test_the_arrow_schema_is_known_without_a_spark_job(spark: Any) -> None:
+    assert arrow_schema_of(frame(spark, 0, 1)).names == ["key", "value"]
+
+
+def test_a_callback_outside_a_running_runtime_is_a_typed_error(spark: Any, tmp_path: Path) -> None:
+    rt, feed = build(tmp_path)
+    handle = BlockingRuntime(rt)
+    bridge = SparkBridge(handle, feed)
+    with pytest.raises(NotRunningError, match="BlockingRuntime"):
+        bridge.callback(frame(spark, 0, 1), 0)
+
+
+@BACKENDS
+def test_a_static_dataframe_is_pumped_in_slices_and_a_rerun_resumes(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    df = frame(spark, 0, 1_000).orderBy("key")
+    rt, feed = build(tmp_path)
+    with BlockingRuntime(rt, backend=backend) as handle:
+        bridge = SparkBridge(handle, feed)
+        assert bridge.pump(df, stream="history", slice_rows=300, progress=True) == 1_000
+        assert bridge.stats().batches == 4
+        assert handle.call(feed.last_batch, "history") == 3
+        # Run again: every slice is durable, nothing is delivered twice.
+        assert bridge.pump(df, stream="history", slice_rows=300) == 0
+        with pytest.raises(InvalidArgumentError, match="slice_rows"):
+            bridge.pump(df, slice_rows=0)
+    assert keys(tmp_path) == list(range(1_000))
+
+
+@pytest.mark.anyio
+async def test_the_reader_yields_every_row_in_bounded_chunks(spark: Any) -> None:
+    df = frame(spark, 0, 5_000).repartition(3)
+    seen: list[int] = []
+    async with SparkReader(df, chunk_rows=700, capacity=2) as chunks:
+        async for chunk in chunks:
+            assert chunk.num_rows <= 700
+            seen.extend(chunk.batch.column("key").to_pylist())
+    assert sorted(seen) == list(range(5_000))
+
+
+@pytest.mark.anyio
+async def test_a_reader_left_early_stops_fetching(spark: Any) -> None:
+    df = frame(spark, 0, 50_000).repartition(4)
+    with anyio.fail_after(60):
+        async with SparkReader(df, chunk_rows=1_000, capacity=1) as chunks:
+            first = await chunks.__anext__()
+    assert first.num_rows <= 1_000
+
+
+def test_the_reader_refuses_bad_input(spark: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="chunk_rows"):
+        SparkReader(frame(spark, 0, 1), chunk_rows=0)
+    with pytest.raises(InvalidArgumentError, match="PySpark 4 DataFrame"):
+        SparkReader([1, 2, 3])
+
+
+def test_missing_java_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setattr(session_module.shutil, "which", lambda name: None)
+    with pytest.raises(SparkUnavailableError, match="install Java 17"):
+        require_spark()
+
+
+def test_missing_pyspark_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = session_module.importlib.util.find_spec
+    monkeypatch.setattr(
+        session_module.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "pyspark" else real(name, *a),
+    )
+    with pytest.raises(SparkUnavailableError, match=r"pip install 'barrierflow\[spark\]'"):
+        require_spark()
+
+
+def test_local_spark_binds_to_loopback(spark: Any) -> None:
+    assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
+    assert spark.sparkContext.master == "local[2]"
