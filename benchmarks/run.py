@@ -13,12 +13,14 @@ from benchmarks.coordinator import BENCHMARKS as COORDINATOR_BENCHMARKS
 from benchmarks.harness import Settings
 from benchmarks.runtime import BENCHMARKS as RUNTIME_BENCHMARKS
 from benchmarks.sinks import BENCHMARKS as SINK_BENCHMARKS
+from benchmarks.spark_bridge import BENCHMARKS as SPARK_BRIDGE_BENCHMARKS
 
 BENCHMARKS = {
     **CHANNEL_BENCHMARKS,
     **RUNTIME_BENCHMARKS,
     **SINK_BENCHMARKS,
     **COORDINATOR_BENCHMARKS,
+    **SPARK_BRIDGE_BENCHMARKS,
 }
 
 __all__ = ["BENCHMARKS", "main", "run_benchmarks"]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
+import anyio.lowlevel
 import hypothesis.strategies as st
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -64,10 +65,12 @@ async def test_each_batch_is_delivered_once_and_its_id_survives_a_restart(tmp_pa
         assert await feed.last_batch("q") is None
         for batch in range(3):
             epoch = await feed.deliver(rt, "q", batch, rows(batch * 50, 50))
-            assert epoch is not None and rt.committed_epoch >= epoch
+            assert epoch is not None
+            assert rt.committed_epoch >= epoch
         assert await feed.last_batch("q") == 2
     assert committed_ids(tmp_path / "table") == list(range(150))
-    assert feed.stats().batches == 3 and feed.stats().rows == 150
+    assert feed.stats().batches == 3
+    assert feed.stats().rows == 150
     # A new driver and runtime: the durable id was restored from the checkpoint.
     feed = BatchFeed(SCHEMA)
     async with build(tmp_path, feed) as rt:
@@ -86,7 +89,8 @@ async def test_batch_ids_that_go_backwards_or_skip_are_refused_before_any_row(
     async with build(tmp_path, feed) as rt:
         with pytest.raises(BatchOrderError, match="expected 0") as info:
             await feed.deliver(rt, "q", 1, rows(0, 5))
-        assert info.value.last is None and info.value.batch_id == 1
+        assert info.value.last is None
+        assert info.value.batch_id == 1
         await feed.deliver(rt, "q", 0, rows(0, 5))
         await feed.deliver(rt, "q", 1, rows(5, 5))
         with pytest.raises(BatchOrderError, match="goes backwards"):
@@ -106,7 +110,8 @@ async def test_a_schema_mismatch_names_both_schemas_and_delivers_nothing(tmp_pat
         with pytest.raises(SchemaMismatchError) as info:
             await feed.deliver(rt, "q", 0, bad)
         assert info.value.expected_schema == SCHEMA
-        assert "id: int64" in str(info.value) and "id: string" in str(info.value)
+        assert "id: int64" in str(info.value)
+        assert "id: string" in str(info.value)
         assert await feed.last_batch("q") is None
     assert committed_ids(tmp_path / "table") == []
 
@@ -114,7 +119,8 @@ async def test_a_schema_mismatch_names_both_schemas_and_delivers_nothing(tmp_pat
 def test_nullability_may_differ_but_nulls_never_enter_a_non_nullable_field() -> None:
     strict = pa.schema([pa.field("id", pa.int64(), nullable=False)])
     conformed = conform_schema(rows(0, 3), strict, "batch")
-    assert conformed.schema.equals(strict) and conformed["id"].to_pylist() == [0, 1, 2]
+    assert conformed.schema.equals(strict)
+    assert conformed["id"].to_pylist() == [0, 1, 2]
     with pytest.raises(SchemaMismatchError, match="holds nulls"):
         conform_schema(pa.table({"id": pa.array([1, None], pa.int64())}), strict, "batch")
     with pytest.raises(InvalidArgumentError, match="Table or RecordBatch"):
@@ -124,7 +130,7 @@ def test_nullability_may_differ_but_nulls_never_enter_a_non_nullable_field() -> 
 class Recorder(StreamActor):
     """Records, per epoch, the ids that arrived; checks nothing itself."""
 
-    epochs: list[tuple[int, list[int]]] = []
+    epochs: ClassVar[list[tuple[int, list[int]]]] = []
 
     def __init__(self) -> None:
         self.current: list[int] = []
@@ -289,7 +295,7 @@ async def test_the_feed_channel_is_bounded_so_a_slow_graph_blocks_the_driver(
     rt.add_actor("gate", Gate, inputs=["src"])
     async with rt:
         release.set()  # let the initial barrier through
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         release = anyio.Event()
         done = anyio.Event()
 

@@ -20,8 +20,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def demo(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "barrierflow", "demo", "--workdir", str(workdir), "--no-progress"]
-        + list(args),
+        [
+            sys.executable,
+            "-m",
+            "barrierflow",
+            "demo",
+            "--workdir",
+            str(workdir),
+            "--no-progress",
+            *list(args),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

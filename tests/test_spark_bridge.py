@@ -125,7 +125,8 @@ def test_a_mismatched_schema_names_both_before_any_row(
         with pytest.raises(SchemaMismatchError) as info:
             bridge.deliver(wrong, 0)
         message = str(info.value)
-        assert "value: double" in message and "value: string" in message
+        assert "value: double" in message
+        assert "value: string" in message
         with pytest.raises(InvalidArgumentError, match="a streaming DataFrame"):
             bridge.start(wrong, str(tmp_path / "ck"))
     assert keys(tmp_path) == []
