@@ -1042,6 +1042,32 @@ async def test_new_writers_wait_for_every_pending_commit_after_a_schema_change(
             tg.cancel_scope.cancel()
 
 
+async def test_writers_start_after_a_recovered_schema_change_is_committed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    change = {"add_column": "c"}
+    async with await StateStore.open(path) as store:
+        await store.sink_states(SINK).persist_pending(2, {"epoch": 2}, change)
+        await store.commit(2)
+    committer = FakeCommitter()
+    async with await StateStore.open(path) as store:
+        committer.gate = anyio.Event()
+        coordinator = make(committer)
+        async with anyio.create_task_group() as tg:
+            start(tg, coordinator, ServiceContext(SINK, store))
+            handles = [await coordinator.register(b) for b in HALVES]
+            outcomes = [spawn(tg, h.wait_started) for h in handles]
+            await committer.wait_for(lambda: "commit" in committer.names())
+            await anyio.wait_all_tasks_blocked()
+            assert not any(o.done.is_set() for o in outcomes), "started before the commit"
+            committer.gate.set()
+            assert [await o.wait() for o in outcomes] == [2, 2]
+            assert committer.calls[1] == ("commit", 2, {"epoch": 2}, change)
+            assert committer.committed == [2]
+            tg.cancel_scope.cancel()
+
+
 async def test_single_phase_schema_change_is_committed_once_durable_before_new_writers(
     tmp_path: Path,
 ) -> None:
