@@ -336,3 +336,4 @@ def _follow(query: Any, bridge: Any, coordinator: Coordinator, feed: Any, show: 
         while not query.awaitTermination(0.25):
             live.update(render())
         live.update(render())
+    sys.stderr.write("\n")

@@ -63,9 +63,7 @@ def _spark() -> Any:
     """The benchmarks' SparkSession, started on first use (a few seconds)."""
     global _session
     if _session is None:
-        _session = spark_session(
-            "barrierflow-benchmarks", conf={"spark.ui.showConsoleProgress": "false"}
-        )
+        _session = spark_session("barrierflow-benchmarks")
     return _session
 
 

@@ -91,6 +91,7 @@ def spark_session(
         SparkSession.builder.appName(app_name)
         .master(master)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
