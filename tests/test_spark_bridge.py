@@ -22,7 +22,13 @@ from barrierflow.errors import (
     SparkUnavailableError,
 )
 from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
-from barrierflow.spark_bridge import SparkBridge, SparkReader, arrow_schema_of, require_spark
+from barrierflow.spark_bridge import (
+    SparkBridge,
+    SparkReader,
+    arrow_schema_of,
+    read_spark,
+    require_spark,
+)
 from barrierflow.spark_bridge import session as session_module
 
 pytestmark = pytest.mark.spark
@@ -210,3 +216,16 @@ def test_missing_pyspark_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -
 def test_local_spark_binds_to_loopback(spark: Any) -> None:
     assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
     assert spark.sparkContext.master == "local[2]"
+
+
+@pytest.mark.anyio
+async def test_a_path_read_by_spark_comes_back_as_chunks(spark: Any, tmp_path: Path) -> None:
+    write_files(tmp_path / "history", [120, 80])
+    df = read_spark(spark, str(tmp_path / "history"), format="parquet")
+    async with SparkReader(df, chunk_rows=50) as chunks:
+        seen = [key async for chunk in chunks for key in chunk.batch.column("key").to_pylist()]
+    assert sorted(seen) == list(range(200))
+    spark.range(3).createOrReplaceTempView("three")
+    assert read_spark(spark, "three").count() == 3
+    with pytest.raises(InvalidArgumentError, match="a table name or a path"):
+        read_spark(spark, "")
