@@ -25,7 +25,13 @@ from barrierflow.errors import (
     ProtocolError,
     SchemaMismatchError,
 )
-from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
+from barrierflow.runtime import (
+    ActorContext,
+    BlockingRuntime,
+    Runtime,
+    RuntimeConfig,
+    StreamActor,
+)
 
 SCHEMA = pa.schema([("id", pa.int64())])
 
@@ -347,3 +353,30 @@ async def test_a_stopped_runtime_is_a_typed_error(tmp_path: Path) -> None:
     rt = build(tmp_path, feed)
     with pytest.raises(NotRunningError, match="async with rt"):
         await rt.checkpoint()
+
+
+class Boom(StreamActor):
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk):
+            raise RuntimeError("boom")
+        await ctx.emit(message)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_driver_thread_gets_the_graph_failure_instead_of_waiting_for_good(
+    tmp_path: Path, backend: str
+) -> None:
+    # No recovery: the delivery of a blocking caller (a Spark thread) must end with the
+    # failure, not wait for a source that will never attach again.
+    feed = BatchFeed(SCHEMA, retries=3)
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "s.db", barrier_interval=3600.0))
+    rt.add_source("src", feed.source)
+    rt.add_actor("boom", Boom, inputs=["src"])
+    with pytest.raises(ActorFailedError, match="boom"), BlockingRuntime(rt, backend=backend) as h:
+        with pytest.raises(ActorFailedError, match="boom"):
+            h.call(feed.deliver, rt, "q", 0, rows(0, 1))
+        # Later calls: the failure again, or, once the runtime has shut down, not running.
+        with pytest.raises((ActorFailedError, NotRunningError)):
+            h.call(feed.last_batch, "q", rt)
+        with pytest.raises((ActorFailedError, NotRunningError)):
+            h.checkpoint()

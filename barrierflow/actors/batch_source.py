@@ -61,6 +61,8 @@ from barrierflow.runtime.state_store import StateTable
 
 __all__ = ["BatchFeed", "BatchFeedStats", "BatchSource", "conform_schema"]
 
+#: Seconds between looks at the runtime while a delivery waits for its source to come back.
+_REATTACH_POLL = 0.05
 #: The state table of a batch source: stream name → last batch id sealed with the rows.
 _TABLE = "batches"
 
@@ -191,19 +193,27 @@ class BatchFeed:
             self._attached = None
         send.close()
 
-    async def _channel(self) -> SendChannel[_Item]:
+    async def _channel(self, runtime: Runtime | None = None) -> SendChannel[_Item]:
         while self._send is None:
             if self._attached is None:
                 self._attached = anyio.Event()
-            await self._attached.wait()
+            if runtime is None:
+                await self._attached.wait()
+                continue
+            # Between a graph failure and the rebuilt source attaching, look at the runtime
+            # now and then: a runtime that failed for good raises instead of leaving a
+            # driver's delivery waiting for a source that will never come back.
+            await runtime.wait_running()
+            with anyio.move_on_after(_REATTACH_POLL):
+                await self._attached.wait()
         return self._send
 
     # The driver's side.
 
-    async def last_batch(self, stream: str) -> int | None:
+    async def last_batch(self, stream: str, runtime: Runtime | None = None) -> int | None:
         """The last batch id of ``stream`` that is durable (``None``: none yet); waits until
-        the source runs."""
-        await self._channel()
+        the source runs (given ``runtime``, raises its failure instead of waiting for good)."""
+        await self._channel(runtime)
         last = self._last.get(stream)
         if last is not None and stream in self._unconfirmed:
             last = last - 1 if last > self.first_batch_id else None
@@ -272,7 +282,7 @@ class BatchFeed:
                         # Rows of an abandoned batch are downstream: fail the graph before
                         # anything else is sent, so recovery discards them.
                         await runtime.checkpoint()
-                    await self._channel()
+                    await self._channel(runtime)
                     if not self.check_batch(stream, batch_id):
                         if stream in self._unconfirmed:
                             # Sent by an earlier, abandoned call: make it durable first.
@@ -297,7 +307,7 @@ class BatchFeed:
     async def _deliver_once(
         self, runtime: Runtime, stream: str, batch_id: int, table: pa.Table
     ) -> int:
-        send = await self._channel()
+        send = await self._channel(runtime)
         blocked = send.statistics().blocked_seconds
         sent = False
         try:

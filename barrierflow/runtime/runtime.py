@@ -302,6 +302,7 @@ class Runtime:
                         restarts=self._restarts,
                     )
                     self._failure = failure
+                    self._rebuilt.set()  # wake callers waiting for a rebuild: there is none
                     raise
                 self._restarts += 1
                 delay = self._config.restart_backoff * 2 ** (self._restarts - 1)
@@ -449,12 +450,25 @@ class Runtime:
         while True:
             if self._task_group is None:
                 raise NotRunningError("the runtime", "use it inside `async with rt:`")
+            if self._failure is not None:
+                # The graph failed for good: a caller outside the runtime's task group (a
+                # blocking portal's call from a Spark thread) must not wait for a rebuild.
+                raise self._failure
             incarnation = self._incarnation
             if incarnation is not None:
                 await incarnation.ready.wait()
                 return incarnation
             assert self._rebuilt is not None
             await self._rebuilt.wait()
+
+    async def wait_running(self) -> None:
+        """Return once the graph runs (at once, or after recovery rebuilt it).
+
+        Raises:
+            ActorFailedError: the graph failed for good (no recovery, or no restarts left).
+            NotRunningError: the runtime is not running.
+        """
+        await self._running()
 
     async def push(self, source: str, chunk: Chunk) -> None:
         """Send ``chunk`` into the inbox of push source ``source`` (waits while it is full).

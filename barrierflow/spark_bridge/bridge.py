@@ -144,7 +144,7 @@ class SparkBridge:
         self.deliver(df, batch_id)
 
     async def _is_new(self, stream: str, batch_id: int) -> bool:
-        await self.feed.last_batch(stream)  # waits until the source runs
+        await self.feed.last_batch(stream, self.runtime.runtime)  # waits until the source runs
         return self.feed.check_batch(stream, batch_id)
 
     def _deliver_table(self, stream: str, batch_id: int, table: pa.Table) -> int | None:
@@ -221,7 +221,7 @@ class SparkBridge:
         self._to_arrow += time.perf_counter() - started
         size = slice_rows or max(table.num_rows, 1)
         slices = [table.slice(offset, size) for offset in range(0, max(table.num_rows, 1), size)]
-        last = self.runtime.call(self.feed.last_batch, stream)
+        last = self.runtime.call(self.feed.last_batch, stream, self.runtime.runtime)
         first = self.feed.first_batch_id
         todo = [(first + i, s) for i, s in enumerate(slices) if last is None or first + i > last]
         delivered = 0
