@@ -45,6 +45,8 @@ def _demo(args: argparse.Namespace) -> int:
         f"{result.batches_this_run} micro-batches this run in {result.seconds:.1f} s; "
         f"duplicates {result.duplicates}, missing {result.missing}"
     )
+    if result.error is not None:
+        print(f"barrierflow demo: {result.error}", file=sys.stderr)
     print(result.summary_line())
     return 0 if result.verified else 1
 

@@ -24,6 +24,8 @@ aborts what was pending, and the final verification still shows every row exactl
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import itertools
 import os
@@ -112,11 +114,18 @@ class DemoResult:
     epochs: int
     batches_this_run: int
     seconds: float
+    #: Why the run failed (the query or the runtime), if it did.
+    error: str | None = None
 
     @property
     def verified(self) -> bool:
-        """Every key Spark sent is in the table exactly once."""
-        return self.rows_in == self.rows_out and self.duplicates == 0 and self.missing == 0
+        """The run finished and every key Spark sent is in the table exactly once."""
+        return (
+            self.error is None
+            and self.rows_in == self.rows_out
+            and self.duplicates == 0
+            and self.missing == 0
+        )
 
     def summary_line(self) -> str:
         """The machine-readable last line: ``VERIFIED ...`` or ``FAILED ...``."""
@@ -217,7 +226,9 @@ def build_runtime(workdir: Path, faults: _Faults) -> tuple[Runtime, BatchFeed, C
     sink = IcebergSink(catalog, TABLE, SCHEMA)
     coordinator = Coordinator("events", _CrashingCommitter(sink.committer(), faults))
     feed = BatchFeed(SCHEMA, chunk_rows=16_384, capacity=8)
-    rt = Runtime(RuntimeConfig(state_path=workdir / "state.db", barrier_interval=1.0))
+    # With recovery, a transient failure rebuilds the graph and the bridge re-delivers the batch.
+    config = RuntimeConfig(state_path=workdir / "state.db", barrier_interval=1.0, recovery=True)
+    rt = Runtime(config)
     rt.add_source("events", feed.source, fanout=Fanout("hash", ("key",)))
     rt.add_service("coordinator", coordinator)
 
@@ -277,25 +288,33 @@ def run_demo(config: DemoConfig) -> DemoResult:
         .option("maxFilesPerTrigger", 1)
         .parquet(str(input_dir))
     )
-    with BlockingRuntime(rt, backend=config.backend) as handle:
-        bridge = SparkBridge(handle, feed, stream="events-query")
+    error: str | None = None
+    try:
+        with BlockingRuntime(rt, backend=config.backend) as handle:
+            bridge = SparkBridge(handle, feed, stream="events-query")
 
-        def callback(df: Any, batch_id: int) -> None:
-            faults.begin_batch()
-            bridge.callback(df, batch_id)
-            faults.end_batch()
+            def callback(df: Any, batch_id: int) -> None:
+                faults.begin_batch()
+                bridge.callback(df, batch_id)
+                faults.end_batch()
 
-        query = (
-            stream.writeStream.foreachBatch(callback)
-            .option("checkpointLocation", str(workdir / "spark-checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        _follow(query, bridge, coordinator, feed, config.progress)
-        error = query.exception()
-        if error is not None:
-            raise RuntimeError(f"the streaming query failed: {error}")
-    return verify(sink, rows_in, faults.batches, time.perf_counter() - started)
+            query = (
+                stream.writeStream.foreachBatch(callback)
+                .option("checkpointLocation", str(workdir / "spark-checkpoint"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            from pyspark.errors import StreamingQueryException
+
+            with contextlib.suppress(StreamingQueryException):  # read just below
+                _follow(query, bridge, coordinator, feed, config.progress)
+            failure = query.exception()
+            if failure is not None:
+                error = "the streaming query failed: " + str(failure).strip().splitlines()[0]
+    except Exception as exc:  # the runtime failed: still read back what the table holds
+        error = error or f"{type(exc).__name__}: {exc}"
+    result = verify(sink, rows_in, faults.batches, time.perf_counter() - started)
+    return dataclasses.replace(result, error=error)
 
 
 def _follow(query: Any, bridge: Any, coordinator: Coordinator, feed: Any, show: bool) -> None:

@@ -89,3 +89,25 @@ def test_resume_without_a_previous_run_is_refused(tmp_path: Path) -> None:
 def test_a_malformed_spark_conf_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--conf", "novalue"]) == 2
     assert "key=value" in capsys.readouterr().err
+
+
+@pytest.mark.spark
+def test_a_failed_run_ends_with_a_failed_line_and_a_nonzero_exit(
+    spark: object,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from barrierflow import demo as demo_module
+
+    def fail_after_first(self: object) -> None:
+        raise RuntimeError("injected: the driver's callback failed")
+
+    monkeypatch.setattr(demo_module._Faults, "end_batch", fail_after_first)
+    args = ["demo", "--workdir", str(tmp_path / "d"), "--rows", "3000", "--batches", "3"]
+    assert main([*args, "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    assert "the streaming query failed" in captured.err
+    last = captured.out.strip().splitlines()[-1]
+    # The first batch was delivered and committed before the callback failed.
+    assert last == "FAILED rows_in=3000 rows_out=1000 duplicates=0 epochs=1"
