@@ -165,7 +165,10 @@ class _Faults:
         self.armed = False
 
     def begin_batch(self) -> None:
-        self.armed = self.after is not None and self.batches == self.after
+        # A mid-commit crash stays armed: the batch's commit runs after its checkpoint, maybe
+        # once the next batch has begun.
+        sticky = self.armed and self.point == "mid-commit"
+        self.armed = sticky or (self.after is not None and self.batches == self.after)
 
     def end_batch(self) -> None:
         if self.armed and self.point == "after-checkpoint":
