@@ -229,3 +229,26 @@ async def test_a_path_read_by_spark_comes_back_as_chunks(spark: Any, tmp_path: P
     assert read_spark(spark, "three").count() == 3
     with pytest.raises(InvalidArgumentError, match="a table name or a path"):
         read_spark(spark, "")
+
+
+def test_the_bridge_refuses_bad_input_naming_it(spark: Any, tmp_path: Path) -> None:
+    rt, feed = build(tmp_path)
+    with pytest.raises(InvalidArgumentError, match="BlockingRuntime"):
+        SparkBridge(rt, feed)  # type: ignore[arg-type]
+    with BlockingRuntime(rt) as handle:
+        with pytest.raises(InvalidArgumentError, match="BatchFeed"):
+            SparkBridge(handle, "feed")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="stream"):
+            SparkBridge(handle, feed, stream="")
+        bridge = SparkBridge(handle, feed)
+        with pytest.raises(InvalidArgumentError, match="PySpark 4 DataFrame"):
+            bridge.deliver([1, 2, 3], 0)
+        with pytest.raises(InvalidArgumentError, match="batch_id"):
+            bridge.deliver(frame(spark, 0, 1), -1)
+        (tmp_path / "nothing").mkdir()
+        stream_df = streaming(spark, tmp_path / "nothing")
+        with pytest.raises(InvalidArgumentError, match="checkpoint_location"):
+            bridge.start(stream_df, "")
+        with pytest.raises(InvalidArgumentError, match="a static DataFrame"):
+            bridge.pump(stream_df)
+    assert keys(tmp_path) == []

@@ -67,6 +67,11 @@ def arrow_schema_of(df: Any) -> pa.Schema:
     return schema
 
 
+def _check_frame(df: Any) -> None:
+    if not all(hasattr(df, name) for name in ("toArrow", "schema", "isStreaming")):
+        raise InvalidArgumentError("df", "a PySpark 4 DataFrame", type(df).__name__)
+
+
 def _check_schema(schema: pa.Schema, expected: pa.Schema, what: str) -> None:
     if schema.names != expected.names or any(
         a.type != b.type for a, b in zip(schema, expected, strict=True)
@@ -128,6 +133,7 @@ class SparkBridge:
             BatchOrderError: ``batch_id`` goes backwards or skips (nothing delivered).
         """
         self._check_running()
+        _check_frame(df)
         stream = self.stream if stream is None else stream
         what = f"micro-batch {batch_id} of {stream!r}"
         _check_schema(arrow_schema_of(df), self.feed.schema, what)
@@ -178,7 +184,10 @@ class SparkBridge:
         """
         self._check_running()
         if not isinstance(checkpoint_location, str) or not checkpoint_location:
-            raise InvalidArgumentError("checkpoint_location", "a directory path", None)
+            raise InvalidArgumentError(
+                "checkpoint_location", "a non-empty directory path", checkpoint_location
+            )
+        _check_frame(df)
         if not df.isStreaming:
             raise InvalidArgumentError("df", "a streaming DataFrame (use pump() otherwise)", df)
         _check_schema(arrow_schema_of(df), self.feed.schema, "the streaming DataFrame")
@@ -214,6 +223,9 @@ class SparkBridge:
         self._check_running()
         if slice_rows is not None and (type(slice_rows) is not int or slice_rows < 1):
             raise InvalidArgumentError("slice_rows", "None or an int >= 1", slice_rows)
+        _check_frame(df)
+        if df.isStreaming:
+            raise InvalidArgumentError("df", "a static DataFrame (use start() to stream)", df)
         what = f"the DataFrame pumped as {stream!r}"
         _check_schema(arrow_schema_of(df), self.feed.schema, what)
         started = time.perf_counter()
