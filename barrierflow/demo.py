@@ -20,6 +20,8 @@ Iceberg commit and before the coordinator records it). ``--resume`` continues fr
 left behind (the runtime's checkpoint, Spark's checkpoint, the table): Spark replays the batch
 it had not committed, the bridge skips it if it was durable, the coordinator re-commits or
 aborts what was pending, and the final verification still shows every row exactly once.
+(After a restart Spark may plan the files left into fewer, larger micro-batches; ``epochs``
+counts the epochs that hold rows, one per micro-batch.)
 """
 
 from __future__ import annotations

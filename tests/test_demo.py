@@ -64,7 +64,13 @@ def test_a_driver_killed_then_resumed_still_holds_every_row_once(
     resumed = demo(workdir, "--resume", "--backend", backend)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     last = resumed.stdout.strip().splitlines()[-1]
-    assert last == "VERIFIED rows_in=20000 rows_out=20000 duplicates=0 epochs=4"
+    # One epoch per Spark micro-batch; on restart Spark may plan the remaining files into
+    # fewer micro-batches than files, so count the batches Spark committed.
+    batches = len(
+        [p for p in (workdir / "spark-checkpoint" / "commits").iterdir() if p.name.isdigit()]
+    )
+    assert batches in (3, 4)
+    assert last == f"VERIFIED rows_in=20000 rows_out=20000 duplicates=0 epochs={batches}"
 
 
 def test_demo_config_refuses_bad_values(tmp_path: Path) -> None:
