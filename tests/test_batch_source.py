@@ -380,3 +380,16 @@ def test_a_driver_thread_gets_the_graph_failure_instead_of_waiting_for_good(
             h.call(feed.last_batch, "q", rt)
         with pytest.raises((ActorFailedError, NotRunningError)):
             h.checkpoint()
+
+
+@pytest.mark.anyio
+async def test_one_feed_feeds_one_source(tmp_path: Path) -> None:
+    feed = BatchFeed(SCHEMA)
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "s.db", barrier_interval=3600.0))
+    rt.add_source("a", feed.source)
+    rt.add_source("b", feed.source)
+    with pytest.raises(ActorFailedError) as info:
+        async with rt:
+            await rt.checkpoint()
+    assert isinstance(info.value.cause, ProtocolError)
+    assert "feeds one source actor" in str(info.value.cause)

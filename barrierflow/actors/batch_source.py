@@ -180,6 +180,11 @@ class BatchFeed:
     # The actor's side.
 
     def _attach(self, send: SendChannel[_Item], durable: dict[str, int]) -> None:
+        if self._send is not None:
+            raise ProtocolError(
+                "a BatchFeed feeds one source actor: expected one `rt.add_source(name, "
+                "feed.source)` per feed, but a second source attached while the first runs"
+            )
         self._send, self._last = send, durable
         self._unconfirmed.clear()
         self._abandoned = None  # a rebuilt graph discarded the abandoned rows
