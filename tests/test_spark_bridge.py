@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from barrierflow.actors import BatchFeed, ParquetFileSink, SinkWriter
+from barrierflow.channels import Chunk, Message
 from barrierflow.errors import (
     BatchOrderError,
     InvalidArgumentError,
@@ -21,7 +22,13 @@ from barrierflow.errors import (
     SchemaMismatchError,
     SparkUnavailableError,
 )
-from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
+from barrierflow.runtime import (
+    ActorContext,
+    BlockingRuntime,
+    Runtime,
+    RuntimeConfig,
+    StreamActor,
+)
 from barrierflow.spark_bridge import (
     SparkBridge,
     SparkReader,
@@ -252,3 +259,49 @@ def test_the_bridge_refuses_bad_input_naming_it(spark: Any, tmp_path: Path) -> N
         with pytest.raises(InvalidArgumentError, match="a static DataFrame"):
             bridge.pump(stream_df)
     assert keys(tmp_path) == []
+
+
+class FailOnce(StreamActor):
+    """Fails on its third chunk, once per test (class-level: survives the graph's rebuild)."""
+
+    failed = False
+    seen = 0
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk) and not FailOnce.failed:
+            FailOnce.seen += 1
+            if FailOnce.seen == 3:
+                FailOnce.failed = True
+                raise RuntimeError("injected fault")
+        await ctx.emit(message)
+
+
+@BACKENDS
+def test_a_graph_failure_mid_micro_batch_is_recovered_inside_the_callback(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    # With recovery on, the callback re-delivers the micro-batch to the rebuilt graph: Spark
+    # never sees the failure, and every row lands once.
+    FailOnce.failed, FailOnce.seen = False, 0
+    write_files(tmp_path / "in", [250, 250])
+    feed = BatchFeed(SCHEMA, chunk_rows=100, capacity=2)
+    config = RuntimeConfig(
+        state_path=tmp_path / "state.db", recovery=True, restart_backoff=0.01, max_restarts=2
+    )
+    rt = Runtime(config)
+    rt.add_source("events", feed.source)
+    rt.add_actor("flaky", FailOnce, inputs=["events"])
+    rt.add_actor(
+        "sink", lambda: SinkWriter(ParquetFileSink(tmp_path / "table", SCHEMA)), inputs=["flaky"]
+    )
+    with BlockingRuntime(rt, backend=backend) as handle:
+        bridge = SparkBridge(handle, feed, stream="q")
+        query = bridge.start(
+            streaming(spark, tmp_path / "in"), str(tmp_path / "ck"), available_now=True
+        )
+        query.awaitTermination()
+        assert query.exception() is None
+        assert handle.stats().restarts == 1
+        assert feed.stats().retries == 1
+    assert FailOnce.failed
+    assert keys(tmp_path) == list(range(500))
