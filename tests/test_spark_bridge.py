@@ -236,6 +236,10 @@ async def test_a_path_read_by_spark_comes_back_as_chunks(spark: Any, tmp_path: P
     assert read_spark(spark, "three").count() == 3
     with pytest.raises(InvalidArgumentError, match="a table name or a path"):
         read_spark(spark, "")
+    with pytest.raises(InvalidArgumentError, match="dict of str to str"):
+        read_spark(spark, "x", format="csv", options={"header": True})  # type: ignore[dict-item]
+    with pytest.raises(InvalidArgumentError, match="format name"):
+        read_spark(spark, "x", format="")
 
 
 def test_the_bridge_refuses_bad_input_naming_it(spark: Any, tmp_path: Path) -> None:

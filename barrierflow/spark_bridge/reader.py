@@ -40,6 +40,13 @@ def read_spark(
     read with that format (``"parquet"``, ``"json"``, ...)."""
     if not isinstance(source, str) or not source:
         raise InvalidArgumentError("source", "a table name or a path", source)
+    if options is not None and (
+        not isinstance(options, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in options.items())
+    ):
+        raise InvalidArgumentError("options", "None or a dict of str to str", options)
+    if format is not None and (not isinstance(format, str) or not format):
+        raise InvalidArgumentError("format", "None (a table) or a format name", format)
     if format is None:
         return spark.table(source)
     return spark.read.format(format).options(**(options or {})).load(source)
