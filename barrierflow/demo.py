@@ -322,7 +322,9 @@ def run_demo(config: DemoConfig) -> DemoResult:
     return dataclasses.replace(result, error=error)
 
 
-def _follow(query: Any, bridge: Any, coordinator: Coordinator, feed: Any, show: bool) -> None:
+def _follow(
+    query: Any, bridge: SparkBridge, coordinator: Coordinator, feed: BatchFeed, show: bool
+) -> None:
     """Wait for the query to finish, showing live progress."""
     if not show:
         query.awaitTermination()

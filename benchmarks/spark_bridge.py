@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -110,20 +110,14 @@ def _bridge(root: str) -> Iterator[tuple[SparkBridge, _Graph]]:
         yield SparkBridge(handle, graph.feed), graph
 
 
-def _alternate(
-    candidate: Callable[[], float], baseline: Callable[[], float], reps: int
-) -> tuple[list[float], list[float]]:
-    """``reps`` figures of each side, the order flipping every repetition (as ``compare``)."""
-    ours: list[float] = []
-    theirs: list[float] = []
+def _alternate(sides: Sequence[Callable[[], float]], reps: int) -> list[list[float]]:
+    """``reps`` figures of each side, the order reversing every repetition (as ``compare``)."""
+    figures: list[list[float]] = [[] for _ in sides]
+    order = list(enumerate(sides))
     for i in range(reps):
-        if i % 2 == 0:
-            ours.append(candidate())
-            theirs.append(baseline())
-        else:
-            theirs.append(baseline())
-            ours.append(candidate())
-    return ours, theirs
+        for index, side in order if i % 2 == 0 else order[::-1]:
+            figures[index].append(side())
+    return figures
 
 
 def spark_bridge_rows_per_s(settings: Settings) -> dict[str, Any]:
@@ -168,7 +162,7 @@ def spark_bridge_rows_per_s(settings: Settings) -> dict[str, Any]:
             candidate(), baseline()  # warm-up: JIT, Arrow buffers, the state store
             for key in profile:
                 profile[key] = 0.0
-            ours, theirs = _alternate(candidate, baseline, reps)
+            ours, theirs = _alternate([candidate, baseline], reps)
     finally:
         df.unpersist()
     per_batch_ms = {k: round(v / (reps * batches) * 1e3, 3) for k, v in profile.items()}
@@ -278,17 +272,9 @@ def spark_bridge_batch_overhead_ms(settings: Settings) -> dict[str, Any]:
         bridged(warm_dir, 6)  # warm-up: the callback server, toArrow, the state store
         for key in profile:
             profile[key] = 0.0
-        ours: list[float] = []
-        theirs: list[float] = []
-        arrow: list[float] = []
-        sides = [
-            (ours, lambda: bridged(input_dir, files)),
-            (theirs, plain(empty)),
-            (arrow, plain(to_arrow)),
-        ]
-        for i in range(reps):
-            for figures, side in sides if i % 2 == 0 else sides[::-1]:
-                figures.append(side())
+        ours, theirs, arrow = _alternate(
+            [lambda: bridged(input_dir, files), plain(empty), plain(to_arrow)], reps
+        )
     per_batch_ms = {k: round(v / (reps * files) * 1e3, 3) for k, v in profile.items()}
     return make_record(
         "spark_bridge_batch_overhead_ms",

@@ -68,19 +68,19 @@ def build(
 async def test_each_batch_is_delivered_once_and_its_id_survives_a_restart(tmp_path: Path) -> None:
     feed = BatchFeed(SCHEMA, chunk_rows=7)
     async with build(tmp_path, feed) as rt:
-        assert await feed.last_batch("q") is None
+        assert await feed.last_batch("q", rt) is None
         for batch in range(3):
             epoch = await feed.deliver(rt, "q", batch, rows(batch * 50, 50))
             assert epoch is not None
             assert rt.committed_epoch >= epoch
-        assert await feed.last_batch("q") == 2
+        assert await feed.last_batch("q", rt) == 2
     assert committed_ids(tmp_path / "table") == list(range(150))
     assert feed.stats().batches == 3
     assert feed.stats().rows == 150
     # A new driver and runtime: the durable id was restored from the checkpoint.
     feed = BatchFeed(SCHEMA)
     async with build(tmp_path, feed) as rt:
-        assert await feed.last_batch("q") == 2
+        assert await feed.last_batch("q", rt) == 2
         assert await feed.deliver(rt, "q", 2, rows(100, 50)) is None  # Spark's replay
         assert await feed.deliver(rt, "q", 3, rows(150, 10)) is not None
     assert committed_ids(tmp_path / "table") == list(range(160))
@@ -118,7 +118,7 @@ async def test_a_schema_mismatch_names_both_schemas_and_delivers_nothing(tmp_pat
         assert info.value.expected_schema == SCHEMA
         assert "id: int64" in str(info.value)
         assert "id: string" in str(info.value)
-        assert await feed.last_batch("q") is None
+        assert await feed.last_batch("q", rt) is None
     assert committed_ids(tmp_path / "table") == []
 
 
@@ -138,11 +138,14 @@ class Recorder(StreamActor):
 
     epochs: ClassVar[list[tuple[int, list[int]]]] = []
 
+    chunk_rows: ClassVar[list[int]] = []
+
     def __init__(self) -> None:
         self.current: list[int] = []
 
     async def process(self, message: Message, ctx: ActorContext) -> None:
         if isinstance(message, Chunk):
+            Recorder.chunk_rows.append(message.num_rows)
             self.current.extend(message.batch.column("id").to_pylist())
         elif isinstance(message, Barrier):
             Recorder.epochs.append((message.epoch.prev, self.current))
@@ -153,7 +156,7 @@ class Recorder(StreamActor):
 @pytest.mark.anyio
 async def test_a_barrier_never_cuts_a_batch(tmp_path: Path) -> None:
     # Barriers every millisecond race the feed; each batch still lies in one epoch.
-    Recorder.epochs = []
+    Recorder.epochs, Recorder.chunk_rows = [], []
     feed = BatchFeed(SCHEMA, chunk_rows=3, capacity=2)
     rt = Runtime(RuntimeConfig(state_path=tmp_path / "s.db", barrier_interval=0.001))
     rt.add_source("src", feed.source)
@@ -164,6 +167,9 @@ async def test_a_barrier_never_cuts_a_batch(tmp_path: Path) -> None:
         for batch, size in enumerate(sizes):
             await feed.deliver(rt, "q", batch, rows(start, size))
             start += size
+    # Each batch went in chunks of at most chunk_rows (3) rows.
+    assert max(Recorder.chunk_rows) == 3
+    assert sum(Recorder.chunk_rows) == sum(sizes)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     for begin, size in zip(starts, sizes, strict=True):
         holding = [e for e, ids in Recorder.epochs if begin in ids]
@@ -348,11 +354,15 @@ async def test_bad_arguments_are_refused_naming_them(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_stopped_runtime_is_a_typed_error(tmp_path: Path) -> None:
+async def test_a_delivery_into_a_runtime_that_is_not_running_is_a_typed_error(
+    tmp_path: Path,
+) -> None:
     feed = BatchFeed(SCHEMA)
     rt = build(tmp_path, feed)
     with pytest.raises(NotRunningError, match="async with rt"):
-        await rt.checkpoint()
+        await feed.deliver(rt, "q", 0, rows(0, 1))
+    with pytest.raises(NotRunningError, match="async with rt"):
+        await feed.last_batch("q", rt)
 
 
 class Boom(StreamActor):

@@ -167,7 +167,7 @@ def test_a_static_dataframe_is_pumped_in_slices_and_a_rerun_resumes(
         bridge = SparkBridge(handle, feed)
         assert bridge.pump(df, stream="history", slice_rows=300, progress=True) == 1_000
         assert bridge.stats().batches == 4
-        assert handle.call(feed.last_batch, "history") == 3
+        assert handle.call(feed.last_batch, "history", rt) == 3
         # Run again: every slice is durable, nothing is delivered twice.
         assert bridge.pump(df, stream="history", slice_rows=300) == 0
         with pytest.raises(InvalidArgumentError, match="slice_rows"):

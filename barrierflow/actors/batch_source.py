@@ -59,7 +59,7 @@ from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.runtime import Runtime
 from barrierflow.runtime.state_store import StateTable
 
-__all__ = ["BatchFeed", "BatchFeedStats", "BatchSource", "conform_schema"]
+__all__ = ["BatchFeed", "BatchFeedStats", "BatchSource", "check_schema", "conform_schema"]
 
 #: Seconds between looks at the runtime while a delivery waits for its source to come back.
 _REATTACH_POLL = 0.05
@@ -96,6 +96,17 @@ class BatchFeedStats:
     checkpoint_seconds: float
 
 
+def check_schema(got: pa.Schema, schema: pa.Schema, what: str) -> None:
+    """Check that ``got`` has ``schema``'s field names and types, in order (nullability and
+    metadata may differ).
+
+    Raises:
+        SchemaMismatchError: they differ (names both schemas).
+    """
+    if got.names != schema.names or any(a.type != b.type for a, b in zip(got, schema, strict=True)):
+        raise SchemaMismatchError(what, schema, got)
+
+
 def conform_schema(table: pa.Table | pa.RecordBatch, schema: pa.Schema, what: str) -> pa.Table:
     """``table`` as a table of ``schema``, without copying data.
 
@@ -112,8 +123,7 @@ def conform_schema(table: pa.Table | pa.RecordBatch, schema: pa.Schema, what: st
     if not isinstance(table, pa.Table):
         raise InvalidArgumentError(what, "a pyarrow Table or RecordBatch", type(table).__name__)
     got = table.schema
-    if got.names != schema.names or any(a.type != b.type for a, b in zip(got, schema, strict=True)):
-        raise SchemaMismatchError(what, schema, got)
+    check_schema(got, schema, what)
     if got.equals(schema, check_metadata=True):
         return table
     for field, column in zip(schema, table.columns, strict=True):
@@ -198,13 +208,10 @@ class BatchFeed:
             self._attached = None
         send.close()
 
-    async def _channel(self, runtime: Runtime | None = None) -> SendChannel[_Item]:
+    async def _channel(self, runtime: Runtime) -> SendChannel[_Item]:
         while self._send is None:
             if self._attached is None:
                 self._attached = anyio.Event()
-            if runtime is None:
-                await self._attached.wait()
-                continue
             # Between a graph failure and the rebuilt source attaching, look at the runtime
             # now and then: a runtime that failed for good raises instead of leaving a
             # driver's delivery waiting for a source that will never come back.
@@ -215,9 +222,13 @@ class BatchFeed:
 
     # The driver's side.
 
-    async def last_batch(self, stream: str, runtime: Runtime | None = None) -> int | None:
+    async def last_batch(self, stream: str, runtime: Runtime) -> int | None:
         """The last batch id of ``stream`` that is durable (``None``: none yet); waits until
-        the source runs (given ``runtime``, raises its failure instead of waiting for good)."""
+        the source of ``runtime`` runs.
+
+        Raises:
+            ActorFailedError, NotRunningError: as ``Runtime.wait_running``.
+        """
         await self._channel(runtime)
         last = self._last.get(stream)
         if last is not None and stream in self._unconfirmed:

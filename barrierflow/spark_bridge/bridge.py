@@ -37,8 +37,8 @@ from typing import Any, final
 
 import pyarrow as pa
 
-from barrierflow.actors.batch_source import BatchFeed, conform_schema
-from barrierflow.errors import InvalidArgumentError, NotRunningError, SchemaMismatchError
+from barrierflow.actors.batch_source import BatchFeed, check_schema, conform_schema
+from barrierflow.errors import InvalidArgumentError, NotRunningError
 from barrierflow.runtime.blocking import BlockingRuntime
 
 __all__ = ["BridgeStats", "SparkBridge", "arrow_schema_of"]
@@ -67,16 +67,16 @@ def arrow_schema_of(df: Any) -> pa.Schema:
     return schema
 
 
-def _check_frame(df: Any) -> None:
+def _check_frame(df: Any, schema: pa.Schema, what: str, streaming: bool | None = None) -> None:
+    """Refuse, before any Spark job, what is not a PySpark DataFrame of ``schema`` (streaming
+    or static as ``streaming`` requires, if given)."""
     if not all(hasattr(df, name) for name in ("toArrow", "schema", "isStreaming")):
         raise InvalidArgumentError("df", "a PySpark 4 DataFrame", type(df).__name__)
-
-
-def _check_schema(schema: pa.Schema, expected: pa.Schema, what: str) -> None:
-    if schema.names != expected.names or any(
-        a.type != b.type for a, b in zip(schema, expected, strict=True)
-    ):
-        raise SchemaMismatchError(what, expected, schema)
+    if streaming is True and not df.isStreaming:
+        raise InvalidArgumentError("df", "a streaming DataFrame (use pump() otherwise)", df)
+    if streaming is False and df.isStreaming:
+        raise InvalidArgumentError("df", "a static DataFrame (use start() to stream)", df)
+    check_schema(arrow_schema_of(df), schema, what)
 
 
 class SparkBridge:
@@ -133,10 +133,9 @@ class SparkBridge:
             BatchOrderError: ``batch_id`` goes backwards or skips (nothing delivered).
         """
         self._check_running()
-        _check_frame(df)
         stream = self.stream if stream is None else stream
         what = f"micro-batch {batch_id} of {stream!r}"
-        _check_schema(arrow_schema_of(df), self.feed.schema, what)
+        _check_frame(df, self.feed.schema, what)
         if not self.runtime.call(self._is_new, stream, batch_id):
             self._replays += 1
             return None
@@ -187,10 +186,7 @@ class SparkBridge:
             raise InvalidArgumentError(
                 "checkpoint_location", "a non-empty directory path", checkpoint_location
             )
-        _check_frame(df)
-        if not df.isStreaming:
-            raise InvalidArgumentError("df", "a streaming DataFrame (use pump() otherwise)", df)
-        _check_schema(arrow_schema_of(df), self.feed.schema, "the streaming DataFrame")
+        _check_frame(df, self.feed.schema, "the streaming DataFrame", streaming=True)
         writer = df.writeStream.foreachBatch(self.callback).option(
             "checkpointLocation", checkpoint_location
         )
@@ -223,11 +219,8 @@ class SparkBridge:
         self._check_running()
         if slice_rows is not None and (type(slice_rows) is not int or slice_rows < 1):
             raise InvalidArgumentError("slice_rows", "None or an int >= 1", slice_rows)
-        _check_frame(df)
-        if df.isStreaming:
-            raise InvalidArgumentError("df", "a static DataFrame (use start() to stream)", df)
         what = f"the DataFrame pumped as {stream!r}"
-        _check_schema(arrow_schema_of(df), self.feed.schema, what)
+        _check_frame(df, self.feed.schema, what, streaming=False)
         started = time.perf_counter()
         table = conform_schema(df.toArrow(), self.feed.schema, what)
         self._to_arrow += time.perf_counter() - started

@@ -77,7 +77,6 @@ class SparkReader:
         self._capacity = capacity
         self._group: TaskGroup | None = None
         self._receive: ReceiveChannel[Chunk] | None = None
-        self.rows = 0
 
     async def __aenter__(self) -> SparkReader:
         send, receive = create_channel[Chunk](self._capacity, name="spark reader")
@@ -99,7 +98,6 @@ class SparkReader:
                 for offset in range(0, batch.num_rows, self._chunk_rows):
                     piece = batch.slice(offset, self._chunk_rows)
                     anyio.from_thread.run(send.send, Chunk(piece))
-                    self.rows += piece.num_rows
         finally:
             reader.close()
 
