@@ -26,8 +26,11 @@ from barrierflow.errors import SinkEpochError as SinkEpochError
 from barrierflow.errors import SinkError as SinkError
 from barrierflow.errors import SinkRecoveryError as SinkRecoveryError
 from barrierflow.errors import StateStoreError as StateStoreError
+from barrierflow.errors import StoreCorruptedError as StoreCorruptedError
 from barrierflow.errors import StoreFormatError as StoreFormatError
+from barrierflow.errors import StoreIOError as StoreIOError
 from barrierflow.errors import StoreLockedError as StoreLockedError
+from barrierflow.errors import StorePathError as StorePathError
 from barrierflow.errors import StoreVersionError as StoreVersionError
 from barrierflow.errors import VnodeOwnershipError as VnodeOwnershipError
 
@@ -51,7 +54,10 @@ __all__ = [
     "ProtocolError",
     "SchemaMismatchError",
     "StateStoreError",
+    "StoreCorruptedError",
     "StoreFormatError",
+    "StoreIOError",
+    "StorePathError",
     "StoreLockedError",
     "StoreVersionError",
     "EpochPoisonedError",

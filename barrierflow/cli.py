@@ -3,91 +3,294 @@
 ``barrierflow demo`` runs the demo pipeline (:mod:`barrierflow.demo`: Spark Structured
 Streaming → the Spark bridge → 4 parallel writers → an Iceberg table, exactly once) and ends
 with one machine-readable line, ``VERIFIED rows_in=N rows_out=N duplicates=0 epochs=K`` (or
-``FAILED`` with the same fields and exit status 1). ``--crash-after N`` kills the driver
-mid-run; ``--resume`` continues and verifies again. ``barrierflow bench`` runs
-``python -m benchmarks`` from a checkout of the repository.
+``FAILED`` with the same fields). ``--crash-after N`` kills the driver mid-run; ``--resume``
+continues and verifies again. ``barrierflow bench`` is ``python -m benchmarks`` (the same
+parser and entry function, :func:`benchmarks.run.main`), from a checkout of the repository.
+
+Exit status: 0 verified (or benchmarks done); 1 the run failed (``FAILED``, or any other
+barrierflow error, reported in one line); 2 bad arguments (``barrierflow: error: ...``, also
+for a :class:`~barrierflow.errors.InvalidArgumentError` such as ``--rows 0`` or a
+``--resume`` with nothing started); 130 interrupted (Ctrl-C), with one line saying how to
+resume.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType, TracebackType
 
-from barrierflow.demo import CRASH_POINTS, DemoConfig, run_demo
+from barrierflow import __version__
+from barrierflow.demo import (
+    CRASH_POINTS,
+    DEFAULT_BATCHES,
+    DEFAULT_ROWS,
+    DemoConfig,
+    resume_command,
+    run_demo,
+)
+from barrierflow.errors import BarrierflowError, ConfigError, InvalidArgumentError
+
+__all__ = ["main"]
+
+PROG = "barrierflow"
+#: The exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
+#: How long Ctrl-C waits for Spark to turn its logging off (a live JVM takes milliseconds).
+_QUIETING_SECONDS = 5.0
+
+
+class _QuietInterrupt:
+    """Ctrl-C without the noise: on the first SIGINT, silence this process's stderr and the
+    loggers of Spark and Py4J, then raise ``KeyboardInterrupt`` as usual.
+
+    Stopping a driver mid-query makes Py4J, Spark and the event loop's shutdown print hundreds
+    of lines of tracebacks that say nothing the user needs; what the user needs is one line
+    (:meth:`say`, written to the real stderr). The state left behind is what a crash leaves,
+    which ``--resume`` continues from.
+    """
+
+    def __init__(self) -> None:
+        self._previous: object = None
+        self._stderr: int | None = None
+
+    def __enter__(self) -> _QuietInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self.quiet()
+        raise KeyboardInterrupt
+
+    def quiet(self) -> None:
+        """Send fd 2 to /dev/null (keeping the real stderr for :meth:`say`) and turn Spark's
+        and Py4J's logging off."""
+        if self._stderr is not None:
+            return
+        sys.stderr.flush()
+        self._stderr = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        for name in ("py4j", "pyspark"):
+            logging.getLogger(name).disabled = True
+        if "pyspark" in sys.modules:
+            # On its own thread (with its own Py4J connection): the main thread may be inside
+            # a Py4J call right now. Waited for, briefly, because the JVM logs the callback's
+            # failure as soon as the runtime is torn down, and its stderr is not ours to mute.
+            quieting = threading.Thread(target=_spark_logs_off, name="quiet-spark", daemon=True)
+            quieting.start()
+            quieting.join(_QUIETING_SECONDS)
+
+    def say(self, line: str) -> None:
+        """Write ``line`` to the real stderr, even once it is silenced."""
+        sys.stdout.flush()
+        os.write(2 if self._stderr is None else self._stderr, f"{line}\n".encode())
+
+
+def _spark_logs_off() -> None:
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is not None:
+        # The JVM may be going away already: then there is nothing left to silence.
+        with contextlib.suppress(Exception):
+            context.setLogLevel("OFF")
+
+
+def _spark_conf(items: Sequence[str]) -> dict[str, str]:
+    """``--conf key=value`` items as a mapping.
+
+    Raises:
+        ConfigError: an item is not ``key=value``.
+    """
+    conf = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("--conf", "key=value", item)
+        conf[key] = value
+    return conf
 
 
 def _demo(args: argparse.Namespace) -> int:
-    conf = {}
-    for item in args.conf or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            print(f"barrierflow demo: --conf expects key=value, got {item!r}", file=sys.stderr)
-            return 2
-        conf[key] = value
     config = DemoConfig(
         workdir=Path(args.workdir),
         rows=args.rows,
         batches=args.batches,
         backend=args.backend,
         spark_master=args.spark_master,
-        spark_conf=conf,
+        spark_conf=_spark_conf(args.conf or []),
         crash_after=args.crash_after,
         crash_point=args.crash_point,
         resume=args.resume,
         progress=not args.no_progress,
+        adopt_sink_positions=args.adopt_sink_positions,
     )
-    result = run_demo(config)
+    with _QuietInterrupt() as interrupt:
+        try:
+            result = run_demo(config)
+        except KeyboardInterrupt:
+            interrupt.quiet()
+            interrupt.say(f"{PROG} demo: interrupted; resume with: {resume_command(config)}")
+            return EXIT_INTERRUPTED
+    rate = result.rows_this_run / result.seconds if result.seconds > 0 else 0.0
     print(
-        f"{result.rows_out:,} rows in the Iceberg table, {result.epochs} epochs committed; "
-        f"{result.batches_this_run} micro-batches this run in {result.seconds:.1f} s; "
+        f"{result.rows_out:,} of {result.rows_in:,} rows asked are in the Iceberg table, "
+        f"in {result.epochs} epochs with rows (overall); this run: "
+        f"{result.batches_this_run} micro-batches, {result.rows_this_run:,} rows in "
+        f"{result.seconds:.1f} s ({rate:,.0f} rows/s); "
         f"duplicates {result.duplicates}, missing {result.missing}"
     )
     if result.error is not None:
-        print(f"barrierflow demo: {result.error}", file=sys.stderr)
+        print(f"{PROG} demo: FAILED: {result.error}", file=sys.stderr)
     print(result.summary_line())
     return 0 if result.verified else 1
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _bench(forwarded: list[str]) -> int:
     try:
         bench = importlib.import_module("benchmarks.run")
     except ImportError:
-        print(
-            "barrierflow bench: the benchmark harness lives in the repository's benchmarks/ "
-            "folder; run this from the root of a checkout",
-            file=sys.stderr,
-        )
-        return 2
-    forwarded = ["--quick"] if args.quick else []
-    return int(bench.main(forwarded))
+        raise ConfigError(
+            "bench",
+            "the repository's benchmarks/ folder (run this from the root of a checkout)",
+            "no importable 'benchmarks' package",
+        ) from None
+    return int(bench.main(forwarded, prog=f"{PROG} bench"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``barrierflow`` command's parser (``bench`` takes its options from the benchmark
+    harness's own parser, which :func:`main` forwards to)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="barrierflow: streaming dataflow for Python. Run the demo pipeline (demo) "
+        "or the benchmark harness (bench).",
+        epilog="exit status: 0 done (VERIFIED), 1 failed (FAILED or another barrierflow "
+        "error), 2 bad arguments, 130 interrupted (Ctrl-C; the demo then says how to resume)",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser(
+        "demo",
+        help="run the demo pipeline and verify its output",
+        description="Spark Structured Streaming → bridge → 4 writers → Iceberg, exactly once; "
+        "the last line is VERIFIED (exit 0) or FAILED (exit 1). Ctrl-C exits 130; resume "
+        "with --resume.",
+    )
+    demo.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help=f"events to generate (default: {DEFAULT_ROWS:,}; with --resume: the started run's)",
+    )
+    demo.add_argument(
+        "--batches",
+        type=int,
+        default=None,
+        help=f"micro-batches, one input file each (default: {DEFAULT_BATCHES}; with "
+        "--resume: the started run's)",
+    )
+    demo.add_argument(
+        "--workdir",
+        default="demo-data",
+        help="where the input, the state store, the Iceberg warehouse and Spark's checkpoint "
+        "go; emptied unless --resume (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--backend",
+        choices=["asyncio", "trio"],
+        default="asyncio",
+        help="the runtime's backend (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--spark-master",
+        help="Spark master URL (default: local[2], Spark inside this process's JVM)",
+    )
+    demo.add_argument(
+        "--conf",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a Spark configuration setting; repeat for more (default: none)",
+    )
+    demo.add_argument(
+        "--crash-after",
+        type=int,
+        metavar="N",
+        help="SIGKILL the driver during micro-batch N of this run, to try --resume "
+        "(default: no crash)",
+    )
+    demo.add_argument(
+        "--crash-point",
+        choices=CRASH_POINTS,
+        default="mid-batch",
+        help="where in that micro-batch to crash (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run started in --workdir (crashed, killed or interrupted) "
+        "instead of starting a new one (default: off)",
+    )
+    demo.add_argument(
+        "--adopt-sink-positions",
+        action="store_true",
+        help="with --resume, when the state store is gone but the table holds commits: "
+        "continue from the source positions the table recorded instead of refusing "
+        "(default: off)",
+    )
+    demo.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no live progress table on stderr (default: shown)",
+    )
+    commands.add_parser(
+        "bench",
+        add_help=False,  # its --help is the harness's
+        help="run the benchmark harness (= python -m benchmarks; see barrierflow bench --help)",
+    )
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``barrierflow`` command; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="barrierflow", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="run the demo pipeline and verify its output")
-    demo.add_argument("--rows", type=int, default=1_000_000, help="events to generate")
-    demo.add_argument("--batches", type=int, default=20, help="micro-batches (input files)")
-    demo.add_argument("--workdir", default="demo-data", help="input, state, table, checkpoints")
-    demo.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-    demo.add_argument("--spark-master", help="Spark master URL (default: local[2])")
-    demo.add_argument("--conf", action="append", help="Spark configuration key=value")
-    demo.add_argument(
-        "--crash-after", type=int, help="SIGKILL the driver during micro-batch N of this run"
-    )
-    demo.add_argument("--crash-point", choices=CRASH_POINTS, default="mid-batch")
-    demo.add_argument("--resume", action="store_true", help="continue from a crashed run")
-    demo.add_argument("--no-progress", action="store_true", help="no live progress display")
-    bench = commands.add_parser("bench", help="run the benchmark harness")
-    bench.add_argument("--quick", action="store_true", help="about a second per benchmark")
-    args = parser.parse_args(argv)
-    if args.command == "demo":
+    """Entry point of the ``barrierflow`` command; returns the exit status (see the module
+    docstring). Errors are reported in one line on stderr, never as a traceback."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        if args.command == "bench":
+            return _bench(rest)
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return _demo(args)
-    return _bench(args)
+    except InvalidArgumentError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except BarrierflowError as exc:
+        print(f"{PROG}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -22,6 +22,13 @@ it had not committed, the bridge skips it if it was durable, the coordinator re-
 aborts what was pending, and the final verification still shows every row exactly once.
 (After a restart Spark may plan the files left into fewer, larger micro-batches; ``epochs``
 counts the epochs that hold rows, one per micro-batch.)
+
+A run first records what it was asked for (rows, micro-batches) in a manifest and writes its
+input files atomically, each a pure function of the manifest and its index
+(:mod:`barrierflow._demo_input`): a run killed while generating is completed by ``--resume``,
+and the verification compares the table with the rows *asked for*, not with what is on disk.
+A resume that asks for other sizes than the started run is refused (:class:`ConfigError`).
+Ctrl-C (the CLI) leaves what a crash leaves, and ``--resume`` continues from it too.
 """
 
 from __future__ import annotations
@@ -29,28 +36,25 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
-import os
+import shlex
 import shutil
 import signal
-import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
+from barrierflow._demo_faults import CrashingCommitter, CrashingWriter, Faults
+from barrierflow._demo_input import SCHEMA, RunManifest, complete_input
+from barrierflow._demo_progress import LiveProgress, RunCounts, batch_line
 from barrierflow.actors import (
     BatchFeed,
-    CommitCoordinator,
-    CommitMetadata,
     Coordinator,
     IcebergSink,
-    SchemaChange,
     SinkWriter,
     open_local_catalog,
 )
@@ -58,11 +62,12 @@ from barrierflow.errors import ConfigError
 from barrierflow.runtime import BlockingRuntime, Fanout, Runtime, RuntimeConfig
 from barrierflow.spark_bridge import SparkBridge, spark_session
 
-__all__ = ["SCHEMA", "CrashPoint", "DemoConfig", "DemoResult", "run_demo"]
+__all__ = ["SCHEMA", "CrashPoint", "DemoConfig", "DemoResult", "resume_command", "run_demo"]
 
-#: The events: a unique key (hash-dispatched, checked for duplicates) and a value.
-SCHEMA = pa.schema([("key", pa.int64()), ("value", pa.float64())])
 WRITERS = 4
+#: A new run's sizes when none are given (a resumed run takes the started run's).
+DEFAULT_ROWS = 1_000_000
+DEFAULT_BATCHES = 20
 TABLE = "demo.events"
 
 CrashPoint = Literal["mid-batch", "after-checkpoint", "mid-commit"]
@@ -73,13 +78,17 @@ CRASH_POINTS: tuple[CrashPoint, ...] = ("mid-batch", "after-checkpoint", "mid-co
 class DemoConfig:
     """What the demo runs (see the module docstring).
 
+    ``rows`` and ``batches`` left ``None`` mean :data:`DEFAULT_ROWS` / :data:`DEFAULT_BATCHES`
+    for a new run, and the started run's sizes for a resumed one.
+
     Raises:
-        ConfigError: a size is not a positive int, or a crash point is unknown.
+        ConfigError: a size is not a positive int (or a new run has fewer rows than
+            batches), or a crash point or backend is unknown.
     """
 
     workdir: Path = Path("demo-data")
-    rows: int = 1_000_000
-    batches: int = 20
+    rows: int | None = None
+    batches: int | None = None
     backend: Literal["asyncio", "trio"] = "asyncio"
     spark_master: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
@@ -87,14 +96,18 @@ class DemoConfig:
     crash_point: CrashPoint = "mid-batch"
     resume: bool = False
     progress: bool = True
+    #: On a resume whose state store is gone but whose table holds commits: continue from the
+    #: source positions the table recorded (else the run is refused; see RuntimeConfig).
+    adopt_sink_positions: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rows", "batches"):
             value = getattr(self, name)
-            if type(value) is not int or value < 1:
+            if value is not None and (type(value) is not int or value < 1):
                 raise ConfigError(name, "an int >= 1", value)
-        if self.rows < self.batches:
-            raise ConfigError("rows", f"at least one row per batch ({self.batches})", self.rows)
+        rows, batches = self.sizes()
+        if not self.resume and rows < batches:
+            raise ConfigError("rows", f"at least one row per batch ({batches})", rows)
         if self.crash_after is not None and (
             type(self.crash_after) is not int or self.crash_after < 0
         ):
@@ -104,11 +117,27 @@ class DemoConfig:
         if self.backend not in ("asyncio", "trio"):
             raise ConfigError("backend", "'asyncio' or 'trio'", self.backend)
 
+    def sizes(self) -> tuple[int, int]:
+        """A new run's rows and batches, defaults filled in."""
+        rows = DEFAULT_ROWS if self.rows is None else self.rows
+        return rows, DEFAULT_BATCHES if self.batches is None else self.batches
+
+
+def resume_command(config: DemoConfig) -> str:
+    """The command that resumes the run ``config`` describes (for the user to copy)."""
+    words = ["barrierflow", "demo", "--resume"]
+    if config.workdir != Path("demo-data"):
+        words += ["--workdir", str(config.workdir)]
+    if config.backend != "asyncio":
+        words += ["--backend", config.backend]
+    return shlex.join(words)
+
 
 @dataclass(frozen=True)
 class DemoResult:
     """What the demo verified, read back from the table."""
 
+    #: The rows the run was asked to produce (its manifest), over every run.
     rows_in: int
     rows_out: int
     duplicates: int
@@ -118,6 +147,8 @@ class DemoResult:
     seconds: float
     #: Why the run failed (the query or the runtime), if it did.
     error: str | None = None
+    #: Rows Spark delivered in this run (a resumed run's earlier rows are not counted).
+    rows_this_run: int = 0
 
     @property
     def verified(self) -> bool:
@@ -138,108 +169,28 @@ class DemoResult:
         )
 
 
-def generate_input(directory: Path, rows: int, files: int) -> None:
-    """Write ``files`` Parquet files of events with keys ``0 .. rows-1`` (each file written
-    under a temporary name and renamed, so Spark never sees half a file)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(7)
-    bounds = np.linspace(0, rows, files + 1, dtype=np.int64)
-    for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
-        keys = rng.permutation(np.arange(start, stop, dtype=np.int64))
-        table = pa.table({"key": keys, "value": rng.random(len(keys))}, schema=SCHEMA)
-        temporary = directory / f".part-{index:05d}.parquet.tmp"
-        pq.write_table(table, temporary)
-        temporary.rename(directory / f"part-{index:05d}.parquet")
-
-
-def _kill_self(where: str) -> None:
-    print(f"CRASH {where}: SIGKILL of the driver", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-class _Faults:
-    """The demo's crash switch: armed for one micro-batch of this run."""
-
-    def __init__(self, config: DemoConfig) -> None:
-        self.after = config.crash_after
-        self.point = config.crash_point
-        self.batches = 0
-        self.armed = False
-
-    def begin_batch(self) -> None:
-        # A mid-commit crash stays armed: the batch's commit runs after its checkpoint, maybe
-        # once the next batch has begun.
-        sticky = self.armed and self.point == "mid-commit"
-        self.armed = sticky or (self.after is not None and self.batches == self.after)
-
-    def end_batch(self) -> None:
-        if self.armed and self.point == "after-checkpoint":
-            _kill_self("after the batch's checkpoint, before Spark's commit")
-        self.batches += 1
-
-
-class _CrashingWriter:
-    """A sink connector that kills the process on its first write of the armed batch."""
-
-    def __init__(self, inner: Any, faults: _Faults) -> None:
-        self._inner = inner
-        self._faults = faults
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def write_batch(self, batch: pa.RecordBatch) -> None:
-        await self._inner.write_batch(batch)
-        if self._faults.armed and self._faults.point == "mid-batch":
-            _kill_self("mid-batch, rows written but not committed")
-
-
-class _CrashingCommitter:
-    """The Iceberg committer, killing the process after the armed batch's Iceberg commit and
-    before the coordinator records it committed."""
-
-    def __init__(self, inner: CommitCoordinator, faults: _Faults) -> None:
-        self._inner = inner
-        self._faults = faults
-        self.two_phase = inner.two_phase
-
-    async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
-        await self._inner.init(pending)
-
-    async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
-        await self._inner.commit_data(epoch, metadatas)
-
-    async def pre_commit(
-        self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: SchemaChange | None
-    ) -> CommitMetadata | None:
-        return await self._inner.pre_commit(epoch, metadatas, schema_change)
-
-    async def commit(
-        self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None
-    ) -> None:
-        await self._inner.commit(epoch, metadata, schema_change)
-        if self._faults.armed and self._faults.point == "mid-commit" and metadata is not None:
-            _kill_self("mid-commit, Iceberg committed, the commit not yet recorded")
-
-    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
-        await self._inner.abort(epoch, metadata)
-
-
-def build_runtime(workdir: Path, faults: _Faults) -> tuple[Runtime, BatchFeed, Coordinator, Any]:
+def build_runtime(
+    workdir: Path, faults: Faults, *, adopt_sink_positions: bool = False
+) -> tuple[Runtime, BatchFeed, Coordinator, Any]:
     """The demo's graph: batch source → hash by key → 4 Iceberg writers + their coordinator."""
     catalog = open_local_catalog(workdir / "warehouse")
     sink = IcebergSink(catalog, TABLE, SCHEMA)
-    coordinator = Coordinator("events", _CrashingCommitter(sink.committer(), faults))
+    coordinator = Coordinator("events", CrashingCommitter(sink.committer(), faults))
     feed = BatchFeed(SCHEMA, chunk_rows=16_384, capacity=8)
     # With recovery, a transient failure rebuilds the graph and the bridge re-delivers the batch.
-    config = RuntimeConfig(state_path=workdir / "state.db", barrier_interval=1.0, recovery=True)
+    config = RuntimeConfig(
+        state_path=workdir / "state.db",
+        barrier_interval=1.0,
+        recovery=True,
+        adopt_sink_positions=adopt_sink_positions,
+    )
     rt = Runtime(config)
     rt.add_source("events", feed.source, fanout=Fanout("hash", ("key",)))
     rt.add_service("coordinator", coordinator)
 
     def writer(i: int) -> SinkWriter:
         def connector() -> Any:
-            return _CrashingWriter(sink.writer(str(i)), faults)
+            return CrashingWriter(sink.writer(str(i)), faults)
 
         return SinkWriter(connector, coordinator=coordinator)
 
@@ -274,34 +225,95 @@ def _spark_schema() -> Any:
     return StructType([StructField("key", LongType()), StructField("value", DoubleType())])
 
 
+def _prepare_input(config: DemoConfig, workdir: Path) -> RunManifest:
+    """Start a new run (manifest first, then the input) or check and complete a started one.
+
+    Raises:
+        ConfigError: ``resume`` with no run started in ``workdir``, or with other sizes.
+    """
+    if config.resume:
+        manifest = RunManifest.read(workdir)
+        manifest.check_resume(config.rows, config.batches)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+        manifest = RunManifest(*config.sizes())
+        manifest.write(workdir)
+    complete_input(workdir / "input", manifest)
+    return manifest
+
+
+def _rows_in_table(sink: Any) -> int:
+    """Rows the table holds now, from its current snapshot's summary (no scan)."""
+    snapshot = sink.table().current_snapshot()
+    if snapshot is None or snapshot.summary is None:
+        return 0
+    return int(snapshot.summary.get("total-records", 0))
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: first line of the message`` — what a one-line summary can hold."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def run_demo(config: DemoConfig) -> DemoResult:
-    """Run the demo once (see the module docstring) and verify the table."""
+    """Run the demo once (see the module docstring) and verify the table.
+
+    Raises:
+        ConfigError: ``config.resume`` with no run started in its work directory, or with
+            other sizes than the started run.
+        SparkUnavailableError: pyspark or Java is missing.
+    """
     started = time.perf_counter()
     workdir = config.workdir.resolve()
     input_dir = workdir / "input"
-    if not config.resume:
-        shutil.rmtree(workdir, ignore_errors=True)
-        generate_input(input_dir, config.rows, config.batches)
-    elif not input_dir.exists():
-        raise ConfigError("resume", f"a previous run's state in {workdir}", "nothing there")
-    rows_in = pq.ParquetDataset(str(input_dir)).read(columns=["key"]).num_rows
+    manifest = _prepare_input(config, workdir)
+    # pyspark replaces Ctrl-C handling with its own when the SparkContext starts; keep the
+    # caller's (the CLI's quiet interrupt).
+    on_interrupt = signal.getsignal(signal.SIGINT)
     spark = spark_session("barrierflow-demo", master=config.spark_master, conf=config.spark_conf)
-    faults = _Faults(config)
-    rt, feed, coordinator, sink = build_runtime(workdir, faults)
+    if threading.current_thread() is threading.main_thread() and on_interrupt is not None:
+        signal.signal(signal.SIGINT, on_interrupt)
+    faults = Faults(config.crash_after, config.crash_point, resume_command(config))
+    rt, feed, coordinator, sink = build_runtime(
+        workdir, faults, adopt_sink_positions=config.adopt_sink_positions
+    )
+    rows_before = _rows_in_table(sink)
     stream = (
         spark.readStream.schema(_spark_schema())
         .option("maxFilesPerTrigger", 1)
         .parquet(str(input_dir))
     )
     error: str | None = None
+    rows_this_run = 0
     try:
         with BlockingRuntime(rt, backend=config.backend) as handle:
             bridge = SparkBridge(handle, feed, stream="events-query")
+            failures: list[Exception] = []
 
             def callback(df: Any, batch_id: int) -> None:
-                faults.begin_batch()
-                bridge.callback(df, batch_id)
-                faults.end_batch()
+                try:
+                    faults.begin_batch()
+                    bridge.callback(df, batch_id)
+                    if not config.progress:  # a plain line per micro-batch instead of the table
+                        print(batch_line(batch_id, counts()), flush=True)
+                    faults.end_batch()
+                except Exception as exc:  # Spark only shows it as a Py4J traceback
+                    failures.append(exc)
+                    raise
+
+            def counts() -> RunCounts:
+                stats = bridge.stats()
+                return RunCounts(
+                    rows_asked=manifest.rows,
+                    rows_before=rows_before,
+                    rows_this_run=stats.rows,
+                    batches_this_run=stats.batches,
+                    replays_skipped=stats.replays_skipped,
+                    epochs_this_run=coordinator.stats().committed_epochs,
+                    blocked_seconds=feed.stats().blocked_seconds,
+                    seconds=time.perf_counter() - started,
+                )
 
             query = (
                 stream.writeStream.foreachBatch(callback)
@@ -312,54 +324,20 @@ def run_demo(config: DemoConfig) -> DemoResult:
             from pyspark.errors import StreamingQueryException
 
             with contextlib.suppress(StreamingQueryException):  # read just below
-                _follow(query, bridge, coordinator, feed, config.progress)
+                _follow(query, LiveProgress(config.progress, counts))
+            rows_this_run = bridge.stats().rows
             failure = query.exception()
             if failure is not None:
-                error = "the streaming query failed: " + str(failure).strip().splitlines()[0]
+                cause = bridge.last_error or (failures[-1] if failures else failure)
+                error = "the streaming query failed: " + _describe(cause)
     except Exception as exc:  # the runtime failed: still read back what the table holds
-        error = error or f"{type(exc).__name__}: {exc}"
-    result = verify(sink, rows_in, faults.batches, time.perf_counter() - started)
-    return dataclasses.replace(result, error=error)
+        error = error or _describe(exc)
+    result = verify(sink, manifest.rows, faults.batches, time.perf_counter() - started)
+    return dataclasses.replace(result, error=error, rows_this_run=rows_this_run)
 
 
-def _follow(
-    query: Any, bridge: SparkBridge, coordinator: Coordinator, feed: BatchFeed, show: bool
-) -> None:
-    """Wait for the query to finish, showing live progress."""
-    if not show:
-        query.awaitTermination()
-        return
-    from rich.console import Console
-    from rich.live import Live
-    from rich.table import Table
-
-    started = time.perf_counter()
-
-    def render() -> Table:
-        stats, feed_stats, coordinator_stats = bridge.stats(), feed.stats(), coordinator.stats()
-        elapsed = max(time.perf_counter() - started, 1e-9)
-        table = Table(title="barrierflow demo: Spark → bridge → 4 writers → Iceberg")
-        for column in (
-            "rows in",
-            "batches",
-            "replays skipped",
-            "epochs committed",
-            "rows/s",
-            "backpressure (s)",
-        ):
-            table.add_column(column, justify="right")
-        table.add_row(
-            f"{stats.rows:,}",
-            str(stats.batches),
-            str(stats.replays_skipped),
-            str(coordinator_stats.committed_epochs),
-            f"{stats.rows / elapsed:,.0f}",
-            f"{feed_stats.blocked_seconds:.2f}",
-        )
-        return table
-
-    with Live(render(), console=Console(file=sys.stderr), refresh_per_second=4) as live:
+def _follow(query: Any, progress: LiveProgress) -> None:
+    """Wait for the query to finish, showing live progress (if enabled)."""
+    with progress:
         while not query.awaitTermination(0.25):
-            live.update(render())
-        live.update(render())
-    sys.stderr.write("\n")
+            progress.refresh()

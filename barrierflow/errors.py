@@ -47,6 +47,14 @@ __all__ = [
     "BatchOrderError",
     "BatchAbortedError",
     "SparkUnavailableError",
+    "DuplicateWriterError",
+    "SinkLockedError",
+    "SinkStateMismatchError",
+    "PositionOverlapError",
+    "CoordinatorMissingError",
+    "StoreCorruptedError",
+    "StorePathError",
+    "StoreIOError",
 ]
 
 
@@ -92,12 +100,34 @@ class SchemaMismatchError(InvalidArgumentError):
     Attributes:
         expected_schema: the schema the receiver requires.
         actual_schema: the schema that arrived.
+
+    The message renders each schema on one line (``(user: int64, clicks: int64)``) so that the
+    whole error reads on one line, where Arrow prints a schema one field per line.
     """
 
     def __init__(self, argument: str, expected_schema: Any, actual_schema: Any) -> None:
         self.expected_schema = expected_schema
         self.actual_schema = actual_schema
-        super().__init__(argument, f"schema {expected_schema}", actual_schema)
+        super().__init__(argument, f"schema ({_one_line(expected_schema)})", actual_schema)
+        # ``got`` stays the schema itself; only the message uses the one-line rendering.
+        self.args = (
+            f"{argument}: expected schema ({_one_line(expected_schema)}), "
+            f"got schema ({_one_line(actual_schema)})",
+        )
+
+
+def _one_line(schema: Any) -> str:
+    """A schema as ``name: type, ...`` (fields of a ``pyarrow.Schema``, or any text with its
+    line breaks folded) — one line, whatever Arrow's own rendering."""
+    names, types = getattr(schema, "names", None), getattr(schema, "types", None)
+    if isinstance(names, list) and isinstance(types, list) and len(names) == len(types):
+        nullable = [getattr(schema.field(i), "nullable", True) for i in range(len(names))]
+        fields = ", ".join(
+            f"{name}: {typ}{'' if ok else ' not null'}"
+            for name, typ, ok in zip(names, types, nullable, strict=True)
+        )
+        return fields or "(no columns)"
+    return ", ".join(line.strip() for line in str(schema).splitlines() if line.strip())
 
 
 @final
@@ -248,7 +278,6 @@ class ActorFailedError(ActorError):
         super().__init__(f"actor {actor!r} (id {actor_id}) failed: {type(cause).__name__}: {cause}")
 
 
-@final
 class GraphError(InvalidArgumentError):
     """The graph handed to a runtime is not one it can run (cycle, missing input, ...)."""
 
@@ -455,3 +484,176 @@ class SparkUnavailableError(BarrierflowError):
     def __init__(self, missing: str, install: str) -> None:
         self.missing = missing
         super().__init__(f"Spark is unavailable: {missing}; expected it installed — {install}")
+
+
+# Sinks, writers and source positions (issue 12: no silent loss).
+
+
+@final
+class DuplicateWriterError(SinkError, ProtocolError):
+    """Two parallel writers of one sink use the same writer id, so their staged files would
+    overwrite each other (rows lost without a trace).
+
+    Attributes:
+        sink: the sink's name.
+        writer: the writer id both use.
+        first, second: the two writers (actor names, or how they were registered).
+    """
+
+    def __init__(self, sink: str, writer: str, first: str, second: str) -> None:
+        self.sink = sink
+        self.writer = writer
+        self.first = first
+        self.second = second
+        super().__init__(
+            f"sink {sink!r}: expected a unique writer id per parallel writer, got writer id "
+            f"{writer!r} for both {first!r} and {second!r}"
+        )
+
+
+@final
+class SinkLockedError(SinkError):
+    """A sink's table directory (or an Iceberg table's staging area) is held by another writer
+    group — another process, or another sink of this one.
+
+    Attributes:
+        sink: the sink (its path).
+        holder: who holds it, as far as known (``"another process"``, a writer group).
+    """
+
+    def __init__(self, sink: str, holder: str) -> None:
+        self.sink = sink
+        self.holder = holder
+        super().__init__(
+            f"sink {sink!r}: expected to be its only writer group, but {holder} holds its lock; "
+            "stop it first or write to another location"
+        )
+
+
+@final
+class SinkStateMismatchError(SinkError):
+    """The runtime's state store is new or empty, but a sink already holds commits: starting
+    anyway would make the upstream replay rows the sink has (duplicates).
+
+    Attributes:
+        sink: the sink that holds commits.
+        state_path: the store.
+        committed_epoch: the sink's last committed epoch.
+        positions: the source positions recorded with it.
+    """
+
+    def __init__(
+        self, sink: str, state_path: str, committed_epoch: int, positions: dict[str, int]
+    ) -> None:
+        self.sink = sink
+        self.state_path = state_path
+        self.committed_epoch = committed_epoch
+        self.positions = dict(positions)
+        recorded = f"positions {self.positions}" if self.positions else "no source positions"
+        super().__init__(
+            f"sink {sink!r}: holds commits up to epoch {committed_epoch} ({recorded}), but the "
+            f"state store {state_path!r} is new or empty; expected the store those commits came "
+            "with — restore it, write to a new sink location, or set "
+            "RuntimeConfig(adopt_sink_positions=True) to continue from the sink's positions"
+        )
+
+
+@final
+class PositionOverlapError(SinkError):
+    """An epoch holds batches the sink already committed together with new ones, so neither
+    committing nor skipping it is exact.
+
+    Attributes:
+        sink, epoch: where.
+        key: the position key (``"<source>/<stream>"``).
+        first, last: the batch ids of ``key`` in the epoch.
+        held: the last batch id of ``key`` the sink holds.
+    """
+
+    def __init__(self, sink: str, epoch: int, key: str, first: int, last: int, held: int) -> None:
+        self.sink = sink
+        self.epoch = epoch
+        self.key = key
+        self.first = first
+        self.last = last
+        self.held = held
+        super().__init__(
+            f"sink {sink!r}: epoch {epoch} holds batches {first}..{last} of {key!r}, but the "
+            f"sink already holds up to batch {held}; expected an epoch wholly new or wholly held"
+        )
+
+
+@final
+class CoordinatorMissingError(GraphError):
+    """A coordinated sink writer cannot run: its coordinator is not a service of the runtime,
+    or its parallel siblings disagree on the coordinator.
+
+    Attributes:
+        writer: the writer actor's name.
+        sink: the coordinator's sink name (or ``None``: the writer has none).
+    """
+
+    def __init__(self, writer: str, sink: str | None, expected: str, got: str) -> None:
+        self.writer = writer
+        self.sink = sink
+        super().__init__(f"sink writer {writer!r}", expected, got)
+
+
+@final
+class StoreCorruptedError(StateStoreError):
+    """The file is a damaged state store: empty, cut short, unreadable pages, or missing or
+    malformed metadata rows. barrierflow never treats such a file as a new store (that would
+    replay from nothing and duplicate what sinks already hold) and never changes it; restore it
+    or move it away.
+
+    Attributes:
+        path: the store's file (symlinks resolved).
+        found: what was found, in words.
+    """
+
+    def __init__(self, path: str, found: str) -> None:
+        self.path = path
+        self.found = found
+        super().__init__(
+            f"state store {path!r}: expected an intact barrierflow state store, got {found}"
+        )
+
+
+@final
+class StorePathError(StateStoreError, InvalidArgumentError):
+    """``state_path`` cannot hold a state store: a directory, a parent that cannot be created
+    or written, a file that is not a regular file, ... (also an :class:`InvalidArgumentError`).
+
+    Attributes:
+        argument: ``"state_path"``.
+        path: the path as resolved (absolute, symlinks followed).
+        expected: what would have been accepted, in words.
+        got: what was found, in words.
+    """
+
+    def __init__(self, path: str, expected: str, got: str) -> None:
+        self.argument = "state_path"
+        self.path = path
+        self.expected = expected
+        self.got = got
+        Exception.__init__(self, f"state_path {path!r}: expected {expected}, got {got}")
+
+
+@final
+class StoreIOError(StateStoreError):
+    """The operating system or SQLite failed on the store's file (an I/O error, a full disk,
+    ...); ``__cause__`` is what it raised.
+
+    Attributes:
+        path: the store's file.
+        operation: what was being done (``"open"``, ...).
+        cause: the underlying error.
+    """
+
+    def __init__(self, path: str, operation: str, cause: BaseException) -> None:
+        self.path = path
+        self.operation = operation
+        self.cause = cause
+        super().__init__(
+            f"state store {path!r}: {operation} failed: {type(cause).__name__}: {cause}"
+        )

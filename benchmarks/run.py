@@ -1,4 +1,5 @@
-"""Select, run and print the benchmarks: ``python -m benchmarks [--quick] [--only NAME[,NAME]]``."""
+"""Select, run and print the benchmarks: ``python -m benchmarks [--quick] [--only NAME[,NAME]]``
+(also ``barrierflow bench``, which forwards its arguments to :func:`main`)."""
 
 from __future__ import annotations
 
@@ -61,10 +62,12 @@ def _print_record(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; returns the exit status (1 with ``--strict`` if a goal is missed)."""
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m benchmarks") -> int:
+    """The command line of ``python -m benchmarks`` and of ``barrierflow bench`` (one parser
+    for both: the CLI forwards its arguments here with its own ``prog``); returns the exit
+    status (1 with ``--strict`` if a goal is missed, 2 for bad arguments)."""
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks",
+        prog=prog,
         description="Benchmark barrierflow against in-process baselines; one JSON line each.",
     )
     parser.add_argument(

@@ -1,16 +1,34 @@
-"""Shared test setup: every async test runs on asyncio and on trio (anyio's pytest plugin)."""
+"""Shared test setup: every async test runs on asyncio and on trio (anyio's pytest plugin).
+
+Deadlines scale with ``BARRIERFLOW_TEST_TIMEOUT_SCALE`` (default 1; see ``_timeouts.py``):
+set it to 4 on a loaded machine and every limit — pytest-timeout's per-test timeout (scaled
+by :func:`pytest_timeout_set_timer` below), the tests' ``fail_after``/``move_on_after`` and
+subprocess timeouts, and the SparkSession's startup limit — is four times as long.
+
+The shared SparkSession starts before the first test that uses it, outside that test's
+timeout and under its own limit (:data:`SPARK_START_SECONDS`, scaled): a slow JVM start is
+not a test failure. If Spark cannot start, the first test that needs it reports why and the
+others fail with one short line that points to it.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Generator
+from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from _timeouts import ENV, scaled
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
-settings.register_profile(
+pytest_plugins = ["pytester"]  # tests of the suite's own hooks run pytest in a subprocess
+
+hypothesis_settings.register_profile(
     "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=60
 )
-settings.register_profile(
+hypothesis_settings.register_profile(
     "ci",
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -18,7 +36,89 @@ settings.register_profile(
     derandomize=True,
 )
 # CI runs derandomized: the same examples every run, so a red CI is reproducible.
-settings.load_profile("ci" if os.environ.get("CI") == "true" else "default")
+hypothesis_settings.load_profile("ci" if os.environ.get("CI") == "true" else "default")
+
+#: How long the shared SparkSession may take to start (times the timeout scale): a JVM on a
+#: loaded machine can take minutes, and no single test should pay for it.
+SPARK_START_SECONDS = 300.0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> object:
+    """Arm pytest-timeout's timer with the per-test timeout times the suite's scale."""
+    import pytest_timeout
+
+    stretched = settings._replace(timeout=scaled(settings.timeout))
+    return pytest_timeout.pytest_timeout_set_timer(item=item, settings=stretched)
+
+
+class _SparkStarter:
+    """Starts the session's SparkSession once, remembering the session or why it failed."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.session: object | None = None
+        self.error: BaseException | None = None
+        self.reported = False
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        limit = scaled(SPARK_START_SECONDS)
+        outcome: dict[str, Any] = {}
+
+        def build() -> None:
+            from barrierflow.spark_bridge import spark_session
+
+            try:
+                outcome["session"] = spark_session(
+                    "barrierflow-tests", conf={"spark.default.parallelism": "2"}
+                )
+            except BaseException as exc:  # reported to the tests that need Spark
+                outcome["error"] = exc
+
+        # A thread, so that a JVM that never comes up costs the limit, not the whole run.
+        thread = threading.Thread(target=build, name="spark-startup", daemon=True)
+        thread.start()
+        thread.join(limit)
+        if thread.is_alive():
+            self.error = TimeoutError(
+                f"the SparkSession did not start within {limit:.0f} s; on a busy machine "
+                f"raise {ENV} (now {os.environ.get(ENV, '1')})"
+            )
+        else:
+            self.session = outcome.get("session")
+            self.error = outcome.get("error")
+
+    def get(self) -> object:
+        self.start()
+        if self.session is not None:
+            return self.session
+        error = self.error or RuntimeError("the SparkSession did not start")
+        if not self.reported:
+            self.reported = True
+            raise error
+        pytest.fail(
+            f"Spark could not start earlier in this session ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); "
+            "see the first Spark test's error",
+            pytrace=False,
+        )
+
+
+_spark = _SparkStarter()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Start Spark before the first test that needs it, outside that test's timeout (this
+    wrapper runs before pytest-timeout's, which arms the per-test timer)."""
+    if "spark" in getattr(item, "fixturenames", ()):
+        _spark.start()
+    return (yield)
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -27,10 +127,13 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def spark() -> object:
-    """One local SparkSession for the whole test session (≈ 8 s to start); tests that use it
-    are marked ``spark`` so that ``-m spark`` / ``-m 'not spark'`` select them."""
-    from barrierflow.spark_bridge import spark_session
+    """One local SparkSession for the whole test session (≈ 8 s to start on an idle machine,
+    started outside any test's timeout); tests that use it are marked ``spark`` so that
+    ``-m spark`` / ``-m 'not spark'`` select them.
 
-    return spark_session("barrierflow-tests", conf={"spark.default.parallelism": "2"})
+    Function-scoped on purpose: the session lives in ``_spark``; a session-scoped fixture
+    would re-raise a failed start, traceback and all, in every test that uses it.
+    """
+    return _spark.get()

@@ -11,6 +11,7 @@ import hypothesis.strategies as st
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from _timeouts import scaled
 from hypothesis import given, settings
 
 from barrierflow.actors import BatchFeed, ParquetFileSink, SinkWriter
@@ -255,7 +256,7 @@ async def test_a_delivery_abandoned_mid_batch_fails_the_graph_and_its_rows_vanis
     rt = build(tmp_path, feed, recovery=True)
     async with rt:
         await feed.deliver(rt, "q", 0, rows(0, 3))
-        with anyio.move_on_after(0.05):
+        with anyio.move_on_after(scaled(0.05)):
             # The sink is slow to start taking rows: the delivery waits for room, and gives up.
             await feed.deliver(rt, "q", 1, rows(1000, 10_000))
         # Delivering again fails the graph first (BatchAbortedError), then retries whole.
@@ -271,7 +272,7 @@ async def test_the_abandoned_batch_error_names_the_batch(tmp_path: Path) -> None
     rt = build(tmp_path, feed)
     with pytest.raises(ActorFailedError) as info:
         async with rt:
-            with anyio.move_on_after(0.05):
+            with anyio.move_on_after(scaled(0.05)):
                 await feed.deliver(rt, "q", 0, rows(0, 10_000))
             await rt.checkpoint()
     assert isinstance(info.value.cause, BatchAbortedError)
@@ -317,7 +318,7 @@ async def test_the_feed_channel_is_bounded_so_a_slow_graph_blocks_the_driver(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(deliver)
-            with anyio.move_on_after(0.1):
+            with anyio.move_on_after(scaled(0.1)):
                 await done.wait()
             assert not done.is_set()
             channel = rt.stats().channels

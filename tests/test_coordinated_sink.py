@@ -8,6 +8,7 @@ import anyio
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from _timeouts import scaled
 
 from barrierflow.actors import Coordinator, ParquetCommitter, ParquetFileSink, SinkWriter
 from barrierflow.channels import Chunk, Update, VnodeBitmap
@@ -50,12 +51,14 @@ async def test_parallel_writers_commit_each_epoch_as_one_directory(tmp_path: Pat
     async with rt:
         await rt.push("src", batch(0, 300))
         epoch = await rt.checkpoint()
-        with anyio.fail_after(10):
+        with anyio.fail_after(scaled(10)):
             await coordinator.wait_committed(epoch)
         assert ids(tmp_path / "table") == list(range(300))
         committed = [p for p in (tmp_path / "table").iterdir() if p.name.startswith("epoch=")]
         assert len(committed) == 1
-        assert sorted(p.name for p in committed[0].iterdir()) == ["w0", "w1", "w2"]
+        # Every writer's files, and the epoch's record (what it holds and from where).
+        names = sorted(p.name for p in committed[0].iterdir())
+        assert names == ["_PRECOMMITTED.json", "w0", "w1", "w2"]
         await rt.push("src", batch(300, 30))
     # The graceful stop committed the last epoch before the runtime returned.
     assert ids(tmp_path / "table") == list(range(330))
@@ -71,7 +74,7 @@ async def test_restart_resumes_with_the_rewind_epoch_and_no_duplicates(tmp_path:
     async with rt:
         await rt.push("src", batch(50, 50))
         epoch = await rt.checkpoint()
-        with anyio.fail_after(10):
+        with anyio.fail_after(scaled(10)):
             await coordinator.wait_committed(epoch)
     assert ids(tmp_path / "table") == list(range(100))
 
@@ -87,11 +90,11 @@ async def test_rescaling_realigns_writers_and_keeps_every_row(tmp_path: Path) ->
             vnode_bitmaps={rt.actor_id("writer0"): halves[0], rt.actor_id("writer1"): halves[1]},
             dropped_actors=frozenset({rt.actor_id("writer2")}),
         )
-        with anyio.fail_after(10):
+        with anyio.fail_after(scaled(10)):
             await rt.mutate(update)
         assert coordinator.stats().running == 2
         await rt.push("src", batch(90, 60))
         epoch = await rt.checkpoint()
-        with anyio.fail_after(10):
+        with anyio.fail_after(scaled(10)):
             await coordinator.wait_committed(epoch)
     assert ids(tmp_path / "table") == list(range(150))

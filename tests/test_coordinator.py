@@ -20,6 +20,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 import structlog
+from _timeouts import scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -44,7 +45,7 @@ SINK = "coord"
 HALVES = VnodeBitmap.split(2)
 THIRDS = VnodeBitmap.split(3)
 FULL = VnodeBitmap.full()
-WAIT = 5  # seconds: a broken rule fails the test instead of hanging it
+WAIT = scaled(5)  # seconds: a broken rule fails the test instead of hanging it
 
 
 class CommitFailedError(Exception):
@@ -283,7 +284,7 @@ async def test_init_waits_until_the_bitmaps_cover_every_vnode(tmp_path: Path) ->
             start(tg, coordinator, ServiceContext(SINK, store))
             first = await coordinator.register(HALVES[0])
             started = spawn(tg, first.wait_started)
-            with anyio.move_on_after(0.02):
+            with anyio.move_on_after(scaled(0.02)):
                 await started.done.wait()
             assert not started.done.is_set(), "started with half the vnodes uncovered"
             assert coordinator.stats().running == 0
@@ -999,7 +1000,7 @@ async def test_new_writers_start_only_once_a_pending_schema_change_is_committed(
             a, b = await register_started(coordinator, HALVES)
             await commit_all([a, b], 1, change)
             c, outcomes = await rescale_to_thirds(tg, coordinator, a, b)
-            with anyio.move_on_after(0.02):
+            with anyio.move_on_after(scaled(0.02)):
                 await outcomes[0].done.wait()
             assert not any(o.done.is_set() for o in outcomes)
             assert coordinator.stats().running == 0

@@ -1,44 +1,58 @@
 """The demo: Spark Structured Streaming → bridge → 4 writers → Iceberg, verified; a driver
 SIGKILLed mid-batch, between the checkpoint and Spark's commit, or mid-commit, then resumed,
-still holds every row exactly once. Run as subprocesses (the demo kills its own process)."""
+still holds every row exactly once; a driver killed while generating its input, or stopped
+with Ctrl-C, resumes to the run it was asked for. Run as subprocesses (the demo kills its own
+process)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+from _timeouts import scaled
 
+from barrierflow._demo_input import RunManifest, complete_input, file_name
+from barrierflow._demo_progress import RunCounts
 from barrierflow.cli import main
-from barrierflow.demo import DemoConfig
-from barrierflow.errors import ConfigError
+from barrierflow.demo import DemoConfig, run_demo
+from barrierflow.errors import ConfigError, NotRunningError
 
 ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+
+
+def command(workdir: Path, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "barrierflow",
+        "demo",
+        "--workdir",
+        str(workdir),
+        "--no-progress",
+        *list(args),
+    ]
 
 
 def demo(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "barrierflow",
-            "demo",
-            "--workdir",
-            str(workdir),
-            "--no-progress",
-            *list(args),
-        ],
+        command(workdir, *args),
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
-        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+        timeout=scaled(300),
+        env=ENV,
     )
 
 
 @pytest.mark.spark
+@pytest.mark.timeout(300)
 def test_the_demo_ends_with_a_verified_line(tmp_path: Path) -> None:
     done = demo(tmp_path / "d", "--rows", "30000", "--batches", "3")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -48,6 +62,7 @@ def test_the_demo_ends_with_a_verified_line(tmp_path: Path) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("point", "backend"),
     [("mid-batch", "asyncio"), ("after-checkpoint", "trio"), ("mid-commit", "asyncio")],
@@ -59,11 +74,17 @@ def test_a_driver_killed_then_resumed_still_holds_every_row_once(
     common = ["--rows", "20000", "--batches", "4", "--backend", backend]
     crashed = demo(workdir, *common, "--crash-after", "1", "--crash-point", point)
     assert crashed.returncode == -9, crashed.stdout[-2000:] + crashed.stderr[-3000:]
-    assert "CRASH" in crashed.stdout
+    *_, crash, hint = crashed.stdout.strip().splitlines()
+    assert crash.startswith("CRASH")
+    # The line before the self-kill says how to continue.
+    resume = "barrierflow demo --resume"
+    assert hint == f"resume with: {resume} --workdir {workdir}" + (
+        " --backend trio" if backend == "trio" else ""
+    )
     assert "VERIFIED" not in crashed.stdout
     resumed = demo(workdir, "--resume", "--backend", backend)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    last = resumed.stdout.strip().splitlines()[-1]
+    *_, totals, last = resumed.stdout.strip().splitlines()
     # One epoch per Spark micro-batch; on restart Spark may plan the remaining files into
     # fewer micro-batches than files, so count the batches Spark committed.
     batches = len(
@@ -71,6 +92,66 @@ def test_a_driver_killed_then_resumed_still_holds_every_row_once(
     )
     assert batches in (3, 4)
     assert last == f"VERIFIED rows_in=20000 rows_out=20000 duplicates=0 epochs={batches}"
+    # The resumed run's totals count the earlier run's rows too, against the rows asked.
+    assert totals.startswith("20,000 of 20,000 rows asked are in the Iceberg table")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_lost_state_store_is_refused_or_adopted_never_duplicated(tmp_path: Path) -> None:
+    # The reproduction: a crashed run, then its store damaged or gone and Spark's checkpoint
+    # deleted (Spark replays every batch from 0), then --resume.
+    workdir = tmp_path / "d"
+    crashed = demo(workdir, "--rows", "20000", "--batches", "4", "--crash-after", "2")
+    assert crashed.returncode == -9, crashed.stderr[-3000:]
+    shutil.rmtree(workdir / "spark-checkpoint")
+    store = workdir / "state.db"
+    store.write_bytes(store.read_bytes()[:1000])  # truncated: a corrupted store, refused
+    truncated = demo(workdir, "--resume")
+    assert truncated.returncode == 1, truncated.stderr[-3000:]
+    assert "StoreCorruptedError" in truncated.stderr.strip().splitlines()[-1]
+    for path in workdir.glob("state.db*"):
+        path.unlink()  # gone: the table holds commits the empty store knows nothing of
+    refused = demo(workdir, "--resume")
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert "SinkStateMismatchError" in refused.stderr.strip().splitlines()[-1]
+    adopted = demo(workdir, "--resume", "--adopt-sink-positions")
+    assert adopted.returncode == 0, adopted.stderr[-3000:]
+    last = adopted.stdout.strip().splitlines()[-1]
+    assert last.startswith("VERIFIED rows_in=20000 rows_out=20000 duplicates=0")
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_ctrl_c_prints_one_line_saying_how_to_resume_and_exits_130(tmp_path: Path) -> None:
+    workdir = tmp_path / "d"
+    child = subprocess.Popen(
+        command(workdir, "--rows", "20000", "--batches", "20"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:  # one line per micro-batch that went in
+            if line.startswith("micro-batch "):
+                break
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=scaled(120))
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 130, err[-3000:]
+    lines = err.strip().splitlines()
+    resume = f"barrierflow demo --resume --workdir {workdir}"
+    assert lines[-1] == f"barrierflow demo: interrupted; resume with: {resume}"
+    # Spark's JVM start-up banner (about 5 lines) and that line; no Py4J or asyncio noise.
+    assert len(lines) <= 8, err[-3000:]
+    assert "Traceback" not in err
+    assert "VERIFIED" not in out
 
 
 def test_demo_config_refuses_bad_values(tmp_path: Path) -> None:
@@ -88,32 +169,112 @@ def test_demo_config_refuses_bad_values(tmp_path: Path) -> None:
 
 
 def test_resume_without_a_previous_run_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="a previous run's state"):
-        main(["demo", "--workdir", str(tmp_path / "none"), "--resume", "--no-progress"])
+    with pytest.raises(ConfigError) as info:
+        run_demo(DemoConfig(workdir=tmp_path / "none", resume=True, progress=False))
+    assert info.value.argument == "resume"
+
+
+def test_resume_with_other_sizes_than_the_started_run_is_refused(tmp_path: Path) -> None:
+    RunManifest(rows=3000, batches=3).write(tmp_path)
+    for kwargs, name in (({"rows": 4000}, "rows"), ({"batches": 2}, "batches")):
+        with pytest.raises(ConfigError) as info:
+            run_demo(DemoConfig(workdir=tmp_path, resume=True, progress=False, **kwargs))
+        assert (info.value.argument, info.value.got) == (name, kwargs[name])
+    assert main(["demo", "--workdir", str(tmp_path), "--resume", "--rows", "4000"]) == 2
+
+
+def test_the_input_is_the_same_whichever_files_a_killed_run_left(tmp_path: Path) -> None:
+    manifest = RunManifest(rows=3000, batches=3)
+    complete_input(tmp_path / "whole", manifest)
+    partial = tmp_path / "partial"
+    complete_input(partial, manifest)
+    (partial / file_name(1)).unlink()
+    (partial / file_name(2)).unlink()
+    (partial / f".{file_name(2)}.tmp").write_bytes(b"half a parquet file")
+    assert complete_input(partial, manifest) == 2
+    assert sorted(p.name for p in partial.iterdir()) == [file_name(i) for i in range(3)]
+    for index in range(3):
+        name = file_name(index)
+        assert pq.read_table(partial / name).equals(pq.read_table(tmp_path / "whole" / name))
+
+
+@pytest.mark.spark
+def test_a_run_killed_while_generating_resumes_to_the_rows_asked(
+    spark: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What a driver killed after writing 1 of 3 input files leaves: the manifest, one file
+    # and a half-written temporary one.
+    workdir = tmp_path / "d"
+    manifest = RunManifest(rows=3000, batches=3)
+    manifest.write(workdir)
+    complete_input(workdir / "input", RunManifest(rows=3000, batches=3))
+    for index in (1, 2):
+        (workdir / "input" / file_name(index)).unlink()
+    (workdir / "input" / f".{file_name(1)}.tmp").write_bytes(b"PAR1 half")
+    assert main(["demo", "--workdir", str(workdir), "--resume", "--no-progress"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "VERIFIED rows_in=3000 rows_out=3000 duplicates=0 epochs=3"
+
+
+def test_the_bridge_keeps_the_error_its_callback_raised_last(tmp_path: Path) -> None:
+    from barrierflow.actors import BatchFeed
+    from barrierflow.demo import SCHEMA
+    from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
+    from barrierflow.spark_bridge import SparkBridge
+
+    feed = BatchFeed(SCHEMA)
+    handle = BlockingRuntime(Runtime(RuntimeConfig(state_path=tmp_path / "state.db")))
+    bridge = SparkBridge(handle, feed)
+    assert bridge.last_error is None
+    with pytest.raises(NotRunningError) as info:
+        bridge.callback(object(), 0)  # the runtime is not running: refused before the frame
+    assert bridge.last_error is info.value
+
+
+def test_progress_counts_overall_rows_against_the_rows_asked() -> None:
+    counts = RunCounts(
+        rows_asked=1_000,
+        rows_before=400,
+        rows_this_run=300,
+        batches_this_run=3,
+        replays_skipped=1,
+        epochs_this_run=3,
+        blocked_seconds=0.0,
+        seconds=10.0,
+    )
+    assert counts.rows_overall == 700
+    assert counts.rate == 30.0
+    assert counts.seconds_left == 10.0  # 300 rows left at 30 rows/s
 
 
 def test_a_malformed_spark_conf_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--conf", "novalue"]) == 2
-    assert "key=value" in capsys.readouterr().err
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("barrierflow: error: --conf")
+    assert "key=value" in line
 
 
 @pytest.mark.spark
-def test_a_failed_run_ends_with_a_failed_line_and_a_nonzero_exit(
+def test_a_failed_run_names_the_real_error_and_ends_with_a_failed_line(
     spark: object,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from barrierflow import demo as demo_module
+    from barrierflow import _demo_faults
 
     def fail_after_first(self: object) -> None:
         raise RuntimeError("injected: the driver's callback failed")
 
-    monkeypatch.setattr(demo_module._Faults, "end_batch", fail_after_first)
+    monkeypatch.setattr(_demo_faults.Faults, "end_batch", fail_after_first)
     args = ["demo", "--workdir", str(tmp_path / "d"), "--rows", "3000", "--batches", "3"]
     assert main([*args, "--no-progress"]) == 1
     captured = capsys.readouterr()
-    assert "the streaming query failed" in captured.err
+    # Not Py4J's "An exception was raised by the Python Proxy": the callback's own error.
+    assert (
+        "barrierflow demo: FAILED: the streaming query failed: "
+        "RuntimeError: injected: the driver's callback failed"
+    ) in captured.err.splitlines()
     last = captured.out.strip().splitlines()[-1]
     # The first batch was delivered and committed before the callback failed.
     assert last == "FAILED rows_in=3000 rows_out=1000 duplicates=0 epochs=1"

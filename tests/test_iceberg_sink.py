@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import pyarrow as pa
 import pytest
+from _timeouts import scaled
 
 from barrierflow import InvalidArgumentError
 from barrierflow.actors import Coordinator, IcebergSink, SinkWriter, open_local_catalog
@@ -59,7 +60,7 @@ async def test_each_epoch_is_one_snapshot_recording_its_epoch(tmp_path: Path) ->
         for k in range(3):
             await rt.push("src", batch(k * 10, 10))
             durable.append(await rt.checkpoint())
-            with anyio.fail_after(10):
+            with anyio.fail_after(scaled(10)):
                 await coordinator.wait_committed(durable[-1])
     table = sink.table()
     assert ids(sink) == list(range(30))
@@ -74,7 +75,7 @@ async def test_replayed_commit_is_skipped_by_the_epoch_property(tmp_path: Path) 
     async with rt:
         await rt.push("src", batch(0, 5))
         epoch = await rt.checkpoint()
-        with anyio.fail_after(10):
+        with anyio.fail_after(scaled(10)):
             await coordinator.wait_committed(epoch)
     committer = sink.committer()
     metadata = {"staging_epoch": 1, "paths": [".staging/00000000000000000001/w0/x.parquet"]}
@@ -121,7 +122,7 @@ async def test_old_snapshots_are_expired(tmp_path: Path) -> None:
         for k in range(6):
             await rt.push("src", batch(k, 1))
             epoch = await rt.checkpoint()
-            with anyio.fail_after(10):
+            with anyio.fail_after(scaled(10)):
                 await coordinator.wait_committed(epoch)
     table = sink.table()
     assert len(table.snapshots()) <= 3
@@ -199,7 +200,7 @@ def test_killed_mid_commit_restarts_with_each_epoch_once(
         env={**os.environ, "KILL_AT": point},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         cwd=ROOT,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
@@ -208,7 +209,7 @@ def test_killed_mid_commit_restarts_with_each_epoch_once(
         rt, sink, coordinator = build(tmp_path)
         async with rt:
             epoch = await rt.checkpoint()
-            with anyio.fail_after(20):
+            with anyio.fail_after(scaled(20)):
                 await coordinator.wait_committed(epoch)
         staged = sink.data_path / ".staging"
         assert not any(staged.iterdir()), "aborted or orphaned files were left staged"

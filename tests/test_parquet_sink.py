@@ -267,6 +267,7 @@ async def test_recover_records_an_epoch_renamed_but_not_in_the_manifest(tmp_path
     # A crash between the rename of epoch 4 and its manifest write:
     os.rename(staged(tmp_path, 4), tmp_path / epoch_dir_name(4))
     assert manifest(tmp_path)["committed_epoch"] == 3
+    await sink.close()  # a crash drops the directory lock with the process
     restarted = ParquetFileSink(tmp_path, SCHEMA)
     await restarted.open()
     # Its state record may still be durable (deleted only after the commit), or not.
@@ -274,6 +275,7 @@ async def test_recover_records_an_epoch_renamed_but_not_in_the_manifest(tmp_path
     assert restarted.committed_epoch() == 4
     assert (manifest(tmp_path)["rows"], manifest(tmp_path)["files"]) == (3, 2)
     assert visible(tmp_path) == [1, 2, 3]
+    await restarted.close()
     again = ParquetFileSink(tmp_path, SCHEMA)
     await again.recover([])
     assert manifest(tmp_path)["rows"] == 3
@@ -285,6 +287,7 @@ async def test_recover_skips_pending_epochs_already_committed(tmp_path: Path) ->
     sink = await opened(tmp_path)
     metadata = await epoch_of(sink, 8, 1, 2)
     await sink.commit_epoch(8)
+    await sink.close()
     restarted = ParquetFileSink(tmp_path, SCHEMA)
     await restarted.open()
     await restarted.recover([PendingCommit(8, metadata)])

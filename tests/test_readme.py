@@ -24,7 +24,7 @@ def test_readme_opens_with_the_two_commands() -> None:
 @pytest.mark.spark
 def test_readme_examples_run(tmp_path: Path) -> None:
     examples = re.findall(r"```python\n(.*?)```", README, re.S)
-    assert len(examples) == 3
+    assert len(examples) == 5
     outputs = []
     for example in examples:
         done = subprocess.run(
@@ -38,4 +38,18 @@ def test_readme_examples_run(tmp_path: Path) -> None:
         outputs.append(done.stdout.splitlines()[-1])
     assert outputs[0].startswith("3 rows committed")
     assert outputs[1] == "3 rows delivered exactly once"
-    assert "Barrier(" in outputs[2]
+    assert outputs[2] == "1000 rows in one snapshot per epoch"
+    assert outputs[3] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
+    assert "Barrier(" in outputs[4]
+
+
+def test_readme_links_only_inside_the_repository() -> None:
+    # A user has only the repository: every relative link must resolve inside it.
+    prose = re.sub(r"```.*?```", "", README, flags=re.S)  # links live in the prose
+    for target in re.findall(r"\]\(([^)#\s]+)\)", prose):
+        if "://" in target:
+            continue
+        path = (ROOT / target).resolve()
+        assert path.is_relative_to(ROOT), target
+        assert path.exists(), target
+    assert "../" not in README

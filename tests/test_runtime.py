@@ -287,10 +287,14 @@ def test_bad_graphs_are_rejected() -> None:
         rt.connect("src", "a")
     assert twice.value.argument == "edge"
     rt.add_actor("b", Counter, inputs=["a"])
-    rt.connect("b", "a")
     with pytest.raises(GraphError) as cycle:
+        rt.connect("b", "a")  # refused when declared, not when the runtime starts
+    assert (cycle.value.argument, cycle.value.got) == ("graph", "b -> a -> b")
+    assert rt._graph.nodes["a"].inputs == ["src"]
+    rt._graph.nodes["a"].inputs.append("b")  # a cycle smuggled past connect()
+    with pytest.raises(GraphError) as validated:
         rt._graph.validate()
-    assert "a -> b -> a" in str(cycle.value.got)
+    assert "a -> b -> a" in str(validated.value.got)
     lonely = Runtime(RuntimeConfig(state_path="unused.db"))
     lonely.add_source("src")
     lonely.add_actor("x", Counter, inputs=["src"])

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
+from _timeouts import scaled
 
 from barrierflow.actors import ParquetFileSink, SinkWriter
 from barrierflow.actors.parquet_sink import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
@@ -73,10 +74,10 @@ def commit(self, epoch):
         die(epoch)
     real_commit(self, epoch)
 
-def record(self, manifest, epoch, files, rows):
+def record(self, manifest, epoch, files, rows, positions=None):
     if POINT == "record" and epoch in target:  # renamed into epoch=..., manifest not written
         die(epoch)
-    real_record(self, manifest, epoch, files, rows)
+    real_record(self, manifest, epoch, files, rows, positions)
 
 Files.write, Files.pre_commit, Files.commit, Files.record = write, pre_commit, commit, record
 
@@ -128,10 +129,10 @@ def run_child(tmp_path: Path, backend: str, point: str) -> tuple[list[int], int]
         env=env,
     )
     try:
-        out, err = child.communicate(timeout=60)
+        out, err = child.communicate(timeout=scaled(60))
     except subprocess.TimeoutExpired:
         child.kill()
-        child.communicate(timeout=30)
+        child.communicate(timeout=scaled(30))
         pytest.fail(f"the child never reached its kill point {point!r}")
     assert child.returncode == -signal.SIGKILL, (child.returncode, out[-2000:], err[-2000:])
     lines = [line.split() for line in out.splitlines()]
@@ -160,7 +161,7 @@ async def restart_and_resume(tmp_path: Path, durable_batches: int) -> tuple[list
     rt = Runtime(config)
     rt.add_source("src")
     rt.add_actor("sink", make, inputs=["src"])
-    with anyio.fail_after(30):
+    with anyio.fail_after(scaled(30)):
         async with rt:
             restarted_from = rt.committed_epoch
             epoch = await rt.checkpoint()

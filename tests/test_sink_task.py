@@ -16,6 +16,7 @@ import anyio
 import pyarrow as pa
 import pytest
 import structlog.testing
+from _timeouts import scaled
 from anyio.abc import TaskStatus
 from anyio.from_thread import start_blocking_portal
 from hypothesis import settings
@@ -425,7 +426,7 @@ async def test_first_immediate_tick_is_skipped() -> None:
         await anyio.sleep(0.05)
         assert handle.stats().flushes == 0
         assert "flush" not in fake.names()
-        with anyio.fail_after(2):
+        with anyio.fail_after(scaled(2)):
             await fake.entered_event("flush").wait()
         assert anyio.current_time() - started >= 0.19
 
@@ -434,7 +435,7 @@ async def test_missed_ticks_are_skipped_not_bursted() -> None:
     fake = FakeConnector()
     fake.delay["write_batch"] = 0.2  # one write spans four ticks of 0.05 s
     async with sink(fake, flush_interval=0.05) as handle:
-        with anyio.fail_after(2):
+        with anyio.fail_after(scaled(2)):
             await handle.begin_epoch(1)
             await handle.write_batch(batch(1))
             await fake.entered_event("write_batch").wait()
@@ -451,7 +452,7 @@ async def test_busy_inbox_does_not_starve_the_periodic_flush() -> None:
     fake = FakeConnector(exactly_once=False)
     fake.delay["write_batch"] = 0.02
     async with sink(fake, flush_interval=0.05) as handle:
-        with anyio.fail_after(2):
+        with anyio.fail_after(scaled(2)):
             for _ in range(15):  # queued at once: the inbox is never empty for 0.3 s
                 await handle.write_batch(batch(1))
             await handle.flush()
@@ -467,7 +468,7 @@ async def test_stuck_flush_is_reported_and_task_keeps_serving() -> None:
     fake.hang["flush"] = anyio.Event()  # never set
     with structlog.testing.capture_logs() as logs:
         async with sink(fake, flush_interval=0.05, shutdown_timeout=0.05) as handle:
-            with anyio.fail_after(2):
+            with anyio.fail_after(scaled(2)):
                 await fake.entered_event("flush").wait()
                 await anyio.sleep(0.08)  # more than the interval: the flush overran it
                 await handle.begin_epoch(1)  # still served
@@ -487,7 +488,7 @@ async def test_failed_periodic_flush_is_counted_and_logged() -> None:
     fake.fail["flush"] = 1
     with structlog.testing.capture_logs() as logs:
         async with sink(fake, flush_interval=0.05) as handle:
-            with anyio.fail_after(2):
+            with anyio.fail_after(scaled(2)):
                 await fake.entered_event("flush").wait()
                 await handle.begin_epoch(1)  # served after the failed tick
             stats = handle.stats()
@@ -505,7 +506,7 @@ async def test_rollback_is_fire_and_forget_and_its_failure_is_logged() -> None:
     with structlog.testing.capture_logs() as logs:
         async with sink(fake) as handle:
             await handle.begin_epoch(1)
-            with anyio.fail_after(1):
+            with anyio.fail_after(scaled(1)):
                 await handle.rollback_epoch(1)  # returns although the rollback hangs
                 await fake.entered_event("rollback_epoch").wait()
             assert handle.stats().rollback_errors == 0
@@ -536,7 +537,7 @@ async def test_rollback_of_a_pre_committed_epoch_drops_it() -> None:
 
 async def test_releasing_last_handle_flushes_then_closes() -> None:
     fake = FakeConnector()
-    with anyio.fail_after(2):
+    with anyio.fail_after(scaled(2)):
         async with anyio.create_task_group() as tg:
             handle = await start_sink_task(tg, fake, name="orders", flush_interval=NEVER)
             other = handle.clone()
@@ -554,7 +555,7 @@ async def test_explicit_close_waits_and_times_out() -> None:
     fake = FakeConnector()
     async with anyio.create_task_group() as tg:
         handle = await start_sink_task(tg, fake, name="orders", flush_interval=NEVER)
-        with anyio.fail_after(2):
+        with anyio.fail_after(scaled(2)):
             assert await handle.close()
         assert handle.stats().finished
         assert fake.calls == [("open",), ("flush",), ("close",)]
@@ -569,7 +570,7 @@ async def test_explicit_close_waits_and_times_out() -> None:
             )
             started = anyio.current_time()
             assert not await handle.close(timeout=0.05)
-            assert anyio.current_time() - started < 1.0
+            assert anyio.current_time() - started < scaled(1.0)
             assert not handle.stats().finished
             tg.cancel_scope.cancel()  # the runtime stops: the connector is still closed
     assert stuck.calls == [("open",), ("flush",), ("flush cancelled",), ("close",)]
@@ -583,8 +584,8 @@ async def test_explicit_close_waits_and_times_out() -> None:
             handle = await start_sink_task(
                 tg, bounded, name="orders", flush_interval=NEVER, shutdown_timeout=0.05
             )
-            with anyio.fail_after(2):
-                assert await handle.close(timeout=1.0)
+            with anyio.fail_after(scaled(2)):
+                assert await handle.close(timeout=scaled(1.0))
     assert bounded.calls == [("open",), ("flush",), ("flush cancelled",), ("close",)]
     assert warnings_of(logs, "sink flush timed out at shutdown")[0]["sink"] == "orders"
 
@@ -595,9 +596,9 @@ async def test_concurrent_closes_close_the_connector_once() -> None:
     results: list[bool] = []
 
     async def close(handle: SinkTaskHandle) -> None:
-        results.append(await handle.close(timeout=2.0))
+        results.append(await handle.close(timeout=scaled(2.0)))
 
-    with anyio.fail_after(3):
+    with anyio.fail_after(scaled(3)):
         async with anyio.create_task_group() as tg:
             handle = await start_sink_task(tg, fake, name="orders", flush_interval=NEVER)
             other = handle.clone()
@@ -689,7 +690,7 @@ async def test_reply_that_cannot_come_is_typed_error() -> None:
         except ActorGoneError as exc:
             errors[label] = exc
 
-    with anyio.fail_after(2):
+    with anyio.fail_after(scaled(2)):
         async with anyio.create_task_group() as tg:
             handle: SinkTaskHandle = await tg.start(run_sink)
             async with anyio.create_task_group() as asks:
@@ -737,14 +738,14 @@ async def test_inbox_is_bounded_default_128(capacity: int | None) -> None:
     fake.hang["write_batch"] = release = anyio.Event()
     options: dict[str, Any] = {} if capacity is None else {"capacity": capacity}
     room = 128 if capacity is None else capacity
-    with anyio.fail_after(5):
+    with anyio.fail_after(scaled(5)):
         async with sink(fake, **options) as handle:
             await handle.write_batch(batch(1))
             await fake.entered_event("write_batch").wait()  # the task is busy with it
             for _ in range(room):
-                with anyio.fail_after(1):
+                with anyio.fail_after(scaled(1)):
                     await handle.write_batch(batch(1))  # fills the inbox without waiting
-            with anyio.move_on_after(0.05) as waited:
+            with anyio.move_on_after(scaled(0.05)) as waited:
                 await handle.write_batch(batch(1))  # one more: waits for room
             assert waited.cancelled_caught
             done = anyio.Event()
@@ -940,7 +941,7 @@ class SinkTaskMachine(RuleBasedStateMachine):
 
     def _run(self, call: Callable[[], Awaitable[object]]) -> type[BaseException] | None:
         async def run() -> type[BaseException] | None:
-            with anyio.fail_after(5):
+            with anyio.fail_after(scaled(5)):
                 try:
                     await call()
                 except (EpochPoisonedError, SinkEpochError, SinkConnectorError) as exc:

@@ -11,6 +11,7 @@ import anyio
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from _timeouts import scaled
 
 from barrierflow import ActorFailedError, ProtocolError, SinkConnectorError
 from barrierflow.actors import CommitMetadata, ParquetFileSink, PendingCommit, SinkWriter
@@ -158,7 +159,7 @@ async def test_commit_waits_until_checkpoint_is_durable(tmp_path: Path) -> None:
     async with rt:
         await rt.push("src", chunk(1))
         durable = await rt.checkpoint()
-        with anyio.fail_after(5):
+        with anyio.fail_after(scaled(5)):
             await faults.committed.wait()
     commits = [c for c in calls if c[0] == "commit"]
     epoch, committed_at_commit = commits[0][1], commits[0][2]
@@ -232,7 +233,7 @@ async def test_failed_commit_shows_no_rows_and_recovery_commits_them(tmp_path: P
     async with rt:
         await rt.push("src", chunk(1, 2))
         await rt.checkpoint()  # durable: the rows are acknowledged
-        with anyio.fail_after(5):
+        with anyio.fail_after(scaled(5)):
             await faults.tripped.wait()
         assert table_ids(tmp_path / "table") == []  # the failed commit exposed nothing
         for _ in range(3):  # the first may still meet the failing graph
@@ -299,7 +300,7 @@ async def test_wait_committed_returns_once_rows_are_visible(tmp_path: Path) -> N
     async with rt:
         await rt.push("src", chunk(4, 5))
         durable = await rt.checkpoint()
-        with anyio.fail_after(5):
+        with anyio.fail_after(scaled(5)):
             await writers[-1].wait_committed(durable)
         assert writers[-1].committed_checkpoint >= durable
         assert table_ids(tmp_path / "table") == [4, 5]

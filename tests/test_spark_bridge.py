@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from _timeouts import scaled
 
 from barrierflow.actors import BatchFeed, ParquetFileSink, SinkWriter
 from barrierflow.channels import Chunk, Message
@@ -189,7 +190,7 @@ async def test_the_reader_yields_every_row_in_bounded_chunks(spark: Any) -> None
 @pytest.mark.anyio
 async def test_a_reader_left_early_stops_fetching(spark: Any) -> None:
     df = frame(spark, 0, 50_000).repartition(4)
-    with anyio.fail_after(60):
+    with anyio.fail_after(scaled(60)):
         async with SparkReader(df, chunk_rows=1_000, capacity=1) as chunks:
             first = await chunks.__anext__()
     assert first.num_rows <= 1_000

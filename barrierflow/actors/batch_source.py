@@ -28,6 +28,14 @@ became durable is delivered again in full. :class:`BatchFeed` is the driver's en
 
 Streams are independent: a streaming query and a static pump can share one feed under
 different stream names.
+
+**Positions.** With every barrier it passes, the source reports its positions — position key
+``"<source actor>/<stream>"`` → last batch id before the barrier — so that exactly-once sinks
+record them atomically with the rows (see :mod:`barrierflow.runtime.positions`). On an empty
+store whose run adopted a sink's positions (``RuntimeConfig.adopt_sink_positions``), the
+source starts from them: they count as durable, and every id up to them is a replay to skip
+(the upstream may start over from 0 when its own checkpoint was lost too). The adopted
+positions are kept in the source's state, so a later restart still skips them.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from barrierflow.errors import (
     SchemaMismatchError,
 )
 from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.positions import position_key
 from barrierflow.runtime.runtime import Runtime
 from barrierflow.runtime.state_store import StateTable
 
@@ -65,6 +74,8 @@ __all__ = ["BatchFeed", "BatchFeedStats", "BatchSource", "check_schema", "confor
 _REATTACH_POLL = 0.05
 #: The state table of a batch source: stream name → last batch id sealed with the rows.
 _TABLE = "batches"
+#: Stream name → the batch id adopted from a sink's storage (ids up to it are replays).
+_ADOPTED = "adopted"
 
 
 @final
@@ -176,6 +187,7 @@ class BatchFeed:
         # Per stream, the last batch whose end mark went to the running source (restored from
         # the last checkpoint at attach); streams whose last batch is not yet known durable.
         self._last: dict[str, int] = {}
+        self._floor: dict[str, int] = {}  # adopted from a sink: ids up to it are replays
         self._unconfirmed: set[str] = set()
         self._lock: anyio.Lock | None = None
         self._abandoned: tuple[str, int] | None = None
@@ -189,13 +201,15 @@ class BatchFeed:
 
     # The actor's side.
 
-    def _attach(self, send: SendChannel[_Item], durable: dict[str, int]) -> None:
+    def _attach(
+        self, send: SendChannel[_Item], durable: dict[str, int], floor: dict[str, int]
+    ) -> None:
         if self._send is not None:
             raise ProtocolError(
                 "a BatchFeed feeds one source actor: expected one `rt.add_source(name, "
                 "feed.source)` per feed, but a second source attached while the first runs"
             )
-        self._send, self._last = send, durable
+        self._send, self._last, self._floor = send, durable, floor
         self._unconfirmed.clear()
         self._abandoned = None  # a rebuilt graph discarded the abandoned rows
         if self._attached is None:
@@ -260,6 +274,9 @@ class BatchFeed:
         last = self._last.get(stream)
         if last is not None and batch_id == last:
             return False
+        floor = self._floor.get(stream)
+        if floor is not None and batch_id <= floor:
+            return False  # held by the sink whose positions this run adopted
         expected = self.first_batch_id if last is None else last + 1
         if batch_id != expected:
             raise BatchOrderError(stream, last, batch_id, expected)
@@ -364,9 +381,25 @@ class BatchSource(StreamActor):
 
     async def run(self, ctx: ActorContext) -> None:
         table = ctx.table(_TABLE)
+        adopted_table = ctx.table(_ADOPTED)
         durable = {str(k): int(v) for k, v in (await table.items()).items()}
+        floor = {str(k): int(v) for k, v in (await adopted_table.items()).items()}
+        prefix = position_key(ctx.name, "")
+        if not durable and ctx.adopted_positions:
+            # A run on an empty store that adopted a sink's positions: the batches up to them
+            # are in the sink already, so they count as durable here (and become so with the
+            # first checkpoint), and any id up to them is a replay to skip.
+            for key, batch_id in ctx.adopted_positions.items():
+                if key.startswith(prefix):
+                    stream = key.removeprefix(prefix)
+                    durable[stream] = floor[stream] = batch_id
+                    table.put(stream, batch_id)
+                    adopted_table.put(stream, batch_id)
+        positions = {position_key(ctx.name, s): b for s, b in durable.items()}
         # The initial barrier first: no row may reach downstream before it.
         async for message in ctx.messages():
+            if isinstance(message, Barrier):
+                ctx.report_positions(message, positions)
             await ctx.emit(message)
             if isinstance(message, Barrier) or ctx.finished:
                 break
@@ -380,8 +413,8 @@ class BatchSource(StreamActor):
             with single_error():
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._forward_inbox, ctx, send.clone())
-                    feed._attach(send, dict(durable))
-                    await self._emit(ctx, feed, receive, table)
+                    feed._attach(send, dict(durable), floor)
+                    await self._emit(ctx, feed, receive, table, positions)
                     tg.cancel_scope.cancel()
         finally:
             feed._detach(send)
@@ -401,7 +434,11 @@ class BatchSource(StreamActor):
 
     @staticmethod
     async def _emit(
-        ctx: ActorContext, feed: BatchFeed, receive: ReceiveChannel[_Item], table: StateTable
+        ctx: ActorContext,
+        feed: BatchFeed,
+        receive: ReceiveChannel[_Item],
+        table: StateTable,
+        positions: dict[str, int],
     ) -> None:
         open_batch = False
         held: list[Message] = []
@@ -411,9 +448,10 @@ class BatchSource(StreamActor):
                 await ctx.emit(item)
             elif isinstance(item, _End):
                 table.put(item.stream, item.batch_id)
+                positions[position_key(ctx.name, item.stream)] = item.batch_id
                 open_batch = False
                 for message in held:
-                    await ctx.emit(message)
+                    await BatchSource._pass(ctx, message, positions)
                 held.clear()
             elif open_batch:
                 abandoned = feed._abandoned
@@ -421,6 +459,13 @@ class BatchSource(StreamActor):
                     raise BatchAbortedError(*abandoned)
                 held.append(item)  # a barrier waits for the open batch's end mark
             else:
-                await ctx.emit(item)
+                await BatchSource._pass(ctx, item, positions)
             if ctx.finished:
                 return
+
+    @staticmethod
+    async def _pass(ctx: ActorContext, message: Message, positions: dict[str, int]) -> None:
+        """Pass a barrier (or watermark) on, reporting the positions its epoch reaches."""
+        if isinstance(message, Barrier):
+            ctx.report_positions(message, positions)
+        await ctx.emit(message)

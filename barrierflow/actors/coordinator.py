@@ -55,6 +55,7 @@ from barrierflow.errors import (
     BarrierflowError,
     CoordinatorAbortedError,
     DuplicateVnodeError,
+    DuplicateWriterError,
     EpochOrderError,
     InvalidArgumentError,
     ProtocolError,
@@ -217,10 +218,21 @@ class WriterHandle:
     failed.
     """
 
-    def __init__(self, coordinator: Coordinator, handle_id: int, bitmap: VnodeBitmap) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        handle_id: int,
+        bitmap: VnodeBitmap,
+        writer: str | None = None,
+        name: str | None = None,
+    ) -> None:
         self._coordinator = coordinator
         self.handle_id = handle_id
         self.bitmap = bitmap
+        #: The writer id its connector stages under (unique per sink), if it has one.
+        self.writer = writer
+        #: Who registered (the writer actor's name), for messages.
+        self.name = name or f"writer {handle_id}"
         self._started = _Future()
         self._aborted: BaseException | None = None
         self._stopped = False
@@ -289,6 +301,21 @@ class WriterHandle:
     def _abort(self, error: BaseException) -> None:
         self._aborted = error
         self._started.fail(error)
+
+
+def _ranges(vnodes: Sequence[int]) -> str:
+    """``[0, 1, 2, 7]`` as ``"0-2, 7"`` (the first 16 runs)."""
+    runs: list[str] = []
+    start = previous = None
+    for vnode in [*vnodes, None]:
+        if vnode is not None and previous is not None and vnode == previous + 1:
+            previous = vnode
+            continue
+        if start is not None:
+            runs.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = vnode
+    more = f", ... ({len(runs) - 16} more runs)" if len(runs) > 16 else ""
+    return ", ".join(runs[:16]) + more
 
 
 def _check_epoch(epoch: Any) -> None:
@@ -427,6 +454,11 @@ class Coordinator:
         """Vnodes the writers' bitmaps partition."""
         return self._vnode_count
 
+    @property
+    def committer(self) -> CommitCoordinator:
+        """The sink side that commits."""
+        return self._committer
+
     def _reset_run_state(self) -> None:
         self._handles: dict[int, WriterHandle] = {}
         self._running: set[int] = set()
@@ -455,15 +487,28 @@ class Coordinator:
         if not bitmap.count():
             raise InvalidArgumentError("bitmap", "a bitmap with at least one vnode", bitmap)
 
-    async def register(self, bitmap: VnodeBitmap) -> WriterHandle:
+    async def register(
+        self, bitmap: VnodeBitmap, *, writer: str | None = None, name: str | None = None
+    ) -> WriterHandle:
         """Register a writer owning ``bitmap``; waits until the coordinator runs.
 
+        Args:
+            bitmap: the vnodes the writer owns.
+            writer: the writer id its connector stages files under; two running writers of
+                one sink with the same id would overwrite each other's files, so the
+                coordinator fails with :class:`~barrierflow.errors.DuplicateWriterError`.
+            name: who registers (the writer actor's name), for logs and errors.
+
         Raises:
-            InvalidArgumentError: the bitmap is not a non-empty bitmap of ``vnode_count`` vnodes.
+            InvalidArgumentError: the bitmap is not a non-empty bitmap of ``vnode_count``
+                vnodes, or ``writer``/``name`` is not ``None`` or a non-empty str.
         """
         self._check_bitmap(bitmap)
+        for argument, value in (("writer", writer), ("name", name)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidArgumentError(argument, "None or a non-empty str", value)
         self._next_id += 1
-        handle = WriterHandle(self, self._next_id, bitmap)
+        handle = WriterHandle(self, self._next_id, bitmap, writer, name)
         await self._post(_NewHandle(handle))
         return handle
 
@@ -637,12 +682,6 @@ class Coordinator:
             self._track(event)
             return event
 
-    async def _next_writer_event(self) -> _Event:
-        while True:
-            event = await self._next_event(math.inf)
-            if event is not None:
-                return event
-
     # Recovery and init.
 
     async def _recover(self, ctx: ServiceContext, states: SinkStates) -> _TwoPhase:
@@ -693,27 +732,55 @@ class Coordinator:
     async def _wait_init_handles(self) -> set[int]:
         round_ = _Aligning(self.sink, self._vnode_count, "registration")
         while not round_.aligned:
-            event = await self._next_writer_event()
+            event = await self._next_registration_event(round_)
             if not isinstance(event, _NewHandle):
                 raise ProtocolError(
                     f"sink {self.sink!r}: expected writers to register during init, got "
                     f"{type(event).__name__.strip('_')}"
                 )
-            self._handles[event.handle.handle_id] = event.handle
+            self._admit(event.handle)
             round_.add(event.handle, None)
         return {h.handle_id for h in round_.handles}
+
+    def _admit(self, handle: WriterHandle) -> None:
+        """Add a registered writer; its writer id must not be another running writer's."""
+        if handle.writer is not None:
+            for other in self._handles.values():
+                if other is not handle and other.writer == handle.writer:
+                    raise DuplicateWriterError(self.sink, handle.writer, other.name, handle.name)
+        self._handles[handle.handle_id] = handle
+
+    async def _next_registration_event(self, round_: _Aligning) -> _Event:
+        """The next writer event of a registration round; while vnodes stay uncovered, log
+        every ``warn_interval`` seconds which are missing and who registered — a writer that
+        never comes (a missing parallel writer, a hash fan-out shared with other actors)
+        would otherwise be a silent hang."""
+        while True:
+            deadline = anyio.current_time() + self._warn_interval
+            while anyio.current_time() < deadline:
+                event = await self._next_event(deadline)
+                if event is not None:
+                    return event
+            missing = (VnodeBitmap.full(self._vnode_count) - round_.covered).vnodes()
+            self._log.warning(
+                "waiting for writers to cover every vnode",
+                stage=round_.stage,
+                uncovered=_ranges(missing),
+                uncovered_count=len(missing),
+                registered=[f"{h.name} ({h.bitmap.count()} vnodes)" for h in round_.handles],
+            )
 
     async def _realign(self, altered: list[WriterHandle]) -> set[int]:
         round_ = _Aligning(self.sink, self._vnode_count, "realignment")
         for handle in altered:
-            self._handles[handle.handle_id] = handle
+            self._admit(handle)
             round_.add(handle, None)
         remaining = {i for i in self._handles if i not in {h.handle_id for h in altered}}
         self._running.clear()
         while remaining or not round_.aligned:
-            event = await self._next_writer_event()
+            event = await self._next_registration_event(round_)
             if isinstance(event, _NewHandle):
-                self._handles[event.handle.handle_id] = event.handle
+                self._admit(event.handle)
                 round_.add(event.handle, None)
             elif isinstance(event, _UpdateBitmap):
                 remaining.discard(event.handle.handle_id)
@@ -759,7 +826,7 @@ class Coordinator:
             return
         round_ = _Aligning(self.sink, self._vnode_count, "initial epoch alignment")
         while not round_.aligned:
-            event = await self._next_writer_event()
+            event = await self._next_registration_event(round_)
             if not isinstance(event, _AlignInitial):
                 raise ProtocolError(
                     f"sink {self.sink!r}: expected AlignInitialEpoch from every writer, got "

@@ -14,6 +14,11 @@ local directory (:func:`open_local_catalog`). The parts:
   after a crash and is skipped — the property, not the snapshot summaries, is the source of
   truth, because snapshot expiry deletes old summaries. ``abort`` deletes the epoch's files;
   ``init`` deletes staged files no pending commit references.
+* **Source positions**: the same transaction records the positions the epoch's rows reach in
+  the snapshot summary (``barrierflow.positions``) and, merged, in the table property
+  ``barrierflow.source-positions``; an epoch whose batches the table holds already is dropped
+  instead of committed (see :mod:`barrierflow.runtime.positions`). The writers lock the data
+  directory against other processes.
 * **Schema change** is Iceberg schema evolution: a commit carrying
   ``{"add_columns": [{"name": ..., "type": "int64" | "double" | "string" | ...}]}`` adds the
   columns in the same transaction.
@@ -28,6 +33,7 @@ when a committer or sink is first used, not when :mod:`barrierflow.actors` is im
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -41,14 +47,29 @@ import pyarrow as pa
 
 from barrierflow.actors.coordinator import SchemaChange
 from barrierflow.actors.parquet_sink import STAGING, ParquetFileSink, _fsync_path
-from barrierflow.actors.sink import CommitMetadata
+from barrierflow.actors.sink import CommitMetadata, writers_positions
 from barrierflow.errors import InvalidArgumentError, ProtocolError, SinkRecoveryError
+from barrierflow.runtime.positions import (
+    SinkCommits,
+    check_positions,
+    epoch_already_held,
+    merge_positions,
+)
 
-__all__ = ["COMMITTED_EPOCH_PROPERTY", "IcebergCommitter", "IcebergSink", "open_local_catalog"]
+__all__ = [
+    "COMMITTED_EPOCH_PROPERTY",
+    "POSITIONS_PROPERTY",
+    "IcebergCommitter",
+    "IcebergSink",
+    "open_local_catalog",
+]
 
 #: The table property holding the last committed epoch (epochs only increase).
 COMMITTED_EPOCH_PROPERTY = "barrierflow.committed-epoch"
+#: The table property holding the source positions the committed rows reach (JSON).
+POSITIONS_PROPERTY = "barrierflow.source-positions"
 _SUMMARY_EPOCH = "barrierflow.epoch"
+_SUMMARY_POSITIONS = "barrierflow.positions"
 _TYPES = {
     "int32": "IntegerType",
     "int64": "LongType",
@@ -231,6 +252,7 @@ class IcebergCommitter:
             "staging_epoch": staged.pop(),
             "paths": paths,
             "rows": sum(int(m.get("rows", 0)) for m in metadatas),
+            **writers_positions(metadatas),
         }
 
     async def commit(
@@ -254,6 +276,15 @@ class IcebergCommitter:
         table = self._sink.table()
         if epoch <= int(table.properties.get(COMMITTED_EPOCH_PROPERTY, "0")):
             return  # a replayed commit
+        held = self._held_positions(table)
+        positions = {} if metadata is None else metadata.get("positions", {})
+        if metadata is not None and epoch_already_held(
+            self._sink.identifier, epoch, held, metadata.get("positions_from", {}), positions
+        ):
+            # The runtime's store went back in time and the upstream replayed rows this table
+            # holds: drop them instead of committing them twice.
+            self._abort_files(epoch, metadata)
+            return
         finals: list[str] = []
         for relative in [] if metadata is None else metadata.get("paths", []):
             staged = self._sink.data_path / relative
@@ -273,13 +304,20 @@ class IcebergCommitter:
         with table.transaction() as tx:
             if schema_change is not None:
                 _evolve(tx, schema_change)
+            summary = {_SUMMARY_EPOCH: str(epoch)}
+            properties = {COMMITTED_EPOCH_PROPERTY: str(epoch)}
+            if positions:
+                summary[_SUMMARY_POSITIONS] = json.dumps(positions, sort_keys=True)
+                properties[POSITIONS_PROPERTY] = json.dumps(
+                    merge_positions(held, positions), sort_keys=True
+                )
             if finals:
                 tx.add_files(
                     finals,
-                    snapshot_properties={_SUMMARY_EPOCH: str(epoch)},
+                    snapshot_properties=summary,
                     check_duplicate_files=False,  # the epoch property already rules replays out
                 )
-            tx.set_properties({COMMITTED_EPOCH_PROPERTY: str(epoch)})
+            tx.set_properties(properties)
         self.commit_seconds.append(time.perf_counter() - started)
         self._commits += 1
         if self._commits % self._expire_every == 0:
@@ -302,9 +340,34 @@ class IcebergCommitter:
             return
         await self._run(self._abort, epoch, dict(metadata))
 
+    def _held_positions(self, table: Any) -> dict[str, int]:
+        text = table.properties.get(POSITIONS_PROPERTY, "{}")
+        try:
+            return check_positions(POSITIONS_PROPERTY, json.loads(text))
+        except (ValueError, InvalidArgumentError) as exc:
+            raise SinkRecoveryError(
+                self._sink.identifier, f"table property {POSITIONS_PROPERTY} is damaged: {exc}"
+            ) from exc
+
+    async def sink_commits(self) -> SinkCommits | None:
+        """What the table holds: its committed epoch and recorded positions (``None``: no
+        commit by barrierflow yet)."""
+        result: SinkCommits | None = await self._run(self._read_commits)
+        return result
+
+    def _read_commits(self) -> SinkCommits | None:
+        table = self._sink.table()
+        epoch = int(table.properties.get(COMMITTED_EPOCH_PROPERTY, "0"))
+        if epoch == 0:
+            return None
+        return SinkCommits(self._sink.identifier, epoch, self._held_positions(table))
+
     def _abort(self, epoch: int, metadata: dict[str, Any]) -> None:
         if epoch <= self.committed_epoch():
             return  # it was committed after all: never delete committed files
+        self._abort_files(epoch, metadata)
+
+    def _abort_files(self, epoch: int, metadata: Mapping[str, Any]) -> None:
         for relative in metadata.get("paths", []):
             for path in (self._sink.data_path / relative, self._final_path(relative)):
                 path.unlink(missing_ok=True)

@@ -30,9 +30,17 @@ import anyio
 import anyio.to_thread
 
 from barrierflow.actors.coordinator import SchemaChange
-from barrierflow.actors.parquet_sink import STAGING, _Files, _fsync_path, epoch_dir_name
-from barrierflow.actors.sink import CommitMetadata
+from barrierflow.actors.parquet_sink import (
+    PRECOMMITTED,
+    STAGING,
+    _Files,
+    _fsync_path,
+    _write_json_atomically,
+    epoch_dir_name,
+)
+from barrierflow.actors.sink import CommitMetadata, writers_positions
 from barrierflow.errors import InvalidArgumentError, ProtocolError, SinkRecoveryError
+from barrierflow.runtime.positions import SinkCommits
 
 __all__ = ["ParquetCommitter"]
 
@@ -113,6 +121,7 @@ class ParquetCommitter:
             "staging_epoch": staged.pop(),
             "paths": paths,
             "rows": sum(int(m.get("rows", 0)) for m in metadatas),
+            **writers_positions(metadatas),
         }
 
     async def commit(
@@ -144,9 +153,29 @@ class ParquetCommitter:
                         f"epoch {epoch} is pending with {len(metadata['paths'])} file(s), but "
                         "they are neither staged nor committed",
                     )
+                if files.skip_if_held(manifest, epoch, metadata):
+                    shutil.rmtree(staged, ignore_errors=True)  # in the table already
+                    return
+                # The epoch's record travels with its files: what it holds, and from where.
+                _write_json_atomically(
+                    staged / PRECOMMITTED,
+                    {"files": metadata["paths"], "rows": int(metadata["rows"])}
+                    | {k: metadata[k] for k in ("positions", "positions_from") if k in metadata},
+                )
                 os.rename(staged, final)  # the commit point: every writer's files at once
                 _fsync_path(self._root)
-            files.record(manifest, epoch, len(metadata["paths"]), int(metadata["rows"]))
+            files.record(
+                manifest,
+                epoch,
+                len(metadata["paths"]),
+                int(metadata["rows"]),
+                metadata.get("positions"),
+            )
+
+    async def sink_commits(self) -> SinkCommits | None:
+        """What the table holds (``None``: nothing committed yet)."""
+        result: SinkCommits | None = await self._run(self._files.commits)
+        return result
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
         """Delete what the epoch staged."""

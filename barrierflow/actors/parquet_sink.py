@@ -25,6 +25,13 @@ How each phase keeps the table exact:
   checkpoint lists as pre-committed are committed (the upstream will not replay their rows);
   every other staged epoch is deleted (the upstream will replay its rows).
 
+**Source positions** (:mod:`barrierflow.runtime.positions`): the positions an epoch's rows
+span are written into its pre-commit record, which is renamed into ``epoch=<epoch>/`` with the
+files — the rows and their positions appear in one step — and merged into the manifest's
+``positions``. A commit of an epoch whose batches the table already holds (the runtime's store
+went back in time) is skipped. The table directory is locked against writers of other
+processes (``.barrierflow.lock``, see :mod:`._dirlock`).
+
 Empty epochs write nothing at all. The directory names carry the epoch, so a hive
 partitioning also yields an ``epoch`` column; epochs exceed int32, so declare its type:
 ``ds.dataset(path, partitioning=ds.partitioning(pa.schema([("epoch", pa.int64())]),
@@ -41,7 +48,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, final
 
@@ -50,8 +57,15 @@ import anyio.to_thread
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from barrierflow.actors._dirlock import DirectoryLease, lock_directory
 from barrierflow.actors.sink import CommitMetadata, PendingCommit
 from barrierflow.errors import InvalidArgumentError, SinkRecoveryError
+from barrierflow.runtime.positions import (
+    SinkCommits,
+    check_positions,
+    epoch_already_held,
+    merge_positions,
+)
 
 __all__ = ["ParquetFileSink"]
 
@@ -86,6 +100,15 @@ def _write_json_atomically(path: Path, value: Any) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_path(path.parent)
+
+
+def _read_record(final: Path) -> dict[str, Any] | None:
+    """The record an epoch directory carries (``None`` if it has none or it is unreadable)."""
+    try:
+        record = json.loads((final / PRECOMMITTED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _positive_int(argument: str, value: Any) -> int:
@@ -151,6 +174,9 @@ class _Files:
         self.epoch: int | None = None
         self.files: list[str] = []  # staged files of the open epoch
         self.rows = 0
+        # Source positions of the open epoch: after the first, up to the second.
+        self.positions: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self.lease: DirectoryLease | None = None
 
     # Manifest.
 
@@ -183,17 +209,60 @@ class _Files:
                 )
         return manifest
 
-    def record(self, manifest: dict[str, Any], epoch: int, files: int, rows: int) -> None:
+    def record(
+        self,
+        manifest: dict[str, Any],
+        epoch: int,
+        files: int,
+        rows: int,
+        positions: dict[str, int] | None = None,
+    ) -> None:
         manifest["committed_epoch"] = epoch
         manifest["files"] += files
         manifest["rows"] += rows
+        if positions:
+            manifest["positions"] = merge_positions(manifest.get("positions", {}), positions)
         _write_json_atomically(self.root / MANIFEST, manifest)
+
+    def held_positions(self, manifest: dict[str, Any]) -> dict[str, int]:
+        positions = manifest.get("positions", {})
+        try:
+            return check_positions("positions", positions)
+        except InvalidArgumentError as exc:
+            raise SinkRecoveryError(str(self.root), f"{MANIFEST}: {exc}") from exc
+
+    def commits(self) -> SinkCommits | None:
+        """What the table holds: the manifest, plus epochs renamed after it (read-only)."""
+        manifest = self.read_manifest()
+        epoch, positions = manifest["committed_epoch"], self.held_positions(manifest)
+        for directory in self.root.glob("epoch=*"):
+            if not directory.name.removeprefix("epoch=").isdigit():
+                continue
+            # Renamed, maybe not in the manifest yet (a crash between the two): committed.
+            epoch = max(epoch, int(directory.name.removeprefix("epoch=")))
+            record = _read_record(directory)
+            if record is not None:
+                positions = merge_positions(positions, record.get("positions", {}))
+        return None if epoch == 0 else SinkCommits(str(self.root), epoch, positions)
+
+    def skip_if_held(self, manifest: dict[str, Any], epoch: int, record: dict[str, Any]) -> bool:
+        """Whether the epoch's rows are already in the table (a replay after the runtime's
+        store went back in time): then the commit is skipped."""
+        return epoch_already_held(
+            str(self.root),
+            epoch,
+            self.held_positions(manifest),
+            record.get("positions_from", {}),
+            record.get("positions", {}),
+        )
 
     # Writing one epoch.
 
     def open(self) -> None:
         with self.lock:
             self.staging.mkdir(parents=True, exist_ok=True)
+            if self.lease is None:
+                self.lease = lock_directory(self.root, sink=str(self.root))
 
     def staged_dir(self, epoch: int) -> Path:
         """Where this sink stages ``epoch``: its own subdirectory when it is one writer of a
@@ -205,6 +274,7 @@ class _Files:
         with self.lock:
             self._close_writer()
             self.epoch, self.files, self.rows = epoch, [], 0
+            self.positions = ({}, {})
             leftover = self.staged_dir(epoch)
             if leftover.exists():  # an earlier incarnation staged this epoch number
                 shutil.rmtree(leftover)
@@ -255,6 +325,9 @@ class _Files:
                 "files": list(self.files),
                 "rows": self.rows,
             }
+            start, end = self.positions
+            if end:
+                metadata["positions_from"], metadata["positions"] = start, end
             if self.files:
                 directory = self.staged_dir(epoch)
                 for name in self.files:
@@ -296,9 +369,14 @@ class _Files:
             return
         if staged.exists() and not final.exists():
             record = json.loads((staged / PRECOMMITTED).read_text(encoding="utf-8"))
+            if self.skip_if_held(manifest, epoch, record):
+                shutil.rmtree(staged, ignore_errors=True)  # its rows are in the table already
+                return
             os.rename(staged, final)  # the commit point: the whole epoch appears at once
             _fsync_path(self.root)
-            self.record(manifest, epoch, len(record["files"]), record["rows"])
+            self.record(
+                manifest, epoch, len(record["files"]), record["rows"], record.get("positions")
+            )
         elif final.exists():
             self._record_renamed(manifest, epoch)
         # else: an empty epoch — nothing was staged, nothing to publish.
@@ -306,7 +384,7 @@ class _Files:
     def _record_renamed(self, manifest: dict[str, Any], epoch: int) -> None:
         final = self.root / epoch_dir_name(epoch)
         record = json.loads((final / PRECOMMITTED).read_text(encoding="utf-8"))
-        self.record(manifest, epoch, len(record["files"]), record["rows"])
+        self.record(manifest, epoch, len(record["files"]), record["rows"], record.get("positions"))
 
     def recover(self, pending: Sequence[PendingCommit]) -> None:
         with self.lock:
@@ -340,6 +418,9 @@ class _Files:
     def close(self) -> None:
         with self.lock:
             self._close_writer()
+            if self.lease is not None:
+                self.lease.release()
+                self.lease = None
 
 
 @final
@@ -469,6 +550,25 @@ class ParquetFileSink:
         with self._buffer_lock:
             batches, self._buffer, self._buffered_rows = self._buffer, [], 0
         return batches
+
+    async def record_positions(
+        self, epoch: int, start: Mapping[str, int], end: Mapping[str, int]
+    ) -> None:
+        """The source positions the rows of open epoch ``epoch`` span (batches after
+        ``start``, up to ``end``): recorded in its pre-commit record, renamed into the table
+        with the rows, and merged into the manifest at commit (see
+        :mod:`barrierflow.runtime.positions`)."""
+        await anyio.lowlevel.checkpoint()
+        if self._files.epoch == epoch:
+            self._files.positions = (dict(start), dict(end))
+
+    async def sink_commits(self) -> SinkCommits | None:
+        """What the table holds (``None``: nothing committed, or a coordinated writer, whose
+        committer answers instead)."""
+        if self._files.writer_id is not None:
+            await anyio.lowlevel.checkpoint()
+            return None
+        return await self._run(self._files.commits)
 
     async def pre_commit(self, epoch: int) -> CommitMetadata:
         """Write what is buffered, close and fsync the staged files, record the pre-commit.

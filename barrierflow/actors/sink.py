@@ -39,8 +39,9 @@ from typing import Any, Protocol, final, runtime_checkable
 import pyarrow as pa
 
 from barrierflow.errors import InvalidArgumentError
+from barrierflow.runtime.positions import merge_positions
 
-__all__ = ["CommitMetadata", "PendingCommit", "SinkConnector"]
+__all__ = ["CommitMetadata", "PendingCommit", "PositionRecorder", "SinkConnector"]
 
 #: What ``pre_commit`` returns: JSON-serializable facts needed to commit the epoch (file
 #: names, row counts, a transaction id). It is stored with the checkpoint, so keep it small.
@@ -119,3 +120,34 @@ class SinkConnector(Protocol):
     async def close(self) -> None:
         """Release resources. Called once, last, also after a failure; commits nothing."""
         ...
+
+
+@runtime_checkable
+class PositionRecorder(Protocol):
+    """An exactly-once connector that records source positions with its commits (optional).
+
+    The sink task calls :meth:`record_positions` for the open epoch right before
+    ``pre_commit``; the connector puts them in what it commits **atomically with the rows**
+    (a Parquet epoch record renamed with the files, an Iceberg snapshot's properties). After
+    a loss of the runtime's state, those positions say which source batches the sink holds
+    (see :mod:`barrierflow.runtime.positions`), and a commit of an epoch whose batches it holds
+    already is skipped.
+    """
+
+    async def record_positions(
+        self, epoch: int, start: Mapping[str, int], end: Mapping[str, int]
+    ) -> None:
+        """The rows of open epoch ``epoch`` come from the batches after ``start`` up to
+        ``end`` (position key → batch id)."""
+        ...
+
+
+def writers_positions(metadatas: Sequence[CommitMetadata]) -> dict[str, Any]:
+    """The positions of one epoch as its parallel writers reported them in their pre-commit
+    metadata (``positions`` and ``positions_from``), merged for the committer: every writer
+    saw the same barriers, so they agree; the key-wise maximum is taken regardless."""
+    ends = [m["positions"] for m in metadatas if m.get("positions")]
+    if not ends:
+        return {}
+    starts = [m.get("positions_from", {}) for m in metadatas if m.get("positions")]
+    return {"positions": merge_positions(*ends), "positions_from": merge_positions(*starts)}

@@ -33,9 +33,9 @@ The rules (after LaminarDB's ``sink_task.rs``):
 from __future__ import annotations
 
 import contextlib
-import math
+import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, final
@@ -45,7 +45,12 @@ import pyarrow as pa
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from barrierflow.actors.sink import CommitMetadata, PendingCommit, SinkConnector
+from barrierflow.actors.sink import (
+    CommitMetadata,
+    PendingCommit,
+    PositionRecorder,
+    SinkConnector,
+)
 from barrierflow.errors import (
     ActorGoneError,
     EpochPoisonedError,
@@ -61,6 +66,7 @@ from barrierflow.runtime.command import (
     open_command_actor,
     serve_commands,
 )
+from barrierflow.runtime.positions import check_positions
 
 __all__ = ["SinkTask", "SinkTaskHandle", "SinkTaskStats", "start_sink_task"]
 
@@ -88,6 +94,8 @@ class _Flush:
 @dataclass(frozen=True, slots=True)
 class _PreCommit:
     epoch: int
+    # Source positions the epoch's rows span (after the first, up to the second), if known.
+    positions: tuple[dict[str, int], dict[str, int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +198,12 @@ def _check_epoch(epoch: Any) -> int:
 
 
 def _check_seconds(argument: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+    # ``<= float max``, not ``< inf``: a huge int passes the latter and overflows float().
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= sys.float_info.max
+    ):
         raise InvalidArgumentError(argument, "a positive finite number of seconds", value)
     return float(value)
 
@@ -262,8 +275,17 @@ class SinkTaskHandle:
         """
         await self._ref.ask(_Flush())
 
-    async def pre_commit(self, epoch: int) -> CommitMetadata:
+    async def pre_commit(
+        self,
+        epoch: int,
+        *,
+        positions: tuple[Mapping[str, int], Mapping[str, int]] | None = None,
+    ) -> CommitMetadata:
         """Phase 1 of the commit of the open epoch ``epoch``; returns the connector's metadata.
+
+        ``positions`` — the source positions the epoch's rows span, ``(start, end)`` — go to a
+        connector that records them (:class:`~barrierflow.actors.sink.PositionRecorder`) right
+        before its ``pre_commit``; other connectors ignore them.
 
         Raises:
             EpochPoisonedError: a write of this epoch failed.
@@ -271,7 +293,15 @@ class SinkTaskHandle:
             SinkConnectorError: the connector's pre-commit failed (the epoch stays open, to be
                 rolled back).
         """
-        metadata: CommitMetadata = await self._ref.ask(_PreCommit(_check_epoch(epoch)))
+        checked = None
+        if positions is not None:
+            if not isinstance(positions, tuple) or len(positions) != 2:
+                raise InvalidArgumentError("positions", "None or a (start, end) pair", positions)
+            checked = (
+                check_positions("positions", positions[0]),
+                check_positions("positions", positions[1]),
+            )
+        metadata: CommitMetadata = await self._ref.ask(_PreCommit(_check_epoch(epoch), checked))
         return metadata
 
     async def commit_epoch(self, epoch: int) -> None:
@@ -375,8 +405,8 @@ class _SinkActor:
             case _BeginEpoch(epoch):
                 await self._begin(epoch)
                 return None
-            case _PreCommit(epoch):
-                return await self._pre_commit(epoch)
+            case _PreCommit(epoch, positions):
+                return await self._pre_commit(epoch, positions)
             case _CommitEpoch(epoch):
                 await self._commit(epoch)
                 return None
@@ -451,7 +481,9 @@ class _SinkActor:
         if self.state.poisoned:
             raise EpochPoisonedError(self.state.name, operation, epoch, self.state.write_errors)
 
-    async def _pre_commit(self, epoch: int) -> CommitMetadata:
+    async def _pre_commit(
+        self, epoch: int, positions: tuple[dict[str, int], dict[str, int]] | None
+    ) -> CommitMetadata:
         state = self.state
         self._refuse_if_poisoned("pre_commit", epoch)
         if epoch != state.open_epoch:
@@ -461,6 +493,10 @@ class _SinkActor:
                 else f"the open epoch {state.open_epoch}"
             )
             raise SinkEpochError(state.name, "pre_commit", epoch, expected)
+        if positions is not None and isinstance(self.connector, PositionRecorder):
+            await self._call(
+                "record_positions", epoch, self.connector.record_positions(epoch, *positions)
+            )
         metadata = await self._call("pre_commit", epoch, self.connector.pre_commit(epoch))
         state.open_epoch = None
         state.pre_committed.append(epoch)

@@ -65,8 +65,15 @@ from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
-from barrierflow.errors import InvalidArgumentError, ProtocolError
+from barrierflow.errors import (
+    CoordinatorMissingError,
+    DuplicateWriterError,
+    InvalidArgumentError,
+    ProtocolError,
+)
 from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.positions import SinkCommits
+from barrierflow.runtime.startup import StartupContext
 from barrierflow.runtime.state_store import StateTable
 
 __all__ = ["SinkWriter"]
@@ -127,6 +134,88 @@ class SinkWriter(StreamActor):
         self._coordination: WriterHandle | None = None
         self._rewind: int | None = None
         self._last_checkpoint = 0
+        self._prepared: SinkConnector | None = None  # made before the graph starts
+        self._epoch_start: dict[str, int] = {}  # source positions where the open epoch began
+
+    # Before the graph starts (see barrierflow.runtime.startup).
+
+    def _connector_now(self) -> SinkConnector:
+        """This incarnation's connector, made once (at the startup check, or at run)."""
+        if self._prepared is None:
+            self._prepared = self._make_connector()
+        return self._prepared
+
+    def check_startup(self, ctx: StartupContext) -> None:
+        """Refuse a graph this writer would hang or lose rows in.
+
+        Raises:
+            CoordinatorMissingError: ``coordinator=`` is not a service of the runtime, or a
+                parallel sibling (reading the same hash-dispatched input) has none while this
+                writer has one.
+            InvalidArgumentError: a coordinated writer whose connector has no writer id, or a
+                writer id without a coordinator.
+            DuplicateWriterError: a parallel sibling of the same coordinator uses this
+                writer's writer id.
+        """
+        connector = self._connector_now()
+        writer_id = getattr(connector, "writer", None)
+        coordinator = self._coordinator
+        if coordinator is None:
+            if writer_id is not None:
+                # A coordinated connector commits nothing itself: without a coordinator its
+                # rows would never become visible.
+                raise InvalidArgumentError(
+                    f"sink writer {ctx.name!r}",
+                    "coordinator= for a connector made with writer= (a parallel writer of a "
+                    "coordinated sink), or a connector without writer=",
+                    f"writer={writer_id!r} and no coordinator",
+                )
+            return
+        if not any(service is coordinator for service in ctx.services.values()):
+            raise CoordinatorMissingError(
+                ctx.name,
+                coordinator.sink,
+                f"its Coordinator for sink {coordinator.sink!r} added to the runtime with "
+                "rt.add_service(name, coordinator)",
+                f"services {sorted(ctx.services)}",
+            )
+        if hasattr(connector, "writer") and writer_id is None:
+            raise InvalidArgumentError(
+                f"sink writer {ctx.name!r}",
+                "writer=<unique id> on the connector of each parallel writer of a coordinated "
+                "sink (their files are staged per writer)",
+                "a connector without writer=",
+            )
+        for name, sibling in ctx.siblings.items():
+            if not isinstance(sibling, SinkWriter):
+                continue
+            if sibling._coordinator is None:
+                raise CoordinatorMissingError(
+                    name,
+                    None,
+                    f"coordinator= like its parallel sibling {ctx.name!r} (sink "
+                    f"{coordinator.sink!r})",
+                    "no coordinator",
+                )
+            if sibling._coordinator is coordinator and writer_id is not None:
+                other = getattr(sibling._connector_now(), "writer", None)
+                if other == writer_id and name < ctx.name:
+                    raise DuplicateWriterError(coordinator.sink, writer_id, name, ctx.name)
+
+    async def sink_commits(self) -> SinkCommits | None:
+        """What this writer's sink already holds (asked on an empty state store): the
+        coordinator's committer answers for a coordinated sink, else the connector."""
+        source: object = (
+            self._connector_now()
+            if self._coordinator is None
+            else self._coordinator.committer
+        )
+        reader = getattr(source, "sink_commits", None)
+        if reader is None:
+            await anyio.lowlevel.checkpoint()
+            return None
+        commits: SinkCommits | None = await reader()
+        return commits
 
     def stats(self) -> SinkTaskStats | None:
         """The sink task's counters, while it runs (``None`` before)."""
@@ -168,15 +257,18 @@ class SinkWriter(StreamActor):
         table = ctx.table("sink")
         records = await table.items()
         self._coordination, self._rewind = None, None
+        connector, self._prepared = self._connector_now(), None
         if self._coordinator is not None:
             bitmap = ctx.vnode_bitmap or VnodeBitmap.full(self._coordinator.vnode_count)
-            self._coordination = await self._coordinator.register(bitmap)
+            self._coordination = await self._coordinator.register(
+                bitmap, writer=getattr(connector, "writer", None), name=ctx.name
+            )
             self._rewind = await self._coordination.wait_started()
         failure: BaseException | None = None
         async with anyio.create_task_group() as sink_group:
             handle = await start_sink_task(
                 sink_group,
-                self._make_connector(),
+                connector,
                 name=self._name or ctx.name,
                 capacity=self._capacity,
                 flush_interval=self._flush_interval,
@@ -251,6 +343,11 @@ class SinkWriter(StreamActor):
     async def _on_barrier(
         self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable, barrier: Barrier
     ) -> None:
+        # Where the rows before this barrier come from (read before the barrier is passed:
+        # the runtime forgets an epoch's positions once every actor collected it). Recorded
+        # with the epoch's rows, so a sink can tell a replay of rows it holds even if the
+        # runtime's store is lost.
+        positions = ctx.positions_at(barrier)
         if (
             barrier.kind is BarrierKind.INITIAL
             and self._coordination is not None
@@ -261,7 +358,9 @@ class SinkWriter(StreamActor):
         if barrier.kind is BarrierKind.CHECKPOINT and self._open is not None:
             epoch = self._open
             try:
-                metadata = await handle.pre_commit(epoch)
+                metadata = await handle.pre_commit(
+                    epoch, positions=(self._epoch_start, positions)
+                )
             except Exception:
                 await handle.rollback_epoch(epoch)
                 raise
@@ -302,6 +401,7 @@ class SinkWriter(StreamActor):
         if self._open is None:
             await handle.begin_epoch(barrier.epoch.curr)
             self._open = barrier.epoch.curr
+            self._epoch_start = positions
 
     async def _commit_when_durable(
         self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable

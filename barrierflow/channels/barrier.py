@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import final
 
+from barrierflow.channels._enum import TypedEnumType
 from barrierflow.channels.epoch import EpochPair
 from barrierflow.channels.mutation import (
     MUTATION_TYPES,
@@ -30,8 +31,9 @@ from barrierflow.errors import InvalidArgumentError
 __all__ = ["BarrierKind", "Barrier"]
 
 
-class BarrierKind(enum.Enum):
-    """What a barrier asks of the actors it passes."""
+class BarrierKind(enum.Enum, metaclass=TypedEnumType):
+    """What a barrier asks of the actors it passes (``BarrierKind("x")`` raises
+    :class:`~barrierflow.errors.InvalidArgumentError`)."""
 
     #: The first barrier an actor sees after (re)start; carries its initial configuration.
     INITIAL = "initial"
@@ -39,6 +41,13 @@ class BarrierKind(enum.Enum):
     BARRIER = "barrier"
     #: An epoch boundary after which state is made durable.
     CHECKPOINT = "checkpoint"
+
+
+def _check_actor_id(actor_id: object) -> None:
+    # Asked once per barrier per actor: an isinstance check, and a typed error instead of
+    # "unhashable type" from the mutation's mapping.
+    if type(actor_id) is not int or actor_id < 0:
+        raise InvalidArgumentError("actor_id", "a non-negative int actor id", actor_id)
 
 
 @final
@@ -69,13 +78,19 @@ class Barrier:
         return self.kind is not BarrierKind.BARRIER
 
     def with_mutation(self, mutation: Mutation | None) -> Barrier:
-        """The same boundary carrying ``mutation`` instead."""
+        """The same boundary carrying ``mutation`` instead.
+
+        Raises:
+            InvalidArgumentError: ``mutation`` is neither ``None`` nor a mutation.
+        """
         return Barrier(self.epoch, self.kind, mutation)
 
-    # The questions actors ask of a barrier.
+    # The questions actors ask of a barrier. Each refuses an ``actor_id`` that is not a
+    # non-negative int with InvalidArgumentError.
 
     def initial_splits(self, actor_id: int) -> tuple[Split, ...] | None:
         """The splits assigned to ``actor_id`` when it starts (``Add``), or ``None``."""
+        _check_actor_id(actor_id)
         if isinstance(self.mutation, Add):
             return self.mutation.splits.get(actor_id)
         return None
@@ -94,24 +109,28 @@ class Barrier:
 
     def throttle_for(self, actor_id: int) -> tuple[bool, float | None]:
         """``(changed, rate)``: whether the rate of ``actor_id`` changes here, and to what."""
+        _check_actor_id(actor_id)
         if isinstance(self.mutation, Throttle) and actor_id in self.mutation.rates:
             return True, self.mutation.rates[actor_id]
         return False, None
 
     def new_splits(self, actor_id: int) -> tuple[Split, ...] | None:
         """The new split assignment of ``actor_id`` (``SourceChangeSplit`` or ``Update``)."""
+        _check_actor_id(actor_id)
         if isinstance(self.mutation, SourceChangeSplit | Update):
             return self.mutation.splits.get(actor_id)
         return None
 
     def new_vnode_bitmap(self, actor_id: int) -> VnodeBitmap | None:
         """The new vnode bitmap of ``actor_id`` under an ``Update``, or ``None``."""
+        _check_actor_id(actor_id)
         if isinstance(self.mutation, Update):
             return self.mutation.vnode_bitmaps.get(actor_id)
         return None
 
     def is_stop(self, actor_id: int) -> bool:
         """Whether ``actor_id`` stops (``Stop``) or is dropped (``Update``) at this barrier."""
+        _check_actor_id(actor_id)
         if isinstance(self.mutation, Stop):
             return actor_id in self.mutation.actors
         if isinstance(self.mutation, Update):

@@ -38,7 +38,12 @@ from anyio.lowlevel import checkpoint
 
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.messages import message_rows
-from barrierflow.errors import ChannelBrokenError, ChannelClosedError, ConfigError
+from barrierflow.errors import (
+    ChannelBrokenError,
+    ChannelClosedError,
+    ConfigError,
+    InvalidArgumentError,
+)
 
 __all__ = [
     "COOPERATIVE_BUDGET",
@@ -195,6 +200,10 @@ class SendChannel(Generic[T]):
     __slots__ = ("_budget", "_closed", "_state")
 
     def __init__(self, state: _State[T]) -> None:
+        if not isinstance(state, _State):
+            raise InvalidArgumentError(
+                "state", "a channel's shared state (make channels with create_channel())", state
+            )
         self._state = state
         self._closed = False
         self._budget = COOPERATIVE_BUDGET
@@ -343,6 +352,10 @@ class ReceiveChannel(Generic[T]):
     __slots__ = ("_budget", "_closed", "_state")
 
     def __init__(self, state: _State[T]) -> None:
+        if not isinstance(state, _State):
+            raise InvalidArgumentError(
+                "state", "a channel's shared state (make channels with create_channel())", state
+            )
         self._state = state
         self._closed = False
         self._budget = COOPERATIVE_BUDGET

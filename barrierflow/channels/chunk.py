@@ -17,13 +17,18 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from barrierflow.channels._enum import TypedEnumType
 from barrierflow.errors import InvalidArgumentError
 
 __all__ = ["Op", "Chunk"]
 
 
-class Op(enum.IntEnum):
-    """The meaning of one row of a changelog chunk (stored as ``int8`` codes)."""
+class Op(enum.IntEnum, metaclass=TypedEnumType):
+    """The meaning of one row of a changelog chunk (stored as ``int8`` codes).
+
+    ``Op(7)`` raises :class:`~barrierflow.errors.InvalidArgumentError` (still a ``ValueError``,
+    as for any enum) naming the valid codes.
+    """
 
     INSERT = 0
     DELETE = 1
@@ -35,10 +40,24 @@ _MAX_OP = max(Op)
 
 
 def _as_ops(ops: Any, num_rows: int) -> pa.Array:
-    try:
-        arr = ops if isinstance(ops, pa.Array) else pa.array(ops, type=pa.int8())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
-        raise InvalidArgumentError("ops", "a sequence of Op codes (int8 0..3)", ops) from exc
+    """Validate op codes without a loop per row.
+
+    The type is inferred, never forced: ``pa.array([1.5], type=int8)`` truncates to 1, so a
+    float (or bool) sequence is refused rather than silently read as other op codes.
+    """
+    if isinstance(ops, pa.ChunkedArray):
+        arr = ops.combine_chunks()
+    elif isinstance(ops, pa.Array):
+        arr = ops
+    elif isinstance(ops, str | bytes | dict):
+        raise InvalidArgumentError("ops", "a sequence of Op codes (int8 0..3)", ops)
+    else:
+        try:
+            arr = pa.array(ops)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise InvalidArgumentError("ops", "a sequence of Op codes (int8 0..3)", ops) from exc
+        if pa.types.is_null(arr.type) and len(arr) == 0:
+            arr = pa.array([], pa.int8())  # an empty list infers the null type
     if not pa.types.is_integer(arr.type):
         raise InvalidArgumentError("ops", "an integer array of Op codes", arr.type)
     if len(arr) != num_rows:
@@ -71,7 +90,7 @@ def _as_mask(mask: Any, num_rows: int) -> pa.BooleanArray:
     elif isinstance(mask, list | tuple):
         try:
             arr = pa.array(mask, type=pa.bool_())
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
             raise InvalidArgumentError("visibility", "a sequence of bools", mask) from exc
     else:
         raise InvalidArgumentError(
@@ -117,8 +136,23 @@ class Chunk:
 
     @classmethod
     def from_pydict(cls, data: dict[str, Any], schema: pa.Schema | None = None) -> Chunk:
-        """An insert-only chunk from a dict of columns (a convenience for tests and examples)."""
-        return cls(pa.RecordBatch.from_pydict(data, schema=schema))
+        """An insert-only chunk from a dict of columns (a convenience for tests and examples).
+
+        Raises:
+            InvalidArgumentError: ``data`` is not a dict of equally long columns that Arrow can
+                convert (to ``schema``, if given), or ``schema`` is not a ``pyarrow.Schema``.
+        """
+        if not isinstance(data, dict):
+            raise InvalidArgumentError("data", "a dict of column name to values", data)
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise InvalidArgumentError("schema", "None or a pyarrow.Schema", schema)
+        try:
+            batch = pa.RecordBatch.from_pydict(data, schema=schema)
+        except (pa.ArrowException, TypeError, ValueError, KeyError, OverflowError) as exc:
+            raise InvalidArgumentError(
+                "data", "equally long columns that Arrow can convert", data
+            ) from exc
+        return cls(batch)
 
     @property
     def batch(self) -> pa.RecordBatch:
@@ -225,6 +259,12 @@ class Chunk:
         )
 
     def equals(self, other: Chunk) -> bool:
-        """Whether both chunks hold the same visible rows with the same ops, in order."""
+        """Whether both chunks hold the same visible rows with the same ops, in order.
+
+        Raises:
+            InvalidArgumentError: ``other`` is not a Chunk.
+        """
+        if not isinstance(other, Chunk):
+            raise InvalidArgumentError("other", "a Chunk", type(other).__name__)
         a, b = self.compact(), other.compact()
         return bool(a.batch.equals(b.batch) and np.array_equal(a.ops_numpy(), b.ops_numpy()))

@@ -24,9 +24,10 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk, Op
 from barrierflow.channels.endpoints import Sender
-from barrierflow.channels.messages import Message
+from barrierflow.channels.messages import Message, Watermark
 from barrierflow.channels.vnode import (
     VnodeBitmap,
     check_key_columns,
@@ -47,13 +48,29 @@ def _check_outputs(outputs: Sequence[Sender[Message]]) -> list[Sender[Message]]:
     return list(outputs)
 
 
+def _check_chunk(chunk: object) -> None:
+    if not isinstance(chunk, Chunk):
+        raise InvalidArgumentError("chunk", "a Chunk", type(chunk).__name__)
+
+
 class Dispatcher:
     """Base of the fan-out strategies: barriers and watermarks go to every output.
 
-    Subclasses decide where a chunk goes in :meth:`dispatch_chunk`.
+    Subclasses decide where a chunk goes in :meth:`dispatch_chunk`; the base itself routes no
+    chunk, so it cannot be instantiated (use one of the strategies).
+
+    Raises:
+        InvalidArgumentError: ``outputs`` is not a non-empty list or tuple of senders, or the
+            base class itself is instantiated.
     """
 
     def __init__(self, outputs: Sequence[Sender[Message]]) -> None:
+        if type(self) is Dispatcher:
+            raise InvalidArgumentError(
+                "Dispatcher",
+                "a strategy (HashDispatcher, BroadcastDispatcher, RoundRobinDispatcher)",
+                "the abstract base class",
+            )
         self._outputs = _check_outputs(outputs)
         self._dropped: set[int] = set()
 
@@ -84,16 +101,21 @@ class Dispatcher:
 
         Raises:
             ChannelBrokenError: an output's receiver is gone.
-            InvalidArgumentError: ``message`` is not a Message.
+            InvalidArgumentError: ``message`` is not a Message (Chunk, Barrier or Watermark);
+                nothing was sent.
         """
         if isinstance(message, Chunk):
             await self.dispatch_chunk(message)
+        elif not isinstance(message, Barrier | Watermark):
+            raise InvalidArgumentError(
+                "message", "a Message (Chunk, Barrier or Watermark)", type(message).__name__
+            )
         else:
             for output in self._live() if self._dropped else self._outputs:
                 await output.send(message)
 
     async def dispatch_chunk(self, chunk: Chunk) -> None:
-        """Route one chunk (overridden by each strategy)."""
+        """Route one chunk (overridden by each strategy; :meth:`dispatch` checked its type)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -107,6 +129,12 @@ class BroadcastDispatcher(Dispatcher):
     """Every message, chunks included, to every output."""
 
     async def dispatch_chunk(self, chunk: Chunk) -> None:
+        """Send ``chunk`` to every live output.
+
+        Raises:
+            InvalidArgumentError: ``chunk`` is not a Chunk.
+        """
+        _check_chunk(chunk)
         for output in self._live() if self._dropped else self._outputs:
             await output.send(chunk)
 
@@ -120,6 +148,13 @@ class RoundRobinDispatcher(Dispatcher):
         self._next = 0
 
     async def dispatch_chunk(self, chunk: Chunk) -> None:
+        """Send ``chunk`` to the next live output in turn.
+
+        Raises:
+            InvalidArgumentError: ``chunk`` is not a Chunk.
+            ChannelBrokenError: every output was dropped.
+        """
+        _check_chunk(chunk)
         live = self._live() if self._dropped else self._outputs
         if not live:
             raise ChannelBrokenError("round-robin dispatch", "every output was dropped")
@@ -168,9 +203,15 @@ class HashDispatcher(Dispatcher):
         key_columns: Sequence[str],
     ) -> None:
         super().__init__(outputs)
-        if isinstance(key_columns, str) or not key_columns:
+        # A str is refused where the sequence of names is expected: "key" would be read as the
+        # columns "k", "e", "y".
+        if (
+            not isinstance(key_columns, list | tuple)
+            or not key_columns
+            or not all(isinstance(c, str) and c for c in key_columns)
+        ):
             raise InvalidArgumentError(
-                "key_columns", "a non-empty sequence of column names", key_columns
+                "key_columns", "a non-empty list or tuple of column names", key_columns
             )
         self._key_columns = tuple(key_columns)
         self._checked_schema: pa.Schema | None = None
@@ -187,6 +228,8 @@ class HashDispatcher(Dispatcher):
         return list(self._bitmaps)
 
     def _set_bitmaps(self, bitmaps: Sequence[VnodeBitmap]) -> None:
+        if not isinstance(bitmaps, list | tuple):
+            raise InvalidArgumentError("bitmaps", "a list or tuple of VnodeBitmaps", bitmaps)
         if len(bitmaps) != len(self._outputs):
             raise InvalidArgumentError(
                 "bitmaps",
@@ -209,8 +252,10 @@ class HashDispatcher(Dispatcher):
         """Split ``chunk`` into one compacted chunk per output (``None`` where it has no rows).
 
         Raises:
-            InvalidArgumentError: a key column is missing from the chunk's schema or unhashable.
+            InvalidArgumentError: ``chunk`` is not a Chunk, or a key column is missing from its
+                schema or unhashable.
         """
+        _check_chunk(chunk)
         batch = chunk.batch
         if self._checked_schema is None or not batch.schema.equals(self._checked_schema):
             check_key_columns(batch.schema, self._key_columns)
@@ -249,6 +294,12 @@ class HashDispatcher(Dispatcher):
         return routed
 
     async def dispatch_chunk(self, chunk: Chunk) -> None:
+        """Send each output its part of ``chunk``.
+
+        Raises:
+            InvalidArgumentError: as for :meth:`route`.
+            ProtocolError: rows were routed to a dropped output.
+        """
         parts = self.route(chunk)
         for index in self._dropped:
             stray = parts[index]

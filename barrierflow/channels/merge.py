@@ -31,7 +31,7 @@ from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.channel import ReceiveChannel, create_channel
 from barrierflow.channels.endpoints import Receiver, Sender
 from barrierflow.channels.messages import Message, Watermark
-from barrierflow.errors import BarrierMisalignedError, InvalidArgumentError
+from barrierflow.errors import BarrierMisalignedError, InvalidArgumentError, ProtocolError
 
 __all__ = ["AlignedMerge", "merge_aligned"]
 
@@ -90,7 +90,11 @@ class AlignedMerge:
         Raises:
             BarrierMisalignedError: two inputs delivered barriers of different epochs.
             ChannelBrokenError: the output's receiver went away.
+            InvalidArgumentError: ``output`` has no ``send()`` and ``close()``.
+            ProtocolError: inputs sent watermarks of one column that cannot be compared.
         """
+        if not isinstance(output, Sender):
+            raise InvalidArgumentError("output", "a sender with send() and close()", output)
         try:
             with single_error():
                 async with anyio.create_task_group() as tg:
@@ -145,9 +149,18 @@ class AlignedMerge:
         values = self._watermarks.get(column, {})
         if not self._live or not self._live <= values.keys():
             return
-        low = min(values[name] for name in self._live)
         previous = self._emitted_watermarks.get(column)
-        if previous is None or low > previous:
+        try:
+            low = min(values[name] for name in self._live)
+            advanced = previous is None or low > previous
+        except TypeError as exc:
+            # Each watermark is orderable on its own; inputs disagreeing on the type is a
+            # protocol error of the stream, not a crash of the merge.
+            raise ProtocolError(
+                f"watermarks of column {column!r}: expected values of one orderable type on "
+                f"every input, got {sorted({type(v).__name__ for v in values.values()})}"
+            ) from exc
+        if advanced:
             self._emitted_watermarks[column] = low
             await output.send(Watermark(column, low))
 

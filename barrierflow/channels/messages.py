@@ -17,8 +17,13 @@ __all__ = ["Watermark", "Message", "message_rows"]
 class Watermark:
     """No row with ``column`` below ``value`` will follow on this stream.
 
+    A merge takes the minimum of its inputs' watermarks, so ``value`` must be ordered against
+    itself: ``None``, NaN (which compares false with everything, so the merged watermark would
+    never advance again) and unorderable objects are refused here rather than in the merge.
+
     Raises:
-        InvalidArgumentError: ``column`` is empty or ``value`` is ``None``.
+        InvalidArgumentError: ``column`` is not a non-empty str, or ``value`` is ``None``, NaN
+            or not orderable (``value < value`` fails).
     """
 
     column: str
@@ -27,8 +32,13 @@ class Watermark:
     def __post_init__(self) -> None:
         if not isinstance(self.column, str) or not self.column:
             raise InvalidArgumentError("Watermark.column", "a non-empty column name", self.column)
-        if self.value is None:
-            raise InvalidArgumentError("Watermark.value", "a comparable value", None)
+        value = self.value
+        try:
+            orderable = value is not None and value == value and not value < value
+        except Exception:  # whatever a user's __lt__ / __eq__ raises
+            orderable = False
+        if orderable is not True:
+            raise InvalidArgumentError("Watermark.value", "an orderable value (not NaN)", value)
 
 
 #: What a stream actor reads and writes.

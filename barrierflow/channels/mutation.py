@@ -8,6 +8,7 @@ read-only views on construction so a barrier, once sent, never changes under its
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -57,14 +58,15 @@ def _split_assignment(
 
 
 def _actor_set(argument: str, value: Iterable[int]) -> frozenset[int]:
+    """A frozen set of actor ids; a str (an iterable of characters) is refused."""
     candidate: object = value
-    if isinstance(candidate, str) or not isinstance(candidate, Iterable):
+    if isinstance(candidate, str | bytes | Mapping) or not isinstance(candidate, Iterable):
         raise InvalidArgumentError(argument, "a set of actor ids", value)
-    actors = frozenset(value)
-    for actor in actors:
+    items = list(value)
+    for actor in items:  # checked before hashing: an unhashable id is a typed error too
         if type(actor) is not int or actor < 0:
             raise InvalidArgumentError(argument, "non-negative int actor ids", actor)
-    return actors
+    return frozenset(items)
 
 
 @final
@@ -83,8 +85,11 @@ class Split:
     def __post_init__(self) -> None:
         if not isinstance(self.split_id, str) or not self.split_id:
             raise InvalidArgumentError("split_id", "a non-empty str", self.split_id)
-        if self.offset is not None and (type(self.offset) is not int or self.offset < -1):
-            raise InvalidArgumentError("offset", "None or an int >= -1", self.offset)
+        # Offsets are stored as signed 64-bit integers: a larger one would fail at commit.
+        if self.offset is not None and (
+            type(self.offset) is not int or not -1 <= self.offset < 1 << 63
+        ):
+            raise InvalidArgumentError("offset", "None or an int in -1..2**63-1", self.offset)
 
 
 @final
@@ -97,6 +102,8 @@ class Add:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", _split_assignment("Add.splits", self.splits))
+        if type(self.pause) is not bool:
+            raise InvalidArgumentError("Add.pause", "a bool", self.pause)
 
 
 @final
@@ -114,7 +121,11 @@ class Resume:
 @final
 @dataclass(frozen=True, slots=True)
 class Throttle:
-    """New rate limits, in rows per second per actor (``None``: unlimited; 0: paused)."""
+    """New rate limits, in rows per second per actor (``None``: unlimited; 0: paused).
+
+    A rate is a finite number ≥ 0: NaN is refused, and so is infinity — "unlimited" is spelled
+    ``None``.
+    """
 
     rates: Mapping[int, float | None]
 
@@ -124,9 +135,11 @@ class Throttle:
             if rate is not None and (
                 isinstance(rate, bool)
                 or not isinstance(rate, int | float)
-                or not rate >= 0  # also refuses NaN
+                or not 0 <= rate < math.inf  # also refuses NaN
             ):
-                raise InvalidArgumentError("Throttle.rates", "None or a rate >= 0", rate)
+                raise InvalidArgumentError(
+                    "Throttle.rates", "None or a finite rate >= 0 (rows per second)", rate
+                )
         object.__setattr__(self, "rates", rates)
 
 

@@ -46,7 +46,10 @@ class VnodeBitmap:
     __slots__ = ("_bits",)
 
     def __init__(self, mask: Sequence[bool] | npt.NDArray[np.bool_]) -> None:
-        bits = np.asarray(mask)
+        try:
+            bits = np.asarray(mask)
+        except (ValueError, TypeError) as exc:  # a ragged or otherwise unconvertible mask
+            raise InvalidArgumentError("mask", "a one-dimensional sequence of bools", mask) from exc
         if bits.ndim != 1 or bits.dtype != np.bool_:
             raise InvalidArgumentError("mask", "a one-dimensional sequence of bools", mask)
         _check_vnode_count(len(bits))
@@ -60,9 +63,13 @@ class VnodeBitmap:
         """The bitmap holding exactly ``vnodes``.
 
         Raises:
-            InvalidArgumentError: a vnode is outside ``0..vnode_count-1``.
+            InvalidArgumentError: ``vnodes`` is not an iterable of ints (a str is refused), or a
+                vnode is outside ``0..vnode_count-1``.
         """
         _check_vnode_count(vnode_count)
+        candidate: object = vnodes
+        if isinstance(candidate, str | bytes) or not isinstance(candidate, Iterable):
+            raise InvalidArgumentError("vnodes", "an iterable of int vnodes", vnodes)
         bits = np.zeros(vnode_count, dtype=np.bool_)
         for vnode in vnodes:
             if not _is_index(vnode) or not 0 <= vnode < vnode_count:
@@ -169,10 +176,11 @@ def vnode_owners(bitmaps: Sequence[VnodeBitmap], argument: str = "bitmaps") -> n
     """For each vnode, the index of the bitmap that owns it.
 
     Raises:
-        InvalidArgumentError: no bitmaps, or bitmaps of different sizes.
+        InvalidArgumentError: ``bitmaps`` is not a non-empty list or tuple of VnodeBitmaps of
+            one size.
         VnodeOwnershipError: a vnode is owned twice or by nobody.
     """
-    if not bitmaps:
+    if not isinstance(bitmaps, list | tuple) or not bitmaps:
         raise InvalidArgumentError(argument, "at least one vnode bitmap", bitmaps)
     if not isinstance(bitmaps[0], VnodeBitmap):
         raise InvalidArgumentError(argument, "VnodeBitmaps", bitmaps[0])
@@ -206,6 +214,8 @@ def compute_vnodes(
         InvalidArgumentError: no key columns, a key column missing from the schema or of a
             type that cannot be hashed, or a bad ``vnode_count``.
     """
+    if not isinstance(batch, pa.RecordBatch | pa.Table):
+        raise InvalidArgumentError("batch", "a pyarrow RecordBatch or Table", type(batch).__name__)
     check_key_columns(batch.schema, key_columns)
     _check_vnode_count(vnode_count)
     return vnodes_unchecked(batch, key_columns, vnode_count)
@@ -222,10 +232,13 @@ def vnodes_unchecked(
 def check_key_columns(schema: pa.Schema, key_columns: Sequence[str]) -> None:
     """Validate that ``key_columns`` name hashable columns of ``schema``.
 
+    A str is refused where the sequence of names is expected (it is a sequence of one-letter
+    names); so is anything but a list or tuple.
+
     Raises:
         InvalidArgumentError: as described for :func:`compute_vnodes`.
     """
-    if isinstance(key_columns, str) or not key_columns:
+    if not isinstance(key_columns, list | tuple) or not key_columns:
         raise InvalidArgumentError(
             "key_columns", "a non-empty sequence of column names", key_columns
         )
@@ -246,6 +259,8 @@ def check_key_columns(schema: pa.Schema, key_columns: Sequence[str]) -> None:
 
 def owners_from_mapping(bitmaps: Mapping[int, VnodeBitmap]) -> dict[int, VnodeBitmap]:
     """Copy an actor→bitmap mapping, checking each value is a :class:`VnodeBitmap`."""
+    if not isinstance(bitmaps, Mapping):
+        raise InvalidArgumentError("vnode_bitmaps", "a mapping of actor id to bitmap", bitmaps)
     out = {}
     for key, bitmap in bitmaps.items():
         if not isinstance(bitmap, VnodeBitmap):

@@ -2,7 +2,8 @@
 
 The two adapters (:mod:`.sqlite_asyncio_backend` on asyncio, :mod:`.sqlite_thread_backend` on
 trio) only *run* what is here: :class:`SqlConnection` is the whole of what they provide —
-read queries, and a list of statements applied in one transaction.
+read queries (not shielded: a reader cancelled while it waits for the connection gives up
+its turn), and a list of statements applied in one transaction.
 
 Layout of a store file:
 
@@ -25,6 +26,9 @@ from typing import Any, Protocol
 
 FORMAT_TAG = "barrierflow-state"
 SCHEMA_VERSION = 2
+#: Seconds a shielded cleanup (closing a connection) may take before it is abandoned, so that
+#: a stuck disk or worker thread cannot hang a runtime's shutdown.
+CLOSE_TIMEOUT = 5.0
 
 PRAGMAS = (
     "PRAGMA journal_mode=WAL",
@@ -44,6 +48,10 @@ CREATE = (
     " metadata TEXT, schema_change TEXT, PRIMARY KEY (sink, epoch)) WITHOUT ROWID",
 )
 
+#: Tables of a barrierflow store (any of them without ``bf_meta`` is a damaged store).
+OWN_TABLES = ("bf_meta", "bf_state", "bf_sink_state")
+#: Reads every page of the file; one row ``ok``, or a row per problem found.
+QUICK_CHECK = "PRAGMA quick_check"
 LIST_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 READ_META = "SELECT key, value FROM bf_meta"
 INIT_META = "INSERT OR IGNORE INTO bf_meta (key, value) VALUES (?, ?)"
@@ -91,12 +99,20 @@ class SqlConnection(Protocol):
     async def transaction(self, statements: Sequence[Statement]) -> None:
         """Apply ``statements`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``, or none of them.
 
-        Cancellation: shielded — once submitted, the transaction runs to its end.
+        Cancellation: shielded, without a deadline — once submitted, the transaction runs to
+        its end and its caller learns the outcome (a deadline could not stop SQLite's worker
+        thread mid-transaction; it would only hide whether the checkpoint is durable). Waiting
+        for the connection before that is cancellable.
         """
         ...
 
     async def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection (idempotent).
+
+        Cancellation: shielded, for at most :data:`CLOSE_TIMEOUT` seconds; past that the
+        connection is abandoned to its worker thread (which closes it once its current call
+        returns) and a warning is logged.
+        """
         ...
 
 

@@ -22,8 +22,9 @@ Lifecycle contract:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import structlog
@@ -32,13 +33,12 @@ from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.dispatch import Dispatcher, HashDispatcher
 from barrierflow.channels.endpoints import Receiver
-from barrierflow.channels.messages import Message
+from barrierflow.channels.messages import Message, Watermark
 from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
+from barrierflow.errors import InvalidArgumentError
+from barrierflow.runtime.barrier_manager import BarrierManager
 from barrierflow.runtime.state_store import CommittedEpochs, StateStore, StateTable
-
-if TYPE_CHECKING:
-    from barrierflow.runtime.barrier_manager import BarrierManager
 
 __all__ = ["ActorContext", "ActorStats", "StreamActor"]
 
@@ -65,7 +65,14 @@ class ActorStats:
 
 
 class ActorContext:
-    """What the runtime hands an actor: identity, logging, state, and the way out."""
+    """What the runtime hands an actor: identity, logging, state, and the way out.
+
+    Raises:
+        InvalidArgumentError: an argument of the wrong type (``actor_id`` not an int >= 0,
+            ``name`` not a non-empty str, ``input`` without ``receive()``, ``output`` not a
+            Dispatcher or ``None``, ``store`` not a StateStore, ``manager`` not a
+            BarrierManager).
+    """
 
     def __init__(
         self,
@@ -76,12 +83,26 @@ class ActorContext:
         store: StateStore,
         manager: BarrierManager,
     ) -> None:
+        for argument, value, ok in (
+            ("actor_id", actor_id, type(actor_id) is int and actor_id >= 0),
+            ("name", name, isinstance(name, str) and bool(name)),
+            ("input", input, isinstance(input, Receiver)),
+            ("output", output, output is None or isinstance(output, Dispatcher)),
+            ("store", store, isinstance(store, StateStore)),
+            ("manager", manager, isinstance(manager, BarrierManager)),
+        ):
+            if not ok:
+                raise InvalidArgumentError(argument, f"a valid {argument}", value)
         self.actor_id = actor_id
         self.name = name
         #: The vnodes this actor owns, if its input is hash-dispatched (else ``None``).
         self.vnode_bitmap: VnodeBitmap | None = None
         #: The actor ids behind each output of ``output``, in order (set by the runtime).
         self.downstream_ids: list[int] = []
+        #: Source positions adopted from a sink's storage when the run started on an empty
+        #: store with ``RuntimeConfig.adopt_sink_positions`` (empty otherwise; see
+        #: :mod:`barrierflow.runtime.positions`).
+        self.adopted_positions: dict[str, int] = {}
         self._input = input
         self._output = output
         self._store = store
@@ -98,7 +119,13 @@ class ActorContext:
         self._barriers = 0
 
     def table(self, name: str) -> StateTable:
-        """This actor's state table ``name`` (sealed at each barrier this actor emits)."""
+        """This actor's state table ``name`` (sealed at each barrier this actor emits).
+
+        Raises:
+            InvalidArgumentError: ``name`` is not a non-empty str.
+        """
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError("name", "a non-empty table name", name)
         table = self._store.table(self.name, name)
         self._tables.append(table)
         return table
@@ -113,17 +140,36 @@ class ActorContext:
         when the store closes); what an actor with a two-phase commit waits on."""
         return self._store.committed_epochs()
 
+    def report_positions(self, barrier: Barrier, positions: Mapping[str, int]) -> None:
+        """Report this source's positions as of ``barrier`` (every row emitted before it);
+        call it before emitting the barrier. Sinks record them with the epoch's rows."""
+        self._manager.report_positions(barrier, positions)
+
+    def positions_at(self, barrier: Barrier) -> dict[str, int]:
+        """The positions every source reported with ``barrier``: where the rows before it
+        come from (what a sink writer records with an epoch's commit)."""
+        return self._manager.positions_at(barrier)
+
     def messages(self) -> _Messages:
         """The actor's input, until it ends or the actor has finished."""
         return _Messages(self)
 
     async def emit(self, message: Message) -> None:
-        """Send ``message`` downstream; for a barrier, also seal state and report collection."""
+        """Send ``message`` downstream; for a barrier, also seal state and report collection.
+
+        Raises:
+            InvalidArgumentError: ``message`` is not a Message (Chunk, Barrier or Watermark),
+                even when the actor has no output.
+        """
         if isinstance(message, Barrier):
             await self._pass_barrier(message)
             return
         if isinstance(message, Chunk):
             self._rows_out += message.cardinality
+        elif not isinstance(message, Watermark):
+            raise InvalidArgumentError(
+                "message", "a Message (Chunk, Barrier or Watermark)", type(message).__name__
+            )
         if self._output is not None:
             await self._output.dispatch(message)
 

@@ -25,8 +25,9 @@ from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.channel import SendChannel
 from barrierflow.channels.epoch import EpochClock, EpochPair
 from barrierflow.channels.messages import Message
-from barrierflow.channels.mutation import Mutation
-from barrierflow.errors import BarrierflowError, ProtocolError
+from barrierflow.channels.mutation import MUTATION_TYPES, Mutation
+from barrierflow.errors import BarrierflowError, InvalidArgumentError, ProtocolError
+from barrierflow.runtime.config import check_count, check_seconds
 from barrierflow.runtime.state_store import StateStore
 
 __all__ = ["BarrierManager", "InFlightBarrier"]
@@ -34,13 +35,19 @@ __all__ = ["BarrierManager", "InFlightBarrier"]
 
 @final
 class InFlightBarrier:
-    """A barrier that was injected; :meth:`wait` returns once its epoch completed."""
+    """A barrier that was injected; :meth:`wait` returns once its epoch completed.
+
+    Raises:
+        InvalidArgumentError: ``barrier`` is not a Barrier, or ``actors`` not a set of int ids.
+    """
 
     __slots__ = ("_done", "_error", "barrier", "remaining")
 
     def __init__(self, barrier: Barrier, actors: set[int]) -> None:
+        if not isinstance(barrier, Barrier):
+            raise InvalidArgumentError("barrier", "a Barrier", type(barrier).__name__)
         self.barrier = barrier
-        self.remaining = set(actors)
+        self.remaining = _actor_ids("actors", actors)
         self._done = anyio.Event()
         self._error: BaseException | None = None
 
@@ -60,9 +67,33 @@ class InFlightBarrier:
         self._done.set()
 
 
+def _actor_ids(argument: str, actors: object) -> set[int]:
+    if not isinstance(actors, set | frozenset | list | tuple) or not all(
+        type(a) is int for a in actors
+    ):
+        raise InvalidArgumentError(argument, "a set of int actor ids", actors)
+    return set(actors)
+
+
+def _check_barrier(barrier: object) -> None:
+    if not isinstance(barrier, Barrier):
+        raise InvalidArgumentError("barrier", "a Barrier", type(barrier).__name__)
+
+
 @final
 class BarrierManager:
-    """Injects and collects the barriers of one graph incarnation."""
+    """Injects and collects the barriers of one graph incarnation.
+
+    Every argument is checked on construction (the runtime builds one per incarnation, so a
+    bad value must not wait for the first barrier to fail).
+
+    Raises:
+        InvalidArgumentError: ``store`` is not a StateStore, ``sources`` not a mapping of int
+            actor id to SendChannel, ``actors`` not a set of int ids, or ``clock`` neither
+            ``None`` nor callable.
+        ConfigError: ``barrier_interval`` is not a finite number of seconds > 0, or
+            ``checkpoint_frequency`` / ``max_in_flight`` not an int >= 1.
+    """
 
     def __init__(
         self,
@@ -75,12 +106,22 @@ class BarrierManager:
         max_in_flight: int,
         clock: Callable[[], float] | None = None,
     ) -> None:
+        if not isinstance(store, StateStore):
+            raise InvalidArgumentError("store", "a StateStore", type(store).__name__)
+        if not isinstance(sources, Mapping) or not all(
+            type(k) is int and isinstance(v, SendChannel) for k, v in sources.items()
+        ):
+            raise InvalidArgumentError(
+                "sources", "a mapping of int actor id to SendChannel", sources
+            )
+        if clock is not None and not callable(clock):
+            raise InvalidArgumentError("clock", "None or a callable returning seconds", clock)
         self._store = store
         self._sources = dict(sources)
-        self._actors = set(actors)
-        self._interval = barrier_interval
-        self._frequency = checkpoint_frequency
-        self._max_in_flight = max_in_flight
+        self._actors = _actor_ids("actors", actors)
+        self._interval = check_seconds("barrier_interval", barrier_interval)
+        self._frequency = check_count("checkpoint_frequency", checkpoint_frequency)
+        self._max_in_flight = check_count("max_in_flight", max_in_flight)
         self._clock = (
             EpochClock(store.committed_epoch)
             if clock is None
@@ -93,6 +134,8 @@ class BarrierManager:
         self._collected = anyio.Event()
         self._injected = 0
         self._completed = 0
+        # Source positions reported with each in-flight barrier (see runtime.positions).
+        self._positions: dict[int, dict[str, int]] = {}
         self._log = structlog.get_logger("barrierflow.barrier_manager")
 
     @property
@@ -119,7 +162,16 @@ class BarrierManager:
             kind: ``None`` lets the checkpoint frequency decide (the first barrier of a graph
                 is always INITIAL).
             mutation: carried by this barrier.
+
+        Raises:
+            InvalidArgumentError: ``kind`` is neither ``None`` nor a BarrierKind, or
+                ``mutation`` neither ``None`` nor a mutation (checked before any epoch is
+                taken); (``clock``) the clock returned something that is not a finite time.
         """
+        if kind is not None and not isinstance(kind, BarrierKind):
+            raise InvalidArgumentError("kind", "None or a BarrierKind", kind)
+        if mutation is not None and not isinstance(mutation, MUTATION_TYPES):
+            raise InvalidArgumentError("mutation", "None or a Mutation", type(mutation).__name__)
         async with self._inject_lock:
             while len(self._in_flight) >= self._max_in_flight:
                 self._slot_freed = anyio.Event()
@@ -144,8 +196,10 @@ class BarrierManager:
         """Record that ``actor_id`` passed ``barrier`` downstream.
 
         Raises:
+            InvalidArgumentError: ``barrier`` is not a Barrier.
             ProtocolError: the barrier was never injected, or the actor collected it twice.
         """
+        _check_barrier(barrier)
         flight = self._in_flight.get(barrier.epoch.curr)
         if flight is None or actor_id not in flight.remaining:
             raise ProtocolError(
@@ -156,9 +210,26 @@ class BarrierManager:
         if not flight.remaining:
             self._collected.set()
 
+    def report_positions(self, barrier: Barrier, positions: Mapping[str, int]) -> None:
+        """A source's positions as of ``barrier`` (everything it emitted before it); called
+        before the source passes the barrier, so every actor downstream finds them."""
+        reported = self._positions.setdefault(barrier.epoch.curr, {})
+        for key, value in positions.items():
+            if value > reported.get(key, -1):
+                reported[key] = value
+
+    def positions_at(self, barrier: Barrier) -> dict[str, int]:
+        """Every source's positions reported with ``barrier`` (empty if none were)."""
+        return dict(self._positions.get(barrier.epoch.curr, {}))
+
     def retire(self, actor_id: int, barrier: Barrier) -> None:
         """``actor_id`` finished at ``barrier`` (stopped or dropped): later barriers, in flight
-        or to come, no longer wait for it."""
+        or to come, no longer wait for it.
+
+        Raises:
+            InvalidArgumentError: ``barrier`` is not a Barrier.
+        """
+        _check_barrier(barrier)
         self._actors.discard(actor_id)
         for flight in self._in_flight.values():
             if flight.barrier.epoch.curr > barrier.epoch.curr:
@@ -188,6 +259,7 @@ class BarrierManager:
                 if barrier.kind is BarrierKind.CHECKPOINT:
                     await self._store.commit(barrier.epoch.prev)
                 del self._in_flight[epoch]
+                self._positions.pop(epoch, None)
                 self._completed += 1
                 self._slot_freed.set()
                 flight._finish()
@@ -197,4 +269,5 @@ class BarrierManager:
         for flight in self._in_flight.values():
             flight._finish(error)
         self._in_flight.clear()
+        self._positions.clear()
         self._slot_freed.set()

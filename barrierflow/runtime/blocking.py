@@ -93,8 +93,11 @@ class BlockingRuntime:
         """Run ``await func(*args)`` on the runtime's thread and block until it returns.
 
         Raises:
+            InvalidArgumentError: ``func`` is not callable.
             NotRunningError: the handle is not inside its ``with`` block.
         """
+        if not callable(func):
+            raise InvalidArgumentError("func", "an async callable", func)
         return self._call_portal().call(func, *args)
 
     def push(self, source: str, chunk: Chunk) -> None:

@@ -17,6 +17,7 @@ serving it is cancelled; requests still queued then are answered with ``ActorGon
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, final
@@ -62,11 +63,18 @@ class _Reply:
 
 @final
 class ActorRef(Generic[Req]):
-    """A handle on a command actor's inbox. Create with :func:`open_command_actor`."""
+    """A handle on a command actor's inbox. Create with :func:`open_command_actor`.
+
+    Raises:
+        InvalidArgumentError: ``name`` is not a non-empty str or ``send`` not a SendChannel.
+    """
 
     __slots__ = ("_name", "_send")
 
     def __init__(self, name: str, send: SendChannel[tuple[Req, _Reply | None]]) -> None:
+        _check_name(name)
+        if not isinstance(send, SendChannel):
+            raise InvalidArgumentError("send", "the SendChannel of an inbox", send)
         self._name = name
         self._send = send
 
@@ -117,10 +125,21 @@ class ActorRef(Generic[Req]):
         self._send.close()
 
 
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError("name", "a non-empty actor name", name)
+
+
 def open_command_actor(
     name: str, capacity: int = 128
 ) -> tuple[ActorRef[Any], ReceiveChannel[tuple[Any, _Reply | None]]]:
-    """A ref and the inbox to pass to :func:`serve_commands`."""
+    """A ref and the inbox to pass to :func:`serve_commands`.
+
+    Raises:
+        InvalidArgumentError: ``name`` is not a non-empty str.
+        ConfigError: ``capacity`` is not an int >= 1.
+    """
+    _check_name(name)
     send, receive = create_channel[tuple[Any, _Reply | None]](capacity, name=f"{name} inbox")
     return ActorRef(name, send), receive
 
@@ -152,10 +171,12 @@ class Ticker:
     tick: Callable[[], Awaitable[None]]
 
     def __post_init__(self) -> None:
+        if not callable(self.tick):
+            raise InvalidArgumentError("tick", "an async callable", self.tick)
         if (
             isinstance(self.interval, bool)
             or not isinstance(self.interval, int | float)
-            or not 0 < self.interval < math.inf
+            or not 0 < self.interval <= sys.float_info.max  # NaN, inf and huge ints too
         ):
             raise InvalidArgumentError(
                 "interval", "a positive finite number of seconds", self.interval
@@ -177,7 +198,21 @@ async def serve_commands(
     ``Finish``, not on cancellation).
 
     Cancellation: the requests still queued are answered with ``ActorGoneError``.
+
+    Raises:
+        InvalidArgumentError: (before serving anything) ``name`` is not a non-empty str,
+            ``handler`` has no ``handle()``, ``inbox`` is not a ReceiveChannel, ``ticker`` is
+            neither ``None`` nor a Ticker, or ``on_end`` neither ``None`` nor callable.
     """
+    _check_name(name)
+    for argument, value, ok in (
+        ("handler", handler, callable(getattr(handler, "handle", None))),
+        ("inbox", inbox, isinstance(inbox, ReceiveChannel)),
+        ("ticker", ticker, ticker is None or isinstance(ticker, Ticker)),
+        ("on_end", on_end, on_end is None or callable(on_end)),
+    ):
+        if not ok:
+            raise InvalidArgumentError(argument, f"a valid {argument} (see serve_commands)", value)
     log = structlog.get_logger("barrierflow.actor").bind(actor=name)
     next_tick = math.inf if ticker is None else anyio.current_time() + ticker.interval
     try:

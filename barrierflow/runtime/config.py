@@ -2,13 +2,41 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, final
+from typing import Any, Literal, final
 
 from barrierflow.errors import ConfigError
 
 __all__ = ["RuntimeConfig"]
+
+_MAX = sys.float_info.max
+
+
+def check_seconds(argument: str, value: Any) -> float:
+    """``value`` if it is a finite number of seconds > 0 (an int or float, not a bool).
+
+    ``value <= 0`` alone would let NaN through; an infinite duration never elapses.
+
+    Raises:
+        ConfigError: it is not.
+    """
+    # Compared, not math.isfinite(): a huge int overflows it (and float() of it).
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= _MAX:
+        raise ConfigError(argument, "a finite number of seconds > 0", value)
+    return float(value)
+
+
+def check_count(argument: str, value: Any, low: int = 1) -> int:
+    """``value`` if it is an ``int`` ≥ ``low`` (a bool or a float is refused).
+
+    Raises:
+        ConfigError: it is not.
+    """
+    if type(value) is not int or value < low:
+        raise ConfigError(argument, f"an int >= {low}", value)
+    return value
 
 
 @final
@@ -30,6 +58,20 @@ class RuntimeConfig:
         restart_backoff: seconds before the first restart; doubles for each further restart.
         log_format: ``"console"`` or ``"json"`` configures structlog; ``None`` leaves it alone.
         store_adapter: the state store's SQLite adapter (see ``StateStore.open``).
+        adopt_sink_positions: what to do when the state store is new or empty but a sink
+            already holds commits (the store was lost or replaced): ``False`` (the default)
+            refuses to start with :class:`~barrierflow.errors.SinkStateMismatchError`;
+            ``True`` adopts the source positions the sinks recorded with their commits, so
+            the sources skip the batches the sinks hold (see
+            :mod:`barrierflow.runtime.startup`).
+
+    Every field is checked here, so a bad value fails at construction, not when the runtime
+    starts: durations must be finite numbers of seconds > 0 (``value <= 0`` alone would let NaN
+    through, and an infinite interval would never inject a barrier); counts are ints, not bools
+    or floats; flags are bools.
+
+    Raises:
+        ConfigError: a field is out of range or of the wrong type (``argument`` names it).
     """
 
     state_path: str | Path
@@ -43,14 +85,19 @@ class RuntimeConfig:
     restart_backoff: float = 0.1
     log_format: Literal["console", "json"] | None = None
     store_adapter: Literal["auto", "aiosqlite", "thread"] = "auto"
+    adopt_sink_positions: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.state_path, str | Path) or not str(self.state_path):
-            raise ConfigError("state_path", "a file path", self.state_path)
+        if (
+            not isinstance(self.state_path, str | Path)
+            or not str(self.state_path)
+            or "\x00" in str(self.state_path)
+        ):
+            raise ConfigError("state_path", "a file path (non-empty, no NUL)", self.state_path)
         for name in ("barrier_interval", "restart_backoff"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError(name, "a number of seconds > 0", value)
+            check_seconds(name, getattr(self, name))
+        if type(self.recovery) is not bool:
+            raise ConfigError("recovery", "a bool", self.recovery)
         for name in ("checkpoint_frequency", "max_in_flight", "channel_capacity"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
@@ -61,8 +108,10 @@ class RuntimeConfig:
             type(self.channel_rows) is not int or self.channel_rows < 1
         ):
             raise ConfigError("channel_rows", "None or an int >= 1", self.channel_rows)
-        if self.log_format not in (None, "console", "json"):
+        if not (self.log_format is None or self.log_format in ("console", "json")):
             raise ConfigError("log_format", "None, 'console' or 'json'", self.log_format)
+        if not isinstance(self.adopt_sink_positions, bool):
+            raise ConfigError("adopt_sink_positions", "a bool", self.adopt_sink_positions)
         if self.store_adapter not in ("auto", "aiosqlite", "thread"):
             raise ConfigError(
                 "store_adapter", "'auto', 'aiosqlite' or 'thread'", self.store_adapter

@@ -27,18 +27,32 @@ class Fanout:
         kind: ``"broadcast"`` (everything to all), ``"round_robin"`` (whole chunks in turn) or
             ``"hash"`` (rows by vnode of ``key_columns``; vnodes split evenly).
         key_columns: the hashed columns, for ``"hash"``.
+
+    Both are checked here, not when the runtime starts: ``key_columns`` must be a list or
+    tuple of non-empty column names (stored as a tuple). A str is refused where the sequence of
+    names is expected — ``Fanout("hash", "key")`` would hash the columns ``k``, ``e``, ``y``.
+
+    Raises:
+        GraphError: an unknown ``kind``, key columns that are not a list or tuple of non-empty
+            names, or key columns given for a kind other than ``"hash"`` (or missing for it).
     """
 
     kind: str = "broadcast"
     key_columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in ("broadcast", "round_robin", "hash"):
+        if not isinstance(self.kind, str) or self.kind not in ("broadcast", "round_robin", "hash"):
             raise GraphError("fanout", "'broadcast', 'round_robin' or 'hash'", self.kind)
-        if (self.kind == "hash") != bool(self.key_columns):
+        keys: object = self.key_columns
+        if not isinstance(keys, list | tuple) or not all(isinstance(c, str) and c for c in keys):
+            raise GraphError(
+                "key_columns", "a list or tuple of non-empty column names", self.key_columns
+            )
+        if (self.kind == "hash") != bool(keys):
             raise GraphError(
                 "key_columns", "key columns exactly when kind is 'hash'", self.key_columns
             )
+        object.__setattr__(self, "key_columns", tuple(keys))
 
 
 @dataclass(slots=True)
@@ -76,8 +90,15 @@ class Graph:
     ) -> Node:
         """Declare an actor; ``actor`` is an instance or a factory (called at every (re)start).
 
+        All or nothing: every argument is checked before the graph changes, so a refused
+        declaration leaves no trace and its name can be used again. ``inputs`` is a list or
+        tuple of declared actors' names; a str is refused (it is a sequence of one-letter
+        names).
+
         Raises:
-            GraphError: a duplicate name, a source with inputs, or an unknown input.
+            GraphError: a bad or duplicate name, an actor that is neither a StreamActor nor
+                callable, ``source`` not a bool, ``fanout`` not a Fanout, ``inputs`` not a list or
+                tuple of names, an input named twice or not declared, or a source with inputs.
         """
         if not isinstance(name, str) or not name:
             raise GraphError("name", "a non-empty str", name)
@@ -92,29 +113,60 @@ class Graph:
             factory = actor
         else:
             raise GraphError("actor", "a StreamActor or a factory of one", actor)
-        if source and inputs:
-            raise GraphError("inputs", "no inputs for a source", list(inputs))
-        node = Node(len(self._nodes) + 1, name, factory, source, fanout or Fanout())
+        if type(source) is not bool:
+            raise GraphError("source", "a bool", source)
+        if fanout is not None and not isinstance(fanout, Fanout):
+            raise GraphError("fanout", "None or a Fanout", fanout)
+        candidate: object = inputs
+        if not isinstance(candidate, list | tuple):
+            raise GraphError("inputs", "a list or tuple of actor names", inputs)
+        names = list(inputs)
+        if source and names:
+            raise GraphError("inputs", "no inputs for a source", names)
+        for upstream in names:
+            if not isinstance(upstream, str) or upstream not in self._nodes:
+                raise GraphError(
+                    "inputs", f"names of declared actors {list(self._nodes)}", upstream
+                )
+        if len(set(names)) != len(names):
+            raise GraphError("inputs", "each input named once", names)
+        # A new actor has no downstream yet, so its input edges cannot close a cycle.
+        node = Node(len(self._nodes) + 1, name, factory, source, fanout or Fanout(), names)
         self._nodes[name] = node
-        for upstream in inputs:
-            self.connect(upstream, name)
         return node
 
     def connect(self, upstream: str, downstream: str) -> None:
         """Add the edge ``upstream → downstream``.
 
         Raises:
-            GraphError: an unknown actor, an edge into a source, or the edge exists already.
+            GraphError: an unknown actor, an edge into a source, the edge exists already, or
+                it would close a cycle (refused here rather than when the runtime starts).
         """
         for end in (upstream, downstream):
-            if end not in self._nodes:
+            if not isinstance(end, str) or end not in self._nodes:
                 raise GraphError("actor", f"one of {list(self._nodes)}", end)
         node = self._nodes[downstream]
         if node.is_source:
             raise GraphError("downstream", "an actor that is not a source", downstream)
         if upstream in node.inputs:
             raise GraphError("edge", "each edge connected once", f"{upstream} -> {downstream}")
+        path = self._path(downstream, upstream)
+        if path is not None:
+            raise GraphError("graph", "no cycle", " -> ".join([upstream, *path]))
         node.inputs.append(upstream)
+
+    def _path(self, start: str, goal: str) -> list[str] | None:
+        """A path of edges from ``start`` to ``goal`` (``[start, ..., goal]``), or ``None``."""
+        stack, seen = [[start]], {start}
+        while stack:
+            path = stack.pop()
+            if path[-1] == goal:
+                return path
+            for down in self.downstream_of(path[-1]):
+                if down not in seen:
+                    seen.add(down)
+                    stack.append([*path, down])
+        return None
 
     def downstream_of(self, name: str) -> list[str]:
         """The actors reading ``name``'s output, in declaration order."""

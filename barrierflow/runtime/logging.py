@@ -7,7 +7,13 @@ from typing import Literal
 
 import structlog
 
+from barrierflow.errors import ConfigError
+
 __all__ = ["configure_logging"]
+
+_LEVELS = frozenset(
+    (logging.NOTSET, logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
+)
 
 
 def configure_logging(fmt: Literal["console", "json"], level: int = logging.INFO) -> None:
@@ -15,7 +21,17 @@ def configure_logging(fmt: Literal["console", "json"], level: int = logging.INFO
 
     Every barrierflow logger is bound with ``actor``, ``actor_id`` and ``epoch`` where they
     apply; this chooses how those events are rendered.
+
+    Raises:
+        ConfigError: ``fmt`` is not ``"console"`` or ``"json"``, or ``level`` is not one of
+            the standard levels (``logging.NOTSET``, ``DEBUG``, ``INFO``, ``WARNING``,
+            ``ERROR``, ``CRITICAL``; structlog filters by those only); structlog is left as it
+            was.
     """
+    if not isinstance(fmt, str) or fmt not in ("console", "json"):
+        raise ConfigError("fmt", "'console' or 'json'", fmt)
+    if type(level) is not int or level not in _LEVELS:
+        raise ConfigError("level", f"a standard logging level, one of {sorted(_LEVELS)}", level)
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if fmt == "json"

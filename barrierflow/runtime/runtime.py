@@ -35,6 +35,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
+from barrierflow._taskgroups import single_leaf
 from barrierflow.channels.barrier import BarrierKind
 from barrierflow.channels.channel import ChannelStatistics, SendChannel, create_channel
 from barrierflow.channels.chunk import Chunk
@@ -49,6 +50,7 @@ from barrierflow.channels.epoch import EpochPair
 from barrierflow.channels.merge import AlignedMerge
 from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import (
+    MUTATION_TYPES,
     Add,
     Mutation,
     SourceChangeSplit,
@@ -71,6 +73,7 @@ from barrierflow.runtime.config import RuntimeConfig
 from barrierflow.runtime.graph import Fanout, Graph, Node
 from barrierflow.runtime.logging import configure_logging
 from barrierflow.runtime.service import Service, ServiceContext
+from barrierflow.runtime.startup import adopt_sink_positions, check_actors
 from barrierflow.runtime.state_store import CommittedEpochs, StateStore
 
 __all__ = ["PushSource", "Runtime", "RuntimeStats"]
@@ -119,10 +122,23 @@ def _contains(group: BaseExceptionGroup[BaseException], exc: BaseException) -> b
     )
 
 
+def _surfaced(failure: ActorFailedError) -> ActorFailedError:
+    """``failure`` with its real error as the cause: an actor whose own task group raised one
+    error has a one-member group (at any depth) as its cause, which would show the user
+    "unhandled errors in a TaskGroup (1 sub-exception)" with the error one level down."""
+    cause = single_leaf(failure.cause)
+    if cause is failure.cause:
+        return failure
+    surfaced = ActorFailedError(failure.actor, failure.actor_id, cause)
+    surfaced.__cause__ = cause
+    return surfaced.with_traceback(failure.__traceback__)
+
+
 def _first_actor_failure(group: BaseExceptionGroup[BaseException]) -> ActorFailedError | None:
+    """The first ActorFailedError in ``group`` (at any depth), its cause unwrapped."""
     for exc in group.exceptions:
         if isinstance(exc, ActorFailedError):
-            return exc
+            return _surfaced(exc)
         if isinstance(exc, BaseExceptionGroup):
             found = _first_actor_failure(exc)
             if found is not None:
@@ -139,12 +155,16 @@ class Runtime:
         clock: wall-clock seconds for epochs; a test may pass a fake.
 
     Raises:
-        InvalidArgumentError: ``config`` is not a :class:`RuntimeConfig`.
+        InvalidArgumentError: ``config`` is not a :class:`RuntimeConfig`, or ``clock`` is
+            neither ``None`` nor callable. (What the clock returns is checked where it is
+            read: a reading that is not a finite number is an error naming ``clock``.)
     """
 
     def __init__(self, config: RuntimeConfig, *, clock: Callable[[], float] | None = None) -> None:
         if not isinstance(config, RuntimeConfig):
             raise InvalidArgumentError("config", "a RuntimeConfig", config)
+        if clock is not None and not callable(clock):
+            raise InvalidArgumentError("clock", "None or a callable returning seconds", clock)
         self._config = config
         self._clock = clock
         self._graph = Graph()
@@ -167,9 +187,18 @@ class Runtime:
         *,
         fanout: Fanout | None = None,
     ) -> Node:
-        """Declare a source (a :class:`PushSource` unless ``actor`` is given)."""
+        """Declare a source (a :class:`PushSource` unless ``actor`` is given).
+
+        All or nothing, like :meth:`add_actor`.
+
+        Raises:
+            GraphError: as for :meth:`add_actor`; or the runtime has started.
+        """
         self._check_not_started()
-        return self._graph.add(name, actor or PushSource, source=True, fanout=fanout)
+        self._check_not_a_service(name)
+        return self._graph.add(
+            name, PushSource if actor is None else actor, source=True, fanout=fanout
+        )
 
     def add_actor(
         self,
@@ -179,9 +208,25 @@ class Runtime:
         inputs: Sequence[str],
         fanout: Fanout | None = None,
     ) -> Node:
-        """Declare an actor reading ``inputs`` (aligned-merged if more than one)."""
+        """Declare an actor reading ``inputs`` (aligned-merged if more than one).
+
+        All or nothing: everything is checked before the graph changes, so a refused
+        declaration leaves no half-declared actor behind and its name stays free. ``inputs``
+        is a list or tuple of declared names; a str is refused (it is a sequence of letters).
+
+        Raises:
+            GraphError: the name is empty, taken (by an actor or a service) or not a str; the
+                actor is neither a StreamActor nor callable; ``inputs`` is not a list or tuple
+                of declared names, or names one twice; ``fanout`` is not a Fanout; or the
+                runtime has started.
+        """
         self._check_not_started()
+        self._check_not_a_service(name)
         return self._graph.add(name, actor, inputs=inputs, fanout=fanout)
+
+    def _check_not_a_service(self, name: object) -> None:
+        if isinstance(name, str) and name in self._services:
+            raise GraphError("name", "a name not used by an actor or a service", name)
 
     def add_service(self, name: str, service: Service) -> None:
         """Run ``service`` alongside the graph, in every incarnation (see :mod:`.service`).
@@ -202,7 +247,12 @@ class Runtime:
         self._services[name] = service
 
     def connect(self, upstream: str, downstream: str) -> None:
-        """Add an edge between two declared actors."""
+        """Add an edge between two declared actors.
+
+        Raises:
+            GraphError: an unknown actor, an edge into a source, an edge declared twice, an
+                edge closing a cycle, or the runtime has started.
+        """
         self._check_not_started()
         self._graph.connect(upstream, downstream)
 
@@ -322,6 +372,11 @@ class Runtime:
     async def _run_incarnation(self, task_status: TaskStatus[None] | None) -> None:
         try:
             await self._run_graph(task_status)
+        except ActorFailedError as direct:
+            surfaced = _surfaced(direct)
+            if surfaced is direct:
+                raise
+            raise surfaced from surfaced.cause
         except BaseExceptionGroup as group:
             # Surface the actor failure itself (siblings were only cancelled by it).
             failure = _first_actor_failure(group)
@@ -371,6 +426,18 @@ class Runtime:
             if names and nodes[name].fanout.kind == "hash":
                 for target, bitmap in zip(names, VnodeBitmap.split(len(names)), strict=True):
                     bitmaps.setdefault(target, bitmap)
+        instances = self._create_actors()
+        check_actors(
+            instances,
+            {n.name: list(n.inputs) for n in nodes.values()},
+            self._services,
+            {n.name for n in nodes.values() if n.fanout.kind == "hash"},
+        )
+        adopted: dict[str, int] = {}
+        if store.committed_epoch == 0:
+            adopted = await adopt_sink_positions(
+                instances, str(self._config.state_path), adopt=self._config.adopt_sink_positions
+            )
         # The initial barrier goes in before anyone may push, so every actor sees it first
         # and knows its epoch before its first chunk.
         await manager.inject()
@@ -392,8 +459,11 @@ class Runtime:
                     )
                     ctx.vnode_bitmap = bitmaps.get(node.name)
                     ctx.downstream_ids = [nodes[d].actor_id for d in downstream[node.name]]
+                    ctx.adopted_positions = dict(adopted)
                     incarnation.contexts[node.name] = ctx
-                    actors.start_soon(self._run_actor, node, ctx, name=f"actor {node.name}")
+                    actors.start_soon(
+                        self._run_actor, node, instances[node.name], ctx, name=f"actor {node.name}"
+                    )
                 incarnation.ready.set()
                 if self._rebuilt is not None:
                     self._rebuilt.set()
@@ -422,9 +492,28 @@ class Runtime:
             return RoundRobinDispatcher(senders)
         return BroadcastDispatcher(senders)
 
-    async def _run_actor(self, node: Node, ctx: ActorContext) -> None:
+    def _create_actors(self) -> dict[str, StreamActor]:
+        """Every actor of a new incarnation, from its factory (before any of them runs, so
+        that they can be checked together: see :mod:`.startup`).
+
+        Raises:
+            ActorFailedError: a factory raised, or returned something that is not an actor.
+        """
+        instances: dict[str, StreamActor] = {}
+        for node in self._graph.nodes.values():
+            try:
+                actor = node.factory()
+                if not isinstance(actor, StreamActor):
+                    raise GraphError(
+                        "actor", "a factory returning a StreamActor", type(actor).__name__
+                    )
+            except Exception as exc:
+                raise ActorFailedError(node.name, node.actor_id, exc) from exc
+            instances[node.name] = actor
+        return instances
+
+    async def _run_actor(self, node: Node, actor: StreamActor, ctx: ActorContext) -> None:
         try:
-            actor = node.factory()
             await actor.run(ctx)
         except Exception as exc:
             ctx.log.error("actor raised", error=repr(exc))
@@ -479,6 +568,8 @@ class Runtime:
                 the graph is rebuilt from the last checkpoint; push again what followed it).
             NotRunningError: the runtime is not running.
         """
+        if not isinstance(source, str):
+            raise InvalidArgumentError("source", "a source's name (a str)", source)
         if not isinstance(chunk, Chunk):
             raise InvalidArgumentError("chunk", "a Chunk", type(chunk).__name__)
         incarnation = await self._running()
@@ -515,8 +606,13 @@ class Runtime:
         """Inject a barrier carrying ``mutation`` now; returns its epoch once collected.
 
         Raises:
-            InvalidArgumentError: the mutation names an actor id that is not in the graph.
+            InvalidArgumentError: ``mutation`` is not a mutation (checked before anything is
+                injected), or names an actor id that is not in the graph.
         """
+        if not isinstance(mutation, MUTATION_TYPES):
+            raise InvalidArgumentError(
+                "mutation", "a Mutation (Add, Pause, Resume, ...)", type(mutation).__name__
+            )
         ids = {n.actor_id for n in self._graph.nodes.values()}
         named: set[int] = set()
         if isinstance(mutation, Add | SourceChangeSplit):
@@ -538,8 +634,12 @@ class Runtime:
         return (await flight.wait()).epoch
 
     def actor_id(self, name: str) -> int:
-        """The id of the actor named ``name``."""
-        node = self._graph.nodes.get(name)
+        """The id of the actor named ``name``.
+
+        Raises:
+            InvalidArgumentError: no actor is named ``name``.
+        """
+        node = self._graph.nodes.get(name) if isinstance(name, str) else None
         if node is None:
             raise InvalidArgumentError("name", f"one of {list(self._graph.nodes)}", name)
         return node.actor_id

@@ -14,6 +14,7 @@ from typing import Any, Protocol, final, runtime_checkable
 
 import structlog
 
+from barrierflow.errors import InvalidArgumentError
 from barrierflow.runtime.state_store import CommittedEpochs, StateStore
 
 __all__ = ["Service", "ServiceContext"]
@@ -21,9 +22,17 @@ __all__ = ["Service", "ServiceContext"]
 
 @final
 class ServiceContext:
-    """What the runtime hands a service: its name, logging, the store and committed epochs."""
+    """What the runtime hands a service: its name, logging, the store and committed epochs.
+
+    Raises:
+        InvalidArgumentError: ``name`` is not a non-empty str or ``store`` not a StateStore.
+    """
 
     def __init__(self, name: str, store: StateStore) -> None:
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError("name", "a non-empty service name", name)
+        if not isinstance(store, StateStore):
+            raise InvalidArgumentError("store", "a StateStore", type(store).__name__)
         self.name = name
         self.store = store
         self.log: Any = structlog.get_logger("barrierflow.service").bind(service=name)

@@ -8,7 +8,9 @@ from typing import Any
 
 import aiosqlite
 import anyio
+import structlog
 
+from barrierflow.runtime import _sql
 from barrierflow.runtime._sql import PRAGMAS, Statement
 
 
@@ -25,10 +27,19 @@ class AiosqliteConnection:
 
     @classmethod
     async def open(cls, path: str) -> AiosqliteConnection:
-        """Connect in autocommit mode (transactions are explicit) and apply the pragmas."""
+        """Connect in autocommit mode (transactions are explicit) and apply the pragmas.
+
+        On any failure (a file SQLite cannot read, cancellation) the connection and its worker
+        thread are closed before the error propagates: a thread left running would keep the
+        process from exiting.
+        """
         connection = await aiosqlite.connect(path, isolation_level=None)
-        for pragma in PRAGMAS:
-            await connection.execute(pragma)
+        try:
+            for pragma in PRAGMAS:
+                await connection.execute(pragma)
+        except BaseException:
+            await _close(connection)
+            raise
         return cls(connection)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -36,9 +47,10 @@ class AiosqliteConnection:
             return [tuple(row) for row in await cursor.fetchall()]
 
     async def transaction(self, statements: Sequence[Statement]) -> None:
-        # Shielded: a cancelled caller must not leave a transaction half-open on the thread.
-        with anyio.CancelScope(shield=True):
-            async with self._lock:
+        async with self._lock:
+            # Shielded once it holds the connection: a cancelled caller must not leave a
+            # transaction half-open on the thread.
+            with anyio.CancelScope(shield=True):
                 await self._apply(statements)
 
     async def _apply(self, statements: Sequence[Statement]) -> None:
@@ -49,11 +61,23 @@ class AiosqliteConnection:
                     await self._connection.executemany(statement.sql, statement.rows)
             await self._connection.execute("COMMIT")
         except BaseException:
-            await self._connection.execute("ROLLBACK")
+            # SQLite has already rolled back after some errors (a full disk, an I/O error);
+            # a second ROLLBACK would fail and hide the original error.
+            if self._connection.in_transaction:
+                await self._connection.execute("ROLLBACK")
             raise
 
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            with anyio.CancelScope(shield=True):
-                await self._connection.close()
+            await _close(self._connection)
+
+
+async def _close(connection: aiosqlite.Connection) -> None:
+    with anyio.move_on_after(_sql.CLOSE_TIMEOUT, shield=True) as scope:
+        await connection.close()
+    if scope.cancelled_caught:
+        structlog.get_logger("barrierflow.state_store").warning(
+            "state store connection did not close in time; abandoned to its worker thread",
+            timeout=_sql.CLOSE_TIMEOUT,
+        )

@@ -3,8 +3,9 @@
 A plain ``sqlite3`` connection is used from worker threads through ``anyio.to_thread.run_sync``
 behind a capacity limiter of one, so the SQL of :mod:`._sql` runs one call at a time, in
 order, never concurrently on the connection (anyio reuses its idle worker thread, so in
-practice it is one thread). Calls are shielded from cancellation: a transaction that started
-finishes, and its caller learns the outcome.
+practice it is one thread). A call that reached its thread runs to its end (a thread cannot be
+interrupted); waiting for the limiter is cancellable for reads. Transactions are shielded, so
+their caller learns the outcome; closing is shielded with a deadline.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
+import structlog
 
+from barrierflow.runtime import _sql
 from barrierflow.runtime._sql import PRAGMAS, Statement
 
 T = TypeVar("T")
@@ -32,20 +35,23 @@ class ThreadConnection:
 
     @classmethod
     async def open(cls, path: str) -> ThreadConnection:
-        """Connect (autocommit mode: transactions are explicit) and apply the pragmas."""
+        """Connect (autocommit mode: transactions are explicit) and apply the pragmas; on a
+        failure the connection is closed before the error propagates."""
 
         def connect() -> sqlite3.Connection:
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            for pragma in PRAGMAS:
-                db.execute(pragma)
+            try:
+                for pragma in PRAGMAS:
+                    db.execute(pragma)
+            except BaseException:
+                db.close()
+                raise
             return db
 
         return cls(await anyio.to_thread.run_sync(connect))
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        with anyio.CancelScope(shield=True):
-            result = await anyio.to_thread.run_sync(work, self._db, limiter=self._limiter)
-        return result
+        return await anyio.to_thread.run_sync(work, self._db, limiter=self._limiter)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return await self._run(lambda db: [tuple(r) for r in db.execute(sql, params).fetchall()])
@@ -59,12 +65,25 @@ class ThreadConnection:
                         db.executemany(statement.sql, statement.rows)
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # SQLite has already rolled back after some errors (a full disk, an I/O
+                # error); a second ROLLBACK would fail and hide the original error.
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
 
-        await self._run(apply)
+        with anyio.CancelScope(shield=True):
+            await self._run(apply)
 
     async def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._run(lambda db: db.close())
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.move_on_after(_sql.CLOSE_TIMEOUT, shield=True) as scope:
+            await anyio.to_thread.run_sync(
+                self._db.close, limiter=self._limiter, abandon_on_cancel=True
+            )
+        if scope.cancelled_caught:
+            structlog.get_logger("barrierflow.state_store").warning(
+                "state store connection did not close in time; abandoned to its worker thread",
+                timeout=_sql.CLOSE_TIMEOUT,
+            )

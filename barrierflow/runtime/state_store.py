@@ -14,40 +14,44 @@ SQLite runs in WAL mode with ``synchronous=FULL``: through aiosqlite on asyncio,
 worker thread on trio (:mod:`.sqlite_thread_backend`, one call at a time); the SQL itself is
 in :mod:`._sql`.
 A store file is locked (an OS lock on ``<file>.lock``, released even on SIGKILL) so a second
-runtime cannot open it while one holds it.
+runtime cannot open it while one holds it; the lock is taken on the real file (symlinks and
+``..`` resolved), so no other spelling of the path gets around it.
+
+**A new store is created atomically**: built whole in a temporary file beside the target,
+fsynced, renamed into place and its directory fsynced. A store file therefore either does not
+exist (a new store) or is complete, and a damaged file is never mistaken for a new one — that
+would replay from nothing and duplicate everything a sink already holds. **A damaged file**
+(zero bytes, cut short, unreadable pages — SQLite's ``quick_check`` runs at open — or
+missing or malformed metadata rows) raises :class:`~barrierflow.errors.StoreCorruptedError`;
+**a foreign file** (not SQLite, or someone else's SQLite database) raises
+:class:`~barrierflow.errors.StoreFormatError`. Neither changes the file, and a failed open
+leaves nothing behind: no lock, no open file, no worker thread.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal, final
+from typing import Any, final
 
 import anyio
 import anyio.lowlevel
-import sniffio
+import anyio.to_thread
 
 from barrierflow.errors import (
     EpochOrderError,
     InvalidArgumentError,
     ProtocolError,
-    StoreFormatError,
-    StoreLockedError,
-    StoreVersionError,
 )
-from barrierflow.runtime import _sql
+from barrierflow.runtime import _sql, _store_file
+from barrierflow.runtime._store_file import Adapter
 from barrierflow.runtime.sink_states import SinkStates
 
 __all__ = ["CommittedEpochs", "StateStore", "StateTable"]
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 _DELETED: Any = object()
-
-Adapter = Literal["auto", "aiosqlite", "thread"]
 
 
 def _encode(value: Any) -> str:
@@ -172,7 +176,11 @@ class StateStore:
     """
 
     def __init__(
-        self, path: str, connection: _sql.SqlConnection, lock: IO[str], committed_epoch: int
+        self,
+        path: str,
+        connection: _sql.SqlConnection,
+        lock: _store_file.StoreLock,
+        committed_epoch: int,
     ) -> None:
         self._path = path
         self._connection = connection
@@ -185,47 +193,71 @@ class StateStore:
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], *, adapter: Adapter = "auto") -> StateStore:
-        """Open (creating it, and its directory, if needed) the store at ``path`` and take
-        its lock.
+        """Open the store at ``path`` and take its lock; a path that does not exist becomes a
+        new, empty store (created atomically, with any missing parent directories).
+
+        The path is resolved first (symlinks, ``..``, relative spellings): the lock is on the
+        real file. The file work runs on a worker thread: directories, lock, header checks,
+        creation, and the check of an existing store on a read-only connection — SQLite's
+        ``quick_check`` reads every page once (time proportional to the file's size), so a
+        damaged store fails here rather than at a later read, and is left as it was found.
 
         Args:
-            path: the SQLite file.
+            path: the SQLite file, as a ``str`` or ``os.PathLike[str]`` (bytes are refused).
             adapter: ``"aiosqlite"`` (asyncio only), ``"thread"`` (any backend), or ``"auto"``:
                 aiosqlite on asyncio, the dedicated thread otherwise.
 
+        Cancellation: nothing is left behind — a cancelled open releases the lock and closes
+        the connection (a store it was creating is either complete or absent).
+
         Raises:
-            StoreLockedError: another runtime holds the store.
+            InvalidArgumentError: ``path`` is not a non-empty ``str`` or ``os.PathLike[str]``
+                (``argument="path"``), or a bad ``adapter``.
+            StorePathError: the path is a directory or not a regular file, or its parent
+                directory cannot be created or is not writable (``argument="state_path"``).
+            StoreLockedError: another runtime (in this process or another) holds the store.
+            StoreCorruptedError: the file is a damaged store: empty, cut short, pages SQLite
+                cannot read, or metadata rows missing or malformed.
             StoreFormatError: the file is not a barrierflow store.
             StoreVersionError: the store's schema is newer than this barrierflow.
-            InvalidArgumentError: a bad ``adapter``.
+            StoreIOError: the OS or SQLite failed otherwise (``__cause__`` says how).
         """
-        file = str(Path(path))
+        file = _store_file.check_argument(path)
         if adapter not in ("auto", "aiosqlite", "thread"):
             raise InvalidArgumentError("adapter", "'auto', 'aiosqlite' or 'thread'", adapter)
-        Path(file).parent.mkdir(parents=True, exist_ok=True)
-        lock = _acquire_lock(file)
+        prepared = await anyio.to_thread.run_sync(_store_file.prepare, file)
         try:
-            _check_magic(file)
-            connection = await _connect(file, adapter)
-            try:
-                committed = await _bootstrap(file, connection)
-            except BaseException:
-                await connection.close()
-                raise
+            with _store_file.sqlite_errors(prepared.path):
+                connection = await _store_file.connect(prepared.path, adapter)
+                try:
+                    await _store_file.finish_open(connection, prepared)
+                except BaseException:
+                    await connection.close()
+                    raise
         except BaseException:
-            lock.close()
+            prepared.lock.release()
             raise
-        return cls(file, connection, lock, committed)
+        return cls(prepared.path, connection, prepared.lock, prepared.committed)
 
     @property
     def path(self) -> str:
-        """The store's file."""
+        """The store's real file: absolute, with symlinks and ``..`` resolved."""
         return self._path
 
     @property
     def committed_epoch(self) -> int:
         """The last durable checkpoint epoch (0 before the first)."""
         return self._committed
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether no checkpoint was ever committed in this store (its committed epoch is 0).
+
+        A new store is empty; so is one whose runtimes never reached a checkpoint (actors'
+        state and the job catalog only become durable with one). It says nothing about sink
+        records (:meth:`sink_states`), which commit on their own.
+        """
+        return self._committed == 0
 
     def table(self, owner: str, name: str) -> StateTable:
         """The table ``name`` of actor ``owner``; each may be opened once per store.
@@ -318,7 +350,11 @@ class StateStore:
         self._tables.clear()
 
     async def aclose(self) -> None:
-        """Close the connection and release the lock; unsealed and uncommitted writes are lost."""
+        """Close the connection and release the lock; unsealed and uncommitted writes are lost.
+
+        Cancellation: the close is shielded, with a deadline (see the adapters); the lock is
+        released whatever happens.
+        """
         if self._closed:
             return
         self._closed = True
@@ -326,7 +362,7 @@ class StateStore:
         try:
             await self._connection.close()
         finally:
-            self._lock.close()
+            self._lock.release()
 
     async def __aenter__(self) -> StateStore:
         return self
@@ -364,57 +400,3 @@ class CommittedEpochs:
                 return self._seen
             await store._committed_changed.wait()
         raise StopAsyncIteration
-
-
-def _acquire_lock(file: str) -> IO[str]:
-    lock = open(file + ".lock", "a+")  # noqa: SIM115 - held for the store's lifetime
-    try:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        raise StoreLockedError(file) from None
-    return lock
-
-
-def _check_magic(file: str) -> None:
-    try:
-        with open(file, "rb") as handle:
-            head = handle.read(len(_SQLITE_MAGIC))
-    except FileNotFoundError:
-        return
-    if head and head != _SQLITE_MAGIC:
-        raise StoreFormatError(file, "a file that is not an SQLite database")
-
-
-async def _connect(file: str, adapter: Adapter) -> _sql.SqlConnection:
-    if adapter == "auto":
-        adapter = "aiosqlite" if sniffio.current_async_library() == "asyncio" else "thread"
-    if adapter == "aiosqlite":
-        from barrierflow.runtime.sqlite_asyncio_backend import AiosqliteConnection
-
-        return await AiosqliteConnection.open(file)
-    from barrierflow.runtime.sqlite_thread_backend import ThreadConnection
-
-    return await ThreadConnection.open(file)
-
-
-async def _bootstrap(file: str, connection: _sql.SqlConnection) -> int:
-    tables = {row[0] for row in await connection.fetchall(_sql.LIST_TABLES)}
-    if tables and "bf_meta" not in tables:
-        raise StoreFormatError(
-            file, f"an SQLite database of someone else (tables {sorted(tables)})"
-        )
-    if not tables:
-        await connection.transaction(_sql.bootstrap_statements())
-    meta = dict(await connection.fetchall(_sql.READ_META))
-    if meta.get("format") != _sql.FORMAT_TAG:
-        raise StoreFormatError(file, f"an SQLite database with format tag {meta.get('format')!r}")
-    version = int(meta.get("schema_version", "0"))
-    if version > _sql.SCHEMA_VERSION:
-        raise StoreVersionError(file, version, _sql.SCHEMA_VERSION)
-    await connection.transaction(_sql.migrate_statements(version))
-    committed = int(meta["committed_epoch"])
-    # Recovery starts here: sink epochs pre-committed after the last durable checkpoint will be
-    # replayed by the upstream, so their coordinators must abort them, not commit them.
-    await connection.transaction([_sql.Statement(_sql.SINK_ABORT_AFTER, [(committed,)])])
-    return committed

@@ -104,6 +104,19 @@ class SparkBridge:
         self.stream = stream
         self._batches = self._replays = self._rows = 0
         self._to_arrow = self._deliver = 0.0
+        self._last_error: Exception | None = None
+
+    @property
+    def last_error(self) -> Exception | None:
+        """The exception :meth:`callback` raised last, or ``None`` if it never raised.
+
+        Spark reports a failed ``foreachBatch`` callback as a ``StreamingQueryException``
+        whose message is the Py4J proxy's ("An exception was raised by the Python Proxy...")
+        with the real error buried in a Python traceback; this is that real error (a
+        :class:`~barrierflow.errors.BatchOrderError`, a ``SchemaMismatchError``, ...), for a
+        driver to report. It stays set after later batches succeed.
+        """
+        return self._last_error
 
     def stats(self) -> BridgeStats:
         """A snapshot of the bridge's counters."""
@@ -145,8 +158,17 @@ class SparkBridge:
         return self._deliver_table(stream, batch_id, conform_schema(table, self.feed.schema, what))
 
     def callback(self, df: Any, batch_id: int) -> None:
-        """The ``foreachBatch`` callback: ``df.writeStream.foreachBatch(bridge.callback)``."""
-        self.deliver(df, batch_id)
+        """The ``foreachBatch`` callback: ``df.writeStream.foreachBatch(bridge.callback)``.
+
+        Raises:
+            NotRunningError, SchemaMismatchError, BatchOrderError: as :meth:`deliver` (or
+                whatever the graph raised); the exception is also kept as :attr:`last_error`.
+        """
+        try:
+            self.deliver(df, batch_id)
+        except Exception as exc:
+            self._last_error = exc
+            raise
 
     async def _is_new(self, stream: str, batch_id: int) -> bool:
         await self.feed.last_batch(stream, self.runtime.runtime)  # waits until the source runs

@@ -69,8 +69,10 @@ def spark_session(
 
     Raises:
         SparkUnavailableError: pyspark or Java is missing.
-        InvalidArgumentError: ``master`` or ``conf`` is malformed.
+        InvalidArgumentError: ``app_name``, ``master`` or ``conf`` is malformed.
     """
+    if not isinstance(app_name, str) or not app_name:
+        raise InvalidArgumentError("app_name", "a non-empty str", app_name)
     require_spark()
     master = master or DEFAULT_MASTER
     if not isinstance(master, str):

@@ -17,6 +17,7 @@ from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.chunk import Chunk, Op
 from barrierflow.channels.epoch import EPOCH_PHYSICAL_SHIFT, EpochPair
 from barrierflow.channels.messages import Message, Watermark
+from barrierflow.errors import InvalidArgumentError
 
 __all__ = [
     "SCHEMA",
@@ -32,7 +33,15 @@ SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.int64()), ("name", pa.string(
 
 
 def epoch_pairs(count: int, start: int = 1) -> list[EpochPair]:
-    """``count`` consecutive epoch pairs, one millisecond apart."""
+    """``count`` consecutive epoch pairs, one millisecond apart.
+
+    Raises:
+        InvalidArgumentError: ``count`` is not an int >= 0 or ``start`` not an int >= 1.
+    """
+    if type(count) is not int or count < 0:
+        raise InvalidArgumentError("count", "an int >= 0", count)
+    if type(start) is not int or start < 1:
+        raise InvalidArgumentError("start", "an int >= 1 (milliseconds)", start)
     epochs = [(start + i) << EPOCH_PHYSICAL_SHIFT for i in range(count + 1)]
     return [EpochPair(epochs[i + 1], epochs[i]) for i in range(count)]
 
@@ -49,7 +58,13 @@ def _chunk(
 
 
 def chunk_sizes(max_rows: int = 40) -> st.SearchStrategy[int]:
-    """Chunk sizes, biased towards small ones and including empty chunks."""
+    """Chunk sizes, biased towards small ones and including empty chunks.
+
+    Raises:
+        InvalidArgumentError: ``max_rows`` is not an int >= 0.
+    """
+    if type(max_rows) is not int or max_rows < 0:
+        raise InvalidArgumentError("max_rows", "an int >= 0", max_rows)
     return st.integers(min_value=0, max_value=max_rows)
 
 

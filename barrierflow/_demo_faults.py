@@ -1,0 +1,107 @@
+"""The demo's crash switch: SIGKILL of the driver at a chosen point of one micro-batch.
+
+``barrierflow demo --crash-after N --crash-point P`` arms :class:`Faults` for micro-batch
+``N`` of the run; the wrappers below kill the process at point ``P``: ``mid-batch`` (rows
+written, not committed), ``after-checkpoint`` (the batch durable here, not yet committed by
+Spark) or ``mid-commit`` (Iceberg committed, the coordinator not yet told). Before dying the
+demo prints a ``CRASH ...`` line and, on the next line, the command that resumes the run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from barrierflow.actors import CommitCoordinator, CommitMetadata, SchemaChange
+from barrierflow.runtime.positions import SinkCommits
+
+__all__ = ["CrashingCommitter", "CrashingWriter", "Faults"]
+
+
+def _kill_self(where: str, resume: str) -> None:
+    # One write, so that no other thread's line lands between the two.
+    sys.stdout.write(f"CRASH {where}: SIGKILL of the driver\nresume with: {resume}\n")
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Faults:
+    """The demo's crash switch: armed for one micro-batch of this run."""
+
+    def __init__(self, after: int | None, point: str, resume: str) -> None:
+        self.after = after
+        self.point = point
+        #: The command that resumes the run, printed on the line after ``CRASH``.
+        self.resume = resume
+        self.batches = 0
+        self.armed = False
+
+    def begin_batch(self) -> None:
+        # A mid-commit crash stays armed: the batch's commit runs after its checkpoint, maybe
+        # once the next batch has begun.
+        sticky = self.armed and self.point == "mid-commit"
+        self.armed = sticky or (self.after is not None and self.batches == self.after)
+
+    def end_batch(self) -> None:
+        if self.armed and self.point == "after-checkpoint":
+            _kill_self("after the batch's checkpoint, before Spark's commit", self.resume)
+        self.batches += 1
+
+
+class CrashingWriter:
+    """A sink connector that kills the process on its first write of the armed batch."""
+
+    def __init__(self, inner: Any, faults: Faults) -> None:
+        self._inner = inner
+        self._faults = faults
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def write_batch(self, batch: pa.RecordBatch) -> None:
+        await self._inner.write_batch(batch)
+        if self._faults.armed and self._faults.point == "mid-batch":
+            _kill_self("mid-batch, rows written but not committed", self._faults.resume)
+
+
+class CrashingCommitter:
+    """The Iceberg committer, killing the process after the armed batch's Iceberg commit and
+    before the coordinator records it committed."""
+
+    def __init__(self, inner: CommitCoordinator, faults: Faults) -> None:
+        self._inner = inner
+        self._faults = faults
+        self.two_phase = inner.two_phase
+
+    async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
+        await self._inner.init(pending)
+
+    async def sink_commits(self) -> SinkCommits | None:
+        """What the table holds (the runtime asks on an empty state store)."""
+        commits: SinkCommits | None = await self._inner.sink_commits()  # type: ignore[attr-defined]
+        return commits
+
+    async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
+        await self._inner.commit_data(epoch, metadatas)
+
+    async def pre_commit(
+        self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: SchemaChange | None
+    ) -> CommitMetadata | None:
+        return await self._inner.pre_commit(epoch, metadatas, schema_change)
+
+    async def commit(
+        self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None
+    ) -> None:
+        await self._inner.commit(epoch, metadata, schema_change)
+        if self._faults.armed and self._faults.point == "mid-commit" and metadata is not None:
+            _kill_self(
+                "mid-commit, Iceberg committed, the commit not yet recorded", self._faults.resume
+            )
+
+    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
+        await self._inner.abort(epoch, metadata)

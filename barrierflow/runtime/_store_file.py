@@ -1,0 +1,417 @@
+"""Opening the state store's file: where it really is, who holds it, whether it is intact (or
+its atomic creation), then the SQLite connection and the check of the store's own metadata.
+
+The file work blocks (``stat``, ``mkdir``, ``flock``, reads, ``fsync``):
+:meth:`StateStore.open <barrierflow.runtime.StateStore.open>` runs :func:`prepare` on a
+worker thread, then :func:`connect` and :func:`finish_open` through the SQLite adapter.
+
+* **Path.** The path is resolved (:func:`os.path.realpath`: absolute, symlinks and ``..``
+  followed), so the lock, the errors and ``StateStore.path`` name the real file whatever its
+  spelling. A missing parent directory is created (``mkdir -p``, as the README's
+  ``state/example.db`` expects); a directory, a non-regular file, or a parent that cannot be
+  created or written is a :class:`~barrierflow.errors.StorePathError`.
+* **Lock.** ``flock`` on ``<real file>.lock``: one holder per file, in this process (each open
+  takes a new open file description, so a second open in the same process is refused too)
+  and across processes; the OS releases it even on SIGKILL.
+* **Inspection.** A file that exists must look like a whole SQLite database: a zero-byte
+  file, a file cut inside the 100-byte header, a page size that is not one, or (with no
+  write-ahead log to replay) a size that is not a whole number of pages or below the page
+  count its header records is a :class:`~barrierflow.errors.StoreCorruptedError`; a file that
+  does not start like SQLite is a :class:`~barrierflow.errors.StoreFormatError`. Once open,
+  SQLite's ``quick_check`` reads every page, and the metadata rows must be present and well
+  formed.
+* **Creation.** A new store is built whole in ``<file>.creating-<random>`` beside the target,
+  fsynced, renamed into place and the directory fsynced: the store file either does not exist
+  or is complete, so an empty or truncated file is never one that barrierflow half-created
+  and is never taken for a new store. Leftovers of a creation that crashed are removed under
+  the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import pathlib
+import re
+import secrets
+import sqlite3
+import stat
+from collections.abc import Iterator
+from typing import Any, Literal, NamedTuple, final
+
+import sniffio
+
+from barrierflow.errors import (
+    InvalidArgumentError,
+    StoreCorruptedError,
+    StoreFormatError,
+    StoreIOError,
+    StoreLockedError,
+    StorePathError,
+    StoreVersionError,
+)
+from barrierflow.runtime import _sql
+
+Adapter = Literal["auto", "aiosqlite", "thread"]
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_HEADER_SIZE = 100
+_WAL_HEADER_SIZE = 32
+_CREATING = ".creating-"
+_WRITABLE_PARENT = "a file path whose parent directory exists (or can be created) and is writable"
+
+
+@final
+class StoreLock:
+    """The store's OS lock: an open, ``flock``-ed descriptor of ``<file>.lock``."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Release the lock (closing the descriptor drops the ``flock``); idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def check_argument(path: object) -> str:
+    """``path`` as a str, if it is a usable file path argument.
+
+    Bytes paths are refused: a store's path is text (it is logged and named in errors), and
+    ``str`` or :class:`os.PathLike` [``str``] (such as :class:`pathlib.Path`) cover every file.
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a non-empty ``str`` or ``os.PathLike[str]``
+            without NUL characters (``argument="path"``).
+    """
+    value: object = path
+    if isinstance(path, os.PathLike):
+        with contextlib.suppress(TypeError):
+            value = os.fspath(path)
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise InvalidArgumentError(
+            "path", "a non-empty str or os.PathLike[str] naming the store file", path
+        )
+    return value
+
+
+@final
+class Prepared(NamedTuple):
+    """A store file ready for its SQLite connection (the result of :func:`prepare`)."""
+
+    #: The real file: absolute, symlinks and ``..`` resolved.
+    path: str
+    #: The held lock (the caller releases it).
+    lock: StoreLock
+    #: The store's schema version as found (to migrate from).
+    version: int
+    #: The store's committed epoch.
+    committed: int
+
+
+def prepare(file: str) -> Prepared:
+    """Resolve ``file``, check where it lives, lock it, then check the store it holds (header,
+    every page, metadata) or create it.
+
+    Blocking: run it on a worker thread. The checks run on a read-only connection, so a
+    damaged file — and its write-ahead log — is left exactly as it was found.
+
+    Raises:
+        StorePathError: the path is a directory or not a regular file, or its parent cannot be
+            created or written.
+        StoreLockedError: another holder has the lock.
+        StoreCorruptedError: the file is a damaged store (empty, cut short, pages SQLite
+            cannot read, metadata rows missing or malformed).
+        StoreFormatError: the file is not a barrierflow store.
+        StoreVersionError: the store's schema is newer than this barrierflow.
+        StoreIOError: the OS or SQLite failed otherwise (``__cause__`` says how).
+    """
+    real = os.path.realpath(file)
+    if file.endswith(os.sep) or (os.altsep is not None and file.endswith(os.altsep)):
+        # realpath would drop the slash and a file would be created where a directory was meant.
+        raise StorePathError(real, "a file path, not a directory", f"{file!r}, ending in a slash")
+    try:
+        _check_target(real)
+        _ensure_parent(real)
+        lock = _lock(real)
+    except OSError as exc:
+        raise StoreIOError(real, "open", exc) from exc
+    try:
+        with sqlite_errors(real):
+            _remove_stale_creations(real)
+            try:
+                size = os.stat(real).st_size
+            except FileNotFoundError:
+                _create(real)
+                return Prepared(real, lock, _sql.SCHEMA_VERSION, 0)
+            _inspect(real, size)
+            version, committed = _validate(real)
+    except BaseException:
+        lock.release()
+        raise
+    return Prepared(real, lock, version, committed)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _not_a_directory(real: str) -> str:
+    """Name the nearest ancestor of ``real`` that exists and is not a directory."""
+    ancestor = os.path.dirname(real)
+    while ancestor != os.path.dirname(ancestor):
+        if os.path.lexists(ancestor) and not os.path.isdir(ancestor):
+            return f"a parent {ancestor!r} that is a file, not a directory"
+        ancestor = os.path.dirname(ancestor)
+    return "a parent that is not a directory"
+
+
+def _check_target(real: str) -> None:
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise StorePathError(real, _WRITABLE_PARENT, _not_a_directory(real)) from None
+    except OSError as exc:
+        raise StorePathError(real, "a file path the store can reach", _describe(exc)) from exc
+    if stat.S_ISDIR(mode):
+        raise StorePathError(real, "a file path, not a directory", "a directory")
+    if not stat.S_ISREG(mode):
+        raise StorePathError(real, "a regular file (or a path that does not exist)", _kind(mode))
+    if not os.access(real, os.R_OK | os.W_OK):
+        raise StorePathError(real, "a file the store can read and write", "a read-only file")
+
+
+def _ensure_parent(real: str) -> None:
+    parent = os.path.dirname(real)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise StorePathError(real, _WRITABLE_PARENT, _not_a_directory(real)) from None
+    except OSError as exc:
+        got = f"a parent directory that cannot be created ({_describe(exc)})"
+        raise StorePathError(real, _WRITABLE_PARENT, got) from exc
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise StorePathError(real, _WRITABLE_PARENT, f"a parent {parent!r} that is not writable")
+
+
+def _describe(exc: OSError) -> str:
+    code = errno.errorcode.get(exc.errno or 0, "?")
+    return f"{exc.strerror or exc} [{code}]"
+
+
+def _lock(real: str) -> StoreLock:
+    path = real + ".lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        got = f"a lock file {path!r} that cannot be opened ({_describe(exc)})"
+        raise StorePathError(real, _WRITABLE_PARENT, got) from exc
+    lock = StoreLock(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.release()
+        raise StoreLockedError(real) from None
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _inspect(real: str, size: int) -> None:
+    if size == 0:
+        raise StoreCorruptedError(
+            real,
+            "an empty file (0 bytes): barrierflow creates stores whole, so this is not a new "
+            "store but one whose content is gone",
+        )
+    with open(real, "rb") as handle:
+        head = handle.read(_HEADER_SIZE)
+    if not SQLITE_MAGIC.startswith(head[: len(SQLITE_MAGIC)]):
+        raise StoreFormatError(real, "a file that is not an SQLite database")
+    if size < _HEADER_SIZE:
+        raise StoreCorruptedError(
+            real, f"a file of {size} bytes, cut short inside the {_HEADER_SIZE}-byte SQLite header"
+        )
+    raw = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if raw == 1 else raw
+    if page_size < 512 or page_size & (page_size - 1):
+        raise StoreCorruptedError(real, f"an SQLite header with an invalid page size ({raw})")
+    if _wal_has_frames(real):
+        # SQLite replays the log over the file; whether the result is whole is checked once
+        # the database is open.
+        return
+    if size % page_size:
+        raise StoreCorruptedError(
+            real, f"{size} bytes, not a whole number of {page_size}-byte pages (cut mid-page)"
+        )
+    pages = int.from_bytes(head[28:32], "big")
+    # The header's page count is valid only when its change counter matches its
+    # "version-valid-for" field (SQLite's file format, section 1.3.7).
+    if head[24:28] == head[92:96] and size < pages * page_size:
+        raise StoreCorruptedError(
+            real,
+            f"{size} bytes, but its header counts {pages} pages of {page_size} bytes "
+            f"({pages * page_size} bytes): the file was cut short",
+        )
+
+
+def _wal_has_frames(real: str) -> bool:
+    try:
+        return os.stat(real + "-wal").st_size > _WAL_HEADER_SIZE
+    except FileNotFoundError:
+        return False
+
+
+def _remove_files(base: str) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(base + suffix)
+
+
+def _remove_stale_creations(real: str) -> None:
+    directory, name = os.path.split(real)
+    prefix = name + _CREATING
+    with os.scandir(directory) as entries:
+        stale = [
+            entry.path
+            for entry in entries
+            if entry.name.startswith(prefix) and "-" not in entry.name[len(prefix) :]
+        ]
+    for path in stale:
+        _remove_files(path)
+
+
+def _create(real: str) -> None:
+    directory = os.path.dirname(real)
+    temp = f"{real}{_CREATING}{secrets.token_hex(8)}"
+    try:
+        try:
+            db = sqlite3.connect(temp, isolation_level=None)
+            try:
+                for pragma in _sql.PRAGMAS:  # WAL is recorded in the file's header
+                    db.execute(pragma)
+                db.execute("BEGIN IMMEDIATE")
+                for statement in _sql.bootstrap_statements():
+                    db.executemany(statement.sql, statement.rows)
+                db.execute("COMMIT")
+            finally:
+                db.close()  # the last connection checkpoints the log into the file
+        except sqlite3.Error as exc:
+            raise StoreIOError(real, "create", exc) from exc
+        _fsync(temp, os.O_RDONLY)
+        os.rename(temp, real)
+        _fsync(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except BaseException:
+        _remove_files(temp)
+        raise
+
+
+def _fsync(path: str, flags: int) -> None:
+    fd = os.open(path, flags | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def sqlite_errors(file: str) -> Iterator[None]:
+    """Turn SQLite's and the OS's errors while opening into the store's typed errors."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        name = getattr(exc, "sqlite_errorname", "")
+        if name.startswith("SQLITE_CORRUPT") or name == "SQLITE_NOTADB":
+            raise StoreCorruptedError(file, f"a file SQLite cannot read ({exc})") from exc
+        raise StoreIOError(file, "open", exc) from exc
+    except (sqlite3.Error, OSError) as exc:
+        raise StoreIOError(file, "open", exc) from exc
+
+
+async def connect(file: str, adapter: Adapter) -> _sql.SqlConnection:
+    """A connection to ``file`` through ``adapter`` (``"auto"``: aiosqlite on asyncio)."""
+    if adapter == "auto":
+        adapter = "aiosqlite" if sniffio.current_async_library() == "asyncio" else "thread"
+    if adapter == "aiosqlite":
+        from barrierflow.runtime.sqlite_asyncio_backend import AiosqliteConnection
+
+        return await AiosqliteConnection.open(file)
+    from barrierflow.runtime.sqlite_thread_backend import ThreadConnection
+
+    return await ThreadConnection.open(file)
+
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _meta_int(file: str, meta: dict[Any, Any], key: str, least: int) -> int:
+    value = meta.get(key)
+    if value is None:
+        raise StoreCorruptedError(file, f"no {key!r} row in its metadata table bf_meta")
+    if not isinstance(value, str) or not _DIGITS.fullmatch(value) or int(value) < least:
+        raise StoreCorruptedError(
+            file, f"{key} = {value!r} in bf_meta, expected an integer >= {least}"
+        )
+    return int(value)
+
+
+def _validate(real: str) -> tuple[int, int]:
+    """Check an existing store's pages and metadata; return its schema version and committed
+    epoch. Read-only: SQLite neither replays nor removes the write-ahead log of a file it
+    rejects."""
+    db = sqlite3.connect(pathlib.Path(real).as_uri() + "?mode=ro", uri=True)
+    try:
+        problems = [row[0] for row in db.execute(_sql.QUICK_CHECK)]
+        if problems != ["ok"]:
+            shown = "; ".join(str(problem) for problem in problems[:3])
+            raise StoreCorruptedError(real, f"pages SQLite's quick_check rejects ({shown})")
+        tables = {row[0] for row in db.execute(_sql.LIST_TABLES)}
+        if "bf_meta" not in tables:
+            if tables & set(_sql.OWN_TABLES):
+                found = f"a barrierflow store without its metadata table bf_meta ({sorted(tables)})"
+                raise StoreCorruptedError(real, found)
+            raise StoreFormatError(
+                real,
+                f"an SQLite database of someone else (tables {sorted(tables)})"
+                if tables
+                else "an SQLite database with no tables (not created by barrierflow, which "
+                "creates stores whole)",
+            )
+        meta = dict(db.execute(_sql.READ_META).fetchall())
+    finally:
+        db.close()
+    tag = meta.get("format")
+    if tag is None and "bf_state" in tables:
+        raise StoreCorruptedError(real, "no 'format' row in its metadata table bf_meta")
+    if tag != _sql.FORMAT_TAG:
+        raise StoreFormatError(real, f"an SQLite database with format tag {tag!r}")
+    version = _meta_int(real, meta, "schema_version", 1)
+    if version > _sql.SCHEMA_VERSION:
+        raise StoreVersionError(real, version, _sql.SCHEMA_VERSION)
+    return version, _meta_int(real, meta, "committed_epoch", 0)
+
+
+async def finish_open(connection: _sql.SqlConnection, prepared: Prepared) -> None:
+    """Migrate the store's schema and abort the sink epochs its last run left pending."""
+    await connection.transaction(_sql.migrate_statements(prepared.version))
+    # Recovery starts here: sink epochs pre-committed after the last durable checkpoint will be
+    # replayed by the upstream, so their coordinators must abort them, not commit them.
+    abort = _sql.Statement(_sql.SINK_ABORT_AFTER, [(prepared.committed,)])
+    await connection.transaction([abort])

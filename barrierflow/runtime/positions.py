@@ -1,0 +1,144 @@
+"""Source positions: where the rows a sink committed came from, recorded with the rows.
+
+The runtime's state store is the usual source of truth for what a pipeline has done: a source
+keeps its positions (for the batch source, ``stream → last batch id``) in its state and the
+checkpoint makes them durable with the sinks' pre-commit records. That is not enough if the
+store itself is lost: a new, empty store would let the upstream replay everything, and a
+sink that already holds those rows would commit them a second time.
+
+So an exactly-once sink also records, **in the same atomic commit as the rows**, the source
+positions those rows reach — as Delta Lake's idempotent writes record an application id and a
+version. This module holds what the runtime and the sinks share for that:
+
+* :class:`SourcePositions` maps a position key to a batch id. A key names one numbered stream
+  of one source actor: ``"<source actor>/<stream>"`` (see :func:`position_key`).
+* Sources report their positions with each barrier they pass (``ActorContext.
+  report_positions``); a sink writer asks, at a checkpoint barrier, for the positions every
+  source reported with it (``ActorContext.positions_at``) — the positions its epoch's rows
+  reach.
+* :class:`SinkCommits` is what a sink found in its storage: the last committed epoch and the
+  positions recorded with it. A sink writer that can read it implements
+  :class:`SinkCommitsReader`; the runtime asks before the graph starts on an **empty** store
+  (see ``RuntimeConfig.adopt_sink_positions``).
+* :func:`epoch_already_held` decides, at commit, whether an epoch's rows are already in the
+  sink (a replay after the store went back in time) and must be skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, final, runtime_checkable
+
+from barrierflow.errors import InvalidArgumentError, PositionOverlapError
+
+__all__ = [
+    "SinkCommits",
+    "SinkCommitsReader",
+    "SourcePositions",
+    "check_positions",
+    "epoch_already_held",
+    "merge_positions",
+    "position_key",
+]
+
+#: Position key → the last batch id whose rows are included.
+SourcePositions = Mapping[str, int]
+
+
+def position_key(source: str, stream: str) -> str:
+    """The position key of ``stream`` of source actor ``source``."""
+    return f"{source}/{stream}"
+
+
+def check_positions(argument: str, positions: Any) -> dict[str, int]:
+    """``positions`` as a plain dict, or a typed error naming ``argument``.
+
+    Raises:
+        InvalidArgumentError: not a mapping of non-empty str keys to non-negative ints.
+    """
+    if not isinstance(positions, Mapping):
+        raise InvalidArgumentError(argument, "a mapping of position key to batch id", positions)
+    checked: dict[str, int] = {}
+    for key, value in positions.items():
+        if not isinstance(key, str) or not key or type(value) is not int or value < 0:
+            raise InvalidArgumentError(
+                argument, "str keys mapped to non-negative int batch ids", {key: value}
+            )
+        checked[key] = value
+    return checked
+
+
+def merge_positions(*maps: SourcePositions) -> dict[str, int]:
+    """The key-wise maximum of ``maps`` (positions only move forward)."""
+    merged: dict[str, int] = {}
+    for positions in maps:
+        for key, value in positions.items():
+            if value > merged.get(key, -1):
+                merged[key] = value
+    return merged
+
+
+def epoch_already_held(
+    sink: str,
+    epoch: int,
+    held: SourcePositions,
+    start: SourcePositions,
+    end: SourcePositions,
+) -> bool:
+    """Whether the rows of ``epoch`` — batches after ``start`` up to ``end``, per key — are all
+    already in a sink whose last commit recorded ``held``.
+
+    ``True`` means the epoch is a replay of committed rows (the runtime's store went back in
+    time and the upstream delivered them again): the sink skips its commit. ``False`` means
+    every batch of the epoch is new. An epoch without positions is never held.
+
+    Raises:
+        PositionOverlapError: some of the epoch's batches are held and others are not, so
+            neither committing nor skipping it is exact.
+    """
+    held_parts: list[str] = []
+    new_parts: list[str] = []
+    for key, last in end.items():
+        first = start.get(key, -1)
+        if last <= first:
+            continue  # no batch of this key in the epoch
+        have = held.get(key, -1)
+        if last <= have:
+            held_parts.append(key)
+        elif first >= have:
+            new_parts.append(key)
+        else:
+            raise PositionOverlapError(sink, epoch, key, first + 1, last, have)
+    if held_parts and new_parts:
+        key = held_parts[0]
+        raise PositionOverlapError(
+            sink, epoch, key, start.get(key, -1) + 1, end[key], held.get(key, -1)
+        )
+    return bool(held_parts)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SinkCommits:
+    """What a sink's storage says it committed.
+
+    Attributes:
+        sink: the sink (its name, table or path), for messages.
+        epoch: the last committed epoch (> 0).
+        positions: the source positions recorded with it (empty if the sink recorded none).
+    """
+
+    sink: str
+    epoch: int
+    positions: dict[str, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class SinkCommitsReader(Protocol):
+    """An actor whose sink can say what it already holds (a sink writer)."""
+
+    async def sink_commits(self) -> SinkCommits | None:
+        """What the sink committed (``None``: nothing yet). Called before the graph starts,
+        only when the state store is empty."""
+        ...

@@ -1,0 +1,416 @@
+"""Every public entry point of ``barrierflow.channels`` and ``barrierflow.runtime``, fuzzed.
+
+The rule: a public constructor or function either succeeds or raises a subclass of
+:class:`~barrierflow.errors.BarrierflowError` — never a bare ``TypeError``, ``ValueError``,
+``AttributeError``, ``KeyError``, ``IndexError``, ``OverflowError`` or an exception group from
+deep inside. Values come from Hypothesis (wrong types, NaN and infinities, empty and huge
+values, negatives, a str where a sequence of names is expected) mixed with valid ones, so both
+the refusals and the successes are exercised.
+
+``SYNC`` and ``ASYNC`` map each public name to the fuzz it gets; ``EXEMPT`` lists, with the
+reason, the names that take no input. A test checks every name of both packages' ``__all__``
+is in one of them, so a new public callable cannot be skipped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pyarrow as pa
+import pytest
+import structlog
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import barrierflow.channels as channels
+import barrierflow.runtime as runtime
+from barrierflow.channels import (
+    Add,
+    AlignedMerge,
+    Barrier,
+    BarrierKind,
+    BroadcastDispatcher,
+    Chunk,
+    Dispatcher,
+    EpochClock,
+    EpochPair,
+    HashDispatcher,
+    Op,
+    Pause,
+    ReceiveChannel,
+    Resume,
+    RoundRobinDispatcher,
+    SendChannel,
+    SourceChangeSplit,
+    Split,
+    Stop,
+    Throttle,
+    Update,
+    VnodeBitmap,
+    Watermark,
+    compute_vnodes,
+    create_channel,
+    epoch_from_unix_ms,
+    merge_aligned,
+    physical_time_ms,
+    vnode_owners,
+)
+from barrierflow.errors import BarrierflowError
+from barrierflow.runtime import (
+    ActorContext,
+    ActorRef,
+    BarrierManager,
+    BlockingRuntime,
+    Fanout,
+    Finish,
+    InFlightBarrier,
+    PushSource,
+    Runtime,
+    RuntimeConfig,
+    ServiceContext,
+    StateStore,
+    StreamActor,
+    Ticker,
+    configure_logging,
+    open_command_actor,
+    serve_commands,
+)
+
+NAN, INF = math.nan, math.inf
+BATCH = pa.record_batch({"k": pa.array([1, 2, 3], pa.int64())})
+CHUNK = Chunk(BATCH)
+PAIR = EpochPair(2 << 16, 1 << 16)
+BARRIER = Barrier(PAIR, BarrierKind.CHECKPOINT, Stop(frozenset({1})))
+
+#: Values no public API should choke on: wrong types, NaN and infinities, empty, huge and
+#: negative values, a str (a sequence!) where a sequence of names is expected.
+# fmt: off
+SPECIAL: list[Any] = [
+    None, True, False, 0, -1, 1, 3, 2**31, 2**63, 2**64, -(2**70), 10**400,
+    0.0, -0.0, 0.5, 1.0, 1.5, -1.5, NAN, INF, -INF, 1e308,
+    "", "k", "key", "0", b"", b"k", [], [None], ["k"], ["k", "k"], [1.5], [0, 1, 2],
+    [True, False, True], (), ("k",), {}, {"k": 1}, {1: 2}, {0: NAN}, {1: INF}, set(), {1},
+    frozenset({-1}), object(), print, np.float64(NAN), np.int64(3), np.array([1.0, 2.0, 3.0]),
+    np.array([[True]]), pa.array([1, 2, 3]), pa.array([1.5, 2.5, 0.0]), CHUNK, BARRIER,
+    Watermark("ts", 1), PAIR, BarrierKind.BARRIER, Op.DELETE, VnodeBitmap.full(4),
+]
+# fmt: on
+any_value = st.one_of(
+    st.sampled_from(SPECIAL),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=4),
+    st.lists(
+        st.one_of(st.integers(-2, 5), st.text(max_size=2), st.none(), st.floats()), max_size=4
+    ),
+    st.dictionaries(
+        st.one_of(st.integers(-1, 5), st.text(max_size=2)),
+        st.one_of(st.integers(-1, 5), st.floats(), st.none()),
+        max_size=3,
+    ),
+)
+
+
+def maybe(valid: Any) -> st.SearchStrategy[Any]:
+    """Either ``valid`` (so later checks are reached too) or any value."""
+    return st.one_of(st.just(valid), any_value)
+
+
+def typed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn``; a BarrierflowError is a fine answer, anything else fails the test."""
+    try:
+        return fn(*args, **kwargs)
+    except BarrierflowError:
+        return None
+
+
+async def atyped(fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+    try:
+        with anyio.fail_after(5):
+            return await fn(*args, **kwargs)
+    except BarrierflowError:
+        return None
+
+
+def _clock_returning(value: Any) -> Callable[[], Any]:
+    return lambda: value
+
+
+def _chunk(d: st.DataObject) -> None:
+    chunk = typed(Chunk, d.draw(maybe(BATCH)), d.draw(maybe(None)), d.draw(maybe(None)))
+    typed(Chunk.from_pydict, d.draw(maybe({"k": [1]})), d.draw(maybe(None)))
+    typed(CHUNK.with_ops, d.draw(any_value))
+    typed(CHUNK.with_visibility, d.draw(any_value))
+    typed(CHUNK.equals, d.draw(any_value))
+    if chunk is not None:
+        chunk.compact()
+
+
+def _barrier(d: st.DataObject) -> None:
+    typed(Barrier, d.draw(maybe(PAIR)), d.draw(maybe(BarrierKind.BARRIER)), d.draw(maybe(None)))
+    for method in ("initial_splits", "throttle_for", "new_splits", "new_vnode_bitmap", "is_stop"):
+        typed(getattr(BARRIER, method), d.draw(maybe(1)))
+    typed(BARRIER.with_mutation, d.draw(any_value))
+
+
+def _epoch_clock(d: st.DataObject) -> None:
+    clock = typed(EpochClock, d.draw(maybe(0)), d.draw(maybe(_clock_returning(1.7e9))))
+    if clock is not None:
+        typed(clock.next)
+    reading = typed(EpochClock, 0, _clock_returning(d.draw(any_value)))
+    assert reading is not None
+    typed(reading.next_pair)  # the clock's reading is checked where it is read
+
+
+def _epoch_pair(d: st.DataObject) -> None:
+    typed(EpochPair, d.draw(maybe(2)), d.draw(maybe(1)))
+    typed(PAIR.advance, d.draw(any_value))
+
+
+def _channels_pair(d: st.DataObject) -> None:
+    ends = typed(create_channel, d.draw(maybe(2)), d.draw(maybe(None)), name=d.draw(maybe("c")))
+    if ends is not None:
+        tx, rx = ends
+        try:
+            tx.send_nowait(d.draw(any_value))
+            rx.receive_nowait()
+        except anyio.WouldBlock:
+            pass
+
+
+def _hash_dispatcher(d: st.DataObject) -> None:
+    tx, _rx = create_channel(4)
+    dispatcher = typed(
+        HashDispatcher,
+        d.draw(maybe([tx])),
+        d.draw(maybe([VnodeBitmap.full()])),
+        d.draw(maybe(["k"])),
+    )
+    if dispatcher is not None:
+        typed(dispatcher.route, d.draw(maybe(CHUNK)))
+        typed(dispatcher.update_bitmaps, d.draw(any_value))
+
+
+def _round_robin(d: st.DataObject) -> None:
+    tx, _rx = create_channel(4)
+    dispatcher = typed(RoundRobinDispatcher, d.draw(maybe([tx])))
+    if dispatcher is not None:
+        typed(dispatcher.drop_output, d.draw(any_value))
+
+
+def _vnode_bitmap(d: st.DataObject) -> None:
+    typed(VnodeBitmap, d.draw(maybe([True, False])))
+    typed(VnodeBitmap.from_vnodes, d.draw(maybe([0, 1])), d.draw(maybe(4)))
+    typed(VnodeBitmap.full, d.draw(any_value))
+    typed(VnodeBitmap.empty, d.draw(any_value))
+    typed(VnodeBitmap.split, d.draw(maybe(2)), d.draw(maybe(4)))
+    assert (d.draw(any_value) in VnodeBitmap.full(4)) in (True, False)
+
+
+def _runtime(d: st.DataObject) -> None:
+    rt = typed(Runtime, d.draw(maybe(RuntimeConfig("unused.db"))), clock=d.draw(maybe(None)))
+    if rt is None:
+        return
+    typed(rt.add_source, d.draw(maybe("src")), d.draw(maybe(None)), fanout=d.draw(maybe(None)))
+    typed(
+        rt.add_actor,
+        d.draw(maybe("a")),
+        d.draw(maybe(StreamActor)),
+        inputs=d.draw(maybe(["src"])),
+        fanout=d.draw(maybe(Fanout())),
+    )
+    typed(rt.add_service, d.draw(any_value), d.draw(any_value))
+    typed(rt.connect, d.draw(maybe("src")), d.draw(maybe("a")))
+    typed(rt.actor_id, d.draw(maybe("a")))
+
+
+def _configure_logging(d: st.DataObject) -> None:
+    saved = structlog.get_config()
+    try:
+        typed(configure_logging, d.draw(maybe("json")), d.draw(maybe(logging.INFO)))
+    finally:
+        structlog.configure(**saved)
+
+
+def _ticker(d: st.DataObject) -> None:
+    async def tick() -> None:
+        pass
+
+    typed(Ticker, d.draw(maybe(1.0)), d.draw(maybe(tick)))
+
+
+def _config(d: st.DataObject) -> None:
+    fields = [
+        "barrier_interval", "checkpoint_frequency", "max_in_flight", "channel_capacity",
+        "channel_rows", "recovery", "max_restarts", "restart_backoff", "log_format",
+        "store_adapter",
+    ]  # fmt: skip
+    kwargs = {name: d.draw(any_value) for name in d.draw(st.sets(st.sampled_from(fields)))}
+    typed(RuntimeConfig, d.draw(maybe("state.db")), **kwargs)
+
+
+def _args(*strategies: Any) -> Callable[[st.DataObject], list[Any]]:
+    return lambda d: [d.draw(s) for s in strategies]
+
+
+def _plain(fn: Callable[..., Any], *valid: Any) -> Callable[[st.DataObject], None]:
+    """Fuzz ``fn``'s positional arguments, each either its valid value or anything."""
+    return lambda d: typed(fn, *(d.draw(maybe(v)) for v in valid))
+
+
+#: Public name → the fuzz it gets (called with Hypothesis' ``data``).
+SYNC: dict[str, Callable[[st.DataObject], Any]] = {
+    "Add": lambda d: typed(Add, d.draw(maybe({0: [Split("s")]})), d.draw(maybe(False))),
+    "AlignedMerge": lambda d: typed(AlignedMerge, d.draw(any_value)),
+    "Barrier": _barrier,
+    "BarrierKind": _plain(BarrierKind, "barrier"),
+    "BroadcastDispatcher": lambda d: typed(BroadcastDispatcher, d.draw(any_value)),
+    "Chunk": _chunk,
+    "Dispatcher": lambda d: typed(Dispatcher, d.draw(any_value)),
+    "EpochClock": _epoch_clock,
+    "EpochPair": _epoch_pair,
+    "HashDispatcher": _hash_dispatcher,
+    "Op": _plain(Op, 1),
+    "Pause": lambda d: Pause(),
+    "ReceiveChannel": lambda d: typed(ReceiveChannel, d.draw(any_value)),
+    "Resume": lambda d: Resume(),
+    "RoundRobinDispatcher": _round_robin,
+    "SendChannel": lambda d: typed(SendChannel, d.draw(any_value)),
+    "SourceChangeSplit": _plain(SourceChangeSplit, {1: [Split("s")]}),
+    "Split": _plain(Split, "s", 5),
+    "Stop": _plain(Stop, {1}),
+    "Throttle": lambda d: typed(Throttle, d.draw(maybe({1: d.draw(any_value)}))),
+    "Update": _plain(Update, {}, {1: VnodeBitmap.full()}, {2}),
+    "VnodeBitmap": _vnode_bitmap,
+    "Watermark": _plain(Watermark, "ts", 5),
+    "compute_vnodes": _plain(compute_vnodes, BATCH, ["k"], 16),
+    "create_channel": _channels_pair,
+    "epoch_from_unix_ms": _plain(epoch_from_unix_ms, 1_700_000_000_000),
+    "physical_time_ms": _plain(physical_time_ms, 1 << 16),
+    "vnode_owners": _plain(vnode_owners, VnodeBitmap.split(2)),
+    # runtime
+    "ActorRef": _plain(ActorRef, "a", create_channel(1)[0]),
+    "BlockingRuntime": _plain(BlockingRuntime, Runtime(RuntimeConfig("unused.db")), "trio"),
+    "Fanout": _plain(Fanout, "hash", ("k",)),
+    "Finish": _plain(Finish, 1),
+    "InFlightBarrier": _plain(InFlightBarrier, BARRIER, {1}),
+    "PushSource": lambda d: PushSource(),
+    "Runtime": _runtime,
+    "RuntimeConfig": _config,
+    "StreamActor": lambda d: StreamActor(),
+    "Ticker": _ticker,
+    "configure_logging": _configure_logging,
+    "open_command_actor": _plain(open_command_actor, "a", 4),
+}
+
+#: Public names whose fuzz needs an event loop (and, for some, a state store).
+ASYNC = {
+    "ActorContext", "BarrierManager", "ServiceContext", "merge_aligned", "serve_commands",
+    "Runtime.push/mutate/checkpoint", "Dispatcher.dispatch",
+}  # fmt: skip
+
+#: Public names that take no input, each with the reason.
+EXEMPT = {
+    # Constants.
+    "COOPERATIVE_BUDGET", "DEFAULT_VNODE_COUNT", "EPOCH_BASE_UNIX_MS", "EPOCH_PHYSICAL_SHIFT",
+    # Type aliases (unions of classes fuzzed above).
+    "Message", "Mutation",
+    # Structural protocols: nothing to construct or call.
+    "Receiver", "Sender", "CommandHandler", "Service",
+    # Snapshot records the runtime builds from its own counters (statistics() / stats()).
+    "ChannelStatistics", "ActorStats", "RuntimeStats",
+    # The durable store and its records: owned and fuzzed by tests/test_state_store.py.
+    "StateStore", "StateTable", "CommittedEpochs", "SinkState", "SinkStateRecord", "SinkStates",
+}  # fmt: skip
+
+
+def test_every_public_name_is_fuzzed_or_exempt() -> None:
+    covered = set(SYNC) | {name.split(".")[0] for name in ASYNC} | EXEMPT
+    for package in (channels, runtime):
+        missing = set(package.__all__) - covered
+        assert not missing, f"{package.__name__}: add a fuzz (or an exemption) for {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(SYNC))
+@settings(max_examples=40)
+@given(data=st.data())
+def test_public_callable_raises_only_typed_errors(name: str, data: st.DataObject) -> None:
+    SYNC[name](data)
+
+
+# Async entry points: one bad argument at a time, from a fixed list (a state store or a running
+# runtime per Hypothesis example would cost seconds).
+BAD = [v for v in SPECIAL if not isinstance(v, Chunk | Barrier | Watermark)]
+
+
+class _Echo:
+    async def handle(self, request: object) -> object:
+        return request
+
+
+def _one_at_a_time(valid: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**valid, name: bad} for name in valid for bad in BAD]
+
+
+@pytest.mark.anyio
+async def test_async_entry_points_raise_only_typed_errors(tmp_path: Path) -> None:
+    tx, rx = create_channel(len(BAD) * 2)
+    async with await StateStore.open(tmp_path / "store.db") as store:
+        manager = BarrierManager(
+            store, {1: tx}, {1}, barrier_interval=1.0, checkpoint_frequency=1, max_in_flight=99
+        )
+        valid = {
+            "store": store, "sources": {1: tx}, "actors": {1}, "barrier_interval": 1.0,
+            "checkpoint_frequency": 1, "max_in_flight": 2, "clock": None,
+        }  # fmt: skip
+        for kwargs in _one_at_a_time(valid):
+            typed(BarrierManager, **kwargs)
+        for kwargs in _one_at_a_time({"kind": None, "mutation": None}):
+            await atyped(manager.inject, **kwargs)
+        for kwargs in _one_at_a_time(
+            {"actor_id": 1, "name": "a", "input": rx, "output": None, "store": store}
+        ):
+            typed(ActorContext, manager=manager, **kwargs)
+        ctx = ActorContext(1, "a", rx, None, store, manager)
+        for bad in BAD:
+            await atyped(ctx.emit, bad)
+            typed(ctx.table, bad)
+            typed(ServiceContext, bad, store)
+            typed(ServiceContext, "s", bad)
+
+
+@pytest.mark.anyio
+async def test_dispatch_merge_and_commands_raise_only_typed_errors() -> None:
+    tx, rx = create_channel(len(BAD) + 1)
+    dispatcher = BroadcastDispatcher([tx])
+    for bad in BAD:
+        await atyped(dispatcher.dispatch, bad)
+        await atyped(dispatcher.dispatch_chunk, bad)
+        await atyped(AlignedMerge({"a": rx}).run, bad)
+        ref, inbox = open_command_actor("c")
+        ref.close()  # a valid call serves nothing and returns
+        for kwargs in _one_at_a_time({"name": "c", "handler": _Echo(), "inbox": inbox}):
+            await atyped(serve_commands, **kwargs)
+        with pytest.raises(BarrierflowError):
+            async with merge_aligned(bad):
+                pass  # pragma: no cover
+    assert rx.statistics().buffered_messages == 0  # nothing that is not a Message went out
+
+
+@pytest.mark.anyio
+async def test_running_runtime_refuses_bad_arguments_with_typed_errors(tmp_path: Path) -> None:
+    rt = Runtime(RuntimeConfig(tmp_path / "state.db", barrier_interval=60.0))
+    rt.add_source("src")
+    async with rt:
+        for bad in BAD:
+            await atyped(rt.push, bad, CHUNK)
+            await atyped(rt.push, "src", bad)
+            await atyped(rt.mutate, bad)
+            typed(rt.actor_id, bad)
+        assert await rt.checkpoint() > 0  # still running: nothing bad got in
