@@ -9,22 +9,31 @@ from barrierflow.errors import ActorFailedError as ActorFailedError
 from barrierflow.errors import ActorGoneError as ActorGoneError
 from barrierflow.errors import BarrierflowError as BarrierflowError
 from barrierflow.errors import BarrierMisalignedError as BarrierMisalignedError
+from barrierflow.errors import BatchAbortedError as BatchAbortedError
+from barrierflow.errors import BatchOrderError as BatchOrderError
 from barrierflow.errors import ChannelBrokenError as ChannelBrokenError
 from barrierflow.errors import ChannelClosedError as ChannelClosedError
 from barrierflow.errors import ConfigError as ConfigError
 from barrierflow.errors import CoordinatorAbortedError as CoordinatorAbortedError
+from barrierflow.errors import CoordinatorMissingError as CoordinatorMissingError
 from barrierflow.errors import DuplicateVnodeError as DuplicateVnodeError
+from barrierflow.errors import DuplicateWriterError as DuplicateWriterError
 from barrierflow.errors import EpochOrderError as EpochOrderError
 from barrierflow.errors import EpochPoisonedError as EpochPoisonedError
 from barrierflow.errors import GraphError as GraphError
 from barrierflow.errors import InvalidArgumentError as InvalidArgumentError
+from barrierflow.errors import NotRunningError as NotRunningError
+from barrierflow.errors import PositionOverlapError as PositionOverlapError
 from barrierflow.errors import ProtocolError as ProtocolError
 from barrierflow.errors import SchemaChangeMismatchError as SchemaChangeMismatchError
 from barrierflow.errors import SchemaMismatchError as SchemaMismatchError
 from barrierflow.errors import SinkConnectorError as SinkConnectorError
 from barrierflow.errors import SinkEpochError as SinkEpochError
 from barrierflow.errors import SinkError as SinkError
+from barrierflow.errors import SinkLockedError as SinkLockedError
 from barrierflow.errors import SinkRecoveryError as SinkRecoveryError
+from barrierflow.errors import SinkStateMismatchError as SinkStateMismatchError
+from barrierflow.errors import SparkUnavailableError as SparkUnavailableError
 from barrierflow.errors import StateStoreError as StateStoreError
 from barrierflow.errors import StoreCorruptedError as StoreCorruptedError
 from barrierflow.errors import StoreFormatError as StoreFormatError
@@ -40,31 +49,40 @@ __all__ = [
     "ActorError",
     "ActorFailedError",
     "ActorGoneError",
-    "GraphError",
     "BarrierMisalignedError",
     "BarrierflowError",
+    "BatchAbortedError",
+    "BatchOrderError",
     "ChannelBrokenError",
     "ChannelClosedError",
     "ConfigError",
     "CoordinatorAbortedError",
+    "CoordinatorMissingError",
     "DuplicateVnodeError",
-    "SchemaChangeMismatchError",
+    "DuplicateWriterError",
     "EpochOrderError",
+    "EpochPoisonedError",
+    "GraphError",
     "InvalidArgumentError",
+    "NotRunningError",
+    "PositionOverlapError",
     "ProtocolError",
+    "SchemaChangeMismatchError",
     "SchemaMismatchError",
+    "SinkConnectorError",
+    "SinkEpochError",
+    "SinkError",
+    "SinkLockedError",
+    "SinkRecoveryError",
+    "SinkStateMismatchError",
+    "SparkUnavailableError",
     "StateStoreError",
     "StoreCorruptedError",
     "StoreFormatError",
     "StoreIOError",
-    "StorePathError",
     "StoreLockedError",
+    "StorePathError",
     "StoreVersionError",
-    "EpochPoisonedError",
-    "SinkConnectorError",
-    "SinkEpochError",
-    "SinkError",
-    "SinkRecoveryError",
     "VnodeOwnershipError",
     "__version__",
 ]

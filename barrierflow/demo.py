@@ -112,9 +112,9 @@ class DemoConfig:
             type(self.crash_after) is not int or self.crash_after < 0
         ):
             raise ConfigError("crash_after", "None or an int >= 0", self.crash_after)
-        if self.crash_point not in CRASH_POINTS:
+        if not isinstance(self.crash_point, str) or self.crash_point not in CRASH_POINTS:
             raise ConfigError("crash_point", f"one of {CRASH_POINTS}", self.crash_point)
-        if self.backend not in ("asyncio", "trio"):
+        if not isinstance(self.backend, str) or self.backend not in ("asyncio", "trio"):
             raise ConfigError("backend", "'asyncio' or 'trio'", self.backend)
 
     def sizes(self) -> tuple[int, int]:

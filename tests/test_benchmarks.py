@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ["name", "value", "unit", "baseline", "ratio", "goal", "goal_on", "meets_goal"]
@@ -20,7 +21,7 @@ def test_benchmark_prints_one_json_record_per_benchmark(name: str) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.strip().splitlines()
@@ -40,7 +41,7 @@ def test_unknown_benchmark_is_refused() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert done.returncode == 2
     assert "nope" in done.stderr

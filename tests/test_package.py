@@ -82,3 +82,11 @@ def test_every_module_imports() -> None:
 
 def test_package_is_typed() -> None:
     assert (PACKAGE_ROOT / "py.typed").exists()
+
+
+def test_every_public_error_is_exported_from_the_package() -> None:
+    import barrierflow.errors
+
+    assert set(barrierflow.errors.__all__) <= set(barrierflow.__all__)
+    for name in barrierflow.errors.__all__:
+        assert getattr(barrierflow, name) is getattr(barrierflow.errors, name)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -31,7 +32,7 @@ def test_readme_examples_run(tmp_path: Path) -> None:
             [sys.executable, "-c", example],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=scaled(120),
             cwd=tmp_path,
         )
         assert done.returncode == 0, done.stderr

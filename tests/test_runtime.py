@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 import structlog
 import structlog.testing
+from _timeouts import scaled
 
 from barrierflow import (
     ActorFailedError,
@@ -257,7 +258,7 @@ def test_blocking_handle_from_a_plain_thread(tmp_path: Path) -> None:
         (tmp_path / backend).mkdir()
         thread = threading.Thread(target=driver, args=(backend,))
         thread.start()
-        thread.join(timeout=60)
+        thread.join(timeout=scaled(60))
         assert results[backend] is True
         assert results[backend + "-rows"] == 3
 
@@ -377,7 +378,7 @@ def test_runtime_killed_restarts_from_last_checkpoint(tmp_path: Path, backend: s
         lines = [child.stdout.readline().split() for _ in range(5)]
     finally:
         child.send_signal(signal.SIGKILL)  # often between a push and the next checkpoint
-        child.wait(timeout=30)
+        child.wait(timeout=scaled(30))
         child.stdout.close()
     assert all(line[0] == "DURABLE" for line in lines)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _timeouts import scaled
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -271,7 +272,7 @@ def run_child_and_kill(path: Path, mode: str, backend: str, after_lines: int) ->
             lines.append(child.stdout.readline().strip())
     finally:
         child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
+        child.wait(timeout=scaled(30))
         child.stdout.close()
     return lines
 

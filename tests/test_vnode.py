@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from _timeouts import scaled
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -415,7 +416,7 @@ def test_vnodes_are_stable_across_processes_with_different_hash_seeds() -> None:
             text=True,
             check=True,
             env={**os.environ, "PYTHONHASHSEED": seed},
-            timeout=60,
+            timeout=scaled(60),
         )
         assert json.loads(result.stdout) == here
 

@@ -38,6 +38,7 @@ from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import InvalidArgumentError
 from barrierflow.runtime.barrier_manager import BarrierManager
+from barrierflow.runtime.positions import check_positions
 from barrierflow.runtime.state_store import CommittedEpochs, StateStore, StateTable
 
 __all__ = ["ActorContext", "ActorStats", "StreamActor"]
@@ -142,12 +143,27 @@ class ActorContext:
 
     def report_positions(self, barrier: Barrier, positions: Mapping[str, int]) -> None:
         """Report this source's positions as of ``barrier`` (every row emitted before it);
-        call it before emitting the barrier. Sinks record them with the epoch's rows."""
-        self._manager.report_positions(barrier, positions)
+        call it before emitting the barrier. Sinks record them with the epoch's rows (see
+        :mod:`barrierflow.runtime.positions`).
+
+        Raises:
+            InvalidArgumentError: ``barrier`` is not a Barrier, or ``positions`` does not map
+                non-empty str keys to non-negative int batch ids.
+        """
+        if not isinstance(barrier, Barrier):
+            raise InvalidArgumentError("barrier", "a Barrier", type(barrier).__name__)
+        self._manager.report_positions(barrier, check_positions("positions", positions))
 
     def positions_at(self, barrier: Barrier) -> dict[str, int]:
         """The positions every source reported with ``barrier``: where the rows before it
-        come from (what a sink writer records with an epoch's commit)."""
+        come from (what a sink writer records with an epoch's commit). Ask before passing the
+        barrier on: the runtime forgets them once every actor collected it.
+
+        Raises:
+            InvalidArgumentError: ``barrier`` is not a Barrier.
+        """
+        if not isinstance(barrier, Barrier):
+            raise InvalidArgumentError("barrier", "a Barrier", type(barrier).__name__)
         return self._manager.positions_at(barrier)
 
     def messages(self) -> _Messages:

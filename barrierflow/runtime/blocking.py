@@ -44,7 +44,7 @@ class BlockingRuntime:
     def __init__(self, runtime: Runtime, backend: Literal["asyncio", "trio"] = "asyncio") -> None:
         if not isinstance(runtime, Runtime):
             raise InvalidArgumentError("runtime", "a Runtime", runtime)
-        if backend not in ("asyncio", "trio"):
+        if not isinstance(backend, str) or backend not in ("asyncio", "trio"):
             raise InvalidArgumentError("backend", "'asyncio' or 'trio'", backend)
         self._runtime = runtime
         self._backend = backend

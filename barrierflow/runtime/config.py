@@ -108,11 +108,18 @@ class RuntimeConfig:
             type(self.channel_rows) is not int or self.channel_rows < 1
         ):
             raise ConfigError("channel_rows", "None or an int >= 1", self.channel_rows)
-        if not (self.log_format is None or self.log_format in ("console", "json")):
+        if not (
+            self.log_format is None
+            or (isinstance(self.log_format, str) and self.log_format in ("console", "json"))
+        ):
             raise ConfigError("log_format", "None, 'console' or 'json'", self.log_format)
         if not isinstance(self.adopt_sink_positions, bool):
             raise ConfigError("adopt_sink_positions", "a bool", self.adopt_sink_positions)
-        if self.store_adapter not in ("auto", "aiosqlite", "thread"):
+        if not isinstance(self.store_adapter, str) or self.store_adapter not in (
+            "auto",
+            "aiosqlite",
+            "thread",
+        ):
             raise ConfigError(
                 "store_adapter", "'auto', 'aiosqlite' or 'thread'", self.store_adapter
             )

@@ -67,6 +67,16 @@ def _check_key(key: Any) -> str:
     return key
 
 
+def _check_names(**names: Any) -> None:
+    for argument, value in names.items():
+        if not isinstance(value, str) or not value:
+            raise InvalidArgumentError(argument, "a non-empty str", value)
+
+
+#: Epochs are stored as SQLite integers (signed 64-bit).
+_MAX_EPOCH = 2**63 - 1
+
+
 @final
 class StateTable:
     """One actor's key→value table; values are JSON-serializable.
@@ -118,7 +128,7 @@ class StateTable:
             EpochOrderError: ``epoch`` is not greater than the last sealed or committed epoch.
         """
         last = max(self._last_sealed, self._store.committed_epoch)
-        if type(epoch) is not int or epoch <= last:
+        if type(epoch) is not int or not last < epoch <= _MAX_EPOCH:
             raise EpochOrderError("epoch", last, epoch)
         self._last_sealed = epoch
         if self._pending:
@@ -223,7 +233,7 @@ class StateStore:
             StoreIOError: the OS or SQLite failed otherwise (``__cause__`` says how).
         """
         file = _store_file.check_argument(path)
-        if adapter not in ("auto", "aiosqlite", "thread"):
+        if not isinstance(adapter, str) or adapter not in ("auto", "aiosqlite", "thread"):
             raise InvalidArgumentError("adapter", "'auto', 'aiosqlite' or 'thread'", adapter)
         prepared = await anyio.to_thread.run_sync(_store_file.prepare, file)
         try:
@@ -265,9 +275,7 @@ class StateStore:
         Raises:
             InvalidArgumentError: empty names, or the table is already open.
         """
-        for argument, value in (("owner", owner), ("name", name)):
-            if not isinstance(value, str) or not value:
-                raise InvalidArgumentError(argument, "a non-empty str", value)
+        _check_names(owner=owner, name=name)
         if (owner, name) in self._tables:
             raise InvalidArgumentError("name", "a table not opened yet", f"{owner}/{name}")
         table = StateTable(self, owner, name)
@@ -275,12 +283,23 @@ class StateStore:
         return table
 
     async def read(self, owner: str, name: str, key: str, default: Any = None) -> Any:
-        """The committed value of ``key`` in ``owner``'s table ``name``."""
+        """The committed value of ``key`` in ``owner``'s table ``name``.
+
+        Raises:
+            InvalidArgumentError: ``owner`` or ``name`` is not a non-empty str, or ``key`` not
+                a str.
+        """
+        _check_names(owner=owner, name=name)
         rows = await self._connection.fetchall(_sql.GET, (owner, name, _check_key(key)))
         return json.loads(rows[0][0]) if rows else default
 
     async def read_all(self, owner: str, name: str) -> dict[str, Any]:
-        """Every committed key and value of ``owner``'s table ``name``."""
+        """Every committed key and value of ``owner``'s table ``name``.
+
+        Raises:
+            InvalidArgumentError: ``owner`` or ``name`` is not a non-empty str.
+        """
+        _check_names(owner=owner, name=name)
         rows = await self._connection.fetchall(_sql.SCAN, (owner, name))
         return {key: json.loads(value) for key, value in rows}
 
@@ -300,7 +319,7 @@ class StateStore:
             )
         self._committing = True
         try:
-            if type(epoch) is not int or epoch <= self._committed:
+            if type(epoch) is not int or not self._committed < epoch <= _MAX_EPOCH:
                 raise EpochOrderError("epoch", self._committed, epoch)
             upserts: list[tuple[str, str, str, str]] = []
             deletes: list[tuple[str, str, str]] = []
@@ -328,7 +347,12 @@ class StateStore:
         return CommittedEpochs(self)
 
     def sink_states(self, sink: str) -> SinkStates:
-        """The meta-store records of coordinated sink ``sink`` (see :mod:`.sink_states`)."""
+        """The meta-store records of coordinated sink ``sink`` (see :mod:`.sink_states`).
+
+        Raises:
+            InvalidArgumentError: ``sink`` is not a non-empty str.
+        """
+        _check_names(sink=sink)
         return SinkStates(self._connection, sink)
 
     async def abort_sink_epochs_after_committed(self) -> None:
