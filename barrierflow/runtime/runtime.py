@@ -515,7 +515,9 @@ class Runtime:
     async def _run_actor(self, node: Node, actor: StreamActor, ctx: ActorContext) -> None:
         try:
             await actor.run(ctx)
-        except Exception as exc:
+        except Exception as raised:
+            # An actor's own task group raising one error: log and report that error itself.
+            exc = single_leaf(raised)
             ctx.log.error("actor raised", error=repr(exc))
             raise ActorFailedError(node.name, node.actor_id, exc) from exc
         finally:
@@ -528,7 +530,8 @@ class Runtime:
         ctx = ServiceContext(name, store)
         try:
             await service.run(ctx)
-        except Exception as exc:
+        except Exception as raised:
+            exc = single_leaf(raised)
             ctx.log.error("service raised", error=repr(exc))
             raise ActorFailedError(name, service_id, exc) from exc
 
