@@ -692,3 +692,69 @@ async def test_is_empty_until_the_first_checkpoint_commits(tmp_path: Path) -> No
         assert not store.is_empty
     async with await StateStore.open(path) as store:
         assert not store.is_empty
+
+
+# Damage found after the store was opened.
+
+
+@pytest.mark.anyio
+async def test_a_stored_value_that_is_not_json_is_a_corrupted_store(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    async with await StateStore.open(path) as store:
+        table = store.table("a", "t")
+        table.put("k", {"x": 1})
+        table.seal(5)
+        await store.commit(5)
+    with contextlib.closing(sqlite3.connect(path)) as raw, raw:
+        raw.execute("UPDATE bf_state SET value = '{not json' WHERE key = 'k'")
+    async with await StateStore.open(path) as store:  # a valid SQLite file: opens
+        with pytest.raises(StoreCorruptedError) as caught:
+            await store.read("a", "t", "k")
+        assert caught.value.path == str(path.resolve())
+        with pytest.raises(StoreCorruptedError):
+            await store.read_all("a", "t")
+
+
+class _FailingConnection:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def fetchall(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        raise self.error
+
+    async def transaction(self, statements: Any) -> None:
+        raise self.error
+
+    async def close(self) -> None:
+        raise self.error
+
+
+def _sqlite_error(name: str) -> sqlite3.DatabaseError:
+    error = sqlite3.DatabaseError(f"{name} from SQLite")
+    error.sqlite_errorname = name  # type: ignore[attr-defined]
+    return error
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (_sqlite_error("SQLITE_CORRUPT"), StoreCorruptedError),
+        (_sqlite_error("SQLITE_NOTADB"), StoreCorruptedError),
+        (_sqlite_error("SQLITE_IOERR"), StoreIOError),
+        (sqlite3.OperationalError("disk I/O error"), StoreIOError),
+        (OSError(5, "Input/output error"), StoreIOError),
+    ],
+)
+async def test_sqlite_errors_after_open_are_typed(
+    error: Exception, expected: type[Exception]
+) -> None:
+    connection = _store_file.TypedConnection(_FailingConnection(error), "/x/s.db")
+    for call in (
+        lambda: connection.fetchall("SELECT 1"),
+        lambda: connection.transaction([]),
+        connection.close,
+    ):
+        with pytest.raises(expected) as caught:
+            await call()
+        assert caught.value.__cause__ is error

@@ -38,7 +38,7 @@ import re
 import secrets
 import sqlite3
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal, NamedTuple, final
 
 import sniffio
@@ -332,17 +332,42 @@ def _fsync(path: str, flags: int) -> None:
 
 
 @contextlib.contextmanager
-def sqlite_errors(file: str) -> Iterator[None]:
-    """Turn SQLite's and the OS's errors while opening into the store's typed errors."""
+def sqlite_errors(file: str, operation: str = "open") -> Iterator[None]:
+    """Turn SQLite's and the OS's errors during ``operation`` into the store's typed errors."""
     try:
         yield
     except sqlite3.DatabaseError as exc:
         name = getattr(exc, "sqlite_errorname", "")
         if name.startswith("SQLITE_CORRUPT") or name == "SQLITE_NOTADB":
             raise StoreCorruptedError(file, f"a file SQLite cannot read ({exc})") from exc
-        raise StoreIOError(file, "open", exc) from exc
+        raise StoreIOError(file, operation, exc) from exc
     except (sqlite3.Error, OSError) as exc:
-        raise StoreIOError(file, "open", exc) from exc
+        raise StoreIOError(file, operation, exc) from exc
+
+
+@final
+class TypedConnection:
+    """A connection whose SQLite and OS errors surface as the store's typed errors: a store
+    damaged after it was opened (a page overwritten, the disk gone) is a
+    :class:`~barrierflow.errors.StoreCorruptedError` or
+    :class:`~barrierflow.errors.StoreIOError` naming the file, never a bare
+    ``sqlite3.DatabaseError``."""
+
+    def __init__(self, inner: _sql.SqlConnection, file: str) -> None:
+        self._inner = inner
+        self._file = file
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with sqlite_errors(self._file, "read"):
+            return await self._inner.fetchall(sql, params)
+
+    async def transaction(self, statements: Sequence[_sql.Statement]) -> None:
+        with sqlite_errors(self._file, "commit"):
+            await self._inner.transaction(statements)
+
+    async def close(self) -> None:
+        with sqlite_errors(self._file, "close"):
+            await self._inner.close()
 
 
 async def connect(file: str, adapter: Adapter) -> _sql.SqlConnection:

@@ -44,6 +44,7 @@ from barrierflow.errors import (
     EpochOrderError,
     InvalidArgumentError,
     ProtocolError,
+    StoreCorruptedError,
 )
 from barrierflow.runtime import _sql, _store_file
 from barrierflow.runtime._store_file import Adapter
@@ -247,7 +248,8 @@ class StateStore:
         except BaseException:
             prepared.lock.release()
             raise
-        return cls(prepared.path, connection, prepared.lock, prepared.committed)
+        typed = _store_file.TypedConnection(connection, prepared.path)
+        return cls(prepared.path, typed, prepared.lock, prepared.committed)
 
     @property
     def path(self) -> str:
@@ -291,7 +293,7 @@ class StateStore:
         """
         _check_names(owner=owner, name=name)
         rows = await self._connection.fetchall(_sql.GET, (owner, name, _check_key(key)))
-        return json.loads(rows[0][0]) if rows else default
+        return self._decode(owner, name, rows[0][0]) if rows else default
 
     async def read_all(self, owner: str, name: str) -> dict[str, Any]:
         """Every committed key and value of ``owner``'s table ``name``.
@@ -301,7 +303,15 @@ class StateStore:
         """
         _check_names(owner=owner, name=name)
         rows = await self._connection.fetchall(_sql.SCAN, (owner, name))
-        return {key: json.loads(value) for key, value in rows}
+        return {key: self._decode(owner, name, value) for key, value in rows}
+
+    def _decode(self, owner: str, name: str, value: Any) -> Any:
+        try:
+            return json.loads(value)
+        except (TypeError, ValueError) as exc:
+            raise StoreCorruptedError(
+                self._path, f"a value of table {owner}/{name} that is not JSON ({exc})"
+            ) from exc
 
     async def commit(self, epoch: int) -> None:
         """Make every table's writes sealed up to ``epoch`` durable, with ``epoch`` as the new
