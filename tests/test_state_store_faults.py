@@ -589,7 +589,7 @@ async def install_blocker(store: StateStore) -> tuple[threading.Event, threading
         release.wait(10)
         return 1
 
-    connection: Any = store._connection
+    connection: Any = store._connection._inner  # type: ignore[attr-defined]  # the adapter
     if isinstance(connection, thread_adapter.ThreadConnection):
         connection._db.create_function("bf_block", 0, block)
     else:
