@@ -15,7 +15,6 @@ happens to be on disk.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from barrierflow._fs import fsync_path, write_atomically
 from barrierflow.errors import ConfigError
 
 __all__ = ["MANIFEST", "SCHEMA", "RunManifest", "complete_input", "file_name"]
@@ -49,7 +49,7 @@ class RunManifest:
     def write(self, workdir: Path) -> None:
         """Record the manifest in ``workdir`` atomically (temporary file, fsync, rename)."""
         workdir.mkdir(parents=True, exist_ok=True)
-        _write_atomically(workdir / MANIFEST, json.dumps(asdict(self)).encode())
+        write_atomically(workdir / MANIFEST, json.dumps(asdict(self)).encode())
 
     @classmethod
     def read(cls, workdir: Path) -> RunManifest:
@@ -112,8 +112,9 @@ def complete_input(directory: Path, manifest: RunManifest) -> int:
         table = _generate(int(bounds[index]), int(bounds[index + 1]), index)
         temporary = directory / f".{target.name}.tmp"
         pq.write_table(table, temporary)
-        _fsync(temporary)
+        fsync_path(temporary)
         temporary.rename(target)
+        fsync_path(directory)
         written += 1
     return written
 
@@ -126,16 +127,3 @@ def _generate(start: int, stop: int, index: int) -> pa.Table:
     return pa.table({"key": keys, "value": rng.random(len(keys))}, schema=SCHEMA)
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_bytes(data)
-    _fsync(temporary)
-    os.replace(temporary, path)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -45,8 +45,9 @@ import anyio
 import anyio.to_thread
 import pyarrow as pa
 
+from barrierflow._fs import fsync_path
 from barrierflow.actors.coordinator import SchemaChange
-from barrierflow.actors.parquet_sink import STAGING, ParquetFileSink, _fsync_path
+from barrierflow.actors.parquet_sink import STAGING, ParquetFileSink
 from barrierflow.actors.sink import CommitMetadata, writers_positions
 from barrierflow.errors import InvalidArgumentError, ProtocolError, SinkRecoveryError
 from barrierflow.runtime.positions import (
@@ -299,7 +300,7 @@ class IcebergCommitter:
                 )
             finals.append(str(final))
         for directory in {Path(f).parent for f in finals}:
-            _fsync_path(directory)
+            fsync_path(directory)
         started = time.perf_counter()
         with table.transaction() as tx:
             if schema_change is not None:

@@ -29,12 +29,12 @@ from typing import Any, final
 import anyio
 import anyio.to_thread
 
+from barrierflow._fs import fsync_path
 from barrierflow.actors.coordinator import SchemaChange
 from barrierflow.actors.parquet_sink import (
     PRECOMMITTED,
     STAGING,
     _Files,
-    _fsync_path,
     _write_json_atomically,
     epoch_dir_name,
 )
@@ -163,7 +163,7 @@ class ParquetCommitter:
                     | {k: metadata[k] for k in ("positions", "positions_from") if k in metadata},
                 )
                 os.rename(staged, final)  # the commit point: every writer's files at once
-                _fsync_path(self._root)
+                fsync_path(self._root)
             files.record(
                 manifest,
                 epoch,

@@ -57,6 +57,7 @@ import anyio.to_thread
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from barrierflow._fs import fsync_path, write_atomically
 from barrierflow.actors._dirlock import DirectoryLease, lock_directory
 from barrierflow.actors.sink import CommitMetadata, PendingCommit
 from barrierflow.errors import InvalidArgumentError, SinkRecoveryError
@@ -83,23 +84,9 @@ def epoch_dir_name(epoch: int) -> str:
     return f"epoch={epoch:020d}"
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_json_atomically(path: Path, value: Any) -> None:
     """Write, fsync, rename over ``path``, fsync the directory: all of it or none survives."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_path(path.parent)
+    write_atomically(path, json.dumps(value, sort_keys=True).encode())
 
 
 def _read_record(final: Path) -> dict[str, Any] | None:
@@ -331,11 +318,11 @@ class _Files:
             if self.files:
                 directory = self.staged_dir(epoch)
                 for name in self.files:
-                    _fsync_path(directory / name)
+                    fsync_path(directory / name)
                 if self.writer_id is None:
                     _write_json_atomically(directory / PRECOMMITTED, metadata)
                 else:  # the coordinator's meta store records it; paths relative to the root
-                    _fsync_path(directory)
+                    fsync_path(directory)
                     metadata["writer"] = self.writer_id
                     metadata["paths"] = [
                         str((directory / name).relative_to(self.root)) for name in self.files
@@ -343,7 +330,7 @@ class _Files:
                 # The directory entries leading to the files must survive a power loss too.
                 parent = directory.parent
                 while parent != self.root:
-                    _fsync_path(parent)
+                    fsync_path(parent)
                     parent = parent.parent
             self.epoch, self.files, self.rows = None, [], 0
             return metadata
@@ -373,7 +360,7 @@ class _Files:
                 shutil.rmtree(staged, ignore_errors=True)  # its rows are in the table already
                 return
             os.rename(staged, final)  # the commit point: the whole epoch appears at once
-            _fsync_path(self.root)
+            fsync_path(self.root)
             self.record(
                 manifest, epoch, len(record["files"]), record["rows"], record.get("positions")
             )

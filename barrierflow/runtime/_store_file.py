@@ -43,6 +43,7 @@ from typing import Any, Literal, NamedTuple, final
 
 import sniffio
 
+from barrierflow._fs import fsync_path
 from barrierflow.errors import (
     InvalidArgumentError,
     StoreCorruptedError,
@@ -315,20 +316,14 @@ def _create(real: str) -> None:
                 db.close()  # the last connection checkpoints the log into the file
         except sqlite3.Error as exc:
             raise StoreIOError(real, "create", exc) from exc
-        _fsync(temp, os.O_RDONLY)
+        fsync_path(temp)
         os.rename(temp, real)
-        _fsync(directory, os.O_RDONLY | os.O_DIRECTORY)
+        fsync_path(directory)
     except BaseException:
         _remove_files(temp)
         raise
 
 
-def _fsync(path: str, flags: int) -> None:
-    fd = os.open(path, flags | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
