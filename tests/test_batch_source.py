@@ -15,8 +15,8 @@ from _timeouts import scaled
 from hypothesis import given, settings
 
 from barrierflow.actors import BatchFeed, ParquetFileSink, SinkWriter
-from barrierflow.actors.batch_source import conform_schema
 from barrierflow.channels import Barrier, Chunk, Message
+from barrierflow.channels.schema import conform_schema
 from barrierflow.errors import (
     ActorFailedError,
     BatchAbortedError,

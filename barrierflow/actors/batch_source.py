@@ -53,6 +53,7 @@ from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.messages import Message
+from barrierflow.channels.schema import conform_schema
 from barrierflow.errors import (
     ActorFailedError,
     BatchAbortedError,
@@ -61,14 +62,13 @@ from barrierflow.errors import (
     ChannelClosedError,
     InvalidArgumentError,
     ProtocolError,
-    SchemaMismatchError,
 )
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.positions import position_key
 from barrierflow.runtime.runtime import Runtime
 from barrierflow.runtime.state_store import StateTable
 
-__all__ = ["BatchFeed", "BatchFeedStats", "BatchSource", "check_schema", "conform_schema"]
+__all__ = ["BatchFeed", "BatchFeedStats", "BatchSource"]
 
 #: Seconds between looks at the runtime while a delivery waits for its source to come back.
 _REATTACH_POLL = 0.05
@@ -105,42 +105,6 @@ class BatchFeedStats:
     blocked_seconds: float
     #: Seconds spent waiting for checkpoints to become durable.
     checkpoint_seconds: float
-
-
-def check_schema(got: pa.Schema, schema: pa.Schema, what: str) -> None:
-    """Check that ``got`` has ``schema``'s field names and types, in order (nullability and
-    metadata may differ).
-
-    Raises:
-        SchemaMismatchError: they differ (names both schemas).
-    """
-    if got.names != schema.names or any(a.type != b.type for a, b in zip(got, schema, strict=True)):
-        raise SchemaMismatchError(what, schema, got)
-
-
-def conform_schema(table: pa.Table | pa.RecordBatch, schema: pa.Schema, what: str) -> pa.Table:
-    """``table`` as a table of ``schema``, without copying data.
-
-    Field names and types must match exactly; nullability and metadata may differ (Spark marks
-    columns ``not null`` that a graph declares nullable), but a column holding nulls cannot
-    become a non-nullable field.
-
-    Raises:
-        SchemaMismatchError: names or types differ, or nulls in a non-nullable field (names
-            both schemas).
-    """
-    if isinstance(table, pa.RecordBatch):
-        table = pa.Table.from_batches([table])
-    if not isinstance(table, pa.Table):
-        raise InvalidArgumentError(what, "a pyarrow Table or RecordBatch", type(table).__name__)
-    got = table.schema
-    check_schema(got, schema, what)
-    if got.equals(schema, check_metadata=True):
-        return table
-    for field, column in zip(schema, table.columns, strict=True):
-        if not field.nullable and column.null_count:
-            raise SchemaMismatchError(what, schema, f"{got} ({field.name!r} holds nulls)")
-    return pa.Table.from_arrays(table.columns, schema=schema)
 
 
 class BatchFeed:

@@ -46,8 +46,9 @@ import anyio.to_thread
 import pyarrow as pa
 
 from barrierflow._fs import fsync_path
+from barrierflow.actors._parquet_files import STAGING
 from barrierflow.actors.coordinator import SchemaChange
-from barrierflow.actors.parquet_sink import STAGING, ParquetFileSink
+from barrierflow.actors.parquet_sink import ParquetFileSink
 from barrierflow.actors.sink import CommitMetadata, writers_positions
 from barrierflow.errors import InvalidArgumentError, ProtocolError, SinkRecoveryError
 from barrierflow.runtime.positions import (

@@ -30,14 +30,14 @@ import anyio
 import anyio.to_thread
 
 from barrierflow._fs import fsync_path
-from barrierflow.actors.coordinator import SchemaChange
-from barrierflow.actors.parquet_sink import (
+from barrierflow.actors._parquet_files import (
     PRECOMMITTED,
     STAGING,
     _Files,
     _write_json_atomically,
     epoch_dir_name,
 )
+from barrierflow.actors.coordinator import SchemaChange
 from barrierflow.actors.sink import CommitMetadata, writers_positions
 from barrierflow.errors import InvalidArgumentError, ProtocolError, SinkRecoveryError
 from barrierflow.runtime.positions import SinkCommits

@@ -28,6 +28,7 @@ from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import MUTATION_TYPES, Mutation
 from barrierflow.errors import BarrierflowError, InvalidArgumentError, ProtocolError
 from barrierflow.runtime.config import check_count, check_seconds
+from barrierflow.runtime.positions import merge_positions
 from barrierflow.runtime.state_store import StateStore
 
 __all__ = ["BarrierManager", "InFlightBarrier"]
@@ -213,10 +214,8 @@ class BarrierManager:
     def report_positions(self, barrier: Barrier, positions: Mapping[str, int]) -> None:
         """A source's positions as of ``barrier`` (everything it emitted before it); called
         before the source passes the barrier, so every actor downstream finds them."""
-        reported = self._positions.setdefault(barrier.epoch.curr, {})
-        for key, value in positions.items():
-            if value > reported.get(key, -1):
-                reported[key] = value
+        epoch = barrier.epoch.curr
+        self._positions[epoch] = merge_positions(self._positions.get(epoch, {}), positions)
 
     def positions_at(self, barrier: Barrier) -> dict[str, int]:
         """Every source's positions reported with ``barrier`` (empty if none were)."""

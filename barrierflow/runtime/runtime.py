@@ -122,23 +122,11 @@ def _contains(group: BaseExceptionGroup[BaseException], exc: BaseException) -> b
     )
 
 
-def _surfaced(failure: ActorFailedError) -> ActorFailedError:
-    """``failure`` with its real error as the cause: an actor whose own task group raised one
-    error has a one-member group (at any depth) as its cause, which would show the user
-    "unhandled errors in a TaskGroup (1 sub-exception)" with the error one level down."""
-    cause = single_leaf(failure.cause)
-    if cause is failure.cause:
-        return failure
-    surfaced = ActorFailedError(failure.actor, failure.actor_id, cause)
-    surfaced.__cause__ = cause
-    return surfaced.with_traceback(failure.__traceback__)
-
-
 def _first_actor_failure(group: BaseExceptionGroup[BaseException]) -> ActorFailedError | None:
-    """The first ActorFailedError in ``group`` (at any depth), its cause unwrapped."""
+    """The first ActorFailedError in ``group`` (at any depth)."""
     for exc in group.exceptions:
         if isinstance(exc, ActorFailedError):
-            return _surfaced(exc)
+            return exc
         if isinstance(exc, BaseExceptionGroup):
             found = _first_actor_failure(exc)
             if found is not None:
@@ -372,11 +360,6 @@ class Runtime:
     async def _run_incarnation(self, task_status: TaskStatus[None] | None) -> None:
         try:
             await self._run_graph(task_status)
-        except ActorFailedError as direct:
-            surfaced = _surfaced(direct)
-            if surfaced is direct:
-                raise
-            raise surfaced from surfaced.cause
         except BaseExceptionGroup as group:
             # Surface the actor failure itself (siblings were only cancelled by it).
             failure = _first_actor_failure(group)

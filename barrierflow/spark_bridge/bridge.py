@@ -37,7 +37,8 @@ from typing import Any, final
 
 import pyarrow as pa
 
-from barrierflow.actors.batch_source import BatchFeed, check_schema, conform_schema
+from barrierflow.actors.batch_source import BatchFeed
+from barrierflow.channels.schema import check_schema, conform_schema
 from barrierflow.errors import InvalidArgumentError, NotRunningError
 from barrierflow.runtime.blocking import BlockingRuntime
 

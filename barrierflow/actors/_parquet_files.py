@@ -1,0 +1,368 @@
+"""The blocking half of the Parquet file sink: the table directory's files.
+
+Everything here runs on a worker thread, one call at a time, under :attr:`_Files.lock`: staged
+files of the open epoch, pre-commit records, the atomic rename that commits an epoch, the
+manifest, recovery, and the directory lock. :class:`~.parquet_sink.ParquetFileSink` is the
+async connector around it; :class:`~.parquet_committer.ParquetCommitter` commits through its
+manifest helpers. The layout and the rules are in :mod:`.parquet_sink`'s docstring.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from barrierflow._fs import fsync_path, write_atomically
+from barrierflow.actors._dirlock import DirectoryLease, lock_directory
+from barrierflow.actors.sink import PendingCommit
+from barrierflow.errors import InvalidArgumentError, SinkRecoveryError
+from barrierflow.runtime.positions import (
+    SinkCommits,
+    check_positions,
+    epoch_already_held,
+    merge_positions,
+)
+
+MANIFEST = "_manifest.json"
+STAGING = ".staging"
+PRECOMMITTED = "_PRECOMMITTED.json"
+_FORMAT = "barrierflow-parquet-sink"
+_VERSION = 1
+
+def epoch_dir_name(epoch: int) -> str:
+    """The committed directory of ``epoch`` (zero-padded, so names sort by epoch)."""
+    return f"epoch={epoch:020d}"
+
+
+def _write_json_atomically(path: Path, value: Any) -> None:
+    """Write, fsync, rename over ``path``, fsync the directory: all of it or none survives."""
+    write_atomically(path, json.dumps(value, sort_keys=True).encode())
+
+
+def _read_record(final: Path) -> dict[str, Any] | None:
+    """The record an epoch directory carries (``None`` if it has none or it is unreadable)."""
+    try:
+        record = json.loads((final / PRECOMMITTED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _positive_int(argument: str, value: Any) -> int:
+    if type(value) is not int or value < 1:
+        raise InvalidArgumentError(argument, "an int >= 1", value)
+    return value
+
+
+def _writer_id(writer: Any) -> str | None:
+    if writer is None:
+        return None
+    if not isinstance(writer, str) or not writer or not writer.replace("-", "").isalnum():
+        raise InvalidArgumentError("writer", "None or a non-empty alphanumeric id", writer)
+    return writer
+
+
+def _dictionary_columns(schema: pa.Schema, choice: Any) -> bool | list[str]:
+    if choice is None:
+        return [
+            f.name
+            for f in schema
+            if pa.types.is_string(f.type)
+            or pa.types.is_large_string(f.type)
+            or pa.types.is_binary(f.type)
+            or pa.types.is_large_binary(f.type)
+            or pa.types.is_dictionary(f.type)
+        ]
+    if isinstance(choice, bool):
+        return choice
+    if isinstance(choice, str) or not isinstance(choice, Sequence):
+        raise InvalidArgumentError(
+            "use_dictionary", "None, a bool or a list of column names", choice
+        )
+    names = list(choice)
+    unknown = [n for n in names if n not in schema.names]
+    if unknown:
+        raise InvalidArgumentError("use_dictionary", f"column names of {schema.names}", unknown)
+    return names
+
+
+class _Files:
+    """The blocking half: every method runs on a worker thread, under one lock."""
+
+    def __init__(
+        self,
+        root: Path,
+        schema: pa.Schema,
+        rows_per_file: int,
+        compression: str,
+        use_dictionary: bool | list[str],
+        writer: str | None = None,
+    ) -> None:
+        self.root = root
+        self.staging = root / STAGING
+        self.writer_id = writer
+        self.schema = schema
+        self.rows_per_file = rows_per_file
+        self.compression = compression
+        self.use_dictionary = use_dictionary
+        self.lock = threading.RLock()  # write_taken calls write under it
+        self.writer: pq.ParquetWriter | None = None
+        self.file_rows = 0
+        self.epoch: int | None = None
+        self.files: list[str] = []  # staged files of the open epoch
+        self.rows = 0
+        # Source positions of the open epoch: after the first, up to the second.
+        self.positions: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self.lease: DirectoryLease | None = None
+
+    # Manifest.
+
+    def read_manifest(self) -> dict[str, Any]:
+        path = self.root / MANIFEST
+        if not path.exists():
+            return {
+                "format": _FORMAT,
+                "version": _VERSION,
+                "committed_epoch": 0,
+                "rows": 0,
+                "files": 0,
+            }
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise SinkRecoveryError(str(self.root), f"unreadable manifest: {exc}") from exc
+        if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+            raise SinkRecoveryError(str(self.root), f"{MANIFEST} is not a {_FORMAT} manifest")
+        if manifest.get("version") != _VERSION:
+            raise SinkRecoveryError(
+                str(self.root),
+                f"expected manifest version {_VERSION}, got {manifest.get('version')!r}",
+            )
+        for field in ("committed_epoch", "rows", "files"):
+            value = manifest.get(field)
+            if type(value) is not int or value < 0:
+                raise SinkRecoveryError(
+                    str(self.root), f"{MANIFEST}: expected {field} to be an int >= 0, got {value!r}"
+                )
+        return manifest
+
+    def record(
+        self,
+        manifest: dict[str, Any],
+        epoch: int,
+        files: int,
+        rows: int,
+        positions: dict[str, int] | None = None,
+    ) -> None:
+        manifest["committed_epoch"] = epoch
+        manifest["files"] += files
+        manifest["rows"] += rows
+        if positions:
+            manifest["positions"] = merge_positions(manifest.get("positions", {}), positions)
+        _write_json_atomically(self.root / MANIFEST, manifest)
+
+    def held_positions(self, manifest: dict[str, Any]) -> dict[str, int]:
+        positions = manifest.get("positions", {})
+        try:
+            return check_positions("positions", positions)
+        except InvalidArgumentError as exc:
+            raise SinkRecoveryError(str(self.root), f"{MANIFEST}: {exc}") from exc
+
+    def commits(self) -> SinkCommits | None:
+        """What the table holds: the manifest, plus epochs renamed after it (read-only)."""
+        manifest = self.read_manifest()
+        epoch, positions = manifest["committed_epoch"], self.held_positions(manifest)
+        for directory in self.root.glob("epoch=*"):
+            if not directory.name.removeprefix("epoch=").isdigit():
+                continue
+            # Renamed, maybe not in the manifest yet (a crash between the two): committed.
+            epoch = max(epoch, int(directory.name.removeprefix("epoch=")))
+            record = _read_record(directory)
+            if record is not None:
+                positions = merge_positions(positions, record.get("positions", {}))
+        return None if epoch == 0 else SinkCommits(str(self.root), epoch, positions)
+
+    def skip_if_held(self, manifest: dict[str, Any], epoch: int, record: dict[str, Any]) -> bool:
+        """Whether the epoch's rows are already in the table (a replay after the runtime's
+        store went back in time): then the commit is skipped."""
+        return epoch_already_held(
+            str(self.root),
+            epoch,
+            self.held_positions(manifest),
+            record.get("positions_from", {}),
+            record.get("positions", {}),
+        )
+
+    # Writing one epoch.
+
+    def open(self) -> None:
+        with self.lock:
+            self.staging.mkdir(parents=True, exist_ok=True)
+            if self.lease is None:
+                self.lease = lock_directory(self.root, sink=str(self.root))
+
+    def staged_dir(self, epoch: int) -> Path:
+        """Where this sink stages ``epoch``: its own subdirectory when it is one writer of a
+        coordinated sink, so that the epoch's directory holds every writer's files."""
+        directory = self.staging / f"{epoch:020d}"
+        return directory if self.writer_id is None else directory / f"w{self.writer_id}"
+
+    def begin(self, epoch: int) -> None:
+        with self.lock:
+            self._close_writer()
+            self.epoch, self.files, self.rows = epoch, [], 0
+            self.positions = ({}, {})
+            leftover = self.staged_dir(epoch)
+            if leftover.exists():  # an earlier incarnation staged this epoch number
+                shutil.rmtree(leftover)
+
+    def write_taken(self, take: Callable[[], list[pa.RecordBatch]]) -> None:
+        """Write what ``take`` hands over, taken under the lock: into the epoch open now."""
+        with self.lock:
+            batches = take()
+            if batches:
+                self.write(batches)
+
+    def write(self, batches: list[pa.RecordBatch]) -> None:
+        with self.lock:
+            assert self.epoch is not None
+            table = pa.Table.from_batches(batches, self.schema)
+            offset = 0
+            while offset < table.num_rows:
+                if self.writer is None:
+                    directory = self.staged_dir(self.epoch)
+                    directory.mkdir(parents=True, exist_ok=True)
+                    name = f"part-{len(self.files):05d}.parquet"
+                    self.writer = pq.ParquetWriter(
+                        str(directory / name),
+                        self.schema,
+                        compression=self.compression,
+                        use_dictionary=self.use_dictionary,
+                    )
+                    self.files.append(name)
+                    self.file_rows = 0
+                take = min(table.num_rows - offset, self.rows_per_file - self.file_rows)
+                self.writer.write_table(table.slice(offset, take), row_group_size=take)
+                offset += take
+                self.file_rows += take
+                self.rows += take
+                if self.file_rows >= self.rows_per_file:
+                    self._close_writer()
+
+    def _close_writer(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def pre_commit(self, epoch: int) -> dict[str, Any]:
+        with self.lock:
+            self._close_writer()
+            metadata: dict[str, Any] = {
+                "epoch": epoch,
+                "files": list(self.files),
+                "rows": self.rows,
+            }
+            start, end = self.positions
+            if end:
+                metadata["positions_from"], metadata["positions"] = start, end
+            if self.files:
+                directory = self.staged_dir(epoch)
+                for name in self.files:
+                    fsync_path(directory / name)
+                if self.writer_id is None:
+                    _write_json_atomically(directory / PRECOMMITTED, metadata)
+                else:  # the coordinator's meta store records it; paths relative to the root
+                    fsync_path(directory)
+                    metadata["writer"] = self.writer_id
+                    metadata["paths"] = [
+                        str((directory / name).relative_to(self.root)) for name in self.files
+                    ]
+                # The directory entries leading to the files must survive a power loss too.
+                parent = directory.parent
+                while parent != self.root:
+                    fsync_path(parent)
+                    parent = parent.parent
+            self.epoch, self.files, self.rows = None, [], 0
+            return metadata
+
+    def rollback(self, epoch: int) -> None:
+        with self.lock:
+            if self.epoch == epoch:
+                self._close_writer()
+                self.epoch, self.files, self.rows = None, [], 0
+            shutil.rmtree(self.staged_dir(epoch), ignore_errors=True)
+
+    # Committing.
+
+    def commit(self, epoch: int) -> None:
+        with self.lock:
+            self._commit(self.read_manifest(), epoch)
+
+    def _commit(self, manifest: dict[str, Any], epoch: int) -> None:
+        staged = self.staging / f"{epoch:020d}"
+        final = self.root / epoch_dir_name(epoch)
+        if epoch <= manifest["committed_epoch"]:
+            shutil.rmtree(staged, ignore_errors=True)  # a replayed commit: nothing to do
+            return
+        if staged.exists() and not final.exists():
+            record = json.loads((staged / PRECOMMITTED).read_text(encoding="utf-8"))
+            if self.skip_if_held(manifest, epoch, record):
+                shutil.rmtree(staged, ignore_errors=True)  # its rows are in the table already
+                return
+            os.rename(staged, final)  # the commit point: the whole epoch appears at once
+            fsync_path(self.root)
+            self.record(
+                manifest, epoch, len(record["files"]), record["rows"], record.get("positions")
+            )
+        elif final.exists():
+            self._record_renamed(manifest, epoch)
+        # else: an empty epoch — nothing was staged, nothing to publish.
+
+    def _record_renamed(self, manifest: dict[str, Any], epoch: int) -> None:
+        final = self.root / epoch_dir_name(epoch)
+        record = json.loads((final / PRECOMMITTED).read_text(encoding="utf-8"))
+        self.record(manifest, epoch, len(record["files"]), record["rows"], record.get("positions"))
+
+    def recover(self, pending: Sequence[PendingCommit]) -> None:
+        with self.lock:
+            self.staging.mkdir(parents=True, exist_ok=True)
+            manifest = self.read_manifest()
+            # Renamed but not recorded: committed (a rename only follows a durable checkpoint).
+            renamed = sorted(
+                int(p.name.removeprefix("epoch="))
+                for p in self.root.glob("epoch=*")
+                if p.is_dir() and int(p.name.removeprefix("epoch=")) > manifest["committed_epoch"]
+            )
+            for epoch in renamed:
+                self._record_renamed(manifest, epoch)
+            durable = {p.epoch: p for p in pending}
+            for epoch in sorted(durable):
+                if epoch <= manifest["committed_epoch"]:
+                    continue
+                staged = self.staging / f"{epoch:020d}"
+                files = durable[epoch].metadata.get("files", [])
+                if not staged.exists() and files:
+                    raise SinkRecoveryError(
+                        str(self.root),
+                        f"epoch {epoch} was pre-committed with {len(files)} file(s) and its "
+                        "checkpoint is durable, but it is neither staged nor committed",
+                    )
+                self._commit(manifest, epoch)
+            for staged in self.staging.iterdir():
+                # Not in the checkpoint: the upstream replays these rows, so they must go.
+                shutil.rmtree(staged, ignore_errors=True)
+
+    def close(self) -> None:
+        with self.lock:
+            self._close_writer()
+            if self.lease is not None:
+                self.lease.release()
+                self.lease = None
