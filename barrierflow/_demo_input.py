@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from barrierflow._fs import fsync_path, write_atomically
-from barrierflow.errors import ConfigError
+from barrierflow.channels.errors import ConfigError
 
 __all__ = ["MANIFEST", "SCHEMA", "RunManifest", "complete_input", "file_name"]
 
@@ -125,5 +125,3 @@ def _generate(start: int, stop: int, index: int) -> pa.Table:
     rng = np.random.default_rng([7, index])
     keys = rng.permutation(np.arange(start, stop, dtype=np.int64))
     return pa.table({"key": keys, "value": rng.random(len(keys))}, schema=SCHEMA)
-
-

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from barrierflow import __version__
+from barrierflow.channels.errors import BarrierflowError, ConfigError, InvalidArgumentError
 from barrierflow.demo import (
     CRASH_POINTS,
     DEFAULT_BATCHES,
@@ -37,7 +38,6 @@ from barrierflow.demo import (
     resume_command,
     run_demo,
 )
-from barrierflow.errors import BarrierflowError, ConfigError, InvalidArgumentError
 
 __all__ = ["main"]
 

@@ -51,14 +51,9 @@ import numpy as np
 from barrierflow._demo_faults import CrashingCommitter, CrashingWriter, Faults
 from barrierflow._demo_input import SCHEMA, RunManifest, complete_input
 from barrierflow._demo_progress import LiveProgress, RunCounts, batch_line
-from barrierflow.actors import (
-    BatchFeed,
-    Coordinator,
-    IcebergSink,
-    SinkWriter,
-    open_local_catalog,
-)
-from barrierflow.errors import ConfigError
+from barrierflow.actors import BatchFeed, Coordinator, SinkWriter
+from barrierflow.channels.errors import ConfigError
+from barrierflow.connectors import IcebergSink, open_local_catalog
 from barrierflow.runtime import BlockingRuntime, Fanout, Runtime, RuntimeConfig
 from barrierflow.spark_bridge import SparkBridge, spark_session
 

@@ -31,9 +31,10 @@ import anyio
 import numpy as np
 import pyarrow as pa
 
-from barrierflow.actors import Coordinator, IcebergSink, SinkWriter, open_local_catalog
-from barrierflow.actors.sink import CommitMetadata
+from barrierflow.actors import Coordinator, SinkWriter
+from barrierflow.actors.sinks.protocol import CommitMetadata
 from barrierflow.channels import Chunk, VnodeBitmap
+from barrierflow.connectors import IcebergSink, open_local_catalog
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig, ServiceContext, StateStore
 from benchmarks.harness import Comparison, Settings, compare, make_record, median, samples
 

@@ -25,8 +25,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from barrierflow.actors import ParquetFileSink, SinkWriter
+from barrierflow.actors import SinkWriter
 from barrierflow.channels import Chunk
+from barrierflow.connectors import ParquetFileSink
 from barrierflow.runtime import Runtime, RuntimeConfig
 from benchmarks.harness import (
     Comparison,

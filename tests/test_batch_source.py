@@ -14,9 +14,10 @@ import pytest
 from _timeouts import scaled
 from hypothesis import given, settings
 
-from barrierflow.actors import BatchFeed, ParquetFileSink, SinkWriter
+from barrierflow.actors import BatchFeed, SinkWriter
 from barrierflow.channels import Barrier, Chunk, Message
 from barrierflow.channels.schema import conform_schema
+from barrierflow.connectors import ParquetFileSink
 from barrierflow.errors import (
     ActorFailedError,
     BatchAbortedError,

@@ -10,8 +10,9 @@ import pyarrow.dataset as ds
 import pytest
 from _timeouts import scaled
 
-from barrierflow.actors import Coordinator, ParquetCommitter, ParquetFileSink, SinkWriter
+from barrierflow.actors import Coordinator, SinkWriter
 from barrierflow.channels import Chunk, Update, VnodeBitmap
+from barrierflow.connectors import ParquetCommitter, ParquetFileSink
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig
 
 pytestmark = pytest.mark.anyio

@@ -24,7 +24,7 @@ from _timeouts import scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from barrierflow.actors.coordinator import CommitCoordinator, Coordinator, WriterHandle
+from barrierflow.actors.sinks.coordinator import CommitCoordinator, Coordinator, WriterHandle
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import (
     ActorGoneError,
@@ -36,8 +36,8 @@ from barrierflow.errors import (
     SchemaChangeMismatchError,
 )
 from barrierflow.runtime.service import ServiceContext
-from barrierflow.runtime.sink_states import SinkState, SinkStateRecord
-from barrierflow.runtime.state_store import StateStore
+from barrierflow.runtime.state.sink_states import SinkState, SinkStateRecord
+from barrierflow.runtime.state.state_store import StateStore
 
 pytestmark = pytest.mark.anyio
 

@@ -16,9 +16,10 @@ import pytest
 from _timeouts import scaled
 
 from barrierflow import InvalidArgumentError
-from barrierflow.actors import Coordinator, IcebergSink, SinkWriter, open_local_catalog
-from barrierflow.actors.iceberg_sink import COMMITTED_EPOCH_PROPERTY
+from barrierflow.actors import Coordinator, SinkWriter
 from barrierflow.channels import Chunk
+from barrierflow.connectors import IcebergSink, open_local_catalog
+from barrierflow.connectors.iceberg_sink import COMMITTED_EPOCH_PROPERTY
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False)])
@@ -149,18 +150,18 @@ CHILD = textwrap.dedent(
 
     point = os.environ["KILL_AT"]
     if point == "before_durable":
-        from barrierflow.actors.iceberg_sink import IcebergCommitter
+        from barrierflow.connectors.iceberg_sink import IcebergCommitter
         async def pre_commit(self, *args):
             os.kill(os.getpid(), signal.SIGKILL)
         IcebergCommitter.pre_commit = pre_commit
     elif point == "after_pending":
-        from barrierflow.actors.iceberg_sink import IcebergCommitter
+        from barrierflow.connectors.iceberg_sink import IcebergCommitter
         def commit(self, *args):
             os.kill(os.getpid(), signal.SIGKILL)
         IcebergCommitter._commit = commit
     elif point == "after_commit":
         # The committed mark is written with the next pending record (or at the end).
-        from barrierflow.runtime.sink_states import SinkStates
+        from barrierflow.runtime.state.sink_states import SinkStates
         persist = SinkStates.persist_pending
         async def persist_pending(self, *args, committed=None):
             if committed is not None:

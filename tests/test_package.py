@@ -13,13 +13,19 @@ import pytest
 import barrierflow
 
 PACKAGE_ROOT = Path(barrierflow.__file__).parent
-# Each layer may import only the layers before it: channels ← runtime ← actors ← spark_bridge.
-LAYERS = ["channels", "runtime", "actors", "spark_bridge"]
+# Each layer may import only the layers before it:
+# channels ← runtime ← actors ← connectors ← spark_bridge.
+LAYERS = ["channels", "runtime", "actors", "connectors", "spark_bridge"]
 PUBLIC_PACKAGES = [
     "barrierflow",
     "barrierflow.channels",
     "barrierflow.runtime",
     "barrierflow.actors",
+    "barrierflow.actors.sinks",
+    "barrierflow.actors.sources",
+    "barrierflow.actors.backfill",
+    "barrierflow.connectors",
+    "barrierflow.runtime.state",
     "barrierflow.testing",
 ]
 
@@ -63,7 +69,7 @@ def test_dependencies_point_one_way() -> None:
 
 
 def test_core_uses_anyio_only() -> None:
-    for layer in ["channels", "runtime", "actors"]:
+    for layer in ["channels", "runtime", "actors", "connectors"]:
         directory = PACKAGE_ROOT / layer
         if not directory.exists():
             continue

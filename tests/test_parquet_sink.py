@@ -17,14 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from barrierflow import InvalidArgumentError, SinkRecoveryError
-from barrierflow.actors import (
-    ParquetFileSink,
-    PendingCommit,
-    PrintSink,
-    SinkConnector,
-    parquet_sink,
-)
-from barrierflow.actors.parquet_sink import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
+from barrierflow.actors import PendingCommit, SinkConnector
+from barrierflow.connectors import ParquetFileSink, PrintSink, parquet_sink
+from barrierflow.connectors.parquet_sink import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
 
 pytestmark = pytest.mark.anyio
 

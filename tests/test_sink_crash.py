@@ -23,9 +23,10 @@ import pyarrow.dataset as ds
 import pytest
 from _timeouts import scaled
 
-from barrierflow.actors import ParquetFileSink, SinkWriter
-from barrierflow.actors.parquet_sink import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
+from barrierflow.actors import SinkWriter
 from barrierflow.channels import Chunk
+from barrierflow.connectors import ParquetFileSink
+from barrierflow.connectors.parquet_sink import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
 from barrierflow.runtime import Runtime, RuntimeConfig, StateStore
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -41,7 +42,8 @@ BARRIER_INTERVAL = 0.05  # periodic checkpoint barriers too (checkpoint_frequenc
 CHILD = """
 import os, signal, sys
 import anyio, pyarrow as pa
-from barrierflow.actors import ParquetFileSink, SinkWriter, parquet_sink
+from barrierflow.actors import SinkWriter
+from barrierflow.connectors import ParquetFileSink, parquet_sink
 from barrierflow.channels import Chunk
 from barrierflow.runtime import Runtime, RuntimeConfig
 

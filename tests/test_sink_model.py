@@ -23,8 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from barrierflow import ActorFailedError
-from barrierflow.actors import CommitMetadata, ParquetFileSink, PendingCommit, SinkWriter
+from barrierflow.actors import CommitMetadata, PendingCommit, SinkWriter
 from barrierflow.channels import Chunk
+from barrierflow.connectors import ParquetFileSink
 from barrierflow.runtime import Runtime, RuntimeConfig
 
 SCHEMA = pa.schema([("id", pa.int64())])

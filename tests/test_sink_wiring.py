@@ -19,15 +19,14 @@ import pytest
 import structlog
 from _timeouts import scaled
 
-from barrierflow.actors import (
-    Coordinator,
+from barrierflow.actors import Coordinator, SinkWriter
+from barrierflow.channels import VnodeBitmap
+from barrierflow.connectors import (
     IcebergSink,
     ParquetCommitter,
     ParquetFileSink,
-    SinkWriter,
     open_local_catalog,
 )
-from barrierflow.channels import VnodeBitmap
 from barrierflow.errors import (
     ActorFailedError,
     CoordinatorAbortedError,
@@ -193,7 +192,7 @@ HOLD_DIRECTORY = """
 import sys, time
 import anyio
 import pyarrow as pa
-from barrierflow.actors import ParquetFileSink
+from barrierflow.connectors import ParquetFileSink
 
 async def main():
     sink = ParquetFileSink(sys.argv[1], pa.schema([("id", pa.int64())]), writer=sys.argv[2] or None)

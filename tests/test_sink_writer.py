@@ -14,8 +14,9 @@ import pytest
 from _timeouts import scaled
 
 from barrierflow import ActorFailedError, ProtocolError, SinkConnectorError
-from barrierflow.actors import CommitMetadata, ParquetFileSink, PendingCommit, SinkWriter
+from barrierflow.actors import CommitMetadata, PendingCommit, SinkWriter
 from barrierflow.channels import Chunk, Op
+from barrierflow.connectors import ParquetFileSink
 from barrierflow.runtime import Runtime, RuntimeConfig
 
 pytestmark = pytest.mark.anyio

@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from _timeouts import scaled
 
-from barrierflow.actors import BatchFeed, ParquetFileSink, SinkWriter
+from barrierflow.actors import BatchFeed, SinkWriter
 from barrierflow.channels import Chunk, Message
+from barrierflow.connectors import ParquetFileSink
 from barrierflow.errors import (
     BatchOrderError,
     InvalidArgumentError,

@@ -35,9 +35,10 @@ from barrierflow import (
     StoreLockedError,
     StorePathError,
 )
-from barrierflow.runtime import StateStore, _sql, _store_file
-from barrierflow.runtime import sqlite_asyncio_backend as asyncio_adapter
-from barrierflow.runtime import sqlite_thread_backend as thread_adapter
+from barrierflow.runtime import StateStore
+from barrierflow.runtime.state import _sql, _store_file
+from barrierflow.runtime.state import sqlite_asyncio_backend as asyncio_adapter
+from barrierflow.runtime.state import sqlite_thread_backend as thread_adapter
 
 ROWS = 300  # enough committed rows for a store of several pages
 

@@ -71,6 +71,7 @@ def test_a_spark_that_cannot_start_is_reported_once_then_in_one_line(
 ) -> None:
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(pytester.path / "no-java-here"))
+    monkeypatch.setenv("COLUMNS", "200")  # the summary lines name the whole error class
     pytester.makeconftest((TESTS / "conftest.py").read_text())
     pytester.makepyfile(_timeouts=(TESTS / "_timeouts.py").read_text())
     pytester.makepyfile(test_inner=INNER_SPARK_TESTS)

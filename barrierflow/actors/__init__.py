@@ -1,29 +1,23 @@
-"""The actors: the sink task, the sink writer and the coordinator worker, with their
-connectors, and the batch source that drivers such as the Spark bridge feed (the backfills
-come next)."""
+"""The actors, one subpackage per family: :mod:`.sinks` (sink task, sink writer, coordinator
+worker), :mod:`.sources` (the batch feed) and :mod:`.backfill`. The systems behind the sink
+protocol (Parquet, Iceberg, print) are in :mod:`barrierflow.connectors`."""
 
-from barrierflow.actors.batch_source import BatchFeed as BatchFeed
-from barrierflow.actors.batch_source import BatchFeedStats as BatchFeedStats
-from barrierflow.actors.batch_source import BatchSource as BatchSource
-from barrierflow.actors.coordinator import CommitCoordinator as CommitCoordinator
-from barrierflow.actors.coordinator import Coordinator as Coordinator
-from barrierflow.actors.coordinator import CoordinatorStats as CoordinatorStats
-from barrierflow.actors.coordinator import SchemaChange as SchemaChange
-from barrierflow.actors.coordinator import WriterHandle as WriterHandle
-from barrierflow.actors.iceberg_sink import IcebergCommitter as IcebergCommitter
-from barrierflow.actors.iceberg_sink import IcebergSink as IcebergSink
-from barrierflow.actors.iceberg_sink import open_local_catalog as open_local_catalog
-from barrierflow.actors.parquet_committer import ParquetCommitter as ParquetCommitter
-from barrierflow.actors.parquet_sink import ParquetFileSink as ParquetFileSink
-from barrierflow.actors.print_sink import PrintSink as PrintSink
-from barrierflow.actors.sink import CommitMetadata as CommitMetadata
-from barrierflow.actors.sink import PendingCommit as PendingCommit
-from barrierflow.actors.sink import SinkConnector as SinkConnector
-from barrierflow.actors.sink_task import SinkTask as SinkTask
-from barrierflow.actors.sink_task import SinkTaskHandle as SinkTaskHandle
-from barrierflow.actors.sink_task import SinkTaskStats as SinkTaskStats
-from barrierflow.actors.sink_task import start_sink_task as start_sink_task
-from barrierflow.actors.sink_writer import SinkWriter as SinkWriter
+from barrierflow.actors.sinks import CommitCoordinator as CommitCoordinator
+from barrierflow.actors.sinks import CommitMetadata as CommitMetadata
+from barrierflow.actors.sinks import Coordinator as Coordinator
+from barrierflow.actors.sinks import CoordinatorStats as CoordinatorStats
+from barrierflow.actors.sinks import PendingCommit as PendingCommit
+from barrierflow.actors.sinks import SchemaChange as SchemaChange
+from barrierflow.actors.sinks import SinkConnector as SinkConnector
+from barrierflow.actors.sinks import SinkTask as SinkTask
+from barrierflow.actors.sinks import SinkTaskHandle as SinkTaskHandle
+from barrierflow.actors.sinks import SinkTaskStats as SinkTaskStats
+from barrierflow.actors.sinks import SinkWriter as SinkWriter
+from barrierflow.actors.sinks import WriterHandle as WriterHandle
+from barrierflow.actors.sinks import start_sink_task as start_sink_task
+from barrierflow.actors.sources import BatchFeed as BatchFeed
+from barrierflow.actors.sources import BatchFeedStats as BatchFeedStats
+from barrierflow.actors.sources import BatchSource as BatchSource
 
 __all__ = [
     "BatchFeed",
@@ -33,12 +27,7 @@ __all__ = [
     "CommitMetadata",
     "Coordinator",
     "CoordinatorStats",
-    "IcebergCommitter",
-    "IcebergSink",
-    "ParquetCommitter",
-    "ParquetFileSink",
     "PendingCommit",
-    "PrintSink",
     "SchemaChange",
     "SinkConnector",
     "SinkTask",
@@ -46,6 +35,5 @@ __all__ = [
     "SinkTaskStats",
     "SinkWriter",
     "WriterHandle",
-    "open_local_catalog",
     "start_sink_task",
 ]

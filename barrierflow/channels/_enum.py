@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from barrierflow.errors import InvalidArgumentError
+from barrierflow.channels.errors import InvalidArgumentError
 
 
 class TypedEnumType(enum.EnumType):

@@ -13,6 +13,7 @@ from typing import final
 
 from barrierflow.channels._enum import TypedEnumType
 from barrierflow.channels.epoch import EpochPair
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.mutation import (
     MUTATION_TYPES,
     Add,
@@ -26,7 +27,6 @@ from barrierflow.channels.mutation import (
     Update,
 )
 from barrierflow.channels.vnode import VnodeBitmap
-from barrierflow.errors import InvalidArgumentError
 
 __all__ = ["BarrierKind", "Barrier"]
 

@@ -37,13 +37,13 @@ import anyio
 from anyio.lowlevel import checkpoint
 
 from barrierflow.channels.chunk import Chunk
-from barrierflow.channels.messages import message_rows
-from barrierflow.errors import (
+from barrierflow.channels.errors import (
     ChannelBrokenError,
     ChannelClosedError,
     ConfigError,
     InvalidArgumentError,
 )
+from barrierflow.channels.messages import message_rows
 
 __all__ = [
     "COOPERATIVE_BUDGET",

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.channels._enum import TypedEnumType
-from barrierflow.errors import InvalidArgumentError
+from barrierflow.channels.errors import InvalidArgumentError
 
 __all__ = ["Op", "Chunk"]
 

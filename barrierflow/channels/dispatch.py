@@ -27,6 +27,7 @@ import pyarrow as pa
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk, Op
 from barrierflow.channels.endpoints import Sender
+from barrierflow.channels.errors import ChannelBrokenError, InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message, Watermark
 from barrierflow.channels.vnode import (
     VnodeBitmap,
@@ -34,7 +35,6 @@ from barrierflow.channels.vnode import (
     vnode_owners,
     vnodes_unchecked,
 )
-from barrierflow.errors import ChannelBrokenError, InvalidArgumentError, ProtocolError
 
 __all__ = ["Dispatcher", "HashDispatcher", "BroadcastDispatcher", "RoundRobinDispatcher"]
 

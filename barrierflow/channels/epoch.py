@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, final
 
-from barrierflow.errors import EpochOrderError, InvalidArgumentError
+from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
 
 __all__ = [
     "EPOCH_BASE_UNIX_MS",
@@ -154,7 +154,7 @@ class EpochClock:
             isinstance(seconds, bool)
             or not isinstance(seconds, int | float)  # NumPy's float64 is a float
             or not -math.inf < seconds < math.inf  # isfinite() overflows on a huge int
-            or seconds * 1000 > _MAX_UNIX_MS
+            or not -_MAX_UNIX_MS <= seconds * 1000 <= _MAX_UNIX_MS  # -huge * 1000 is -inf
         ):
             raise InvalidArgumentError(
                 "clock", "a finite number of seconds since the Unix epoch", seconds

@@ -30,8 +30,8 @@ from barrierflow._taskgroups import single_error
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.channel import ReceiveChannel, create_channel
 from barrierflow.channels.endpoints import Receiver, Sender
+from barrierflow.channels.errors import BarrierMisalignedError, InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message, Watermark
-from barrierflow.errors import BarrierMisalignedError, InvalidArgumentError, ProtocolError
 
 __all__ = ["AlignedMerge", "merge_aligned"]
 

@@ -7,7 +7,7 @@ from typing import Any, final
 
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
-from barrierflow.errors import InvalidArgumentError
+from barrierflow.channels.errors import InvalidArgumentError
 
 __all__ = ["Watermark", "Message", "message_rows"]
 

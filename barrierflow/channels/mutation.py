@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar, final
 
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.vnode import VnodeBitmap, owners_from_mapping
-from barrierflow.errors import InvalidArgumentError
 
 __all__ = [
     "Split",

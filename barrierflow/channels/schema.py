@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from barrierflow.errors import InvalidArgumentError, SchemaMismatchError
+from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 
 __all__ = ["check_schema", "conform_schema"]
 

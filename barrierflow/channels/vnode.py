@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from barrierflow.channels._hash import hash_columns, hashable_type
-from barrierflow.errors import InvalidArgumentError, VnodeOwnershipError
+from barrierflow.channels.errors import InvalidArgumentError, VnodeOwnershipError
 
 __all__ = ["DEFAULT_VNODE_COUNT", "VnodeBitmap", "compute_vnodes", "vnode_owners"]
 

@@ -21,12 +21,12 @@ from barrierflow.runtime.runtime import Runtime as Runtime
 from barrierflow.runtime.runtime import RuntimeStats as RuntimeStats
 from barrierflow.runtime.service import Service as Service
 from barrierflow.runtime.service import ServiceContext as ServiceContext
-from barrierflow.runtime.sink_states import SinkState as SinkState
-from barrierflow.runtime.sink_states import SinkStateRecord as SinkStateRecord
-from barrierflow.runtime.sink_states import SinkStates as SinkStates
-from barrierflow.runtime.state_store import CommittedEpochs as CommittedEpochs
-from barrierflow.runtime.state_store import StateStore as StateStore
-from barrierflow.runtime.state_store import StateTable as StateTable
+from barrierflow.runtime.state.sink_states import SinkState as SinkState
+from barrierflow.runtime.state.sink_states import SinkStateRecord as SinkStateRecord
+from barrierflow.runtime.state.sink_states import SinkStates as SinkStates
+from barrierflow.runtime.state.state_store import CommittedEpochs as CommittedEpochs
+from barrierflow.runtime.state.state_store import StateStore as StateStore
+from barrierflow.runtime.state.state_store import StateTable as StateTable
 
 __all__ = [
     "ActorContext",

@@ -33,13 +33,13 @@ from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.dispatch import Dispatcher, HashDispatcher
 from barrierflow.channels.endpoints import Receiver
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.messages import Message, Watermark
 from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
-from barrierflow.errors import InvalidArgumentError
 from barrierflow.runtime.barrier_manager import BarrierManager
 from barrierflow.runtime.positions import check_positions
-from barrierflow.runtime.state_store import CommittedEpochs, StateStore, StateTable
+from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore, StateTable
 
 __all__ = ["ActorContext", "ActorStats", "StreamActor"]
 

@@ -24,12 +24,12 @@ import structlog
 from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.channel import SendChannel
 from barrierflow.channels.epoch import EpochClock, EpochPair
+from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import MUTATION_TYPES, Mutation
-from barrierflow.errors import BarrierflowError, InvalidArgumentError, ProtocolError
 from barrierflow.runtime.config import check_count, check_seconds
 from barrierflow.runtime.positions import merge_positions
-from barrierflow.runtime.state_store import StateStore
+from barrierflow.runtime.state.state_store import StateStore
 
 __all__ = ["BarrierManager", "InFlightBarrier"]
 

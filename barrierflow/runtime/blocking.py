@@ -17,8 +17,9 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.epoch import EpochPair
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.mutation import Mutation
-from barrierflow.errors import InvalidArgumentError, NotRunningError
+from barrierflow.runtime.errors import NotRunningError
 from barrierflow.runtime.runtime import Runtime, RuntimeStats
 
 __all__ = ["BlockingRuntime"]

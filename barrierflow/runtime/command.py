@@ -26,12 +26,8 @@ import anyio
 import structlog
 
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
-from barrierflow.errors import (
-    ActorGoneError,
-    ChannelBrokenError,
-    ChannelClosedError,
-    InvalidArgumentError,
-)
+from barrierflow.channels.errors import ChannelBrokenError, ChannelClosedError, InvalidArgumentError
+from barrierflow.runtime.errors import ActorGoneError
 
 __all__ = [
     "ActorRef",

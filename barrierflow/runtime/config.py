@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, final
 
-from barrierflow.errors import ConfigError
+from barrierflow.channels.errors import ConfigError
 
 __all__ = ["RuntimeConfig"]
 

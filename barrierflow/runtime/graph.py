@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import final
 
-from barrierflow.errors import GraphError
 from barrierflow.runtime.actor import StreamActor
+from barrierflow.runtime.errors import GraphError
 
 __all__ = ["Fanout", "Graph", "Node"]
 

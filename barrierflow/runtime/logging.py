@@ -7,7 +7,7 @@ from typing import Literal
 
 import structlog
 
-from barrierflow.errors import ConfigError
+from barrierflow.channels.errors import ConfigError
 
 __all__ = ["configure_logging"]
 

@@ -30,7 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, final, runtime_checkable
 
-from barrierflow.errors import InvalidArgumentError, PositionOverlapError
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.runtime.errors import PositionOverlapError
 
 __all__ = [
     "SinkCommits",

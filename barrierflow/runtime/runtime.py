@@ -47,6 +47,7 @@ from barrierflow.channels.dispatch import (
 )
 from barrierflow.channels.endpoints import Receiver
 from barrierflow.channels.epoch import EpochPair
+from barrierflow.channels.errors import ChannelBrokenError, ChannelClosedError, InvalidArgumentError
 from barrierflow.channels.merge import AlignedMerge
 from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import (
@@ -59,22 +60,15 @@ from barrierflow.channels.mutation import (
     Update,
 )
 from barrierflow.channels.vnode import VnodeBitmap
-from barrierflow.errors import (
-    ActorFailedError,
-    ChannelBrokenError,
-    ChannelClosedError,
-    GraphError,
-    InvalidArgumentError,
-    NotRunningError,
-)
 from barrierflow.runtime.actor import ActorContext, ActorStats, StreamActor
 from barrierflow.runtime.barrier_manager import BarrierManager
 from barrierflow.runtime.config import RuntimeConfig
+from barrierflow.runtime.errors import ActorFailedError, GraphError, NotRunningError
 from barrierflow.runtime.graph import Fanout, Graph, Node
 from barrierflow.runtime.logging import configure_logging
 from barrierflow.runtime.service import Service, ServiceContext
 from barrierflow.runtime.startup import adopt_sink_positions, check_actors
-from barrierflow.runtime.state_store import CommittedEpochs, StateStore
+from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore
 
 __all__ = ["PushSource", "Runtime", "RuntimeStats"]
 

@@ -14,8 +14,8 @@ from typing import Any, Protocol, final, runtime_checkable
 
 import structlog
 
-from barrierflow.errors import InvalidArgumentError
-from barrierflow.runtime.state_store import CommittedEpochs, StateStore
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore
 
 __all__ = ["Service", "ServiceContext"]
 

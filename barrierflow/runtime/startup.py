@@ -30,7 +30,7 @@ from typing import Protocol, final, runtime_checkable
 
 import structlog
 
-from barrierflow.errors import SinkStateMismatchError
+from barrierflow.runtime.errors import SinkStateMismatchError
 from barrierflow.runtime.positions import SinkCommits, SinkCommitsReader
 
 __all__ = ["StartupCheck", "StartupContext", "adopt_sink_positions", "check_actors"]

@@ -37,10 +37,11 @@ from typing import Any, final
 
 import pyarrow as pa
 
-from barrierflow.actors.batch_source import BatchFeed
+from barrierflow.actors.sources.batch_source import BatchFeed
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.schema import check_schema, conform_schema
-from barrierflow.errors import InvalidArgumentError, NotRunningError
 from barrierflow.runtime.blocking import BlockingRuntime
+from barrierflow.runtime.errors import NotRunningError
 
 __all__ = ["BridgeStats", "SparkBridge", "arrow_schema_of"]
 

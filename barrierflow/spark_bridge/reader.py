@@ -28,7 +28,7 @@ from anyio.abc import TaskGroup
 
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
 from barrierflow.channels.chunk import Chunk
-from barrierflow.errors import ChannelBrokenError, ChannelClosedError, InvalidArgumentError
+from barrierflow.channels.errors import ChannelBrokenError, ChannelClosedError, InvalidArgumentError
 
 __all__ = ["SparkReader", "read_spark"]
 

@@ -22,7 +22,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from barrierflow.errors import InvalidArgumentError, SparkUnavailableError
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.spark_bridge.errors import SparkUnavailableError
 
 __all__ = ["DEFAULT_MASTER", "require_spark", "spark_session"]
 

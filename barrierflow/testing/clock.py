@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import final
 
-from barrierflow.errors import InvalidArgumentError
+from barrierflow.channels.errors import InvalidArgumentError
 
 
 @final

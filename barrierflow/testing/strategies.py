@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.chunk import Chunk, Op
 from barrierflow.channels.epoch import EPOCH_PHYSICAL_SHIFT, EpochPair
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.messages import Message, Watermark
-from barrierflow.errors import InvalidArgumentError
 
 __all__ = [
     "SCHEMA",

@@ -10,8 +10,8 @@ import anyio
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.endpoints import Receiver
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.messages import Message
-from barrierflow.errors import InvalidArgumentError
 
 
 async def drain(receiver: Receiver[Message]) -> list[Message]:

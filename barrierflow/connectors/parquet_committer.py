@@ -1,6 +1,6 @@
 """The coordinated mode of the Parquet file sink: parallel writers, one commit per epoch.
 
-Each parallel writer is a :class:`~barrierflow.actors.parquet_sink.ParquetFileSink` created
+Each parallel writer is a :class:`~barrierflow.connectors.parquet_sink.ParquetFileSink` created
 with ``writer=<id>``: it stages its rows of sink epoch *S* under ``.staging/<S>/w<id>/``,
 fsyncs them at pre-commit and sends their paths to the :class:`~.coordinator.Coordinator`,
 whose committer is a :class:`ParquetCommitter` on the same directory:
@@ -30,16 +30,17 @@ import anyio
 import anyio.to_thread
 
 from barrierflow._fs import fsync_path
-from barrierflow.actors._parquet_files import (
+from barrierflow.actors.sinks.coordinator import SchemaChange
+from barrierflow.actors.sinks.errors import SinkRecoveryError
+from barrierflow.actors.sinks.protocol import CommitMetadata, writers_positions
+from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
+from barrierflow.connectors._parquet_files import (
     PRECOMMITTED,
     STAGING,
     _Files,
     _write_json_atomically,
     epoch_dir_name,
 )
-from barrierflow.actors.coordinator import SchemaChange
-from barrierflow.actors.sink import CommitMetadata, writers_positions
-from barrierflow.errors import InvalidArgumentError, ProtocolError, SinkRecoveryError
 from barrierflow.runtime.positions import SinkCommits
 
 __all__ = ["ParquetCommitter"]

@@ -10,12 +10,12 @@ import aiosqlite
 import anyio
 import structlog
 
-from barrierflow.runtime import _sql
-from barrierflow.runtime._sql import PRAGMAS, Statement
+from barrierflow.runtime.state import _sql
+from barrierflow.runtime.state._sql import PRAGMAS, Statement
 
 
 class AiosqliteConnection:
-    """A :class:`~barrierflow.runtime._sql.SqlConnection` over one aiosqlite connection."""
+    """A :class:`~barrierflow.runtime.state._sql.SqlConnection` over one aiosqlite connection."""
 
     def __init__(self, connection: aiosqlite.Connection) -> None:
         self._connection = connection

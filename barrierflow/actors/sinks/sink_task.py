@@ -45,20 +45,14 @@ import pyarrow as pa
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from barrierflow.actors.sink import (
+from barrierflow.actors.sinks.errors import EpochPoisonedError, SinkConnectorError, SinkEpochError
+from barrierflow.actors.sinks.protocol import (
     CommitMetadata,
     PendingCommit,
     PositionRecorder,
     SinkConnector,
 )
-from barrierflow.errors import (
-    ActorGoneError,
-    EpochPoisonedError,
-    InvalidArgumentError,
-    SchemaMismatchError,
-    SinkConnectorError,
-    SinkEpochError,
-)
+from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.runtime.command import (
     ActorRef,
     Finish,
@@ -66,6 +60,7 @@ from barrierflow.runtime.command import (
     open_command_actor,
     serve_commands,
 )
+from barrierflow.runtime.errors import ActorGoneError
 from barrierflow.runtime.positions import check_positions
 
 __all__ = ["SinkTask", "SinkTaskHandle", "SinkTaskStats", "start_sink_task"]
@@ -284,8 +279,9 @@ class SinkTaskHandle:
         """Phase 1 of the commit of the open epoch ``epoch``; returns the connector's metadata.
 
         ``positions`` — the source positions the epoch's rows span, ``(start, end)`` — go to a
-        connector that records them (:class:`~barrierflow.actors.sink.PositionRecorder`) right
-        before its ``pre_commit``; other connectors ignore them.
+        connector that records them
+        (:class:`~barrierflow.actors.sinks.protocol.PositionRecorder`) right before its
+        ``pre_commit``; other connectors ignore them.
 
         Raises:
             EpochPoisonedError: a write of this epoch failed.

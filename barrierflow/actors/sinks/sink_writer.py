@@ -27,7 +27,7 @@ recovery commits it. The runtime's supervision or recovery takes over from there
 
 **Coordinated mode** (``coordinator=``, one of several parallel writers of a sink): the writer
 registers its vnode bitmap (the one its hash-dispatched input gives it) with the sink's
-:class:`~barrierflow.actors.coordinator.Coordinator`, waits to be started, aligns its initial
+:class:`~barrierflow.actors.sinks.coordinator.Coordinator`, waits to be started, aligns its initial
 epoch on a fresh start, and at each checkpoint barrier sends its pre-commit metadata to the
 coordinator and waits for the acknowledgement *before* passing the barrier — the coordinator
 acknowledges once every vnode's writer reported and the epoch is recorded as pending, so no
@@ -52,9 +52,10 @@ import anyio
 import numpy as np
 
 from barrierflow._taskgroups import single_error
-from barrierflow.actors.coordinator import Coordinator, WriterHandle
-from barrierflow.actors.sink import PendingCommit, SinkConnector
-from barrierflow.actors.sink_task import (
+from barrierflow.actors.sinks.coordinator import Coordinator, WriterHandle
+from barrierflow.actors.sinks.errors import CoordinatorMissingError, DuplicateWriterError
+from barrierflow.actors.sinks.protocol import PendingCommit, SinkConnector
+from barrierflow.actors.sinks.sink_task import (
     DEFAULT_CAPACITY,
     DEFAULT_FLUSH_INTERVAL,
     SinkTaskHandle,
@@ -63,18 +64,13 @@ from barrierflow.actors.sink_task import (
 )
 from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
-from barrierflow.errors import (
-    CoordinatorMissingError,
-    DuplicateWriterError,
-    InvalidArgumentError,
-    ProtocolError,
-)
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.positions import SinkCommits
 from barrierflow.runtime.startup import StartupContext
-from barrierflow.runtime.state_store import StateTable
+from barrierflow.runtime.state.state_store import StateTable
 
 __all__ = ["SinkWriter"]
 
@@ -206,9 +202,7 @@ class SinkWriter(StreamActor):
         """What this writer's sink already holds (asked on an empty state store): the
         coordinator's committer answers for a coordinated sink, else the connector."""
         source: object = (
-            self._connector_now()
-            if self._coordinator is None
-            else self._coordinator.committer
+            self._connector_now() if self._coordinator is None else self._coordinator.committer
         )
         reader = getattr(source, "sink_commits", None)
         if reader is None:
@@ -358,9 +352,7 @@ class SinkWriter(StreamActor):
         if barrier.kind is BarrierKind.CHECKPOINT and self._open is not None:
             epoch = self._open
             try:
-                metadata = await handle.pre_commit(
-                    epoch, positions=(self._epoch_start, positions)
-                )
+                metadata = await handle.pre_commit(epoch, positions=(self._epoch_start, positions))
             except Exception:
                 await handle.rollback_epoch(epoch)
                 raise

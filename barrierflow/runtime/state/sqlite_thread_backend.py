@@ -18,14 +18,14 @@ import anyio
 import anyio.to_thread
 import structlog
 
-from barrierflow.runtime import _sql
-from barrierflow.runtime._sql import PRAGMAS, Statement
+from barrierflow.runtime.state import _sql
+from barrierflow.runtime.state._sql import PRAGMAS, Statement
 
 T = TypeVar("T")
 
 
 class ThreadConnection:
-    """A :class:`~barrierflow.runtime._sql.SqlConnection` run on worker threads, one call at a
+    """A :class:`~barrierflow.runtime.state._sql.SqlConnection` run on worker threads, one call at a
     time."""
 
     def __init__(self, db: sqlite3.Connection) -> None:

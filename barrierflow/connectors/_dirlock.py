@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import final
 
-from barrierflow.errors import SinkLockedError
+from barrierflow.connectors.errors import SinkLockedError
 
 __all__ = ["DirectoryLease", "lock_directory"]
 

@@ -40,15 +40,11 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from barrierflow.errors import (
-    EpochOrderError,
-    InvalidArgumentError,
-    ProtocolError,
-    StoreCorruptedError,
-)
-from barrierflow.runtime import _sql, _store_file
-from barrierflow.runtime._store_file import Adapter
-from barrierflow.runtime.sink_states import SinkStates
+from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError, ProtocolError
+from barrierflow.runtime.state import _sql, _store_file
+from barrierflow.runtime.state._store_file import Adapter
+from barrierflow.runtime.state.errors import StoreCorruptedError
+from barrierflow.runtime.state.sink_states import SinkStates
 
 __all__ = ["CommittedEpochs", "StateStore", "StateTable"]
 

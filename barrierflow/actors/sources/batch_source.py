@@ -49,24 +49,23 @@ import anyio
 import pyarrow as pa
 
 from barrierflow._taskgroups import single_error
+from barrierflow.actors.sources.errors import BatchAbortedError, BatchOrderError
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
 from barrierflow.channels.chunk import Chunk
-from barrierflow.channels.messages import Message
-from barrierflow.channels.schema import conform_schema
-from barrierflow.errors import (
-    ActorFailedError,
-    BatchAbortedError,
-    BatchOrderError,
+from barrierflow.channels.errors import (
     ChannelBrokenError,
     ChannelClosedError,
     InvalidArgumentError,
     ProtocolError,
 )
+from barrierflow.channels.messages import Message
+from barrierflow.channels.schema import conform_schema
 from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.errors import ActorFailedError
 from barrierflow.runtime.positions import position_key
 from barrierflow.runtime.runtime import Runtime
-from barrierflow.runtime.state_store import StateTable
+from barrierflow.runtime.state.state_store import StateTable
 
 __all__ = ["BatchFeed", "BatchFeedStats", "BatchSource"]
 

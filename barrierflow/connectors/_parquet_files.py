@@ -21,9 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from barrierflow._fs import fsync_path, write_atomically
-from barrierflow.actors._dirlock import DirectoryLease, lock_directory
-from barrierflow.actors.sink import PendingCommit
-from barrierflow.errors import InvalidArgumentError, SinkRecoveryError
+from barrierflow.actors.sinks.errors import SinkRecoveryError
+from barrierflow.actors.sinks.protocol import PendingCommit
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.connectors._dirlock import DirectoryLease, lock_directory
 from barrierflow.runtime.positions import (
     SinkCommits,
     check_positions,
@@ -36,6 +37,7 @@ STAGING = ".staging"
 PRECOMMITTED = "_PRECOMMITTED.json"
 _FORMAT = "barrierflow-parquet-sink"
 _VERSION = 1
+
 
 def epoch_dir_name(epoch: int) -> str:
     """The committed directory of ``epoch`` (zero-padded, so names sort by epoch)."""

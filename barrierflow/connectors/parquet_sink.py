@@ -54,14 +54,14 @@ import anyio
 import anyio.to_thread
 import pyarrow as pa
 
-from barrierflow.actors._parquet_files import MANIFEST as MANIFEST
-from barrierflow.actors._parquet_files import PRECOMMITTED as PRECOMMITTED
-from barrierflow.actors._parquet_files import STAGING as STAGING
-from barrierflow.actors._parquet_files import _dictionary_columns, _positive_int, _writer_id
-from barrierflow.actors._parquet_files import _Files as _Files
-from barrierflow.actors._parquet_files import epoch_dir_name as epoch_dir_name
-from barrierflow.actors.sink import CommitMetadata, PendingCommit
-from barrierflow.errors import InvalidArgumentError
+from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.connectors._parquet_files import MANIFEST as MANIFEST
+from barrierflow.connectors._parquet_files import PRECOMMITTED as PRECOMMITTED
+from barrierflow.connectors._parquet_files import STAGING as STAGING
+from barrierflow.connectors._parquet_files import _dictionary_columns, _positive_int, _writer_id
+from barrierflow.connectors._parquet_files import _Files as _Files
+from barrierflow.connectors._parquet_files import epoch_dir_name as epoch_dir_name
 from barrierflow.runtime.positions import SinkCommits
 
 __all__ = ["ParquetFileSink"]
@@ -90,7 +90,7 @@ class ParquetFileSink:
         writer: makes this one of the parallel writers of a coordinated sink: its files are
             staged under ``.staging/<epoch>/w<writer>/``, its pre-commit returns their paths,
             and commit and recovery belong to the coordinator's
-            :class:`~barrierflow.actors.parquet_committer.ParquetCommitter` (``commit_epoch``
+            :class:`~barrierflow.connectors.parquet_committer.ParquetCommitter` (``commit_epoch``
             and ``recover`` are no-ops here).
 
     Raises:

@@ -47,22 +47,24 @@ import anyio
 import structlog
 
 from barrierflow._taskgroups import single_error
-from barrierflow.actors.sink import CommitMetadata
-from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
-from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
-from barrierflow.errors import (
-    ActorGoneError,
-    BarrierflowError,
+from barrierflow.actors.sinks.errors import (
     CoordinatorAbortedError,
     DuplicateVnodeError,
     DuplicateWriterError,
+    SchemaChangeMismatchError,
+)
+from barrierflow.actors.sinks.protocol import CommitMetadata
+from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
+from barrierflow.channels.errors import (
+    BarrierflowError,
     EpochOrderError,
     InvalidArgumentError,
     ProtocolError,
-    SchemaChangeMismatchError,
 )
+from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
+from barrierflow.runtime.errors import ActorGoneError
 from barrierflow.runtime.service import ServiceContext
-from barrierflow.runtime.sink_states import SinkState, SinkStates
+from barrierflow.runtime.state.sink_states import SinkState, SinkStates
 
 __all__ = ["CommitCoordinator", "Coordinator", "CoordinatorStats", "SchemaChange", "WriterHandle"]
 

@@ -38,7 +38,7 @@ from typing import Any, Protocol, final, runtime_checkable
 
 import pyarrow as pa
 
-from barrierflow.errors import InvalidArgumentError
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.positions import merge_positions
 
 __all__ = ["CommitMetadata", "PendingCommit", "PositionRecorder", "SinkConnector"]

@@ -3,7 +3,7 @@
 **Not exactly-once.** Rows are printed as they are written, before their epoch is durable, so
 after a crash the rows since the last checkpoint are printed again (the upstream replays
 them). Use it to see what flows, never as a record of what was committed; for that use an
-exactly-once sink such as :class:`~barrierflow.actors.parquet_sink.ParquetFileSink`.
+exactly-once sink such as :class:`~barrierflow.connectors.parquet_sink.ParquetFileSink`.
 
 Each batch prints as one header line (epoch and row count) and up to ``max_rows`` rows as
 ``key=value`` pairs; printing is a per-row Python loop, which is fine for a debugging aid and
@@ -19,8 +19,8 @@ from typing import TextIO, final
 import anyio.lowlevel
 import pyarrow as pa
 
-from barrierflow.actors.sink import CommitMetadata, PendingCommit
-from barrierflow.errors import InvalidArgumentError
+from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit
+from barrierflow.channels.errors import InvalidArgumentError
 
 __all__ = ["PrintSink"]
 

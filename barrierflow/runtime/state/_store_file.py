@@ -44,8 +44,9 @@ from typing import Any, Literal, NamedTuple, final
 import sniffio
 
 from barrierflow._fs import fsync_path
-from barrierflow.errors import (
-    InvalidArgumentError,
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.runtime.state import _sql
+from barrierflow.runtime.state.errors import (
     StoreCorruptedError,
     StoreFormatError,
     StoreIOError,
@@ -53,7 +54,6 @@ from barrierflow.errors import (
     StorePathError,
     StoreVersionError,
 )
-from barrierflow.runtime import _sql
 
 Adapter = Literal["auto", "aiosqlite", "thread"]
 
@@ -324,8 +324,6 @@ def _create(real: str) -> None:
         raise
 
 
-
-
 @contextlib.contextmanager
 def sqlite_errors(file: str, operation: str = "open") -> Iterator[None]:
     """Turn SQLite's and the OS's errors during ``operation`` into the store's typed errors."""
@@ -370,10 +368,10 @@ async def connect(file: str, adapter: Adapter) -> _sql.SqlConnection:
     if adapter == "auto":
         adapter = "aiosqlite" if sniffio.current_async_library() == "asyncio" else "thread"
     if adapter == "aiosqlite":
-        from barrierflow.runtime.sqlite_asyncio_backend import AiosqliteConnection
+        from barrierflow.runtime.state.sqlite_asyncio_backend import AiosqliteConnection
 
         return await AiosqliteConnection.open(file)
-    from barrierflow.runtime.sqlite_thread_backend import ThreadConnection
+    from barrierflow.runtime.state.sqlite_thread_backend import ThreadConnection
 
     return await ThreadConnection.open(file)
 

@@ -46,11 +46,12 @@ import anyio.to_thread
 import pyarrow as pa
 
 from barrierflow._fs import fsync_path
-from barrierflow.actors._parquet_files import STAGING
-from barrierflow.actors.coordinator import SchemaChange
-from barrierflow.actors.parquet_sink import ParquetFileSink
-from barrierflow.actors.sink import CommitMetadata, writers_positions
-from barrierflow.errors import InvalidArgumentError, ProtocolError, SinkRecoveryError
+from barrierflow.actors.sinks.coordinator import SchemaChange
+from barrierflow.actors.sinks.errors import SinkRecoveryError
+from barrierflow.actors.sinks.protocol import CommitMetadata, writers_positions
+from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
+from barrierflow.connectors._parquet_files import STAGING
+from barrierflow.connectors.parquet_sink import ParquetFileSink
 from barrierflow.runtime.positions import (
     SinkCommits,
     check_positions,
@@ -104,8 +105,8 @@ def _local_path(location: str) -> Path:
 class IcebergSink:
     """An Iceberg table opened for a coordinated exactly-once sink.
 
-    Use :meth:`committer` for the :class:`~barrierflow.actors.coordinator.Coordinator` and
-    :meth:`writer` for each parallel :class:`~barrierflow.actors.sink_writer.SinkWriter`.
+    Use :meth:`committer` for the :class:`~barrierflow.actors.sinks.coordinator.Coordinator` and
+    :meth:`writer` for each parallel :class:`~barrierflow.actors.sinks.sink_writer.SinkWriter`.
 
     Args:
         catalog: a pyiceberg catalog (e.g. :func:`open_local_catalog`).
@@ -156,7 +157,7 @@ class IcebergSink:
 
     def writer(self, writer_id: str, **options: Any) -> ParquetFileSink:
         """The sink connector of parallel writer ``writer_id`` (a coordinated Parquet writer;
-        ``options`` go to :class:`~barrierflow.actors.parquet_sink.ParquetFileSink`). Row groups
+        ``options`` go to :class:`~barrierflow.connectors.parquet_sink.ParquetFileSink`). Row groups
         default to 32 K rows: a writer gets a share of each epoch, and encoding them as they
         fill overlaps the encoding with the dataflow instead of leaving it all to pre-commit."""
         options.setdefault("row_group_rows", 32_768)

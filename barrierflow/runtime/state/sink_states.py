@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, final
 
-from barrierflow.errors import InvalidArgumentError
-from barrierflow.runtime import _sql
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.runtime.state import _sql
 
 __all__ = ["SinkState", "SinkStateRecord", "SinkStates"]
 

@@ -1,0 +1,198 @@
+"""Errors of the sink actors: the sink task, the sink writer and the coordinator worker.
+
+Every public name is re-exported from :mod:`barrierflow.errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, final
+
+from barrierflow.channels.errors import ProtocolError, _short
+from barrierflow.runtime.errors import GraphError, SinkError
+
+__all__ = [
+    "EpochPoisonedError",
+    "SinkEpochError",
+    "SinkConnectorError",
+    "SinkRecoveryError",
+    "DuplicateVnodeError",
+    "SchemaChangeMismatchError",
+    "CoordinatorAbortedError",
+    "DuplicateWriterError",
+    "CoordinatorMissingError",
+]
+
+
+@final
+class EpochPoisonedError(SinkError):
+    """A write of the current epoch failed, so the epoch cannot be pre-committed or committed.
+
+    Committing it would publish an epoch with rows missing; the only way forward is to roll it
+    back and begin a new epoch (whose successful begin clears the poison).
+
+    Attributes:
+        sink: the sink's name.
+        operation: ``"pre_commit"`` or ``"commit_epoch"``.
+        epoch: the epoch that was asked for.
+        write_errors: failed writes counted by the sink so far.
+    """
+
+    def __init__(self, sink: str, operation: str, epoch: int, write_errors: int) -> None:
+        self.sink = sink
+        self.operation = operation
+        self.epoch = epoch
+        self.write_errors = write_errors
+        super().__init__(
+            f"sink {sink!r}: {operation} of epoch {epoch} refused: the epoch is poisoned by a "
+            f"failed write ({write_errors} write error(s) so far); expected a rollback and a "
+            "successful begin_epoch first"
+        )
+
+
+@final
+class SinkEpochError(SinkError, ProtocolError):
+    """An epoch command arrived out of the sink's order (begin → pre-commit → commit).
+
+    Attributes:
+        sink: the sink's name.
+        operation: the refused operation (``"begin_epoch"``, ``"pre_commit"``, ...).
+        epoch: the epoch that was asked for.
+        expected: what the sink would have accepted, in words.
+    """
+
+    def __init__(self, sink: str, operation: str, epoch: int, expected: str) -> None:
+        self.sink = sink
+        self.operation = operation
+        self.epoch = epoch
+        self.expected = expected
+        super().__init__(f"sink {sink!r}: {operation}({epoch}): expected {expected}")
+
+
+@final
+class SinkConnectorError(SinkError):
+    """A sink's connector raised; ``__cause__`` is what it raised.
+
+    Attributes:
+        sink: the sink's name.
+        operation: the connector method that failed.
+        epoch: the epoch it concerned, if any.
+    """
+
+    def __init__(self, sink: str, operation: str, epoch: int | None, cause: BaseException) -> None:
+        self.sink = sink
+        self.operation = operation
+        self.epoch = epoch
+        self.cause = cause
+        at = "" if epoch is None else f" of epoch {epoch}"
+        super().__init__(f"sink {sink!r}: {operation}{at} failed: {type(cause).__name__}: {cause}")
+
+
+@final
+class SinkRecoveryError(SinkError):
+    """A sink's files or records do not allow it to recover what its checkpoint promises
+    (an epoch recorded as pre-committed is neither staged nor committed, a manifest is
+    unreadable, ...). Nothing is deleted when this is raised.
+
+    Attributes:
+        sink: the sink's name (or its path).
+        reason: what was found, in words.
+    """
+
+    def __init__(self, sink: str, reason: str) -> None:
+        self.sink = sink
+        self.reason = reason
+        super().__init__(f"sink {sink!r}: cannot recover: {reason}")
+
+
+@final
+class DuplicateVnodeError(ProtocolError):
+    """Two sink writers claimed the same vnodes (at registration or in one epoch's commit).
+
+    Attributes:
+        sink: the sink's name.
+        vnodes: the vnodes claimed twice.
+        stage: what was being aligned (``"registration"``, ``"epoch 123"``, ...).
+    """
+
+    def __init__(self, sink: str, vnodes: Iterable[int], stage: str) -> None:
+        self.sink = sink
+        self.vnodes = sorted(vnodes)
+        self.stage = stage
+        super().__init__(
+            f"sink {sink!r}: expected every vnode exactly once in {stage}, got vnodes "
+            f"{_short(self.vnodes)} from two writers"
+        )
+
+
+@final
+class SchemaChangeMismatchError(ProtocolError):
+    """The writers of one epoch sent different schema changes.
+
+    Attributes:
+        sink, epoch: where.
+        first, other: the two schema changes.
+    """
+
+    def __init__(self, sink: str, epoch: int, first: Any, other: Any) -> None:
+        self.sink = sink
+        self.epoch = epoch
+        self.first = first
+        self.other = other
+        super().__init__(
+            f"sink {sink!r}: epoch {epoch}: expected one schema change from every writer, got "
+            f"{first!r} and {other!r}"
+        )
+
+
+@final
+class CoordinatorAbortedError(SinkError):
+    """The sink's coordinator failed; every writer handle is aborted with its cause.
+
+    Attributes:
+        sink: the sink's name.
+        cause: what the coordinator failed with (also ``__cause__``).
+    """
+
+    def __init__(self, sink: str, cause: BaseException) -> None:
+        self.sink = sink
+        self.cause = cause
+        super().__init__(f"sink {sink!r}: the coordinator failed: {type(cause).__name__}: {cause}")
+
+
+@final
+class DuplicateWriterError(SinkError, ProtocolError):
+    """Two parallel writers of one sink use the same writer id, so their staged files would
+    overwrite each other (rows lost without a trace).
+
+    Attributes:
+        sink: the sink's name.
+        writer: the writer id both use.
+        first, second: the two writers (actor names, or how they were registered).
+    """
+
+    def __init__(self, sink: str, writer: str, first: str, second: str) -> None:
+        self.sink = sink
+        self.writer = writer
+        self.first = first
+        self.second = second
+        super().__init__(
+            f"sink {sink!r}: expected a unique writer id per parallel writer, got writer id "
+            f"{writer!r} for both {first!r} and {second!r}"
+        )
+
+
+@final
+class CoordinatorMissingError(GraphError):
+    """A coordinated sink writer cannot run: its coordinator is not a service of the runtime,
+    or its parallel siblings disagree on the coordinator.
+
+    Attributes:
+        writer: the writer actor's name.
+        sink: the coordinator's sink name (or ``None``: the writer has none).
+    """
+
+    def __init__(self, writer: str, sink: str | None, expected: str, got: str) -> None:
+        self.writer = writer
+        self.sink = sink
+        super().__init__(f"sink writer {writer!r}", expected, got)

@@ -1,0 +1,178 @@
+"""The root of barrierflow's errors and the errors of the channel layer: bad input, closed
+or broken channels, protocol violations between peers.
+
+Every public name is re-exported from :mod:`barrierflow.errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, final
+
+import anyio
+
+__all__ = [
+    "BarrierflowError",
+    "InvalidArgumentError",
+    "ConfigError",
+    "SchemaMismatchError",
+    "EpochOrderError",
+    "VnodeOwnershipError",
+    "ChannelClosedError",
+    "ChannelBrokenError",
+    "ProtocolError",
+    "BarrierMisalignedError",
+]
+
+
+def _short(vnodes: Iterable[int], limit: int = 16) -> str:
+    """Render a sorted list of vnodes, eliding the middle of a long one."""
+    items = sorted(vnodes)
+    if len(items) <= limit:
+        return str(items)
+    head = ", ".join(str(v) for v in items[: limit // 2])
+    tail = ", ".join(str(v) for v in items[-limit // 2 :])
+    return f"[{head}, ... ({len(items) - limit} more) ..., {tail}]"
+
+
+class BarrierflowError(Exception):
+    """Root of every error barrierflow raises."""
+
+
+class InvalidArgumentError(BarrierflowError, ValueError):
+    """A public function or constructor was given a value it cannot accept.
+
+    Attributes:
+        argument: the name of the offending argument (``"max_messages"``, ``"ops"``).
+        expected: what would have been accepted, in words.
+        got: what arrived.
+    """
+
+    def __init__(self, argument: str, expected: str, got: Any) -> None:
+        self.argument = argument
+        self.expected = expected
+        self.got = got
+        super().__init__(f"{argument}: expected {expected}, got {got!r}")
+
+
+@final
+class ConfigError(InvalidArgumentError):
+    """A configuration value is out of range (a capacity ≤ 0, an interval ≤ 0, ...)."""
+
+
+@final
+class SchemaMismatchError(InvalidArgumentError):
+    """Data arrived whose schema differs from the one the receiver was built for.
+
+    Attributes:
+        expected_schema: the schema the receiver requires.
+        actual_schema: the schema that arrived.
+
+    The message renders each schema on one line (``(user: int64, clicks: int64)``) so that the
+    whole error reads on one line, where Arrow prints a schema one field per line.
+    """
+
+    def __init__(self, argument: str, expected_schema: Any, actual_schema: Any) -> None:
+        self.expected_schema = expected_schema
+        self.actual_schema = actual_schema
+        super().__init__(argument, f"schema ({_one_line(expected_schema)})", actual_schema)
+        # ``got`` stays the schema itself; only the message uses the one-line rendering.
+        self.args = (
+            f"{argument}: expected schema ({_one_line(expected_schema)}), "
+            f"got schema ({_one_line(actual_schema)})",
+        )
+
+
+def _one_line(schema: Any) -> str:
+    """A schema as ``name: type, ...`` (fields of a ``pyarrow.Schema``, or any text with its
+    line breaks folded) — one line, whatever Arrow's own rendering."""
+    names, types = getattr(schema, "names", None), getattr(schema, "types", None)
+    if isinstance(names, list) and isinstance(types, list) and len(names) == len(types):
+        nullable = [getattr(schema.field(i), "nullable", True) for i in range(len(names))]
+        fields = ", ".join(
+            f"{name}: {typ}{'' if ok else ' not null'}"
+            for name, typ, ok in zip(names, types, nullable, strict=True)
+        )
+        return fields or "(no columns)"
+    return ", ".join(line.strip() for line in str(schema).splitlines() if line.strip())
+
+
+@final
+class EpochOrderError(InvalidArgumentError):
+    """Epochs that must strictly increase did not.
+
+    Attributes:
+        previous: the epoch that came first.
+        current: the epoch that should have been greater.
+    """
+
+    def __init__(self, argument: str, previous: int, current: int) -> None:
+        self.previous = previous
+        self.current = current
+        super().__init__(argument, f"an epoch greater than {previous}", current)
+
+
+@final
+class VnodeOwnershipError(InvalidArgumentError):
+    """Vnode bitmaps of a set of owners do not cover every vnode exactly once.
+
+    Attributes:
+        overlapping: vnodes owned by more than one owner.
+        missing: vnodes owned by nobody.
+    """
+
+    def __init__(self, argument: str, overlapping: Iterable[int], missing: Iterable[int]) -> None:
+        self.overlapping = frozenset(overlapping)
+        self.missing = frozenset(missing)
+        problems = []
+        if self.overlapping:
+            problems.append(f"vnodes owned twice {_short(self.overlapping)}")
+        if self.missing:
+            problems.append(f"vnodes owned by nobody {_short(self.missing)}")
+        super().__init__(
+            argument, "bitmaps that cover every vnode exactly once", "; ".join(problems)
+        )
+
+
+class ChannelClosedError(BarrierflowError, anyio.ClosedResourceError):
+    """This end of the channel was closed by its owner and then used again."""
+
+    def __init__(self, channel: str, end: str) -> None:
+        self.channel = channel
+        self.end = end
+        super().__init__(f"channel {channel!r}: this {end} end was closed and cannot be used")
+
+
+class ChannelBrokenError(BarrierflowError, anyio.BrokenResourceError):
+    """The other end of the channel went away, so this operation can never complete."""
+
+    def __init__(self, channel: str, reason: str) -> None:
+        self.channel = channel
+        self.reason = reason
+        super().__init__(f"channel {channel!r}: {reason}")
+
+
+class ProtocolError(BarrierflowError):
+    """A peer broke the stream protocol (barrier order, vnode coverage, ...)."""
+
+
+@final
+class BarrierMisalignedError(ProtocolError):
+    """Two inputs of an aligned merge delivered barriers of different epochs.
+
+    Attributes:
+        first_input, first_epoch: the input that set the epoch being aligned, and that epoch.
+        other_input, other_epoch: the input that disagreed, and its epoch.
+    """
+
+    def __init__(
+        self, first_input: str, first_epoch: int, other_input: str, other_epoch: int
+    ) -> None:
+        self.first_input = first_input
+        self.first_epoch = first_epoch
+        self.other_input = other_input
+        self.other_epoch = other_epoch
+        super().__init__(
+            f"input {other_input!r}: expected barrier for epoch {first_epoch} "
+            f"(as delivered by input {first_input!r}), got epoch {other_epoch}"
+        )

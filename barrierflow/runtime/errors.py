@@ -1,0 +1,123 @@
+"""Errors of the runtime: actors that failed or went away, a graph that cannot run, a runtime
+that is not running, and source positions that disagree with a sink's.
+
+Every public name is re-exported from :mod:`barrierflow.errors`.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
+
+__all__ = [
+    "ActorError",
+    "ActorGoneError",
+    "ActorFailedError",
+    "GraphError",
+    "SinkError",
+    "NotRunningError",
+    "SinkStateMismatchError",
+    "PositionOverlapError",
+]
+
+
+class ActorError(BarrierflowError):
+    """Something went wrong with an actor of a runtime."""
+
+
+@final
+class ActorGoneError(ActorError):
+    """A request can never be answered: the actor has stopped or its inbox is closed."""
+
+    def __init__(self, actor: str, reason: str) -> None:
+        self.actor = actor
+        self.reason = reason
+        super().__init__(f"actor {actor!r}: expected it to be running, but {reason}")
+
+
+@final
+class ActorFailedError(ActorError):
+    """An actor raised, which stopped its graph; ``__cause__`` is what it raised."""
+
+    def __init__(self, actor: str, actor_id: int, cause: BaseException) -> None:
+        self.actor = actor
+        self.actor_id = actor_id
+        self.cause = cause
+        super().__init__(f"actor {actor!r} (id {actor_id}) failed: {type(cause).__name__}: {cause}")
+
+
+class GraphError(InvalidArgumentError):
+    """The graph handed to a runtime is not one it can run (cycle, missing input, ...)."""
+
+
+class SinkError(BarrierflowError):
+    """A sink refused or failed an operation.
+
+    Attributes:
+        sink: the sink's name.
+    """
+
+    sink: str
+
+
+@final
+class NotRunningError(BarrierflowError):
+    """A runtime (or something that needs one) was used while it is not running."""
+
+    def __init__(self, what: str, how: str) -> None:
+        self.what = what
+        super().__init__(f"{what} is not running: {how}")
+
+
+@final
+class SinkStateMismatchError(SinkError):
+    """The runtime's state store is new or empty, but a sink already holds commits: starting
+    anyway would make the upstream replay rows the sink has (duplicates).
+
+    Attributes:
+        sink: the sink that holds commits.
+        state_path: the store.
+        committed_epoch: the sink's last committed epoch.
+        positions: the source positions recorded with it.
+    """
+
+    def __init__(
+        self, sink: str, state_path: str, committed_epoch: int, positions: dict[str, int]
+    ) -> None:
+        self.sink = sink
+        self.state_path = state_path
+        self.committed_epoch = committed_epoch
+        self.positions = dict(positions)
+        recorded = f"positions {self.positions}" if self.positions else "no source positions"
+        super().__init__(
+            f"sink {sink!r}: holds commits up to epoch {committed_epoch} ({recorded}), but the "
+            f"state store {state_path!r} is new or empty; expected the store those commits came "
+            "with — restore it, write to a new sink location, or set "
+            "RuntimeConfig(adopt_sink_positions=True) to continue from the sink's positions"
+        )
+
+
+@final
+class PositionOverlapError(SinkError):
+    """An epoch holds batches the sink already committed together with new ones, so neither
+    committing nor skipping it is exact.
+
+    Attributes:
+        sink, epoch: where.
+        key: the position key (``"<source>/<stream>"``).
+        first, last: the batch ids of ``key`` in the epoch.
+        held: the last batch id of ``key`` the sink holds.
+    """
+
+    def __init__(self, sink: str, epoch: int, key: str, first: int, last: int, held: int) -> None:
+        self.sink = sink
+        self.epoch = epoch
+        self.key = key
+        self.first = first
+        self.last = last
+        self.held = held
+        super().__init__(
+            f"sink {sink!r}: epoch {epoch} holds batches {first}..{last} of {key!r}, but the "
+            f"sink already holds up to batch {held}; expected an epoch wholly new or wholly held"
+        )

@@ -1,0 +1,123 @@
+"""Errors of the durable state store: locked, corrupted, of another format or version,
+an unusable path, or an I/O failure.
+
+Every public name is re-exported from :mod:`barrierflow.errors`.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
+
+__all__ = [
+    "StateStoreError",
+    "StoreLockedError",
+    "StoreFormatError",
+    "StoreVersionError",
+    "StoreCorruptedError",
+    "StorePathError",
+    "StoreIOError",
+]
+
+
+class StateStoreError(BarrierflowError):
+    """The durable state store cannot be opened or used as asked."""
+
+
+@final
+class StoreLockedError(StateStoreError):
+    """Another runtime (this process or another) holds the store file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"state store {path!r}: expected to be the only runtime using it, but another "
+            "one holds its lock; stop it first or use another file"
+        )
+
+
+@final
+class StoreFormatError(StateStoreError):
+    """The file is not a barrierflow state store (another SQLite file, or not SQLite)."""
+
+    def __init__(self, path: str, found: str) -> None:
+        self.path = path
+        self.found = found
+        super().__init__(
+            f"state store {path!r}: expected a barrierflow state store or a new file, got {found}"
+        )
+
+
+@final
+class StoreVersionError(StateStoreError):
+    """The store was written by a newer barrierflow whose schema this one cannot read."""
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        self.path = path
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"state store {path!r}: expected schema version <= {supported}, got {found} "
+            "(written by a newer barrierflow)"
+        )
+
+
+@final
+class StoreCorruptedError(StateStoreError):
+    """The file is a damaged state store: empty, cut short, unreadable pages, or missing or
+    malformed metadata rows. barrierflow never treats such a file as a new store (that would
+    replay from nothing and duplicate what sinks already hold) and never changes it; restore it
+    or move it away.
+
+    Attributes:
+        path: the store's file (symlinks resolved).
+        found: what was found, in words.
+    """
+
+    def __init__(self, path: str, found: str) -> None:
+        self.path = path
+        self.found = found
+        super().__init__(
+            f"state store {path!r}: expected an intact barrierflow state store, got {found}"
+        )
+
+
+@final
+class StorePathError(StateStoreError, InvalidArgumentError):
+    """``state_path`` cannot hold a state store: a directory, a parent that cannot be created
+    or written, a file that is not a regular file, ... (also an :class:`InvalidArgumentError`).
+
+    Attributes:
+        argument: ``"state_path"``.
+        path: the path as resolved (absolute, symlinks followed).
+        expected: what would have been accepted, in words.
+        got: what was found, in words.
+    """
+
+    def __init__(self, path: str, expected: str, got: str) -> None:
+        self.argument = "state_path"
+        self.path = path
+        self.expected = expected
+        self.got = got
+        Exception.__init__(self, f"state_path {path!r}: expected {expected}, got {got}")
+
+
+@final
+class StoreIOError(StateStoreError):
+    """The operating system or SQLite failed on the store's file (an I/O error, a full disk,
+    ...); ``__cause__`` is what it raised.
+
+    Attributes:
+        path: the store's file.
+        operation: what was being done (``"open"``, ...).
+        cause: the underlying error.
+    """
+
+    def __init__(self, path: str, operation: str, cause: BaseException) -> None:
+        self.path = path
+        self.operation = operation
+        self.cause = cause
+        super().__init__(
+            f"state store {path!r}: {operation} failed: {type(cause).__name__}: {cause}"
+        )
