@@ -20,9 +20,16 @@ from barrierflow.actors.sinks.errors import EpochPoisonedError as EpochPoisonedE
 from barrierflow.actors.sinks.errors import SchemaChangeMismatchError as SchemaChangeMismatchError
 from barrierflow.actors.sinks.errors import SinkConnectorError as SinkConnectorError
 from barrierflow.actors.sinks.errors import SinkEpochError as SinkEpochError
+from barrierflow.actors.sinks.errors import SinkRecordsOrderError as SinkRecordsOrderError
 from barrierflow.actors.sinks.errors import SinkRecoveryError as SinkRecoveryError
+from barrierflow.actors.sinks.errors import SinkWriterInputError as SinkWriterInputError
+from barrierflow.actors.sinks.errors import (
+    UnexpectedWriterRequestError as UnexpectedWriterRequestError,
+)
 from barrierflow.actors.sources.errors import BatchAbortedError as BatchAbortedError
 from barrierflow.actors.sources.errors import BatchOrderError as BatchOrderError
+from barrierflow.actors.sources.errors import FeedBypassedError as FeedBypassedError
+from barrierflow.actors.sources.errors import FeedSharedError as FeedSharedError
 from barrierflow.channels.errors import BarrierflowError as BarrierflowError
 from barrierflow.channels.errors import BarrierMisalignedError as BarrierMisalignedError
 from barrierflow.channels.errors import ChannelBrokenError as ChannelBrokenError
@@ -32,16 +39,27 @@ from barrierflow.channels.errors import EpochOrderError as EpochOrderError
 from barrierflow.channels.errors import InvalidArgumentError as InvalidArgumentError
 from barrierflow.channels.errors import ProtocolError as ProtocolError
 from barrierflow.channels.errors import SchemaMismatchError as SchemaMismatchError
+from barrierflow.channels.errors import UnknownInputError as UnknownInputError
 from barrierflow.channels.errors import VnodeOwnershipError as VnodeOwnershipError
+from barrierflow.connectors.errors import SchemaEvolutionError as SchemaEvolutionError
 from barrierflow.connectors.errors import SinkLockedError as SinkLockedError
+from barrierflow.connectors.errors import StagedEpochMismatchError as StagedEpochMismatchError
+from barrierflow.connectors.errors import StagedPathError as StagedPathError
+from barrierflow.connectors.errors import TwoPhaseOnlyError as TwoPhaseOnlyError
 from barrierflow.runtime.errors import ActorError as ActorError
 from barrierflow.runtime.errors import ActorFailedError as ActorFailedError
 from barrierflow.runtime.errors import ActorGoneError as ActorGoneError
+from barrierflow.runtime.errors import DuplicateJobError as DuplicateJobError
 from barrierflow.runtime.errors import GraphError as GraphError
+from barrierflow.runtime.errors import JobDroppingError as JobDroppingError
+from barrierflow.runtime.errors import JobError as JobError
+from barrierflow.runtime.errors import JobNotDeclaredError as JobNotDeclaredError
 from barrierflow.runtime.errors import NotRunningError as NotRunningError
 from barrierflow.runtime.errors import PositionOverlapError as PositionOverlapError
 from barrierflow.runtime.errors import SinkError as SinkError
 from barrierflow.runtime.errors import SinkStateMismatchError as SinkStateMismatchError
+from barrierflow.runtime.errors import UnknownJobError as UnknownJobError
+from barrierflow.runtime.state.errors import ConcurrentCommitError as ConcurrentCommitError
 from barrierflow.runtime.state.errors import StateStoreError as StateStoreError
 from barrierflow.runtime.state.errors import StoreCorruptedError as StoreCorruptedError
 from barrierflow.runtime.state.errors import StoreFormatError as StoreFormatError
@@ -52,6 +70,12 @@ from barrierflow.runtime.state.errors import StoreVersionError as StoreVersionEr
 from barrierflow.spark_bridge.errors import SparkUnavailableError as SparkUnavailableError
 
 __all__ = [
+    "UnknownJobError",
+    "JobNotDeclaredError",
+    "JobError",
+    "JobDroppingError",
+    "DuplicateJobError",
+    "UnknownInputError",
     "ActorError",
     "ActorFailedError",
     "ActorGoneError",
@@ -61,6 +85,7 @@ __all__ = [
     "BatchOrderError",
     "ChannelBrokenError",
     "ChannelClosedError",
+    "ConcurrentCommitError",
     "ConfigError",
     "CoordinatorAbortedError",
     "CoordinatorMissingError",
@@ -68,20 +93,27 @@ __all__ = [
     "DuplicateWriterError",
     "EpochOrderError",
     "EpochPoisonedError",
+    "FeedBypassedError",
+    "FeedSharedError",
     "GraphError",
     "InvalidArgumentError",
     "NotRunningError",
     "PositionOverlapError",
     "ProtocolError",
     "SchemaChangeMismatchError",
+    "SchemaEvolutionError",
     "SchemaMismatchError",
     "SinkConnectorError",
     "SinkEpochError",
     "SinkError",
     "SinkLockedError",
+    "SinkRecordsOrderError",
     "SinkRecoveryError",
     "SinkStateMismatchError",
+    "SinkWriterInputError",
     "SparkUnavailableError",
+    "StagedEpochMismatchError",
+    "StagedPathError",
     "StateStoreError",
     "StoreCorruptedError",
     "StoreFormatError",
@@ -89,5 +121,7 @@ __all__ = [
     "StoreLockedError",
     "StorePathError",
     "StoreVersionError",
+    "TwoPhaseOnlyError",
+    "UnexpectedWriterRequestError",
     "VnodeOwnershipError",
 ]

@@ -70,6 +70,8 @@ from barrierflow.runtime import (
     Fanout,
     Finish,
     InFlightBarrier,
+    Job,
+    Progress,
     PushSource,
     Runtime,
     RuntimeConfig,
@@ -266,6 +268,8 @@ def _plain(fn: Callable[..., Any], *valid: Any) -> Callable[[st.DataObject], Non
 
 #: Public name → the fuzz it gets (called with Hypothesis' ``data``).
 SYNC: dict[str, Callable[[st.DataObject], Any]] = {
+    "Job": lambda d: typed(Job, d.draw(any_value)),
+    "Progress": lambda d: typed(Progress, d.draw(any_value), d.draw(any_value)),
     "Add": lambda d: typed(Add, d.draw(maybe({0: [Split("s")]})), d.draw(maybe(False))),
     "AlignedMerge": lambda d: typed(AlignedMerge, d.draw(any_value)),
     "Barrier": _barrier,
@@ -324,9 +328,11 @@ EXEMPT = {
     # Structural protocols: nothing to construct or call.
     "Receiver", "Sender", "CommandHandler", "Service",
     # Snapshot records the runtime builds from its own counters (statistics() / stats()).
-    "ChannelStatistics", "ActorStats", "RuntimeStats",
+    "ChannelStatistics", "ActorStats", "RuntimeStats", "JobStats", "JobProgress",
+    # Handles the runtime gives out (add_job / rt.job): nothing for a user to construct.
+    "JobHandle",
     # Records the store builds from its own rows (fuzzed through StateStore below).
-    "CommittedEpochs", "SinkState", "SinkStateRecord", "SinkStates",
+    "CommittedEpochs", "EpochRecord", "EpochRecords", "RecordStatus",
 }  # fmt: skip
 
 
@@ -413,7 +419,7 @@ async def test_the_state_store_raises_only_typed_errors(
             await atyped(table.get, bad)
             await atyped(store.commit, bad)
             await atyped(store.read, bad, "t", "k")
-            typed(store.sink_states, bad)
+            typed(store.epoch_records, bad)
         epoch = store.committed_epoch + 1  # a bad-looking epoch may have been a fine one
         table.put("k", 1)
         table.seal(epoch)

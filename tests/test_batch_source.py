@@ -22,6 +22,8 @@ from barrierflow.errors import (
     ActorFailedError,
     BatchAbortedError,
     BatchOrderError,
+    FeedBypassedError,
+    FeedSharedError,
     InvalidArgumentError,
     NotRunningError,
     ProtocolError,
@@ -95,16 +97,17 @@ async def test_batch_ids_that_go_backwards_or_skip_are_refused_before_any_row(
 ) -> None:
     feed = BatchFeed(SCHEMA)
     async with build(tmp_path, feed) as rt:
-        with pytest.raises(BatchOrderError, match="expected 0") as info:
+        with pytest.raises(BatchOrderError) as info:
             await feed.deliver(rt, "q", 1, rows(0, 5))
-        assert info.value.last is None
-        assert info.value.batch_id == 1
+        assert (info.value.stream, info.value.last, info.value.batch_id) == ("q", None, 1)
         await feed.deliver(rt, "q", 0, rows(0, 5))
         await feed.deliver(rt, "q", 1, rows(5, 5))
-        with pytest.raises(BatchOrderError, match="goes backwards"):
+        with pytest.raises(BatchOrderError) as info:  # goes backwards
             await feed.deliver(rt, "q", 0, rows(100, 5))
-        with pytest.raises(BatchOrderError, match="skips ahead"):
+        assert (info.value.last, info.value.batch_id) == (1, 0)
+        with pytest.raises(BatchOrderError) as info:  # skips ahead
             await feed.deliver(rt, "q", 3, rows(100, 5))
+        assert (info.value.last, info.value.batch_id) == (1, 3)
         # Streams are independent.
         await feed.deliver(rt, "other", 0, rows(10, 5))
     assert committed_ids(tmp_path / "table") == list(range(15))
@@ -118,8 +121,7 @@ async def test_a_schema_mismatch_names_both_schemas_and_delivers_nothing(tmp_pat
         with pytest.raises(SchemaMismatchError) as info:
             await feed.deliver(rt, "q", 0, bad)
         assert info.value.expected_schema == SCHEMA
-        assert "id: int64" in str(info.value)
-        assert "id: string" in str(info.value)
+        assert info.value.actual_schema == bad.schema
         assert await feed.last_batch("q", rt) is None
     assert committed_ids(tmp_path / "table") == []
 
@@ -131,8 +133,9 @@ def test_nullability_may_differ_but_nulls_never_enter_a_non_nullable_field() -> 
     assert conformed["id"].to_pylist() == [0, 1, 2]
     with pytest.raises(SchemaMismatchError, match="holds nulls"):
         conform_schema(pa.table({"id": pa.array([1, None], pa.int64())}), strict, "batch")
-    with pytest.raises(InvalidArgumentError, match="Table or RecordBatch"):
+    with pytest.raises(InvalidArgumentError) as info:
         conform_schema([1, 2], strict, "batch")  # type: ignore[arg-type]
+    assert (info.value.argument, info.value.got) == ("batch", "list")
 
 
 class Recorder(StreamActor):
@@ -276,8 +279,9 @@ async def test_the_abandoned_batch_error_names_the_batch(tmp_path: Path) -> None
             with anyio.move_on_after(scaled(0.05)):
                 await feed.deliver(rt, "q", 0, rows(0, 10_000))
             await rt.checkpoint()
-    assert isinstance(info.value.cause, BatchAbortedError)
-    assert "batch 0 of stream 'q'" in str(info.value.cause)
+    cause = info.value.cause
+    assert isinstance(cause, BatchAbortedError)
+    assert (cause.stream, cause.batch_id) == ("q", 0)
 
 
 @pytest.mark.anyio
@@ -288,8 +292,10 @@ async def test_rows_pushed_into_a_batch_source_are_refused(tmp_path: Path) -> No
         async with rt:
             await rt.push("src", Chunk(rows(0, 1).to_batches()[0]))
             await rt.checkpoint()
-    assert isinstance(info.value.cause, ProtocolError)
-    assert "deliver rows through its BatchFeed" in str(info.value.cause)
+    cause = info.value.cause
+    assert isinstance(cause, FeedBypassedError)
+    assert isinstance(cause, ProtocolError)
+    assert (cause.source, cause.rows) == ("src", 1)
 
 
 @pytest.mark.anyio
@@ -330,8 +336,9 @@ async def test_the_feed_channel_is_bounded_so_a_slow_graph_blocks_the_driver(
 
 @pytest.mark.anyio
 async def test_bad_arguments_are_refused_naming_them(tmp_path: Path) -> None:
-    with pytest.raises(InvalidArgumentError, match="schema"):
+    with pytest.raises(InvalidArgumentError) as info:
         BatchFeed("id int")  # type: ignore[arg-type]
+    assert info.value.argument == "schema"
     for name, kwargs in (
         ("chunk_rows", {"chunk_rows": 0}),
         ("capacity", {"capacity": 1.5}),
@@ -343,14 +350,15 @@ async def test_bad_arguments_are_refused_naming_them(tmp_path: Path) -> None:
         assert info.value.argument == name
     feed = BatchFeed(SCHEMA)
     async with build(tmp_path, feed) as rt:
-        with pytest.raises(InvalidArgumentError, match="a Runtime"):
-            await feed.deliver("rt", "q", 0, rows(0, 1))  # type: ignore[arg-type]
-        with pytest.raises(InvalidArgumentError, match="batch_id"):
-            await feed.deliver(rt, "q", -1, rows(0, 1))
-        with pytest.raises(InvalidArgumentError, match="stream"):
-            await feed.deliver(rt, "", 0, rows(0, 1))
-        with pytest.raises(InvalidArgumentError, match="RecordBatches"):
-            await feed.deliver(rt, "q", 0, [1, 2])  # type: ignore[list-item]
+        for argument, call in (
+            ("runtime", lambda: feed.deliver("rt", "q", 0, rows(0, 1))),  # type: ignore[arg-type]
+            ("batch_id", lambda: feed.deliver(rt, "q", -1, rows(0, 1))),
+            ("stream", lambda: feed.deliver(rt, "", 0, rows(0, 1))),
+            ("data", lambda: feed.deliver(rt, "q", 0, [1, 2])),  # type: ignore[list-item]
+        ):
+            with pytest.raises(InvalidArgumentError) as info:
+                await call()
+            assert info.value.argument == argument
         # A list of record batches is fine.
         assert await feed.deliver(rt, "q", 0, rows(0, 2).to_batches()) is not None
 
@@ -361,10 +369,12 @@ async def test_a_delivery_into_a_runtime_that_is_not_running_is_a_typed_error(
 ) -> None:
     feed = BatchFeed(SCHEMA)
     rt = build(tmp_path, feed)
-    with pytest.raises(NotRunningError, match="async with rt"):
+    with pytest.raises(NotRunningError) as info:
         await feed.deliver(rt, "q", 0, rows(0, 1))
-    with pytest.raises(NotRunningError, match="async with rt"):
+    assert info.value.what == "the runtime"
+    with pytest.raises(NotRunningError) as info:
         await feed.last_batch("q", rt)
+    assert info.value.what == "the runtime"
 
 
 class Boom(StreamActor):
@@ -384,14 +394,17 @@ def test_a_driver_thread_gets_the_graph_failure_instead_of_waiting_for_good(
     rt = Runtime(RuntimeConfig(state_path=tmp_path / "s.db", barrier_interval=3600.0))
     rt.add_source("src", feed.source)
     rt.add_actor("boom", Boom, inputs=["src"])
-    with pytest.raises(ActorFailedError, match="boom"), BlockingRuntime(rt, backend=backend) as h:
-        with pytest.raises(ActorFailedError, match="boom"):
+    with pytest.raises(ActorFailedError) as outer, BlockingRuntime(rt, backend=backend) as h:
+        with pytest.raises(ActorFailedError) as info:
             h.call(feed.deliver, rt, "q", 0, rows(0, 1))
+        assert info.value.actor == "boom"
+        assert str(info.value.cause) == "boom"
         # Later calls: the failure again, or, once the runtime has shut down, not running.
         with pytest.raises((ActorFailedError, NotRunningError)):
             h.call(feed.last_batch, "q", rt)
         with pytest.raises((ActorFailedError, NotRunningError)):
             h.checkpoint()
+    assert outer.value.actor == "boom"
 
 
 @pytest.mark.anyio
@@ -403,5 +416,96 @@ async def test_one_feed_feeds_one_source(tmp_path: Path) -> None:
     with pytest.raises(ActorFailedError) as info:
         async with rt:
             await rt.checkpoint()
-    assert isinstance(info.value.cause, ProtocolError)
-    assert "feeds one source actor" in str(info.value.cause)
+    cause = info.value.cause
+    assert isinstance(cause, FeedSharedError)
+    assert isinstance(cause, ProtocolError)
+    assert {cause.source, cause.attached} == {"a", "b"}
+
+
+# A delivery waiting for its source wakes on events, not by polling the runtime.
+
+
+class _FakeRuntime:
+    """What a feed's wait for its source uses of a runtime: ``wait_running`` (raising once the
+    runtime failed) and ``committed_epochs`` (ending when the runtime stops)."""
+
+    def __init__(self) -> None:
+        self.failure: Exception | None = None
+        self.stopped = anyio.Event()
+        self.looks = 0
+
+    async def wait_running(self) -> None:
+        self.looks += 1
+        await anyio.lowlevel.checkpoint()
+        if self.failure is not None:
+            raise self.failure
+
+    def committed_epochs(self) -> Any:
+        async def epochs() -> Any:
+            yield 0
+            await self.stopped.wait()
+
+        return epochs()
+
+
+@pytest.mark.anyio
+async def test_a_delivery_waiting_for_its_source_wakes_when_the_source_attaches() -> None:
+    feed = BatchFeed(SCHEMA)
+    runtime = _FakeRuntime()
+    got: list[Any] = []
+
+    async def wait() -> None:
+        got.append(await feed._channel(runtime))  # type: ignore[arg-type]
+
+    send, receive = anyio.create_memory_object_stream[Any](1)
+    with send, receive:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            assert got == []
+            assert runtime.looks == 1  # parked on an event: no periodic looks
+            feed._attach("src", send, {}, {})  # type: ignore[arg-type]
+        assert got == [send]
+
+
+@pytest.mark.anyio
+async def test_a_delivery_waiting_for_its_source_gets_the_failure_when_the_source_ends() -> None:
+    feed = BatchFeed(SCHEMA)
+    runtime = _FakeRuntime()
+    failure = ActorFailedError("src", 1, RuntimeError("boom"))
+    outcome: list[BaseException] = []
+
+    async def wait() -> None:
+        try:
+            await feed._channel(runtime)  # type: ignore[arg-type]
+        except ActorFailedError as exc:
+            outcome.append(exc)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            runtime.failure = failure  # failed for good
+            feed._detach(None)  # its source ended with the graph
+    assert outcome == [failure]
+
+
+@pytest.mark.anyio
+async def test_a_delivery_waiting_for_its_source_gets_not_running_when_the_runtime_stops() -> None:
+    feed = BatchFeed(SCHEMA)
+    runtime = _FakeRuntime()
+    outcome: list[BaseException] = []
+
+    async def wait() -> None:
+        try:
+            await feed._channel(runtime)  # type: ignore[arg-type]
+        except NotRunningError as exc:
+            outcome.append(exc)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            runtime.failure = NotRunningError("the runtime", "use it inside `async with rt:`")
+            runtime.stopped.set()  # its store closed: no source will ever attach
+    assert len(outcome) == 1

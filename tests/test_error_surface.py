@@ -234,7 +234,7 @@ class _NestedFailure(StreamActor):
 @pytest.mark.anyio
 async def test_actor_failed_error_names_the_real_error_not_a_group(tmp_path: Path) -> None:
     rt = Runtime(RuntimeConfig(tmp_path / "state.db", barrier_interval=60.0))
-    rt.add_source("src", _NestedFailure())
+    rt.add_source("src", _NestedFailure)
     with pytest.raises(ActorFailedError) as info:
         async with rt:
             await rt.checkpoint()

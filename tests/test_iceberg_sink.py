@@ -18,7 +18,7 @@ from _timeouts import scaled
 from barrierflow import InvalidArgumentError
 from barrierflow.actors import Coordinator, SinkWriter
 from barrierflow.channels import Chunk
-from barrierflow.connectors import IcebergSink, open_local_catalog
+from barrierflow.connectors import IcebergSink, iceberg_sink, open_local_catalog
 from barrierflow.connectors.iceberg_sink import COMMITTED_EPOCH_PROPERTY
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig
 
@@ -117,6 +117,22 @@ async def test_schema_change_adds_columns_in_the_commit(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_commit_seconds_keep_a_bounded_recent_window_and_count_every_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(iceberg_sink, "RECENT_COMMITS", 2)
+    sink = IcebergSink(open_local_catalog(tmp_path / "catalog"), "ns.events", SCHEMA)
+    committer = sink.committer()
+    for epoch, column in ((5, "a"), (6, "b"), (7, "c")):
+        change = {"add_columns": [{"name": column, "type": "string"}]}
+        pre = await committer.pre_commit(epoch, [{"epoch": epoch, "paths": [], "rows": 0}], change)
+        await committer.commit(epoch, pre, change)
+    assert committer.commits == 3
+    assert len(committer.commit_seconds) == 2  # only the latest are kept
+    assert all(seconds >= 0 for seconds in committer.commit_seconds)
+
+
+@pytest.mark.anyio
 async def test_old_snapshots_are_expired(tmp_path: Path) -> None:
     rt, sink, coordinator = build(tmp_path, writers=1, keep_snapshots=2, expire_every=2)
     async with rt:
@@ -161,7 +177,7 @@ CHILD = textwrap.dedent(
         IcebergCommitter._commit = commit
     elif point == "after_commit":
         # The committed mark is written with the next pending record (or at the end).
-        from barrierflow.runtime.state.sink_states import SinkStates
+        from barrierflow.actors.sinks import SinkStates
         persist = SinkStates.persist_pending
         async def persist_pending(self, *args, committed=None):
             if committed is not None:

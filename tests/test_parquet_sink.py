@@ -18,8 +18,8 @@ import pytest
 
 from barrierflow import InvalidArgumentError, SinkRecoveryError
 from barrierflow.actors import PendingCommit, SinkConnector
-from barrierflow.connectors import ParquetFileSink, PrintSink, parquet_sink
-from barrierflow.connectors.parquet_sink import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
+from barrierflow.connectors import ParquetFileSink, PrintSink, _parquet_files
+from barrierflow.connectors._staging import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
 
 pytestmark = pytest.mark.anyio
 
@@ -521,13 +521,13 @@ async def test_a_flush_cancelled_before_its_thread_starts_loses_no_rows(
     # then waits for that thread, and may be cancelled while it waits: its rows must stay.
     sink = await opened(tmp_path, row_group_rows=1_000)
     release = threading.Event()
-    real_write = parquet_sink._Files.write
+    real_write = _parquet_files.StagedFiles.write
 
     def slow_write(files: Any, batches: list[pa.RecordBatch]) -> None:
         release.wait(10)
         real_write(files, batches)
 
-    monkeypatch.setattr(parquet_sink._Files, "write", slow_write)
+    monkeypatch.setattr(_parquet_files.StagedFiles, "write", slow_write)
     await sink.begin_epoch(1)
     await sink.write_batch(batch(1))
     with anyio.move_on_after(0.05) as stuck:

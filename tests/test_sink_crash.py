@@ -26,7 +26,7 @@ from _timeouts import scaled
 from barrierflow.actors import SinkWriter
 from barrierflow.channels import Chunk
 from barrierflow.connectors import ParquetFileSink
-from barrierflow.connectors.parquet_sink import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
+from barrierflow.connectors._staging import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
 from barrierflow.runtime import Runtime, RuntimeConfig, StateStore
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -37,13 +37,13 @@ KILLED_BATCH = 2  # the child dies in the life of the epoch holding this batch
 BARRIER_INTERVAL = 0.05  # periodic checkpoint barriers too (checkpoint_frequency 1)
 
 # The child: the kill point comes from KILL_POINT (pre_commit, commit or record), the epoch
-# from the one whose staged rows include KILL_ID; the _Files methods run on a worker thread,
+# from the one whose staged rows include KILL_ID; the StagedFiles methods run on a worker thread,
 # and os.kill there kills the whole process at once.
 CHILD = """
 import os, signal, sys
 import anyio, pyarrow as pa
 from barrierflow.actors import SinkWriter
-from barrierflow.connectors import ParquetFileSink, parquet_sink
+from barrierflow.connectors import ParquetFileSink, _parquet_files
 from barrierflow.channels import Chunk
 from barrierflow.runtime import Runtime, RuntimeConfig
 
@@ -51,7 +51,7 @@ root, backend = sys.argv[1], sys.argv[2]
 batches, rows = int(sys.argv[3]), int(sys.argv[4])
 POINT, KILL_ID = os.environ["KILL_POINT"], int(os.environ["KILL_ID"])
 SCHEMA = pa.schema([("id", pa.int64())])
-Files = parquet_sink._Files
+Files = _parquet_files.StagedFiles
 real_write, real_pre_commit = Files.write, Files.pre_commit
 real_commit, real_record = Files.commit, Files.record
 target = set()

@@ -4,6 +4,7 @@ reader, and the typed errors. One SparkSession for the session; both runtime bac
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +196,49 @@ async def test_a_reader_left_early_stops_fetching(spark: Any) -> None:
         async with SparkReader(df, chunk_rows=1_000, capacity=1) as chunks:
             first = await chunks.__anext__()
     assert first.num_rows <= 1_000
+
+
+class _StalledFrame:
+    """A DataFrame stand-in: its Arrow stream yields one batch, then blocks the way a Spark job
+    computing its next partition does, until released."""
+
+    isStreaming = False  # noqa: N815 - PySpark's name
+    SCHEMA = pa.schema([("key", pa.int64())])
+
+    def __init__(self) -> None:
+        self.stalled = threading.Event()
+        self.release = threading.Event()
+        self.resumed = threading.Event()
+
+    def _batches(self) -> Any:
+        yield pa.record_batch([pa.array([0, 1], pa.int64())], schema=self.SCHEMA)
+        self.stalled.set()
+        self.release.wait(30)
+        self.resumed.set()
+        yield pa.record_batch([pa.array([2, 3], pa.int64())], schema=self.SCHEMA)
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        reader = pa.RecordBatchReader.from_batches(self.SCHEMA, self._batches())
+        return reader.__arrow_c_stream__(requested_schema)
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_reader_returns_promptly_and_delivers_nothing_after() -> None:
+    df = _StalledFrame()
+    got: list[Chunk] = []
+    try:
+        with anyio.fail_after(scaled(5)), anyio.CancelScope() as scope:
+            async with SparkReader(df, chunk_rows=10, capacity=4) as chunks:
+                async for chunk in chunks:
+                    got.append(chunk)
+                    assert await anyio.to_thread.run_sync(df.stalled.wait, 10)
+                    scope.cancel()  # while the "Spark call" of the next batch is running
+        assert scope.cancelled_caught
+        assert not df.release.is_set()  # the caller is back; the call is still running
+    finally:
+        df.release.set()
+    assert await anyio.to_thread.run_sync(df.resumed.wait, 10)
+    assert [chunk.batch.column("key").to_pylist() for chunk in got] == [[0, 1]]
 
 
 def test_the_reader_refuses_bad_input(spark: Any) -> None:

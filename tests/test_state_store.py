@@ -38,13 +38,16 @@ class StateStoreMachine(RuleBasedStateMachine):
     """The store and a dict model agree after every step, crashes included."""
 
     backend = "asyncio"
+    #: One event loop thread for every example of a run (started by the test case's
+    #: ``setUpClass``): starting one per example cost more than the steps themselves.
+    shared_portal: BlockingPortal | None = None
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.TemporaryDirectory()
         self.path = os.path.join(self.dir.name, "state.db")
-        self._portal_cm = start_blocking_portal(self.backend)
-        self.portal: BlockingPortal = self._portal_cm.__enter__()
+        assert self.shared_portal is not None, "run through a _PortalCase"
+        self.portal: BlockingPortal = self.shared_portal
         self.committed: dict[str, dict[str, Any]] = {"t1": {}, "t2": {}}
         self.sealed: list[tuple[int, dict[str, dict[str, Any]]]] = []
         self.pending: dict[str, dict[str, Any]] = {"t1": {}, "t2": {}}
@@ -115,7 +118,6 @@ class StateStoreMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.portal.call(self.store.aclose)
-        self._portal_cm.__exit__(None, None, None)
         self.dir.cleanup()
 
 
@@ -123,10 +125,34 @@ class StateStoreOnTrio(StateStoreMachine):
     backend = "trio"
 
 
-SETTINGS = settings(max_examples=25, stateful_step_count=25, deadline=None)
-TestStateStoreAsyncio = StateStoreMachine.TestCase
+def _portal_case(machine: type[StateStoreMachine]) -> Any:
+    """The machine's test case, with one blocking portal (event loop thread) for all of its
+    examples, started and stopped around the run."""
+
+    class Case(machine.TestCase):  # type: ignore[name-defined,misc]
+        _portal_cm: Any = None
+
+        @classmethod
+        def setUpClass(cls) -> None:
+            super().setUpClass()
+            cls._portal_cm = start_blocking_portal(machine.backend)
+            machine.shared_portal = cls._portal_cm.__enter__()
+
+        @classmethod
+        def tearDownClass(cls) -> None:
+            machine.shared_portal = None
+            cls._portal_cm.__exit__(None, None, None)
+            super().tearDownClass()
+
+    return Case
+
+
+# Every example opens a store (a new file, fsynced) and every crash reopens it: 12 examples of
+# 20 steps run each of the five rules many times, in many orders, on each backend.
+SETTINGS = settings(max_examples=12, stateful_step_count=20, deadline=None)
+TestStateStoreAsyncio = _portal_case(StateStoreMachine)
 TestStateStoreAsyncio.settings = SETTINGS
-TestStateStoreTrio = StateStoreOnTrio.TestCase
+TestStateStoreTrio = _portal_case(StateStoreOnTrio)
 TestStateStoreTrio.settings = SETTINGS
 
 
@@ -329,36 +355,36 @@ async def test_version_1_store_is_migrated_with_its_state(tmp_path: Path) -> Non
     async with await StateStore.open(path) as store:
         assert store.committed_epoch == 5
         assert await store.read("a", "t", "k") == 1
-        assert await store.sink_states("s").list() == []
+        assert await store.epoch_records("s").list() == []
     with sqlite3.connect(path) as db:
         (version,) = db.execute("SELECT value FROM bf_meta WHERE key = 'schema_version'").fetchone()
     assert version == "2"
 
 
 @pytest.mark.anyio
-async def test_sink_states_are_aborted_after_the_committed_epoch_at_open(tmp_path: Path) -> None:
-    from barrierflow.runtime import SinkState
+async def test_pending_records_after_committed_epoch_abort_at_open(tmp_path: Path) -> None:
+    from barrierflow.runtime import RecordStatus as SinkState
 
     path = tmp_path / "s.db"
     async with await StateStore.open(path) as store:
         store.table("a", "t").put("k", 1)
         store._tables["a", "t"].seal(10)
         await store.commit(10)
-        states = store.sink_states("iceberg")
-        await states.persist_pending(5, {"files": ["a"]}, None)
+        states = store.epoch_records("iceberg")
+        await states.add_pending(5, {"files": ["a"]}, None)
         await states.commit_and_prune(5)
-        await states.persist_pending(10, {"files": ["b"]}, None)  # durable checkpoint: stays
-        await states.persist_pending(12, {"files": ["c"]}, {"add": "x"})  # after it: aborted
+        await states.add_pending(10, {"files": ["b"]}, None)  # durable checkpoint: stays
+        await states.add_pending(12, {"files": ["c"]}, {"add": "x"})  # after it: aborted
     async with await StateStore.open(path) as store:
-        records = await store.sink_states("iceberg").list()
-        assert [(r.epoch, r.state) for r in records] == [
+        records = await store.epoch_records("iceberg").list()
+        assert [(r.epoch, r.status) for r in records] == [
             (5, SinkState.COMMITTED),
             (10, SinkState.PENDING),
             (12, SinkState.ABORTED),
         ]
-        assert records[2].metadata == {"files": ["c"]}
-        assert records[2].schema_change == {"add": "x"}
-        await store.sink_states("iceberg").commit_and_prune(10)
-        await store.sink_states("iceberg").delete([12])
-        records = await store.sink_states("iceberg").list()
-        assert [(r.epoch, r.state) for r in records] == [(10, SinkState.COMMITTED)]
+        assert records[2].payload == {"files": ["c"]}
+        assert records[2].extra == {"add": "x"}
+        await store.epoch_records("iceberg").commit_and_prune(10)
+        await store.epoch_records("iceberg").delete([12])
+        records = await store.epoch_records("iceberg").list()
+        assert [(r.epoch, r.status) for r in records] == [(10, SinkState.COMMITTED)]

@@ -27,7 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from barrierflow import (
+    ConcurrentCommitError,
     InvalidArgumentError,
+    ProtocolError,
     StateStoreError,
     StoreCorruptedError,
     StoreFormatError,
@@ -772,3 +774,153 @@ async def test_sqlite_errors_after_open_are_typed(
         with pytest.raises(expected) as caught:
             await call()
         assert caught.value.__cause__ is error
+
+
+# 9. Cancellation: reads are abandoned at once; commits and closes are shielded with deadlines;
+#    every worker thread of the store runs behind the runtime's limiter.
+
+
+def _adapter_of(store: StateStore) -> Any:
+    return store._connection._inner  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("adapter", ["auto", "thread"])
+async def test_a_cancelled_read_returns_at_once_while_its_query_still_runs(
+    tmp_path: Path, adapter: str
+) -> None:
+    async with await StateStore.open(tmp_path / "s.db", adapter=adapter) as store:  # type: ignore[arg-type]
+        entered, release = await install_blocker(store)
+        try:
+            with anyio.fail_after(5), anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(store._connection.fetchall, "SELECT bf_block()")
+                    assert await anyio.to_thread.run_sync(entered.wait, 10)
+                    scope.cancel()
+            assert scope.cancelled_caught
+            assert not release.is_set()  # the caller is back while the query is still stuck
+        finally:
+            release.set()
+        with anyio.fail_after(5):  # the connection serves the next call once the query ends
+            assert await store.read("actor", "t", "k", "none") == "none"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("adapter", ["auto", "thread"])
+async def test_close_under_cancellation_still_closes(tmp_path: Path, adapter: str) -> None:
+    path = tmp_path / "s.db"
+    store = await StateStore.open(path, adapter=adapter)  # type: ignore[arg-type]
+    inner = _adapter_of(store)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await store.aclose()
+    if isinstance(inner, thread_adapter.ThreadConnection):
+        with pytest.raises(sqlite3.ProgrammingError):  # the SQLite connection is closed
+            inner._db.execute("SELECT 1")
+    else:
+        assert inner._connection._connection is None  # aiosqlite closed its connection
+    async with await StateStore.open(path):  # and the lock was released
+        pass
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("adapter", ["auto", "thread"])
+async def test_a_commit_past_its_deadline_is_a_typed_error_and_the_connection_refuses_later_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, adapter: str
+) -> None:
+    monkeypatch.setattr(_sql, "COMMIT_TIMEOUT", 0.2)
+    path = tmp_path / "s.db"
+    store = await StateStore.open(path, adapter=adapter)  # type: ignore[arg-type]
+    entered, release = await install_blocker(store)
+    table = store.table("actor", "t")
+    table.put("k", 1)
+    table.seal(1)
+    try:
+        with anyio.CancelScope() as read_scope:  # a read abandoned while its query is stuck
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(store._connection.fetchall, "SELECT bf_block()")
+                assert await anyio.to_thread.run_sync(entered.wait, 10)
+                read_scope.cancel()
+        with anyio.fail_after(5), pytest.raises(StoreIOError) as caught:
+            await store.commit(1)  # waits behind the stuck query past its deadline
+        assert caught.value.operation == "commit"
+        assert isinstance(caught.value.__cause__, TimeoutError)
+        assert store.committed_epoch == 0
+        with pytest.raises(StoreIOError) as later:
+            await store.read("actor", "t", "k")
+        assert isinstance(later.value.__cause__, TimeoutError)
+    finally:
+        release.set()
+        await store.aclose()
+    async with await StateStore.open(path) as reopened:  # the abandoned commit never ran
+        assert reopened.committed_epoch == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("adapter", ["auto", "thread"])
+async def test_open_and_thread_calls_run_behind_the_given_limiter(
+    tmp_path: Path, adapter: str
+) -> None:
+    limiter = anyio.CapacityLimiter(1)
+    path = tmp_path / "s.db"
+    opened: list[StateStore] = []
+
+    async def open_store() -> None:
+        opened.append(await StateStore.open(path, adapter=adapter, limiter=limiter))  # type: ignore[arg-type]
+
+    # The only token is taken: the file work must wait for it.
+    async with anyio.create_task_group() as tg, limiter:
+        tg.start_soon(open_store)
+        await anyio.wait_all_tasks_blocked()
+        assert opened == []
+        assert not path.exists()
+    async with opened[0] as store:
+        if not isinstance(_adapter_of(store), thread_adapter.ThreadConnection):
+            return  # aiosqlite runs SQL on its own thread
+        reads: list[Any] = []
+
+        async def read() -> None:
+            reads.append(await store.read("actor", "t", "k"))
+
+        async with anyio.create_task_group() as tg, limiter:
+            tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()
+            assert reads == []
+        assert reads == [None]
+
+
+@pytest.mark.anyio
+async def test_a_limiter_that_is_not_a_capacity_limiter_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        await StateStore.open(tmp_path / "s.db", limiter=3)  # type: ignore[arg-type]
+    assert caught.value.argument == "limiter"
+    assert not (tmp_path / "s.db").exists()
+
+
+@pytest.mark.anyio
+async def test_a_second_commit_while_one_runs_is_a_concurrent_commit_error(tmp_path: Path) -> None:
+    async with await StateStore.open(tmp_path / "s.db") as store:
+        entered, release = await install_blocker(store)
+        table = store.table("actor", "t")
+        table.put("k", 1)
+        table.seal(1)
+        table.seal(2)
+        try:
+            async with anyio.create_task_group() as tg:
+                # The first commit waits behind a stuck query; the second finds it running.
+                tg.start_soon(store._connection.fetchall, "SELECT bf_block()")
+                assert await anyio.to_thread.run_sync(entered.wait, 10)
+                tg.start_soon(store.commit, 1)
+                await anyio.wait_all_tasks_blocked()
+                with pytest.raises(ConcurrentCommitError) as caught:
+                    await store.commit(2)
+                assert isinstance(caught.value, ProtocolError)
+                assert (caught.value.path, caught.value.epoch, caught.value.running) == (
+                    store.path,
+                    2,
+                    1,
+                )
+                release.set()
+        finally:
+            release.set()
+        assert store.committed_epoch == 1

@@ -9,6 +9,9 @@ from barrierflow.actors.sinks import CoordinatorStats as CoordinatorStats
 from barrierflow.actors.sinks import PendingCommit as PendingCommit
 from barrierflow.actors.sinks import SchemaChange as SchemaChange
 from barrierflow.actors.sinks import SinkConnector as SinkConnector
+from barrierflow.actors.sinks import SinkState as SinkState
+from barrierflow.actors.sinks import SinkStateRecord as SinkStateRecord
+from barrierflow.actors.sinks import SinkStates as SinkStates
 from barrierflow.actors.sinks import SinkTask as SinkTask
 from barrierflow.actors.sinks import SinkTaskHandle as SinkTaskHandle
 from barrierflow.actors.sinks import SinkTaskStats as SinkTaskStats
@@ -30,6 +33,9 @@ __all__ = [
     "PendingCommit",
     "SchemaChange",
     "SinkConnector",
+    "SinkState",
+    "SinkStateRecord",
+    "SinkStates",
     "SinkTask",
     "SinkTaskHandle",
     "SinkTaskStats",

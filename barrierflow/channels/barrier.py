@@ -18,6 +18,7 @@ from barrierflow.channels.mutation import (
     MUTATION_TYPES,
     Add,
     Mutation,
+    NewOutput,
     Pause,
     Resume,
     SourceChangeSplit,
@@ -94,6 +95,21 @@ class Barrier:
         if isinstance(self.mutation, Add):
             return self.mutation.splits.get(actor_id)
         return None
+
+    def new_outputs(self, actor_id: int) -> tuple[NewOutput, ...]:
+        """The outputs ``actor_id`` gains at this barrier (an ``Add`` of a joining job)."""
+        _check_actor_id(actor_id)
+        if isinstance(self.mutation, Add):
+            return self.mutation.outputs.get(actor_id, ())
+        return ()
+
+    def stopped_actors(self) -> frozenset[int]:
+        """Every actor that finishes at this barrier (``Stop``, or dropped by ``Update``)."""
+        if isinstance(self.mutation, Stop):
+            return self.mutation.actors
+        if isinstance(self.mutation, Update):
+            return self.mutation.dropped_actors
+        return frozenset()
 
     def is_pause_on_startup(self) -> bool:
         """Whether newly added actors start paused."""

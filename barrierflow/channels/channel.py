@@ -28,15 +28,13 @@ one that raises a cancellation did nothing. Peers are woken only when they are p
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Generic, TypeVar, final
 
 import anyio
 from anyio.lowlevel import checkpoint
 
-from barrierflow.channels.chunk import Chunk
+from barrierflow.channels._channel_state import ChannelState, ChannelStatistics, Waiter
 from barrierflow.channels.errors import (
     ChannelBrokenError,
     ChannelClosedError,
@@ -60,147 +58,13 @@ COOPERATIVE_BUDGET = 64
 
 
 @final
-@dataclass(frozen=True, slots=True)
-class ChannelStatistics:
-    """A snapshot of a channel's counters (see :meth:`SendChannel.statistics`)."""
-
-    #: The channel's name, as given to :func:`create_channel`.
-    name: str
-    #: Capacity in messages.
-    max_messages: int
-    #: Capacity in rows, or ``None`` when only messages are counted.
-    max_rows: int | None
-    #: Messages accepted since the channel was created.
-    messages_sent: int
-    #: Of those, how many were chunks.
-    chunks_sent: int
-    #: Rows (visible or not) of the accepted chunks.
-    rows_sent: int
-    #: Arrow buffer bytes of the accepted chunks.
-    bytes_sent: int
-    #: Messages buffered right now.
-    buffered_messages: int
-    #: Row permits held by buffered chunks right now.
-    buffered_rows: int
-    #: Open send ends (clones included).
-    open_send_channels: int
-    #: Open receive ends (clones included).
-    open_receive_channels: int
-    #: Senders parked right now, waiting for room.
-    tasks_waiting_send: int
-    #: Receivers parked right now, waiting for a message.
-    tasks_waiting_receive: int
-    #: Sends that had to wait for room (backpressure events).
-    blocked_sends: int
-    #: Total seconds senders spent parked (wall clock).
-    blocked_seconds: float
-
-
-class _Waiter:
-    __slots__ = ("event", "rows", "woken")
-
-    def __init__(self, rows: int) -> None:
-        self.event = anyio.Event()
-        self.rows = rows
-        self.woken = False
-
-
-class _State(Generic[T]):
-    """What all the ends of one channel share."""
-
-    __slots__ = (
-        "blocked_seconds",
-        "blocked_sends",
-        "buffer",
-        "buffered_rows",
-        "bytes_sent",
-        "chunks_sent",
-        "max_messages",
-        "max_rows",
-        "messages_sent",
-        "name",
-        "open_receivers",
-        "open_senders",
-        "rows_sent",
-        "waiting_receivers",
-        "waiting_senders",
-    )
-
-    def __init__(self, name: str, max_messages: int, max_rows: int | None) -> None:
-        self.name = name
-        self.max_messages = max_messages
-        self.max_rows = max_rows
-        self.buffer: deque[T] = deque()
-        self.buffered_rows = 0
-        self.open_senders = 0
-        self.open_receivers = 0
-        # FIFO of parked senders; only the head is ever woken, so admission stays in order.
-        self.waiting_senders: OrderedDict[_Waiter, None] = OrderedDict()
-        self.waiting_receivers: OrderedDict[_Waiter, None] = OrderedDict()
-        self.messages_sent = 0
-        self.chunks_sent = 0
-        self.rows_sent = 0
-        self.bytes_sent = 0
-        self.blocked_sends = 0
-        self.blocked_seconds = 0.0
-
-    def fits(self, rows: int) -> bool:
-        if len(self.buffer) >= self.max_messages:
-            return False
-        if rows == 0 or self.max_rows is None:
-            return True
-        # An oversized chunk is admitted alone rather than never.
-        return self.buffered_rows + rows <= self.max_rows or self.buffered_rows == 0
-
-    def push(self, item: T, rows: int) -> None:
-        self.buffer.append(item)
-        self.messages_sent += 1
-        if isinstance(item, Chunk):
-            self.buffered_rows += rows
-            self.chunks_sent += 1
-            self.rows_sent += rows
-            self.bytes_sent += item.nbytes
-        if self.waiting_receivers:
-            waiter, _ = self.waiting_receivers.popitem(last=False)
-            waiter.woken = True
-            waiter.event.set()
-
-    def wake_sender(self) -> None:
-        """Wake the head of the senders' queue if its message fits now."""
-        if self.waiting_senders:
-            head = next(iter(self.waiting_senders))
-            if not head.woken and (self.open_receivers == 0 or self.fits(head.rows)):
-                head.woken = True
-                head.event.set()
-
-    def statistics(self) -> ChannelStatistics:
-        return ChannelStatistics(
-            name=self.name,
-            max_messages=self.max_messages,
-            max_rows=self.max_rows,
-            messages_sent=self.messages_sent,
-            chunks_sent=self.chunks_sent,
-            rows_sent=self.rows_sent,
-            bytes_sent=self.bytes_sent,
-            buffered_messages=len(self.buffer),
-            buffered_rows=self.buffered_rows,
-            open_send_channels=self.open_senders,
-            open_receive_channels=self.open_receivers,
-            tasks_waiting_send=len(self.waiting_senders),
-            tasks_waiting_receive=len(self.waiting_receivers),
-            blocked_sends=self.blocked_sends,
-            blocked_seconds=self.blocked_seconds,
-        )
-
-
-@final
 class SendChannel(Generic[T]):
     """The sending end of a channel. Create with :func:`create_channel`; copy with :meth:`clone`."""
 
     __slots__ = ("_budget", "_closed", "_state")
 
-    def __init__(self, state: _State[T]) -> None:
-        if not isinstance(state, _State):
+    def __init__(self, state: ChannelState[T]) -> None:
+        if not isinstance(state, ChannelState):
             raise InvalidArgumentError(
                 "state", "a channel's shared state (make channels with create_channel())", state
             )
@@ -255,7 +119,7 @@ class SendChannel(Generic[T]):
     async def _send_parked(self, item: T) -> None:
         state = self._state
         rows = message_rows(item)
-        waiter = _Waiter(rows)
+        waiter = Waiter(rows)
         state.waiting_senders[waiter] = None
         state.blocked_sends += 1
         started = time.perf_counter()
@@ -351,8 +215,8 @@ class ReceiveChannel(Generic[T]):
 
     __slots__ = ("_budget", "_closed", "_state")
 
-    def __init__(self, state: _State[T]) -> None:
-        if not isinstance(state, _State):
+    def __init__(self, state: ChannelState[T]) -> None:
+        if not isinstance(state, ChannelState):
             raise InvalidArgumentError(
                 "state", "a channel's shared state (make channels with create_channel())", state
             )
@@ -408,7 +272,7 @@ class ReceiveChannel(Generic[T]):
             pass
         state = self._state
         while True:
-            waiter = _Waiter(0)
+            waiter = Waiter(0)
             state.waiting_receivers[waiter] = None
             try:
                 await waiter.event.wait()
@@ -518,5 +382,5 @@ class create_channel(tuple[SendChannel[T], ReceiveChannel[T]]):  # noqa: N801 - 
             raise ConfigError("max_rows", "None or an int >= 1", max_rows)
         if not isinstance(name, str):
             raise ConfigError("name", "a str", name)
-        state: _State[T] = _State(name, max_messages, max_rows)
+        state: ChannelState[T] = ChannelState(name, max_messages, max_rows)
         return SendChannel(state), ReceiveChannel(state)

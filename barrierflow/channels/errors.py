@@ -22,6 +22,7 @@ __all__ = [
     "ChannelBrokenError",
     "ProtocolError",
     "BarrierMisalignedError",
+    "UnknownInputError",
 ]
 
 
@@ -176,3 +177,21 @@ class BarrierMisalignedError(ProtocolError):
             f"input {other_input!r}: expected barrier for epoch {first_epoch} "
             f"(as delivered by input {first_input!r}), got epoch {other_epoch}"
         )
+
+
+@final
+class UnknownInputError(InvalidArgumentError, KeyError):
+    """An actor asked for a named input it does not have.
+
+    Attributes:
+        name: the name asked for.
+        known: the actor's input names.
+    """
+
+    def __init__(self, name: object, known: list[str]) -> None:
+        super().__init__("input", f"one of the named inputs {known}", name)
+        self.name = name
+        self.known = list(known)
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

@@ -19,6 +19,7 @@ from barrierflow.channels.vnode import VnodeBitmap, owners_from_mapping
 
 __all__ = [
     "Split",
+    "NewOutput",
     "Add",
     "Pause",
     "Resume",
@@ -94,16 +95,65 @@ class Split:
 
 @final
 @dataclass(frozen=True, slots=True)
+class NewOutput:
+    """An output an upstream actor gains at an :class:`Add` barrier: a dispatcher (any object
+    with ``async dispatch(message)`` and ``close()``, normally a
+    :class:`~barrierflow.channels.dispatch.Dispatcher`) feeding the new ``actors``, in the
+    dispatcher's output order.
+
+    The upstream sends the ``Add`` barrier itself into the new output after its old outputs:
+    everything before the barrier went to the old outputs only, and the barrier is the new
+    actors' first.
+    """
+
+    dispatcher: Any
+    actors: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not callable(getattr(self.dispatcher, "dispatch", None)) or not callable(
+            getattr(self.dispatcher, "close", None)
+        ):
+            raise InvalidArgumentError(
+                "NewOutput.dispatcher", "a dispatcher with dispatch() and close()", self.dispatcher
+            )
+        actors = _actor_set("NewOutput.actors", self.actors)
+        if not actors:
+            raise InvalidArgumentError("NewOutput.actors", "at least one actor id", self.actors)
+        object.__setattr__(self, "actors", tuple(self.actors))
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class Add:
-    """New actors start: their initial split assignment, and whether to start paused."""
+    """New actors start: their initial split assignment, whether to start paused, and (for a
+    job joining a running graph) the actors added and the outputs their upstreams gain.
+
+    Attributes:
+        splits: initial splits per new source actor.
+        pause: whether new actors start paused.
+        added_actors: the ids of the actors this barrier starts (their first barrier).
+        outputs: upstream actor id → the outputs it gains at this barrier.
+    """
 
     splits: Mapping[int, tuple[Split, ...]] = field(default_factory=dict)
     pause: bool = False
+    added_actors: frozenset[int] = frozenset()
+    outputs: Mapping[int, tuple[NewOutput, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", _split_assignment("Add.splits", self.splits))
         if type(self.pause) is not bool:
             raise InvalidArgumentError("Add.pause", "a bool", self.pause)
+        object.__setattr__(self, "added_actors", _actor_set("Add.added_actors", self.added_actors))
+        outputs: dict[int, tuple[NewOutput, ...]] = {}
+        for actor, new in _frozen_mapping("Add.outputs", self.outputs).items():
+            candidate: object = new
+            if not isinstance(candidate, list | tuple) or not all(
+                isinstance(o, NewOutput) for o in new
+            ):
+                raise InvalidArgumentError("Add.outputs", "a tuple of NewOutput per actor", new)
+            outputs[actor] = tuple(new)
+        object.__setattr__(self, "outputs", MappingProxyType(outputs))
 
 
 @final

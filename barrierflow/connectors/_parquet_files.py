@@ -1,6 +1,6 @@
 """The blocking half of the Parquet file sink: the table directory's files.
 
-Everything here runs on a worker thread, one call at a time, under :attr:`_Files.lock`: staged
+Everything here runs on a worker thread, one call at a time, under :attr:`StagedFiles.lock`: staged
 files of the open epoch, pre-commit records, the atomic rename that commits an epoch, the
 manifest, recovery, and the directory lock. :class:`~.parquet_sink.ParquetFileSink` is the
 async connector around it; :class:`~.parquet_committer.ParquetCommitter` commits through its
@@ -25,6 +25,13 @@ from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.protocol import PendingCommit
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._dirlock import DirectoryLease, lock_directory
+from barrierflow.connectors._staging import (
+    MANIFEST,
+    PRECOMMITTED,
+    STAGING,
+    epoch_dir_name,
+    staged_name,
+)
 from barrierflow.runtime.positions import (
     SinkCommits,
     check_positions,
@@ -32,19 +39,11 @@ from barrierflow.runtime.positions import (
     merge_positions,
 )
 
-MANIFEST = "_manifest.json"
-STAGING = ".staging"
-PRECOMMITTED = "_PRECOMMITTED.json"
 _FORMAT = "barrierflow-parquet-sink"
 _VERSION = 1
 
 
-def epoch_dir_name(epoch: int) -> str:
-    """The committed directory of ``epoch`` (zero-padded, so names sort by epoch)."""
-    return f"epoch={epoch:020d}"
-
-
-def _write_json_atomically(path: Path, value: Any) -> None:
+def write_json_atomically(path: Path, value: Any) -> None:
     """Write, fsync, rename over ``path``, fsync the directory: all of it or none survives."""
     write_atomically(path, json.dumps(value, sort_keys=True).encode())
 
@@ -58,13 +57,13 @@ def _read_record(final: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def _positive_int(argument: str, value: Any) -> int:
+def positive_int(argument: str, value: Any) -> int:
     if type(value) is not int or value < 1:
         raise InvalidArgumentError(argument, "an int >= 1", value)
     return value
 
 
-def _writer_id(writer: Any) -> str | None:
+def check_writer_id(writer: Any) -> str | None:
     if writer is None:
         return None
     if not isinstance(writer, str) or not writer or not writer.replace("-", "").isalnum():
@@ -72,7 +71,7 @@ def _writer_id(writer: Any) -> str | None:
     return writer
 
 
-def _dictionary_columns(schema: pa.Schema, choice: Any) -> bool | list[str]:
+def dictionary_columns(schema: pa.Schema, choice: Any) -> bool | list[str]:
     if choice is None:
         return [
             f.name
@@ -96,7 +95,7 @@ def _dictionary_columns(schema: pa.Schema, choice: Any) -> bool | list[str]:
     return names
 
 
-class _Files:
+class StagedFiles:
     """The blocking half: every method runs on a worker thread, under one lock."""
 
     def __init__(
@@ -169,7 +168,7 @@ class _Files:
         manifest["rows"] += rows
         if positions:
             manifest["positions"] = merge_positions(manifest.get("positions", {}), positions)
-        _write_json_atomically(self.root / MANIFEST, manifest)
+        write_json_atomically(self.root / MANIFEST, manifest)
 
     def held_positions(self, manifest: dict[str, Any]) -> dict[str, int]:
         positions = manifest.get("positions", {})
@@ -214,7 +213,7 @@ class _Files:
     def staged_dir(self, epoch: int) -> Path:
         """Where this sink stages ``epoch``: its own subdirectory when it is one writer of a
         coordinated sink, so that the epoch's directory holds every writer's files."""
-        directory = self.staging / f"{epoch:020d}"
+        directory = self.staging / staged_name(epoch)
         return directory if self.writer_id is None else directory / f"w{self.writer_id}"
 
     def begin(self, epoch: int) -> None:
@@ -280,7 +279,7 @@ class _Files:
                 for name in self.files:
                     fsync_path(directory / name)
                 if self.writer_id is None:
-                    _write_json_atomically(directory / PRECOMMITTED, metadata)
+                    write_json_atomically(directory / PRECOMMITTED, metadata)
                 else:  # the coordinator's meta store records it; paths relative to the root
                     fsync_path(directory)
                     metadata["writer"] = self.writer_id
@@ -309,7 +308,7 @@ class _Files:
             self._commit(self.read_manifest(), epoch)
 
     def _commit(self, manifest: dict[str, Any], epoch: int) -> None:
-        staged = self.staging / f"{epoch:020d}"
+        staged = self.staging / staged_name(epoch)
         final = self.root / epoch_dir_name(epoch)
         if epoch <= manifest["committed_epoch"]:
             shutil.rmtree(staged, ignore_errors=True)  # a replayed commit: nothing to do
@@ -349,7 +348,7 @@ class _Files:
             for epoch in sorted(durable):
                 if epoch <= manifest["committed_epoch"]:
                     continue
-                staged = self.staging / f"{epoch:020d}"
+                staged = self.staging / staged_name(epoch)
                 files = durable[epoch].metadata.get("files", [])
                 if not staged.exists() and files:
                     raise SinkRecoveryError(

@@ -5,12 +5,18 @@ Every public name is re-exported from :mod:`barrierflow.errors`.
 
 from __future__ import annotations
 
-from typing import final
+from collections.abc import Iterable, Mapping
+from typing import Any, final
 
+from barrierflow.channels.errors import ProtocolError
 from barrierflow.runtime.errors import SinkError
 
 __all__ = [
+    "SchemaEvolutionError",
     "SinkLockedError",
+    "StagedEpochMismatchError",
+    "StagedPathError",
+    "TwoPhaseOnlyError",
 ]
 
 
@@ -31,3 +37,71 @@ class SinkLockedError(SinkError):
             f"sink {sink!r}: expected to be its only writer group, but {holder} holds its lock; "
             "stop it first or write to another location"
         )
+
+
+@final
+class TwoPhaseOnlyError(ProtocolError):
+    """A two-phase committer was asked for a single-phase commit.
+
+    Attributes:
+        committer: the committer's class name.
+        got: the call that arrived (``"commit_data"``).
+    """
+
+    def __init__(self, committer: str, got: str) -> None:
+        self.committer = committer
+        self.got = got
+        super().__init__(f"{committer} is two-phase: expected pre_commit, got {got}")
+
+
+@final
+class StagedEpochMismatchError(ProtocolError):
+    """The writers of one epoch staged their files under different sink epochs.
+
+    Attributes:
+        sink: the sink (its table or path).
+        epoch: the checkpoint epoch being pre-committed.
+        staged: the sink epochs the writers reported, sorted as text.
+    """
+
+    def __init__(self, sink: str, epoch: int, staged: Iterable[Any]) -> None:
+        self.sink = sink
+        self.epoch = epoch
+        self.staged = tuple(sorted(map(str, staged)))
+        super().__init__(
+            f"sink {sink!r}: expected every writer to stage one sink epoch for epoch {epoch}, "
+            f"got {list(self.staged)}"
+        )
+
+
+@final
+class SchemaEvolutionError(ProtocolError):
+    """A schema change reached a sink whose files cannot evolve (Parquet).
+
+    Attributes:
+        sink: the sink (its path).
+        epoch: the epoch that carried the change.
+        change: the schema change.
+    """
+
+    def __init__(self, sink: str, epoch: int, change: Mapping[str, Any]) -> None:
+        self.sink = sink
+        self.epoch = epoch
+        self.change = dict(change)
+        super().__init__(
+            f"sink {sink!r}: expected no schema change (Parquet files cannot evolve), got "
+            f"{self.change!r} at epoch {epoch}"
+        )
+
+
+@final
+class StagedPathError(ProtocolError):
+    """Commit metadata named a file outside the sink's staging area.
+
+    Attributes:
+        path: the path it named.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"expected a staged file path, got {path!r}")

@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, final
@@ -49,8 +50,9 @@ from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.protocol import CommitMetadata, writers_positions
-from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
-from barrierflow.connectors._parquet_files import STAGING
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.connectors._staging import clean_staging, kept_epochs, staged_dir, unstaged_path
+from barrierflow.connectors.errors import StagedEpochMismatchError, TwoPhaseOnlyError
 from barrierflow.connectors.parquet_sink import ParquetFileSink
 from barrierflow.runtime.positions import (
     SinkCommits,
@@ -62,11 +64,14 @@ from barrierflow.runtime.positions import (
 __all__ = [
     "COMMITTED_EPOCH_PROPERTY",
     "POSITIONS_PROPERTY",
+    "RECENT_COMMITS",
     "IcebergCommitter",
     "IcebergSink",
     "open_local_catalog",
 ]
 
+#: How many of the latest commit durations an :class:`IcebergCommitter` keeps.
+RECENT_COMMITS = 1024
 #: The table property holding the last committed epoch (epochs only increase).
 COMMITTED_EPOCH_PROPERTY = "barrierflow.committed-epoch"
 #: The table property holding the source positions the committed rows reach (JSON).
@@ -201,10 +206,13 @@ class IcebergCommitter:
         self._sink = sink
         self._keep = keep_snapshots
         self._expire_every = expire_every
-        self._commits = 0
         self._limiter: anyio.CapacityLimiter | None = None
-        #: Seconds each catalog commit took (the transaction, not the file moves), in order.
-        self.commit_seconds: list[float] = []
+        #: Seconds the latest catalog commits took (the transaction, not the file moves),
+        #: oldest first: at most :data:`RECENT_COMMITS` of them, so a long-running sink does
+        #: not grow a list for ever. ``commits`` counts every one.
+        self.commit_seconds: deque[float] = deque(maxlen=RECENT_COMMITS)
+        #: Catalog commits made by this committer.
+        self.commits = 0
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         if self._limiter is None:
@@ -217,23 +225,11 @@ class IcebergCommitter:
 
     async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
         """Delete staged epochs that no pending commit references."""
-        keep = {
-            f"{int(metadata['staging_epoch']):020d}"
-            for metadata in pending.values()
-            if metadata is not None and "staging_epoch" in metadata
-        }
-        await self._run(self._clean_staging, keep)
-
-    def _clean_staging(self, keep: set[str]) -> None:
-        staging = self._sink.data_path / STAGING
-        staging.mkdir(parents=True, exist_ok=True)
-        for entry in staging.iterdir():
-            if entry.name not in keep:
-                shutil.rmtree(entry, ignore_errors=True)
+        await self._run(clean_staging, self._sink.data_path, kept_epochs(pending.values()))
 
     async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
         """Not used: this committer is two-phase."""
-        raise ProtocolError("IcebergCommitter is two-phase: expected pre_commit, got commit_data")
+        raise TwoPhaseOnlyError("IcebergCommitter", "commit_data")
 
     async def pre_commit(
         self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: SchemaChange | None
@@ -242,10 +238,7 @@ class IcebergCommitter:
         await anyio.lowlevel.checkpoint()
         staged = {m.get("epoch") for m in metadatas}
         if len(staged) != 1:
-            raise ProtocolError(
-                f"iceberg sink {self._sink.identifier!r}: expected every writer to stage one "
-                f"sink epoch for epoch {epoch}, got {sorted(map(str, staged))}"
-            )
+            raise StagedEpochMismatchError(self._sink.identifier, epoch, staged)
         if schema_change is not None:
             _check_schema_change(schema_change)
         paths = [path for m in metadatas for path in m.get("paths", [])]
@@ -266,13 +259,6 @@ class IcebergCommitter:
             self._commit, epoch, None if metadata is None else dict(metadata), schema_change
         )
 
-    def _final_path(self, relative: str) -> Path:
-        # .staging/<S>/w<id>/part.parquet -> <S>/w<id>/part.parquet
-        parts = Path(relative).parts
-        if not parts or parts[0] != STAGING:
-            raise ProtocolError(f"expected a staged file path, got {relative!r}")
-        return self._sink.data_path.joinpath(*parts[1:])
-
     def _commit(
         self, epoch: int, metadata: dict[str, Any] | None, schema_change: SchemaChange | None
     ) -> None:
@@ -291,7 +277,7 @@ class IcebergCommitter:
         finals: list[str] = []
         for relative in [] if metadata is None else metadata.get("paths", []):
             staged = self._sink.data_path / relative
-            final = self._final_path(relative)
+            final = unstaged_path(self._sink.data_path, relative)
             if staged.exists():
                 final.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(staged, final)
@@ -322,11 +308,11 @@ class IcebergCommitter:
                 )
             tx.set_properties(properties)
         self.commit_seconds.append(time.perf_counter() - started)
-        self._commits += 1
-        if self._commits % self._expire_every == 0:
+        self.commits += 1
+        if self.commits % self._expire_every == 0:
             self._expire()
         if metadata is not None:
-            staging = self._sink.data_path / STAGING / f"{int(metadata['staging_epoch']):020d}"
+            staging = staged_dir(self._sink.data_path, metadata["staging_epoch"])
             shutil.rmtree(staging, ignore_errors=True)
 
     def _expire(self) -> None:
@@ -372,9 +358,10 @@ class IcebergCommitter:
 
     def _abort_files(self, epoch: int, metadata: Mapping[str, Any]) -> None:
         for relative in metadata.get("paths", []):
-            for path in (self._sink.data_path / relative, self._final_path(relative)):
+            root = self._sink.data_path
+            for path in (root / relative, unstaged_path(root, relative)):
                 path.unlink(missing_ok=True)
-        staging = self._sink.data_path / STAGING / f"{int(metadata['staging_epoch']):020d}"
+        staging = staged_dir(self._sink.data_path, metadata["staging_epoch"])
         shutil.rmtree(staging, ignore_errors=True)
 
 

@@ -33,13 +33,20 @@ from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.protocol import CommitMetadata, writers_positions
-from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
-from barrierflow.connectors._parquet_files import (
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.connectors._parquet_files import StagedFiles, write_json_atomically
+from barrierflow.connectors._staging import (
     PRECOMMITTED,
     STAGING,
-    _Files,
-    _write_json_atomically,
+    clean_staging,
     epoch_dir_name,
+    kept_epochs,
+    staged_dir,
+)
+from barrierflow.connectors.errors import (
+    SchemaEvolutionError,
+    StagedEpochMismatchError,
+    TwoPhaseOnlyError,
 )
 from barrierflow.runtime.positions import SinkCommits
 
@@ -60,8 +67,8 @@ class ParquetCommitter:
         if not isinstance(path, str | os.PathLike) or not str(path):
             raise InvalidArgumentError("path", "a directory path", path)
         self._root = Path(path)
-        # Only the manifest helpers of _Files are used (no schema needed for them).
-        self._files = _Files(self._root, None, 1, "none", False)
+        # Only the manifest helpers of StagedFiles are used (no schema needed for them).
+        self._files = StagedFiles(self._root, None, 1, "none", False)
         self._limiter: anyio.CapacityLimiter | None = None
 
     @property
@@ -76,24 +83,16 @@ class ParquetCommitter:
 
     async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
         """Create the directories; delete staged epochs no pending commit references."""
-        keep = {
-            f"{metadata['staging_epoch']:020d}"
-            for metadata in pending.values()
-            if metadata is not None and "staging_epoch" in metadata
-        }
-        await self._run(self._clean_staging, keep)
+        await self._run(self._clean_staging, kept_epochs(pending.values()))
 
     def _clean_staging(self, keep: set[str]) -> None:
-        staging = self._root / STAGING
-        staging.mkdir(parents=True, exist_ok=True)
+        (self._root / STAGING).mkdir(parents=True, exist_ok=True)
         self._files.read_manifest()  # refuse a foreign or corrupt manifest early
-        for entry in staging.iterdir():
-            if entry.name not in keep:
-                shutil.rmtree(entry, ignore_errors=True)
+        clean_staging(self._root, keep)
 
     async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
         """Not used: this committer is two-phase."""
-        raise ProtocolError("ParquetCommitter is two-phase: expected pre_commit, got commit_data")
+        raise TwoPhaseOnlyError("ParquetCommitter", "commit_data")
 
     async def pre_commit(
         self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: SchemaChange | None
@@ -101,20 +100,15 @@ class ParquetCommitter:
         """The epoch's files, from every writer's metadata (``None`` if nobody wrote rows).
 
         Raises:
-            ProtocolError: a schema change, or writers that staged different sink epochs.
+            SchemaEvolutionError: a schema change.
+            StagedEpochMismatchError: writers that staged different sink epochs.
         """
         await anyio.lowlevel.checkpoint()
         if schema_change is not None:
-            raise ProtocolError(
-                f"parquet sink {str(self._root)!r}: expected no schema change (Parquet files "
-                f"cannot evolve), got {dict(schema_change)!r} at epoch {epoch}"
-            )
+            raise SchemaEvolutionError(str(self._root), epoch, schema_change)
         staged = {m.get("epoch") for m in metadatas}
         if len(staged) != 1:
-            raise ProtocolError(
-                f"parquet sink {str(self._root)!r}: expected every writer to stage one sink "
-                f"epoch for epoch {epoch}, got {sorted(map(str, staged))}"
-            )
+            raise StagedEpochMismatchError(str(self._root), epoch, staged)
         paths = [path for m in metadatas for path in m.get("paths", [])]
         if not paths:
             return None
@@ -145,7 +139,7 @@ class ParquetCommitter:
             if epoch <= manifest["committed_epoch"]:
                 return  # a replayed commit
             staging_epoch = int(metadata["staging_epoch"])
-            staged = self._root / STAGING / f"{staging_epoch:020d}"
+            staged = staged_dir(self._root, staging_epoch)
             final = self._root / epoch_dir_name(staging_epoch)
             if not final.exists():
                 if not staged.exists():
@@ -158,7 +152,7 @@ class ParquetCommitter:
                     shutil.rmtree(staged, ignore_errors=True)  # in the table already
                     return
                 # The epoch's record travels with its files: what it holds, and from where.
-                _write_json_atomically(
+                write_json_atomically(
                     staged / PRECOMMITTED,
                     {"files": metadata["paths"], "rows": int(metadata["rows"])}
                     | {k: metadata[k] for k in ("positions", "positions_from") if k in metadata},
@@ -183,5 +177,5 @@ class ParquetCommitter:
         if metadata is None or "staging_epoch" not in metadata:
             await anyio.lowlevel.checkpoint()
             return
-        staged = self._root / STAGING / f"{int(metadata['staging_epoch']):020d}"
+        staged = staged_dir(self._root, metadata["staging_epoch"])
         await self._run(shutil.rmtree, staged, True)

@@ -56,12 +56,13 @@ import pyarrow as pa
 
 from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.connectors._parquet_files import MANIFEST as MANIFEST
-from barrierflow.connectors._parquet_files import PRECOMMITTED as PRECOMMITTED
-from barrierflow.connectors._parquet_files import STAGING as STAGING
-from barrierflow.connectors._parquet_files import _dictionary_columns, _positive_int, _writer_id
-from barrierflow.connectors._parquet_files import _Files as _Files
-from barrierflow.connectors._parquet_files import epoch_dir_name as epoch_dir_name
+from barrierflow.connectors._parquet_files import (
+    StagedFiles,
+    check_writer_id,
+    dictionary_columns,
+    positive_int,
+)
+from barrierflow.connectors._parquet_modes import CommitMode, CoordinatedWriter, SingleWriter
 from barrierflow.runtime.positions import SinkCommits
 
 __all__ = ["ParquetFileSink"]
@@ -118,19 +119,23 @@ class ParquetFileSink:
             raise InvalidArgumentError("compression", "a Parquet codec name", compression)
         self._root = Path(path)
         self._schema = schema
-        self._row_group_rows = _positive_int("row_group_rows", row_group_rows)
-        self._files = _Files(
+        self._row_group_rows = positive_int("row_group_rows", row_group_rows)
+        self._files = StagedFiles(
             self._root,
             schema,
-            _positive_int("rows_per_file", rows_per_file),
+            positive_int("rows_per_file", rows_per_file),
             compression,
-            _dictionary_columns(schema, use_dictionary),
-            _writer_id(writer),
+            dictionary_columns(schema, use_dictionary),
+            check_writer_id(writer),
         )
         self._buffer: list[pa.RecordBatch] = []
         self._buffered_rows = 0
         self._buffer_lock = threading.Lock()  # the buffer is taken on the writing thread
         self._limiter: anyio.CapacityLimiter | None = None
+        coordinated = self._files.writer_id is not None
+        self._mode: CommitMode = (
+            CoordinatedWriter() if coordinated else SingleWriter(self._files, self._run)
+        )
 
     @property
     def path(self) -> Path:
@@ -166,8 +171,7 @@ class ParquetFileSink:
             SinkRecoveryError: the manifest is unreadable, or a pending epoch with files is
                 neither staged nor committed (nothing is deleted then).
         """
-        if self._files.writer_id is None:
-            await self._run(self._files.recover, list(pending))
+        await self._mode.recover(pending)
 
     async def begin_epoch(self, epoch: int) -> None:
         """Start staging ``epoch`` (a leftover staging directory of that number is removed)."""
@@ -211,10 +215,7 @@ class ParquetFileSink:
     async def sink_commits(self) -> SinkCommits | None:
         """What the table holds (``None``: nothing committed, or a coordinated writer, whose
         committer answers instead)."""
-        if self._files.writer_id is not None:
-            await anyio.lowlevel.checkpoint()
-            return None
-        return await self._run(self._files.commits)
+        return await self._mode.commits()
 
     async def pre_commit(self, epoch: int) -> CommitMetadata:
         """Write what is buffered, close and fsync the staged files, record the pre-commit.
@@ -228,10 +229,7 @@ class ParquetFileSink:
     async def commit_epoch(self, epoch: int) -> None:
         """Rename the epoch's staging directory into the table and record it (idempotent; a
         no-op for a coordinated writer: its coordinator commits)."""
-        if self._files.writer_id is None:
-            await self._run(self._files.commit, epoch)
-        else:
-            await anyio.lowlevel.checkpoint()
+        await self._mode.commit(epoch)
 
     async def rollback_epoch(self, epoch: int) -> None:
         """Delete what ``epoch`` staged."""

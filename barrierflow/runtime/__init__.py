@@ -15,15 +15,20 @@ from barrierflow.runtime.command import open_command_actor as open_command_actor
 from barrierflow.runtime.command import serve_commands as serve_commands
 from barrierflow.runtime.config import RuntimeConfig as RuntimeConfig
 from barrierflow.runtime.graph import Fanout as Fanout
+from barrierflow.runtime.job import Job as Job
+from barrierflow.runtime.job import JobHandle as JobHandle
+from barrierflow.runtime.job import JobStats as JobStats
+from barrierflow.runtime.job import PushSource as PushSource
 from barrierflow.runtime.logging import configure_logging as configure_logging
-from barrierflow.runtime.runtime import PushSource as PushSource
+from barrierflow.runtime.progress import JobProgress as JobProgress
+from barrierflow.runtime.progress import Progress as Progress
 from barrierflow.runtime.runtime import Runtime as Runtime
 from barrierflow.runtime.runtime import RuntimeStats as RuntimeStats
 from barrierflow.runtime.service import Service as Service
 from barrierflow.runtime.service import ServiceContext as ServiceContext
-from barrierflow.runtime.state.sink_states import SinkState as SinkState
-from barrierflow.runtime.state.sink_states import SinkStateRecord as SinkStateRecord
-from barrierflow.runtime.state.sink_states import SinkStates as SinkStates
+from barrierflow.runtime.state.epoch_records import EpochRecord as EpochRecord
+from barrierflow.runtime.state.epoch_records import EpochRecords as EpochRecords
+from barrierflow.runtime.state.epoch_records import RecordStatus as RecordStatus
 from barrierflow.runtime.state.state_store import CommittedEpochs as CommittedEpochs
 from barrierflow.runtime.state.state_store import StateStore as StateStore
 from barrierflow.runtime.state.state_store import StateTable as StateTable
@@ -36,18 +41,23 @@ __all__ = [
     "BlockingRuntime",
     "CommandHandler",
     "CommittedEpochs",
+    "EpochRecord",
+    "EpochRecords",
     "Fanout",
     "Finish",
     "InFlightBarrier",
+    "Job",
+    "JobHandle",
+    "JobProgress",
+    "JobStats",
+    "Progress",
     "PushSource",
+    "RecordStatus",
     "Runtime",
     "RuntimeConfig",
     "RuntimeStats",
     "Service",
     "ServiceContext",
-    "SinkState",
-    "SinkStateRecord",
-    "SinkStates",
     "StateStore",
     "StateTable",
     "StreamActor",

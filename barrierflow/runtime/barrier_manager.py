@@ -15,7 +15,7 @@ publishes ``prev`` as the committed epoch.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import final
 
 import anyio
@@ -29,6 +29,7 @@ from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import MUTATION_TYPES, Mutation
 from barrierflow.runtime.config import check_count, check_seconds
 from barrierflow.runtime.positions import merge_positions
+from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.state.state_store import StateStore
 
 __all__ = ["BarrierManager", "InFlightBarrier"]
@@ -137,12 +138,21 @@ class BarrierManager:
         self._completed = 0
         # Source positions reported with each in-flight barrier (see runtime.positions).
         self._positions: dict[int, dict[str, int]] = {}
+        # Progress reported with each in-flight barrier, per actor (see runtime.progress).
+        self._progress: dict[int, dict[int, Progress]] = {}
+        #: Called with each completed barrier and the progress collected with it.
+        self.on_complete: Callable[[Barrier, dict[int, Progress]], None] | None = None
         self._log = structlog.get_logger("barrierflow.barrier_manager")
 
     @property
     def current_epoch(self) -> int:
         """The ``curr`` of the last injected barrier (0 before the first)."""
         return 0 if self._pair is None else self._pair.curr
+
+    @property
+    def barrier_interval(self) -> float:
+        """Seconds between injected barriers."""
+        return self._interval
 
     @property
     def in_flight(self) -> int:
@@ -155,7 +165,12 @@ class BarrierManager:
         return self._completed
 
     async def inject(
-        self, kind: BarrierKind | None = None, mutation: Mutation | None = None
+        self,
+        kind: BarrierKind | None = None,
+        mutation: Mutation | None = None,
+        *,
+        add_actors: Iterable[int] = (),
+        add_sources: Mapping[int, SendChannel[Message]] | None = None,
     ) -> InFlightBarrier:
         """Inject the next barrier into every source; waits while too many are in flight.
 
@@ -163,6 +178,9 @@ class BarrierManager:
             kind: ``None`` lets the checkpoint frequency decide (the first barrier of a graph
                 is always INITIAL).
             mutation: carried by this barrier.
+            add_actors: actors that join with this barrier (a job added to the running graph):
+                this barrier and every later one wait for them, no earlier one does.
+            add_sources: the inboxes of joining sources (they get this barrier first).
 
         Raises:
             InvalidArgumentError: ``kind`` is neither ``None`` nor a BarrierKind, or
@@ -186,6 +204,8 @@ class BarrierManager:
                     due = (self._injected % self._frequency) == 0
                     kind = BarrierKind.CHECKPOINT if due else BarrierKind.BARRIER
             self._injected += 1
+            self._actors.update(_actor_ids("add_actors", list(add_actors)))
+            self._sources.update(add_sources or {})
             barrier = Barrier(self._pair, kind, mutation)
             flight = InFlightBarrier(barrier, self._actors)
             self._in_flight[barrier.epoch.curr] = flight
@@ -193,8 +213,14 @@ class BarrierManager:
                 await inbox.send(barrier)
             return flight
 
-    def collect(self, actor_id: int, barrier: Barrier) -> None:
-        """Record that ``actor_id`` passed ``barrier`` downstream.
+    def remove_sources(self, actors: Iterable[int]) -> None:
+        """Inject nothing more into these sources (their job was dropped)."""
+        for actor in actors:
+            self._sources.pop(actor, None)
+
+    def collect(self, actor_id: int, barrier: Barrier, progress: Progress | None = None) -> None:
+        """Record that ``actor_id`` passed ``barrier`` downstream, with the progress it
+        reported since its previous barrier.
 
         Raises:
             InvalidArgumentError: ``barrier`` is not a Barrier.
@@ -208,6 +234,8 @@ class BarrierManager:
                 f"{barrier.epoch.curr} (in flight: {list(self._in_flight)})"
             )
         flight.remaining.discard(actor_id)
+        if progress is not None:
+            self._progress.setdefault(barrier.epoch.curr, {})[actor_id] = progress
         if not flight.remaining:
             self._collected.set()
 
@@ -259,6 +287,9 @@ class BarrierManager:
                     await self._store.commit(barrier.epoch.prev)
                 del self._in_flight[epoch]
                 self._positions.pop(epoch, None)
+                progress = self._progress.pop(epoch, {})
+                if self.on_complete is not None:
+                    self.on_complete(barrier, progress)
                 self._completed += 1
                 self._slot_freed.set()
                 flight._finish()
@@ -269,4 +300,5 @@ class BarrierManager:
             flight._finish(error)
         self._in_flight.clear()
         self._positions.clear()
+        self._progress.clear()
         self._slot_freed.set()

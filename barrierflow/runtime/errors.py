@@ -19,6 +19,11 @@ __all__ = [
     "NotRunningError",
     "SinkStateMismatchError",
     "PositionOverlapError",
+    "JobError",
+    "DuplicateJobError",
+    "UnknownJobError",
+    "JobNotDeclaredError",
+    "JobDroppingError",
 ]
 
 
@@ -121,3 +126,76 @@ class PositionOverlapError(SinkError):
             f"sink {sink!r}: epoch {epoch} holds batches {first}..{last} of {key!r}, but the "
             f"sink already holds up to batch {held}; expected an epoch wholly new or wholly held"
         )
+
+
+class JobError(GraphError):
+    """A job cannot be added, dropped or restored as asked.
+
+    Attributes:
+        job: the job's name.
+    """
+
+    def __init__(self, job: object, expected: str, got: object) -> None:
+        super().__init__("job", expected, got)
+        self.job = job
+
+
+@final
+class DuplicateJobError(JobError):
+    """A job was declared or added under a name another job has."""
+
+    def __init__(self, job: object) -> None:
+        super().__init__(job, "a name not used by another job", job)
+
+
+@final
+class UnknownJobError(JobError):
+    """A job that does not exist (or no longer runs) was named.
+
+    Attributes:
+        known: the jobs that exist.
+    """
+
+    def __init__(self, job: object, known: list[str]) -> None:
+        super().__init__(job, f"one of the jobs {known}", job)
+        self.known = list(known)
+
+
+@final
+class JobNotDeclaredError(JobError):
+    """The state store holds a job the program did not declare before starting.
+
+    Factories are code, not data: a job added at runtime must be declared again when the program
+    restarts (``rt.declare_job(job)``), or dropped explicitly (``rt.forget_job(name)``), so
+    that its state is never silently orphaned or reused.
+
+    Attributes:
+        created_epoch: the epoch the job was created at.
+    """
+
+    def __init__(self, job: str, created_epoch: int) -> None:
+        super().__init__(
+            job,
+            "every job in the state store declared before start (declare it, or forget it)",
+            f"job {job!r} (created at epoch {created_epoch}) not declared",
+        )
+        self.created_epoch = created_epoch
+
+
+@final
+class JobDroppingError(JobError):
+    """A new job reads an actor of a job that is being dropped.
+
+    Attributes:
+        upstream: the actor read.
+        dropping: the job being dropped.
+    """
+
+    def __init__(self, job: object, upstream: str, dropping: str) -> None:
+        super().__init__(
+            job,
+            "upstreams of running jobs",
+            f"actor {upstream!r} of job {dropping!r}, which is being dropped",
+        )
+        self.upstream = upstream
+        self.dropping = dropping

@@ -8,14 +8,15 @@ several outputs writes them through its dispatcher (broadcast unless told otherw
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import final
 
 from barrierflow.runtime.actor import StreamActor
+from barrierflow.runtime.context import DEFAULT_JOB
 from barrierflow.runtime.errors import GraphError
 
-__all__ = ["Fanout", "Graph", "Node"]
+__all__ = ["DEFAULT_JOB", "Fanout", "Graph", "Node"]
 
 
 @final
@@ -57,7 +58,19 @@ class Fanout:
 
 @dataclass(slots=True)
 class Node:
-    """One actor of the graph."""
+    """One actor of the graph.
+
+    Attributes:
+        actor_id: unique for the runtime's life (never reused after a job is dropped).
+        inputs: the upstream actors' names, in order.
+        input_names: the actor's own name for each input (``inputs[i]`` is read as
+            ``input_names[i]``; the upstream's name unless the actor named it).
+        job: the job the actor belongs to.
+        group: the parallel group (all actors of one ``parallelism=N`` declaration), or
+            ``None`` for an actor declared alone before start (those share their upstream's
+            node-level ``fanout``).
+        key: the columns a parallel group is hash-dispatched by (``None``: round robin).
+    """
 
     actor_id: int
     name: str
@@ -65,6 +78,10 @@ class Node:
     is_source: bool
     fanout: Fanout
     inputs: list[str] = field(default_factory=list)
+    input_names: list[str] = field(default_factory=list)
+    job: str = DEFAULT_JOB
+    group: str | None = None
+    key: tuple[str, ...] | None = None
 
 
 @final
@@ -73,6 +90,7 @@ class Graph:
 
     def __init__(self) -> None:
         self._nodes: dict[str, Node] = {}
+        self._last_id = 0
 
     @property
     def nodes(self) -> dict[str, Node]:
@@ -82,58 +100,89 @@ class Graph:
     def add(
         self,
         name: str,
-        actor: StreamActor | Callable[[], StreamActor],
+        actor: Callable[[], StreamActor],
         *,
-        inputs: Sequence[str] = (),
+        inputs: Sequence[str] | Mapping[str, str] = (),
         source: bool = False,
         fanout: Fanout | None = None,
+        job: str = DEFAULT_JOB,
+        group: str | None = None,
+        key: tuple[str, ...] | None = None,
+        known: Mapping[str, Node] | None = None,
     ) -> Node:
-        """Declare an actor; ``actor`` is an instance or a factory (called at every (re)start).
+        """Declare an actor from its factory (called at every (re)start of the graph).
 
         All or nothing: every argument is checked before the graph changes, so a refused
         declaration leaves no trace and its name can be used again. ``inputs`` is a list or
-        tuple of declared actors' names; a str is refused (it is a sequence of one-letter
-        names).
+        tuple of declared actors' names, or a mapping of the actor's own input name to an
+        upstream actor (named inputs); a str is refused (it is a sequence of one-letter names).
+
+        Args:
+            known: actors that may be read besides this graph's (a job's upstreams in the
+                running graph).
 
         Raises:
-            GraphError: a bad or duplicate name, an actor that is neither a StreamActor nor
-                callable, ``source`` not a bool, ``fanout`` not a Fanout, ``inputs`` not a list or
-                tuple of names, an input named twice or not declared, or a source with inputs.
+            GraphError: a bad or duplicate name; an actor instance or anything else that is not
+                a factory (an instance would be reused across restarts with its in-memory
+                state); ``source`` not a bool, ``fanout`` not a Fanout, ``inputs`` not a list,
+                tuple or mapping of names, an input named twice or not declared, or a source
+                with inputs.
         """
         if not isinstance(name, str) or not name:
             raise GraphError("name", "a non-empty str", name)
-        if name in self._nodes:
+        if name in self._nodes or (known is not None and name in known):
             raise GraphError("name", "a name not used by another actor", name)
-        if isinstance(actor, StreamActor):
-            instance = actor
-
-            def factory() -> StreamActor:
-                return instance
-        elif callable(actor):
-            factory = actor
-        else:
-            raise GraphError("actor", "a StreamActor or a factory of one", actor)
+        if isinstance(actor, StreamActor) or not callable(actor):
+            raise GraphError(
+                "actor",
+                "a factory (a StreamActor class or a callable returning one; an instance would "
+                "be reused across restarts)",
+                type(actor).__name__ if isinstance(actor, StreamActor) else actor,
+            )
         if type(source) is not bool:
             raise GraphError("source", "a bool", source)
         if fanout is not None and not isinstance(fanout, Fanout):
             raise GraphError("fanout", "None or a Fanout", fanout)
         candidate: object = inputs
-        if not isinstance(candidate, list | tuple):
-            raise GraphError("inputs", "a list or tuple of actor names", inputs)
-        names = list(inputs)
+        if isinstance(candidate, Mapping):
+            local = list(candidate.keys())
+            names = list(candidate.values())
+            if not all(isinstance(n, str) and n for n in local):
+                raise GraphError("inputs", "non-empty str input names", local)
+        elif isinstance(candidate, list | tuple):
+            names = list(inputs)
+            local = list(names)
+        else:
+            raise GraphError("inputs", "a list or tuple of actor names, or a mapping", inputs)
         if source and names:
             raise GraphError("inputs", "no inputs for a source", names)
+        readable = dict(known or {}) | self._nodes
         for upstream in names:
-            if not isinstance(upstream, str) or upstream not in self._nodes:
-                raise GraphError(
-                    "inputs", f"names of declared actors {list(self._nodes)}", upstream
-                )
+            if not isinstance(upstream, str) or upstream not in readable:
+                raise GraphError("inputs", f"names of declared actors {list(readable)}", upstream)
         if len(set(names)) != len(names):
             raise GraphError("inputs", "each input named once", names)
         # A new actor has no downstream yet, so its input edges cannot close a cycle.
-        node = Node(len(self._nodes) + 1, name, factory, source, fanout or Fanout(), names)
+        self._last_id += 1
+        node = Node(
+            self._last_id,
+            name,
+            actor,
+            source,
+            fanout or Fanout(),
+            names,
+            local,
+            job,
+            group,
+            key,
+        )
         self._nodes[name] = node
         return node
+
+    def remove(self, names: Sequence[str]) -> None:
+        """Forget the actors ``names`` (a dropped job); their ids are never reused."""
+        for name in names:
+            self._nodes.pop(name, None)
 
     def connect(self, upstream: str, downstream: str) -> None:
         """Add the edge ``upstream → downstream``.
@@ -150,10 +199,13 @@ class Graph:
             raise GraphError("downstream", "an actor that is not a source", downstream)
         if upstream in node.inputs:
             raise GraphError("edge", "each edge connected once", f"{upstream} -> {downstream}")
+        if upstream in node.input_names:
+            raise GraphError("edge", "an input name not in use", upstream)
         path = self._path(downstream, upstream)
         if path is not None:
             raise GraphError("graph", "no cycle", " -> ".join([upstream, *path]))
         node.inputs.append(upstream)
+        node.input_names.append(upstream)
 
     def _path(self, start: str, goal: str) -> list[str] | None:
         """A path of edges from ``start`` to ``goal`` (``[start, ..., goal]``), or ``None``."""

@@ -26,25 +26,19 @@ Leaving ``async with`` normally stops the graph cleanly: a final checkpoint barr
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import final
+from typing import Any, final
 
 import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from barrierflow._taskgroups import single_leaf
-from barrierflow.channels.barrier import BarrierKind
+from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.channel import ChannelStatistics, SendChannel, create_channel
 from barrierflow.channels.chunk import Chunk
-from barrierflow.channels.dispatch import (
-    BroadcastDispatcher,
-    Dispatcher,
-    HashDispatcher,
-    RoundRobinDispatcher,
-)
 from barrierflow.channels.endpoints import Receiver
 from barrierflow.channels.epoch import EpochPair
 from barrierflow.channels.errors import ChannelBrokenError, ChannelClosedError, InvalidArgumentError
@@ -59,23 +53,29 @@ from barrierflow.channels.mutation import (
     Throttle,
     Update,
 )
-from barrierflow.channels.vnode import VnodeBitmap
+from barrierflow.runtime._declare import Declarations
+from barrierflow.runtime._wiring import Wiring, wire
 from barrierflow.runtime.actor import ActorContext, ActorStats, StreamActor
 from barrierflow.runtime.barrier_manager import BarrierManager
 from barrierflow.runtime.config import RuntimeConfig
-from barrierflow.runtime.errors import ActorFailedError, GraphError, NotRunningError
-from barrierflow.runtime.graph import Fanout, Graph, Node
+from barrierflow.runtime.errors import (
+    ActorFailedError,
+    GraphError,
+    JobError,
+    JobNotDeclaredError,
+    NotRunningError,
+    UnknownJobError,
+)
+from barrierflow.runtime.graph import Node
+from barrierflow.runtime.job import Job, JobHandle, JobRecord, JobStats, PushSource
+from barrierflow.runtime.job_catalog import JobCatalog
 from barrierflow.runtime.logging import configure_logging
+from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.service import Service, ServiceContext
 from barrierflow.runtime.startup import adopt_sink_positions, check_actors
 from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore
 
 __all__ = ["PushSource", "Runtime", "RuntimeStats"]
-
-
-class PushSource(StreamActor):
-    """A source fed by :meth:`Runtime.push`: chunks and injected barriers share one inbox, so
-    a chunk pushed before a barrier was injected belongs to the epoch that barrier closes."""
 
 
 @final
@@ -95,17 +95,23 @@ class RuntimeStats:
     barriers_in_flight: int
     #: Graph restarts so far (recovery).
     restarts: int
+    #: Job name → its counters.
+    jobs: dict[str, JobStats]
 
 
 class _Incarnation:
-    """One build of the graph: its channels, contexts and barrier manager."""
+    """One build of the graph: its channels, contexts, barrier manager and task groups."""
 
-    def __init__(self, manager: BarrierManager) -> None:
+    def __init__(self, manager: BarrierManager, catalog: JobCatalog) -> None:
         self.manager = manager
+        self.catalog = catalog
         self.contexts: dict[str, ActorContext] = {}
         self.inboxes: dict[str, SendChannel[Message]] = {}
         self.channels: list[SendChannel[Message]] = []
         self.ready = anyio.Event()
+        self.actors: TaskGroup | None = None
+        self.services: TaskGroup | None = None
+        self.job_scopes: dict[str, anyio.CancelScope] = {}
 
 
 def _contains(group: BaseExceptionGroup[BaseException], exc: BaseException) -> bool:
@@ -129,8 +135,8 @@ def _first_actor_failure(group: BaseExceptionGroup[BaseException]) -> ActorFaile
 
 
 @final
-class Runtime:
-    """Runs a graph of stream actors (see the module docstring).
+class Runtime(Declarations):
+    """Runs a graph of stream actors, made of jobs (see the module docstring).
 
     Args:
         config: how to run.
@@ -147,10 +153,9 @@ class Runtime:
             raise InvalidArgumentError("config", "a RuntimeConfig", config)
         if clock is not None and not callable(clock):
             raise InvalidArgumentError("clock", "None or a callable returning seconds", clock)
+        super().__init__()
         self._config = config
         self._clock = clock
-        self._graph = Graph()
-        self._services: dict[str, Service] = {}
         self._store: StateStore | None = None
         self._task_group: TaskGroup | None = None
         self._incarnation: _Incarnation | None = None
@@ -158,89 +163,21 @@ class Runtime:
         self._failure: ActorFailedError | None = None
         self._last_failure: ActorFailedError | None = None
         self._rebuilt: anyio.Event | None = None
+        self._jobs_lock = anyio.Lock()
+        self._forget: set[str] = set()
         self._log = structlog.get_logger("barrierflow.runtime")
 
-    # Building the graph.
-
-    def add_source(
-        self,
-        name: str,
-        actor: StreamActor | Callable[[], StreamActor] | None = None,
-        *,
-        fanout: Fanout | None = None,
-    ) -> Node:
-        """Declare a source (a :class:`PushSource` unless ``actor`` is given).
-
-        All or nothing, like :meth:`add_actor`.
+    def forget_job(self, name: str) -> None:
+        """Before start: delete job ``name`` from the state store's catalog at the first
+        checkpoint, instead of declaring it again (its actors' state is left behind unread).
 
         Raises:
-            GraphError: as for :meth:`add_actor`; or the runtime has started.
+            GraphError: ``name`` is not a non-empty str, or the runtime has started.
         """
         self._check_not_started()
-        self._check_not_a_service(name)
-        return self._graph.add(
-            name, PushSource if actor is None else actor, source=True, fanout=fanout
-        )
-
-    def add_actor(
-        self,
-        name: str,
-        actor: StreamActor | Callable[[], StreamActor],
-        *,
-        inputs: Sequence[str],
-        fanout: Fanout | None = None,
-    ) -> Node:
-        """Declare an actor reading ``inputs`` (aligned-merged if more than one).
-
-        All or nothing: everything is checked before the graph changes, so a refused
-        declaration leaves no half-declared actor behind and its name stays free. ``inputs``
-        is a list or tuple of declared names; a str is refused (it is a sequence of letters).
-
-        Raises:
-            GraphError: the name is empty, taken (by an actor or a service) or not a str; the
-                actor is neither a StreamActor nor callable; ``inputs`` is not a list or tuple
-                of declared names, or names one twice; ``fanout`` is not a Fanout; or the
-                runtime has started.
-        """
-        self._check_not_started()
-        self._check_not_a_service(name)
-        return self._graph.add(name, actor, inputs=inputs, fanout=fanout)
-
-    def _check_not_a_service(self, name: object) -> None:
-        if isinstance(name, str) and name in self._services:
-            raise GraphError("name", "a name not used by an actor or a service", name)
-
-    def add_service(self, name: str, service: Service) -> None:
-        """Run ``service`` alongside the graph, in every incarnation (see :mod:`.service`).
-
-        Raises:
-            InvalidArgumentError: ``service`` has no ``run(ctx)``, or ``name`` is taken.
-        """
-        self._check_not_started()
-        if not isinstance(service, Service):
-            raise InvalidArgumentError("service", "an object with async run(ctx)", service)
-        if (
-            not isinstance(name, str)
-            or not name
-            or name in self._services
-            or name in (self._graph.nodes)
-        ):
-            raise InvalidArgumentError("name", "a new, non-empty service name", name)
-        self._services[name] = service
-
-    def connect(self, upstream: str, downstream: str) -> None:
-        """Add an edge between two declared actors.
-
-        Raises:
-            GraphError: an unknown actor, an edge into a source, an edge declared twice, an
-                edge closing a cycle, or the runtime has started.
-        """
-        self._check_not_started()
-        self._graph.connect(upstream, downstream)
-
-    def _check_not_started(self) -> None:
-        if self._task_group is not None:
-            raise GraphError("graph", "changes before the runtime starts", "a running runtime")
+        if not isinstance(name, str) or not name:
+            raise GraphError("job", "a job name", name)
+        self._forget.add(name)
 
     # Lifecycle.
 
@@ -251,6 +188,16 @@ class Runtime:
         self._store = await StateStore.open(
             self._config.state_path, adapter=self._config.store_adapter
         )
+        try:
+            catalog = await self._store.read_all("__runtime__", "jobs")
+            for job, entry in catalog.items():
+                if job not in self._records and job not in self._forget:
+                    raise JobNotDeclaredError(job, int(entry.get("created_epoch", 0)))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._store.aclose()
+            raise
+        self._started = True
         self._rebuilt = anyio.Event()
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
@@ -307,8 +254,9 @@ class Runtime:
         if incarnation is None:
             return
         await incarnation.ready.wait()
-        stop = Stop(frozenset(n.actor_id for n in self._graph.nodes.values()))
-        flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT, stop)
+        async with self._jobs_lock:
+            stop = Stop(frozenset(n.actor_id for n in self._graph.nodes.values()))
+            flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT, stop)
         await flight.wait()
 
     async def _supervise(self, *, task_status: TaskStatus[None]) -> None:
@@ -335,6 +283,9 @@ class Runtime:
                     )
                     self._failure = failure
                     self._rebuilt.set()  # wake callers waiting for a rebuild: there is none
+                    for record in self._records.values():
+                        record.error = failure
+                        record.ready.set()
                     raise
                 self._restarts += 1
                 delay = self._config.restart_backoff * 2 ** (self._restarts - 1)
@@ -347,9 +298,29 @@ class Runtime:
                 )
                 assert self._store is not None
                 self._store.release_tables()
-                await self._store.abort_sink_epochs_after_committed()
+                await self._store.abort_epoch_records_after_committed()
+                await self._restore_jobs()
                 await anyio.sleep(delay)
             started = True
+
+    async def _restore_jobs(self) -> None:
+        """Before a rebuild: keep the jobs the last checkpoint knows (and those declared before
+        start); a job added since is lost, a job whose drop was not durable comes back."""
+        assert self._store is not None
+        committed = await self._store.read_all("__runtime__", "jobs")
+        for name, record in list(self._records.items()):
+            keep = record.declared or name in committed
+            running = any(n.job == name for n in self._graph.nodes.values())
+            if keep and not running:
+                self._apply(record.job, running=True)
+                record.status = "running"
+            elif not keep:
+                self._graph.remove([n.name for n in self._graph.nodes.values() if n.job == name])
+                self._records.pop(name)
+                record.error = NotRunningError(
+                    f"job {name!r}", "a job whose creation a checkpoint made durable"
+                )
+                record.ready.set()
 
     async def _run_incarnation(self, task_status: TaskStatus[None] | None) -> None:
         try:
@@ -361,123 +332,15 @@ class Runtime:
                 raise
             raise failure from failure.cause
 
-    async def _run_graph(self, task_status: TaskStatus[None] | None) -> None:
-        store = self._store
-        assert store is not None
-        nodes = self._graph.nodes
-        sources: dict[int, SendChannel[Message]] = {}
-        channels: list[SendChannel[Message]] = []
-        inputs: dict[str, dict[str, Receiver[Message]]] = {name: {} for name in nodes}
-        outputs: dict[str, list[SendChannel[Message]]] = {name: [] for name in nodes}
-        downstream: dict[str, list[str]] = {name: [] for name in nodes}
-        capacity, rows = self._config.channel_capacity, self._config.channel_rows
-        for node in nodes.values():
-            if node.is_source:
-                tx, rx = create_channel[Message](capacity, rows, name=f"{node.name} inbox")
-                sources[node.actor_id] = tx
-                channels.append(tx)
-                inputs[node.name]["inbox"] = rx
-            for upstream in node.inputs:
-                tx, rx = create_channel[Message](capacity, rows, name=f"{upstream}->{node.name}")
-                outputs[upstream].append(tx)
-                downstream[upstream].append(node.name)
-                channels.append(tx)
-                inputs[node.name][upstream] = rx
-        manager = BarrierManager(
-            store,
-            sources,
-            {n.actor_id for n in nodes.values()},
-            barrier_interval=self._config.barrier_interval,
-            checkpoint_frequency=self._config.checkpoint_frequency,
-            max_in_flight=self._config.max_in_flight,
-            clock=self._clock,
-        )
-        incarnation = _Incarnation(manager)
-        incarnation.channels = channels
-        incarnation.inboxes = {n.name: sources[n.actor_id] for n in nodes.values() if n.is_source}
-        self._incarnation = incarnation
-        # A hash fan-out splits the vnodes over its outputs in order; each downstream actor
-        # learns the vnodes it owns (a parallel sink writer registers them).
-        bitmaps: dict[str, VnodeBitmap] = {}
-        for name, names in downstream.items():
-            if names and nodes[name].fanout.kind == "hash":
-                for target, bitmap in zip(names, VnodeBitmap.split(len(names)), strict=True):
-                    bitmaps.setdefault(target, bitmap)
-        instances = self._create_actors()
-        check_actors(
-            instances,
-            {n.name: list(n.inputs) for n in nodes.values()},
-            self._services,
-            {n.name for n in nodes.values() if n.fanout.kind == "hash"},
-        )
-        adopted: dict[str, int] = {}
-        if store.committed_epoch == 0:
-            adopted = await adopt_sink_positions(
-                instances, str(self._config.state_path), adopt=self._config.adopt_sink_positions
-            )
-        # The initial barrier goes in before anyone may push, so every actor sees it first
-        # and knows its epoch before its first chunk.
-        await manager.inject()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(manager.run, name="barrier manager")
-            for index, (name, service) in enumerate(self._services.items()):
-                service_id = len(nodes) + 1 + index
-                tg.start_soon(self._run_service, name, service_id, service, store)
-            async with anyio.create_task_group() as actors:
-                for node in nodes.values():
-                    actor_input = self._input_of(node, inputs[node.name], actors)
-                    ctx = ActorContext(
-                        node.actor_id,
-                        node.name,
-                        actor_input,
-                        self._dispatcher(node, outputs[node.name]),
-                        store,
-                        manager,
-                    )
-                    ctx.vnode_bitmap = bitmaps.get(node.name)
-                    ctx.downstream_ids = [nodes[d].actor_id for d in downstream[node.name]]
-                    ctx.adopted_positions = dict(adopted)
-                    incarnation.contexts[node.name] = ctx
-                    actors.start_soon(
-                        self._run_actor, node, instances[node.name], ctx, name=f"actor {node.name}"
-                    )
-                incarnation.ready.set()
-                if self._rebuilt is not None:
-                    self._rebuilt.set()
-                if task_status is not None:
-                    task_status.started()
-            tg.cancel_scope.cancel()  # every actor finished: no more barriers to inject
-
-    @staticmethod
-    def _input_of(
-        node: Node, receivers: dict[str, Receiver[Message]], group: TaskGroup
-    ) -> Receiver[Message]:
-        if len(receivers) == 1:
-            return next(iter(receivers.values()))
-        tx, rx = create_channel[Message](16, name=f"{node.name} merged")
-        group.start_soon(AlignedMerge(receivers).run, tx, name=f"merge into {node.name}")
-        return rx
-
-    @staticmethod
-    def _dispatcher(node: Node, senders: list[SendChannel[Message]]) -> Dispatcher | None:
-        if not senders:
-            return None
-        if node.fanout.kind == "hash":
-            bitmaps = VnodeBitmap.split(len(senders))
-            return HashDispatcher(senders, bitmaps, node.fanout.key_columns)
-        if node.fanout.kind == "round_robin":
-            return RoundRobinDispatcher(senders)
-        return BroadcastDispatcher(senders)
-
-    def _create_actors(self) -> dict[str, StreamActor]:
-        """Every actor of a new incarnation, from its factory (before any of them runs, so
-        that they can be checked together: see :mod:`.startup`).
+    def _create_actors(self, nodes: list[Node]) -> dict[str, StreamActor]:
+        """Every actor of ``nodes``, from its factory (before any of them runs, so that they
+        can be checked together: see :mod:`.startup`).
 
         Raises:
             ActorFailedError: a factory raised, or returned something that is not an actor.
         """
         instances: dict[str, StreamActor] = {}
-        for node in self._graph.nodes.values():
+        for node in nodes:
             try:
                 actor = node.factory()
                 if not isinstance(actor, StreamActor):
@@ -489,6 +352,129 @@ class Runtime:
             instances[node.name] = actor
         return instances
 
+    def _check(self, instances: dict[str, StreamActor], wiring: Wiring) -> None:
+        groups = {name: ["|".join(group)] for name, group in wiring.hash_groups.items()}
+        check_actors(
+            instances, groups, self._services(), {key for v in groups.values() for key in v}
+        )
+
+    async def _run_graph(self, task_status: TaskStatus[None] | None) -> None:
+        store = self._store
+        assert store is not None
+        nodes = list(self._graph.nodes.values())
+        capacity, rows = self._config.channel_capacity, self._config.channel_rows
+        instances = self._create_actors(nodes)
+        wiring = wire(nodes, {}, capacity=capacity, rows=rows)
+        self._check(instances, wiring)
+        manager = BarrierManager(
+            store,
+            wiring.inboxes,
+            {n.actor_id for n in nodes},
+            barrier_interval=self._config.barrier_interval,
+            checkpoint_frequency=self._config.checkpoint_frequency,
+            max_in_flight=self._config.max_in_flight,
+            clock=self._clock,
+        )
+        manager.on_complete = self._on_complete
+        incarnation = _Incarnation(manager, JobCatalog(store))
+        incarnation.channels = wiring.channels
+        incarnation.inboxes = {n.name: wiring.inboxes[n.actor_id] for n in nodes if n.is_source}
+        self._incarnation = incarnation
+        adopted: dict[str, int] = {}
+        if store.committed_epoch == 0:
+            adopted = await adopt_sink_positions(
+                instances, str(self._config.state_path), adopt=self._config.adopt_sink_positions
+            )
+        committed = await incarnation.catalog.committed()
+        for record in self._records.values():
+            record.backfilling = {
+                n.name for n in nodes if n.job == record.job.name and instances[n.name].backfills
+            }
+            record.update_ready()
+        # The initial barrier goes in before anyone may push, so every actor sees it first
+        # and knows its epoch before its first chunk. The catalog gains the declared jobs it
+        # lacks (and loses the forgotten ones) under its epoch.
+        async with self._jobs_lock:
+            flight = await manager.inject()
+            new = {
+                name: record.job.actor_names()
+                for name, record in self._records.items()
+                if name not in committed
+            }
+            gone = tuple(name for name in self._forget if name in committed)
+            incarnation.catalog.record(flight.barrier.epoch.curr, created=new, dropped=gone)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(manager.run, name="barrier manager")
+            incarnation.services = tg
+            for name, service in self._services().items():
+                self._start_service(incarnation, name, service)
+            async with anyio.create_task_group() as actors:
+                incarnation.actors = actors
+                self._start_actors(incarnation, nodes, instances, wiring, adopted)
+                incarnation.ready.set()
+                if self._rebuilt is not None:
+                    self._rebuilt.set()
+                if task_status is not None:
+                    task_status.started()
+            tg.cancel_scope.cancel()  # every actor finished: no more barriers to inject
+
+    def _start_service(self, incarnation: _Incarnation, name: str, service: Service) -> None:
+        assert self._store is not None
+        assert incarnation.services is not None
+        job = next((r.job.name for r in self._records.values() if name in r.job.services), "main")
+        scope = incarnation.job_scopes.setdefault(job, anyio.CancelScope())
+        service_id = 1_000_000 + len(incarnation.job_scopes) * 1000 + len(incarnation.contexts)
+        incarnation.services.start_soon(
+            self._run_service, name, service_id, service, self._store, scope
+        )
+
+    def _start_actors(
+        self,
+        incarnation: _Incarnation,
+        nodes: list[Node],
+        instances: dict[str, StreamActor],
+        wiring: Wiring,
+        adopted: dict[str, int],
+    ) -> None:
+        assert self._store is not None
+        assert incarnation.actors is not None
+        for node in nodes:
+            actor = instances[node.name]
+            receivers = wiring.inputs[node.name]
+            actor_input = self._input_of(node, actor, receivers, incarnation.actors)
+            ctx = ActorContext(
+                node.actor_id,
+                node.name,
+                actor_input,
+                wiring.outputs[node.name],
+                self._store,
+                incarnation.manager,
+            )
+            ctx.job = node.job
+            if not actor.aligned_inputs:
+                from barrierflow.runtime.context import NamedInputs
+
+                ctx._named = NamedInputs(receivers)
+            ctx.vnode_bitmap = wiring.bitmaps.get(node.name)
+            ctx.adopted_positions = dict(adopted)
+            incarnation.contexts[node.name] = ctx
+            incarnation.actors.start_soon(
+                self._run_actor, node, actor, ctx, name=f"actor {node.name}"
+            )
+
+    @staticmethod
+    def _input_of(
+        node: Node,
+        actor: StreamActor,
+        receivers: dict[str, Any],
+        group: TaskGroup,
+    ) -> Receiver[Message]:
+        if len(receivers) == 1 or not actor.aligned_inputs:
+            return next(iter(receivers.values()))
+        tx, rx = create_channel[Message](16, name=f"{node.name} merged")
+        group.start_soon(AlignedMerge(receivers).run, tx, name=f"merge into {node.name}")
+        return rx
+
     async def _run_actor(self, node: Node, actor: StreamActor, ctx: ActorContext) -> None:
         try:
             await actor.run(ctx)
@@ -499,18 +485,32 @@ class Runtime:
             raise ActorFailedError(node.name, node.actor_id, exc) from exc
         finally:
             ctx.finished = True
-            if ctx._output is not None:
-                ctx._output.close()
+            ctx.close_outputs()
 
     @staticmethod
-    async def _run_service(name: str, service_id: int, service: Service, store: StateStore) -> None:
+    async def _run_service(
+        name: str, service_id: int, service: Service, store: StateStore, scope: anyio.CancelScope
+    ) -> None:
         ctx = ServiceContext(name, store)
-        try:
-            await service.run(ctx)
-        except Exception as raised:
-            exc = single_leaf(raised)
-            ctx.log.error("service raised", error=repr(exc))
-            raise ActorFailedError(name, service_id, exc) from exc
+        with scope:
+            try:
+                await service.run(ctx)
+            except Exception as raised:
+                exc = single_leaf(raised)
+                ctx.log.error("service raised", error=repr(exc))
+                raise ActorFailedError(name, service_id, exc) from exc
+
+    def _on_complete(self, barrier: Barrier, progress: dict[int, Progress]) -> None:
+        """A barrier completed: the progress collected with it counts for its jobs."""
+        if not progress:
+            return
+        by_id = {n.actor_id: n for n in self._graph.nodes.values()}
+        for actor_id, report in progress.items():
+            node = by_id.get(actor_id)
+            record = self._records.get(node.job) if node is not None else None
+            if node is not None and record is not None:
+                record.progress[node.name] = report
+                record.update_ready()
 
     # Driving a running graph.
 
@@ -636,18 +636,171 @@ class Runtime:
         return self._store.committed_epochs()
 
     def stats(self) -> RuntimeStats:
-        """Per-actor and per-channel counters, epochs and restarts."""
+        """Per-actor, per-channel and per-job counters, epochs and restarts."""
         incarnation = self._incarnation
         if incarnation is None:
-            return RuntimeStats({}, {}, 0, self.committed_epoch, 0, self._restarts)
+            return RuntimeStats({}, {}, 0, self.committed_epoch, 0, self._restarts, {})
+        actors = {name: ctx.stats() for name, ctx in incarnation.contexts.items()}
+        jobs: dict[str, JobStats] = {}
+        for name, record in self._records.items():
+            members = tuple(n for n in record.job.actor_names() if n in actors)
+            jobs[name] = JobStats(
+                job=name,
+                actors=members,
+                created_epoch=record.created_epoch,
+                rows_in=sum(actors[n].rows_in for n in members),
+                rows_out=sum(actors[n].rows_out for n in members),
+                ready=record.snapshot().ready,
+            )
         return RuntimeStats(
-            actors={name: ctx.stats() for name, ctx in incarnation.contexts.items()},
+            actors=actors,
             channels={tx.name: tx.statistics() for tx in incarnation.channels},
             current_epoch=incarnation.manager.current_epoch,
             committed_epoch=self.committed_epoch,
             barriers_in_flight=incarnation.manager.in_flight,
             restarts=self._restarts,
+            jobs=jobs,
         )
+
+    # Jobs joining and leaving the running graph.
+
+    def job(self, name: str) -> JobHandle:
+        """The handle of job ``name`` (the default job is ``"main"``).
+
+        Raises:
+            UnknownJobError: no such job.
+        """
+        record = self._records.get(name) if isinstance(name, str) else None
+        if record is None or record.status == "dropped":
+            raise UnknownJobError(name, self.jobs())
+        return JobHandle(self, record)
+
+    def jobs(self) -> list[str]:
+        """The names of the jobs that run (or are being dropped)."""
+        return [name for name, r in self._records.items() if r.status != "dropped"]
+
+    async def add_job(self, job: Job) -> JobHandle:
+        """Join ``job`` to the running graph at one barrier; return once it was collected.
+
+        The job's channels and actors are built first; then a barrier carrying ``Add`` is
+        injected: each running actor the job reads gains its new output exactly at that
+        barrier, which is the new actors' first. The job enters the catalog under that
+        barrier's epoch and is durable with the next checkpoint.
+
+        Raises:
+            GraphError: ``job`` is not a Job, or an actor reads an unknown actor.
+            DuplicateJobError: a job of that name exists.
+            JobDroppingError: an actor reads an actor of a job being dropped.
+            ActorFailedError: a factory of the job raised (nothing was added).
+            NotRunningError: the runtime is not running.
+        """
+        if not isinstance(job, Job):
+            raise GraphError("job", "a Job", type(job).__name__)
+        from barrierflow.runtime.errors import DuplicateJobError
+
+        incarnation = await self._running()
+        async with self._jobs_lock:
+            if job.name in self._records:
+                raise DuplicateJobError(job.name)
+            clash = set(job.services) & (set(self._services()) | set(self._graph.nodes))
+            if clash:
+                raise GraphError(
+                    "name", "service names not used by another actor or service", sorted(clash)
+                )
+            running = self._graph.nodes
+            nodes = self._apply(job, running=True)
+            try:
+                instances = self._create_actors(nodes)
+                capacity, rows = self._config.channel_capacity, self._config.channel_rows
+                wiring = wire(nodes, running, capacity=capacity, rows=rows)
+                record = JobRecord(job, declared=False)
+                self._records[job.name] = record
+                try:
+                    self._check(instances, wiring)
+                except BaseException:
+                    del self._records[job.name]
+                    raise
+            except BaseException:
+                self._graph.remove([n.name for n in nodes])
+                raise
+            record.backfilling = {n for n, a in instances.items() if a.backfills}
+            incarnation.channels += wiring.channels
+            for name, service in job.services.items():
+                self._start_service(incarnation, name, service)
+            self._start_actors(incarnation, nodes, instances, wiring, {})
+            ids = frozenset(n.actor_id for n in nodes)
+            add = Add(
+                added_actors=ids,
+                outputs={actor: tuple(new) for actor, new in wiring.new_outputs.items()},
+            )
+            with self._as_failure():
+                flight = await incarnation.manager.inject(
+                    mutation=add, add_actors=ids, add_sources=wiring.inboxes
+                )
+            epoch = flight.barrier.epoch.curr
+            record.created_epoch = epoch
+            incarnation.catalog.record(epoch, created={job.name: job.actor_names()})
+            for node in nodes:
+                if node.is_source:
+                    incarnation.inboxes[node.name] = wiring.inboxes[node.actor_id]
+        record.update_ready()
+        await flight.wait()
+        self._log.info("job added", job=job.name, epoch=epoch, actors=job.actor_names())
+        return JobHandle(self, record)
+
+    async def drop_job(self, name: str) -> int:
+        """Stop job ``name``'s actors at one barrier (upstreams drop their outputs to it at
+        the same barrier); its services stop and its state is trimmed in the checkpoint that
+        follows. Returns the epoch of that barrier once it was collected.
+
+        Raises:
+            UnknownJobError: no such job.
+            JobError: another running job reads an actor of this one (drop that one first).
+            NotRunningError: the runtime is not running.
+        """
+        incarnation = await self._running()
+        async with self._jobs_lock:
+            record = self._records.get(name) if isinstance(name, str) else None
+            if record is None or record.status != "running":
+                raise UnknownJobError(name, self.jobs())
+            nodes = [n for n in self._graph.nodes.values() if n.job == name]
+            mine = {n.name for n in nodes}
+            readers = sorted(
+                n.name for n in self._graph.nodes.values() if n.job != name and mine & set(n.inputs)
+            )
+            if readers:
+                raise JobError(name, "a job no other job reads", f"read by {readers}")
+            record.status = "dropping"
+            ids = frozenset(n.actor_id for n in nodes)
+            with self._as_failure():
+                flight = await incarnation.manager.inject(mutation=Stop(ids))
+            epoch = flight.barrier.epoch.curr
+            incarnation.catalog.record(epoch, dropped=(name,))
+        await flight.wait()
+        incarnation.manager.remove_sources(ids)
+        scope = incarnation.job_scopes.pop(name, None)
+        if scope is not None:
+            scope.cancel()
+        for node in nodes:
+            incarnation.inboxes.pop(node.name, None)
+            ctx = incarnation.contexts.pop(node.name, None)
+            if ctx is not None:
+                await self._trim(ctx, epoch)
+        self._graph.remove(list(mine))
+        record.status = "dropped"
+        del self._records[name]
+        record.error = NotRunningError(f"job {name!r}", "a job that was not dropped")
+        record.ready.set()
+        self._log.info("job dropped", job=name, epoch=epoch)
+        return epoch
+
+    @staticmethod
+    async def _trim(ctx: ActorContext, epoch: int) -> None:
+        """Delete every key of a dropped actor's tables, durable with the next checkpoint."""
+        for table in ctx._tables:
+            for key in await table.items():
+                table.delete(key)
+            table.seal(epoch)
 
     def __repr__(self) -> str:
         state = "running" if self._task_group is not None else "stopped"

@@ -37,7 +37,7 @@ from typing import Any, final
 
 import pyarrow as pa
 
-from barrierflow.actors.sources.batch_source import BatchFeed
+from barrierflow.actors.sources.batch_feed import BatchFeed
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.schema import check_schema, conform_schema
 from barrierflow.runtime.blocking import BlockingRuntime

@@ -5,6 +5,9 @@ from barrierflow.actors.sinks.coordinator import CommitCoordinator as CommitCoor
 from barrierflow.actors.sinks.coordinator import Coordinator as Coordinator
 from barrierflow.actors.sinks.coordinator import CoordinatorStats as CoordinatorStats
 from barrierflow.actors.sinks.coordinator import SchemaChange as SchemaChange
+from barrierflow.actors.sinks.coordinator import SinkState as SinkState
+from barrierflow.actors.sinks.coordinator import SinkStateRecord as SinkStateRecord
+from barrierflow.actors.sinks.coordinator import SinkStates as SinkStates
 from barrierflow.actors.sinks.coordinator import WriterHandle as WriterHandle
 from barrierflow.actors.sinks.protocol import CommitMetadata as CommitMetadata
 from barrierflow.actors.sinks.protocol import PendingCommit as PendingCommit
@@ -23,6 +26,9 @@ __all__ = [
     "PendingCommit",
     "SchemaChange",
     "SinkConnector",
+    "SinkState",
+    "SinkStateRecord",
+    "SinkStates",
     "SinkTask",
     "SinkTaskHandle",
     "SinkTaskStats",

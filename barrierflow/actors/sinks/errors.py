@@ -21,6 +21,9 @@ __all__ = [
     "CoordinatorAbortedError",
     "DuplicateWriterError",
     "CoordinatorMissingError",
+    "UnexpectedWriterRequestError",
+    "SinkRecordsOrderError",
+    "SinkWriterInputError",
 ]
 
 
@@ -196,3 +199,77 @@ class CoordinatorMissingError(GraphError):
         self.writer = writer
         self.sink = sink
         super().__init__(f"sink writer {writer!r}", expected, got)
+
+
+@final
+class UnexpectedWriterRequestError(ProtocolError):
+    """A writer sent its coordinator a request the coordinator cannot take at this stage (a
+    commit during realignment, an initial epoch after init, a writer that is not running).
+
+    Attributes:
+        sink: the sink's name.
+        stage: where the coordinator was (``"init"``, ``"realignment"``, ``"running"``, ...).
+        expected: what it would have accepted, in words.
+        request: the request that arrived (``"Commit"``, ``"AlignInitial"``, ...).
+        writer: the handle id of the writer that sent it (``None``: none known).
+        epoch: the epoch the request carried, if any.
+    """
+
+    def __init__(
+        self,
+        sink: str,
+        stage: str,
+        expected: str,
+        request: str,
+        writer: int | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.sink = sink
+        self.stage = stage
+        self.expected = expected
+        self.request = request
+        self.writer = writer
+        self.epoch = epoch
+        source = "" if writer is None else f" from writer {writer}"
+        at = "" if epoch is None else f" for epoch {epoch}"
+        super().__init__(
+            f"sink {sink!r} during {stage}: expected {expected}, got {request}{source}{at}"
+        )
+
+
+@final
+class SinkRecordsOrderError(ProtocolError):
+    """A coordinated sink's meta-store records are not in the order the coordinator writes
+    them (the last committed, then pending ones, then aborted ones).
+
+    Attributes:
+        sink: the sink's name.
+        expected: the rule the records break, in words.
+        records: every record as ``(epoch, state)``, in epoch order.
+    """
+
+    def __init__(self, sink: str, expected: str, records: Iterable[tuple[int, str]]) -> None:
+        self.sink = sink
+        self.expected = expected
+        self.records = tuple(records)
+        super().__init__(
+            f"sink {sink!r}: expected {expected} in the meta store, got {list(self.records)}"
+        )
+
+
+@final
+class SinkWriterInputError(ProtocolError):
+    """A sink writer's input broke the sink's contract: rows before the first barrier, or
+    deletes and updates into an append-only sink.
+
+    Attributes:
+        writer: the sink writer actor's name.
+        expected: what the writer accepts, in words.
+        got: what arrived, in words.
+    """
+
+    def __init__(self, writer: str, expected: str, got: str) -> None:
+        self.writer = writer
+        self.expected = expected
+        self.got = got
+        super().__init__(f"sink writer {writer!r}: expected {expected}, got {got}")

@@ -43,18 +43,20 @@ The writer passes barriers downstream, never chunks: it is a sink.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, final
+from typing import final
 
 import anyio
 import numpy as np
 
 from barrierflow._taskgroups import single_error
-from barrierflow.actors.sinks.coordinator import Coordinator, WriterHandle
-from barrierflow.actors.sinks.errors import CoordinatorMissingError, DuplicateWriterError
-from barrierflow.actors.sinks.protocol import PendingCommit, SinkConnector
+from barrierflow.actors.sinks.coordinator import Coordinator
+from barrierflow.actors.sinks.errors import (
+    CoordinatorMissingError,
+    DuplicateWriterError,
+    SinkWriterInputError,
+)
+from barrierflow.actors.sinks.protocol import SinkConnector
 from barrierflow.actors.sinks.sink_task import (
     DEFAULT_CAPACITY,
     DEFAULT_FLUSH_INTERVAL,
@@ -62,28 +64,16 @@ from barrierflow.actors.sinks.sink_task import (
     SinkTaskStats,
     start_sink_task,
 )
+from barrierflow.actors.sinks.writer_modes import CoordinatedCommits, LocalCommits, WriterMode
 from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.chunk import Chunk
-from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
-from barrierflow.channels.mutation import Update
-from barrierflow.channels.vnode import VnodeBitmap
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.positions import SinkCommits
 from barrierflow.runtime.startup import StartupContext
 from barrierflow.runtime.state.state_store import StateTable
 
 __all__ = ["SinkWriter"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    epoch: int  # the sink epoch
-    checkpoint: int  # the checkpoint epoch whose durability allows the commit
-    key: str  # its record in the state table
-
-
-def _record_key(epoch: int) -> str:
-    return f"{epoch:020d}"
 
 
 @final
@@ -122,14 +112,12 @@ class SinkWriter(StreamActor):
         self._capacity = capacity
         self._handle: SinkTaskHandle | None = None
         self._open: int | None = None
-        self._pending: deque[_Pending] = deque()
-        self._committed_one: anyio.Event | None = None
-        self._committed_checkpoint = 0
         self._stopped = False
         self._coordinator = coordinator
-        self._coordination: WriterHandle | None = None
-        self._rewind: int | None = None
-        self._last_checkpoint = 0
+        self._local = LocalCommits(lambda: self._open)
+        self._mode: WriterMode = (
+            self._local if coordinator is None else CoordinatedCommits(coordinator)
+        )
         self._prepared: SinkConnector | None = None  # made before the graph starts
         self._epoch_start: dict[str, int] = {}  # source positions where the open epoch began
 
@@ -219,19 +207,13 @@ class SinkWriter(StreamActor):
     def committed_checkpoint(self) -> int:
         """The checkpoint epoch up to which this writer's rows are committed to the sink
         (0 until the first commit of this incarnation)."""
-        return self._committed_checkpoint
+        return self._local.committed_checkpoint
 
     async def wait_committed(self, checkpoint: int) -> None:
         """Wait until every row before checkpoint ``checkpoint`` (an epoch returned by
-        ``Runtime.checkpoint``) is committed to the sink — visible to its readers."""
-        if self._coordinator is not None:
-            await self._coordinator.wait_committed(checkpoint)
-            return
-        while self._committed_checkpoint < checkpoint:
-            if self._committed_one is None:
-                await anyio.sleep(0.001)  # not started yet
-                continue
-            await self._committed_one.wait()
+        ``Runtime.checkpoint``) is committed to the sink — visible to its readers. May be
+        called before the writer runs."""
+        await self._mode.wait_committed(checkpoint)
 
     def _make_connector(self) -> SinkConnector:
         if isinstance(self._connector, SinkConnector):
@@ -246,18 +228,11 @@ class SinkWriter(StreamActor):
     async def run(self, ctx: ActorContext) -> None:
         """Recover the sink (or join its coordinator), then write every message's rows and
         follow its barriers."""
-        self._open, self._pending, self._stopped = None, deque(), False
-        self._committed_one = anyio.Event()
+        self._open, self._stopped = None, False
         table = ctx.table("sink")
         records = await table.items()
-        self._coordination, self._rewind = None, None
         connector, self._prepared = self._connector_now(), None
-        if self._coordinator is not None:
-            bitmap = ctx.vnode_bitmap or VnodeBitmap.full(self._coordinator.vnode_count)
-            self._coordination = await self._coordinator.register(
-                bitmap, writer=getattr(connector, "writer", None), name=ctx.name
-            )
-            self._rewind = await self._coordination.wait_started()
+        await self._mode.join(ctx, connector)
         failure: BaseException | None = None
         async with anyio.create_task_group() as sink_group:
             handle = await start_sink_task(
@@ -269,20 +244,15 @@ class SinkWriter(StreamActor):
             )
             self._handle = handle
             try:
-                if self._coordination is None:
-                    pending = sorted(records.values(), key=lambda r: r["epoch"])
-                    await handle.recover(
-                        [PendingCommit(r["epoch"], r["metadata"]) for r in pending]
-                    )
-                    for key in records:
-                        table.delete(key)  # committed; the delete is durable at the next checkpoint
+                await self._mode.recover(handle, table, records)
                 with single_error():
                     async with anyio.create_task_group() as tasks:
-                        if self._coordination is None:
-                            tasks.start_soon(self._commit_when_durable, ctx, handle, table)
+                        tasks.start_soon(self._mode.background, ctx, handle, table)
                         await self._consume(ctx, handle, table)
                         if self._stopped:
-                            await self._wait_for_last_commit()
+                            # A graceful stop: what was pre-committed is committed before the
+                            # writer leaves, so the rows are visible once the runtime stopped.
+                            await self._mode.finish()
                         tasks.cancel_scope.cancel()
             except Exception as exc:
                 # Let the sink task serve what is queued (a rollback) before it closes.
@@ -291,19 +261,6 @@ class SinkWriter(StreamActor):
                 handle.release()
         if failure is not None:
             raise failure
-
-    async def _wait_for_last_commit(self) -> None:
-        """At a graceful stop: wait until what was pre-committed is committed (and leave the
-        coordinator), so that the rows are visible once the runtime has stopped."""
-        if self._coordinator is not None:
-            if self._coordination is None:
-                return  # left the coordinator already (dropped by a rescale)
-            await self._coordinator.wait_committed(self._last_checkpoint)
-            await self._coordination.stop()
-            return
-        while self._pending:
-            assert self._committed_one is not None
-            await self._committed_one.wait()
 
     async def _consume(self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable) -> None:
         async for message in ctx.messages():
@@ -317,16 +274,15 @@ class SinkWriter(StreamActor):
         if chunk.cardinality == 0:
             return
         if self._open is None:
-            raise ProtocolError(
-                f"sink writer {ctx.name!r}: expected a barrier to begin an epoch before rows"
-            )
+            raise SinkWriterInputError(ctx.name, "a barrier to begin an epoch before rows", "rows")
         chunk = chunk.compact()
         if chunk.ops is not None:
             changes = int(np.count_nonzero(chunk.ops_numpy()))  # Op.INSERT is 0
             if changes:
-                raise ProtocolError(
-                    f"sink writer {ctx.name!r}: expected insert-only chunks (the sink is "
-                    f"append-only), got {changes} delete/update row(s)"
+                raise SinkWriterInputError(
+                    ctx.name,
+                    "insert-only chunks (the sink is append-only)",
+                    f"{changes} delete/update row(s)",
                 )
         try:
             await handle.write_batch(chunk.batch)
@@ -342,13 +298,8 @@ class SinkWriter(StreamActor):
         # with the epoch's rows, so a sink can tell a replay of rows it holds even if the
         # runtime's store is lost.
         positions = ctx.positions_at(barrier)
-        if (
-            barrier.kind is BarrierKind.INITIAL
-            and self._coordination is not None
-            and self._rewind is None
-        ):
-            # A fresh coordinated sink: every writer starts at the same (the latest) epoch.
-            await self._coordination.align_initial_epoch(barrier.epoch.curr)
+        if barrier.kind is BarrierKind.INITIAL:
+            await self._mode.on_initial(barrier)
         if barrier.kind is BarrierKind.CHECKPOINT and self._open is not None:
             epoch = self._open
             try:
@@ -357,61 +308,19 @@ class SinkWriter(StreamActor):
                 await handle.rollback_epoch(epoch)
                 raise
             self._open = None
-            if self._coordination is not None:
-                # Acknowledged only once every writer's part of the epoch is in and recorded
-                # as pending: the checkpoint cannot become durable without that record.
-                await self._coordination.commit(barrier.epoch.prev, dict(metadata))
-                await handle.commit_epoch(epoch)  # the sink task's bookkeeping; a no-op write
-                self._last_checkpoint = barrier.epoch.prev
-            else:
-                key = _record_key(epoch)
-                record: dict[str, Any] = {
-                    "epoch": epoch,
-                    "checkpoint": barrier.epoch.prev,
-                    "metadata": dict(metadata),
-                }
-                table.put(key, record)  # sealed by this barrier: durable with its checkpoint
-                self._pending.append(_Pending(epoch, barrier.epoch.prev, key))
+            await self._mode.on_checkpoint(handle, table, epoch, barrier.epoch.prev, metadata)
         await ctx.emit(barrier)
         if barrier.is_stop(ctx.actor_id):
             self._stopped = True
             if self._open is not None:
                 await handle.rollback_epoch(self._open)
                 self._open = None
-            if self._coordination is not None and isinstance(barrier.mutation, Update):
-                # Dropped by a rescale: leave now, so the coordinator can realign the others
-                # (waiting for a commit here would wait on that very realignment).
-                await self._coordination.stop()
-                self._coordination = None
+            await self._mode.on_stop(barrier)
             return
         bitmap = barrier.new_vnode_bitmap(ctx.actor_id)
-        if self._coordination is not None and bitmap is not None:
-            # Rescaled: every writer of the sink gets the same barrier, so the coordinator
-            # sees every writer's new bitmap (or stop) and realigns before the next commit.
-            await self._coordination.update_vnode_bitmap(bitmap)
-            await self._coordination.wait_started()
+        if bitmap is not None:
+            await self._mode.on_rescale(bitmap)
         if self._open is None:
             await handle.begin_epoch(barrier.epoch.curr)
             self._open = barrier.epoch.curr
             self._epoch_start = positions
-
-    async def _commit_when_durable(
-        self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable
-    ) -> None:
-        async for committed in ctx.committed_epochs():
-            while self._pending and self._pending[0].checkpoint <= committed:
-                pending = self._pending[0]
-                try:
-                    await handle.commit_epoch(pending.epoch)
-                except Exception:
-                    # The failed epoch stays pre-committed for recovery to commit; only the
-                    # open epoch, which the upstream will replay, is rolled back.
-                    if self._open is not None:
-                        await handle.rollback_epoch(self._open)
-                    raise
-                self._pending.popleft()
-                table.delete(pending.key)
-                self._committed_checkpoint = pending.checkpoint
-                done, self._committed_one = self._committed_one, anyio.Event()
-                if done is not None:
-                    done.set()

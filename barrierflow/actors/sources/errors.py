@@ -1,4 +1,5 @@
-"""Errors of the source actors: batches out of order or aborted.
+"""Errors of the source actors: batches out of order or aborted, a feed shared by two sources,
+rows pushed past a feed.
 
 Every public name is re-exported from :mod:`barrierflow.errors`.
 """
@@ -12,6 +13,8 @@ from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 __all__ = [
     "BatchOrderError",
     "BatchAbortedError",
+    "FeedSharedError",
+    "FeedBypassedError",
 ]
 
 
@@ -52,4 +55,44 @@ class BatchAbortedError(ProtocolError):
         super().__init__(
             f"batch {batch_id} of stream {stream!r} was abandoned part-way: expected its end "
             "mark after its rows"
+        )
+
+
+@final
+class FeedSharedError(ProtocolError):
+    """A second source actor attached to a :class:`~barrierflow.actors.sources.BatchFeed` while
+    the first one runs: a feed's batch ids are recorded by one source, so two would deliver and
+    record each batch twice.
+
+    Attributes:
+        source: the source actor that tried to attach.
+        attached: the source actor already attached.
+    """
+
+    def __init__(self, source: str, attached: str) -> None:
+        self.source = source
+        self.attached = attached
+        super().__init__(
+            f"batch source {source!r}: expected one `rt.add_source(name, feed.source)` per "
+            f"BatchFeed (a feed feeds one source actor), got a second source while {attached!r} "
+            "runs"
+        )
+
+
+@final
+class FeedBypassedError(ProtocolError):
+    """Rows were pushed into a batch source's inbox (``rt.push``) instead of delivered through
+    its feed: they would carry no batch id, so they could be neither skipped nor replayed.
+
+    Attributes:
+        source: the batch source actor.
+        rows: rows of the chunk that arrived.
+    """
+
+    def __init__(self, source: str, rows: int) -> None:
+        self.source = source
+        self.rows = rows
+        super().__init__(
+            f"batch source {source!r}: expected only barriers in its inbox (rows go through its "
+            f"BatchFeed), got a chunk of {rows} rows"
         )

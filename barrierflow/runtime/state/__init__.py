@@ -1,18 +1,19 @@
-"""The durable state store: key→value tables that commit with checkpoints, the sink meta-store
-records, and the two SQLite adapters (aiosqlite on asyncio, one worker thread on trio)."""
+"""The durable state store: key→value tables that commit with checkpoints, the epoch records
+that commit on their own (a coordinated sink's meta store builds on them), and the two SQLite
+adapters (aiosqlite on asyncio, one worker thread on trio)."""
 
-from barrierflow.runtime.state.sink_states import SinkState as SinkState
-from barrierflow.runtime.state.sink_states import SinkStateRecord as SinkStateRecord
-from barrierflow.runtime.state.sink_states import SinkStates as SinkStates
+from barrierflow.runtime.state.epoch_records import EpochRecord as EpochRecord
+from barrierflow.runtime.state.epoch_records import EpochRecords as EpochRecords
+from barrierflow.runtime.state.epoch_records import RecordStatus as RecordStatus
 from barrierflow.runtime.state.state_store import CommittedEpochs as CommittedEpochs
 from barrierflow.runtime.state.state_store import StateStore as StateStore
 from barrierflow.runtime.state.state_store import StateTable as StateTable
 
 __all__ = [
     "CommittedEpochs",
-    "SinkState",
-    "SinkStateRecord",
-    "SinkStates",
+    "EpochRecord",
+    "EpochRecords",
+    "RecordStatus",
     "StateStore",
     "StateTable",
 ]

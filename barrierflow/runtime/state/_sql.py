@@ -29,6 +29,10 @@ SCHEMA_VERSION = 2
 #: Seconds a shielded cleanup (closing a connection) may take before it is abandoned, so that
 #: a stuck disk or worker thread cannot hang a runtime's shutdown.
 CLOSE_TIMEOUT = 5.0
+#: Seconds a transaction may run, shielded, before its caller stops waiting: the outcome is
+#: then unknown (the worker thread may still commit it), so the connection refuses every later
+#: call and the runtime must reopen the store, which reads what is really durable.
+COMMIT_TIMEOUT = 60.0
 
 PRAGMAS = (
     "PRAGMA journal_mode=WAL",
@@ -99,10 +103,11 @@ class SqlConnection(Protocol):
     async def transaction(self, statements: Sequence[Statement]) -> None:
         """Apply ``statements`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``, or none of them.
 
-        Cancellation: shielded, without a deadline — once submitted, the transaction runs to
-        its end and its caller learns the outcome (a deadline could not stop SQLite's worker
-        thread mid-transaction; it would only hide whether the checkpoint is durable). Waiting
-        for the connection before that is cancellable.
+        Cancellation: shielded, for at most :data:`COMMIT_TIMEOUT` seconds — once submitted,
+        the transaction runs to its end and its caller learns the outcome. Past the deadline
+        the caller gets :class:`TimeoutError` (outcome unknown: the worker thread cannot be
+        stopped mid-transaction) and the connection refuses every later call (see
+        :func:`commit_timed_out`). Waiting for the connection before that is cancellable.
         """
         ...
 
@@ -114,6 +119,16 @@ class SqlConnection(Protocol):
         returns) and a warning is logged.
         """
         ...
+
+
+def commit_timed_out() -> TimeoutError:
+    """The error of a transaction that outlived :data:`COMMIT_TIMEOUT`, and of every later
+    call on its connection: whether it committed is unknown, so nothing may build on it (an
+    ``OSError``, so the store reports it as a :class:`~barrierflow.errors.StoreIOError`)."""
+    return TimeoutError(
+        f"a transaction did not finish within {COMMIT_TIMEOUT} s: its outcome is unknown and "
+        "the connection is unusable (reopen the store to read what is durable)"
+    )
 
 
 def bootstrap_statements() -> list[Statement]:

@@ -13,13 +13,13 @@ worker thread, then :func:`connect` and :func:`finish_open` through the SQLite a
 * **Lock.** ``flock`` on ``<real file>.lock``: one holder per file, in this process (each open
   takes a new open file description, so a second open in the same process is refused too)
   and across processes; the OS releases it even on SIGKILL.
-* **Inspection.** A file that exists must look like a whole SQLite database: a zero-byte
-  file, a file cut inside the 100-byte header, a page size that is not one, or (with no
-  write-ahead log to replay) a size that is not a whole number of pages or below the page
-  count its header records is a :class:`~barrierflow.errors.StoreCorruptedError`; a file that
-  does not start like SQLite is a :class:`~barrierflow.errors.StoreFormatError`. Once open,
-  SQLite's ``quick_check`` reads every page, and the metadata rows must be present and well
-  formed.
+* **Inspection** (:mod:`._store_check`). A file that exists must look like a whole SQLite
+  database: a zero-byte file, a file cut inside the 100-byte header, a page size that is not
+  one, or (with no write-ahead log to replay) a size that is not a whole number of pages or
+  below the page count its header records is a
+  :class:`~barrierflow.errors.StoreCorruptedError`; a file that does not start like SQLite is
+  a :class:`~barrierflow.errors.StoreFormatError`. Once open, SQLite's ``quick_check`` reads
+  every page, and the metadata rows must be present and well formed.
 * **Creation.** A new store is built whole in ``<file>.creating-<random>`` beside the target,
   fsynced, renamed into place and the directory fsynced: the store file either does not exist
   or is complete, so an empty or truncated file is never one that barrierflow half-created
@@ -33,33 +33,28 @@ import contextlib
 import errno
 import fcntl
 import os
-import pathlib
-import re
 import secrets
 import sqlite3
 import stat
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, NamedTuple, final
 
+import anyio
 import sniffio
 
 from barrierflow._fs import fsync_path
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.state import _sql
+from barrierflow.runtime.state._store_check import inspect_header, validate
 from barrierflow.runtime.state.errors import (
     StoreCorruptedError,
-    StoreFormatError,
     StoreIOError,
     StoreLockedError,
     StorePathError,
-    StoreVersionError,
 )
 
 Adapter = Literal["auto", "aiosqlite", "thread"]
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
-_HEADER_SIZE = 100
-_WAL_HEADER_SIZE = 32
 _CREATING = ".creating-"
 _WRITABLE_PARENT = "a file path whose parent directory exists (or can be created) and is writable"
 
@@ -150,8 +145,8 @@ def prepare(file: str) -> Prepared:
             except FileNotFoundError:
                 _create(real)
                 return Prepared(real, lock, _sql.SCHEMA_VERSION, 0)
-            _inspect(real, size)
-            version, committed = _validate(real)
+            inspect_header(real, size)
+            version, committed = validate(real)
     except BaseException:
         lock.release()
         raise
@@ -233,51 +228,6 @@ def _lock(real: str) -> StoreLock:
         lock.release()
         raise
     return lock
-
-
-def _inspect(real: str, size: int) -> None:
-    if size == 0:
-        raise StoreCorruptedError(
-            real,
-            "an empty file (0 bytes): barrierflow creates stores whole, so this is not a new "
-            "store but one whose content is gone",
-        )
-    with open(real, "rb") as handle:
-        head = handle.read(_HEADER_SIZE)
-    if not SQLITE_MAGIC.startswith(head[: len(SQLITE_MAGIC)]):
-        raise StoreFormatError(real, "a file that is not an SQLite database")
-    if size < _HEADER_SIZE:
-        raise StoreCorruptedError(
-            real, f"a file of {size} bytes, cut short inside the {_HEADER_SIZE}-byte SQLite header"
-        )
-    raw = int.from_bytes(head[16:18], "big")
-    page_size = 65536 if raw == 1 else raw
-    if page_size < 512 or page_size & (page_size - 1):
-        raise StoreCorruptedError(real, f"an SQLite header with an invalid page size ({raw})")
-    if _wal_has_frames(real):
-        # SQLite replays the log over the file; whether the result is whole is checked once
-        # the database is open.
-        return
-    if size % page_size:
-        raise StoreCorruptedError(
-            real, f"{size} bytes, not a whole number of {page_size}-byte pages (cut mid-page)"
-        )
-    pages = int.from_bytes(head[28:32], "big")
-    # The header's page count is valid only when its change counter matches its
-    # "version-valid-for" field (SQLite's file format, section 1.3.7).
-    if head[24:28] == head[92:96] and size < pages * page_size:
-        raise StoreCorruptedError(
-            real,
-            f"{size} bytes, but its header counts {pages} pages of {page_size} bytes "
-            f"({pages * page_size} bytes): the file was cut short",
-        )
-
-
-def _wal_has_frames(real: str) -> bool:
-    try:
-        return os.stat(real + "-wal").st_size > _WAL_HEADER_SIZE
-    except FileNotFoundError:
-        return False
 
 
 def _remove_files(base: str) -> None:
@@ -363,8 +313,11 @@ class TypedConnection:
             await self._inner.close()
 
 
-async def connect(file: str, adapter: Adapter) -> _sql.SqlConnection:
-    """A connection to ``file`` through ``adapter`` (``"auto"``: aiosqlite on asyncio)."""
+async def connect(
+    file: str, adapter: Adapter, limiter: anyio.CapacityLimiter | None = None
+) -> _sql.SqlConnection:
+    """A connection to ``file`` through ``adapter`` (``"auto"``: aiosqlite on asyncio); the
+    ``"thread"`` adapter runs its calls behind ``limiter``."""
     if adapter == "auto":
         adapter = "aiosqlite" if sniffio.current_async_library() == "asyncio" else "thread"
     if adapter == "aiosqlite":
@@ -373,57 +326,7 @@ async def connect(file: str, adapter: Adapter) -> _sql.SqlConnection:
         return await AiosqliteConnection.open(file)
     from barrierflow.runtime.state.sqlite_thread_backend import ThreadConnection
 
-    return await ThreadConnection.open(file)
-
-
-_DIGITS = re.compile(r"[0-9]+")
-
-
-def _meta_int(file: str, meta: dict[Any, Any], key: str, least: int) -> int:
-    value = meta.get(key)
-    if value is None:
-        raise StoreCorruptedError(file, f"no {key!r} row in its metadata table bf_meta")
-    if not isinstance(value, str) or not _DIGITS.fullmatch(value) or int(value) < least:
-        raise StoreCorruptedError(
-            file, f"{key} = {value!r} in bf_meta, expected an integer >= {least}"
-        )
-    return int(value)
-
-
-def _validate(real: str) -> tuple[int, int]:
-    """Check an existing store's pages and metadata; return its schema version and committed
-    epoch. Read-only: SQLite neither replays nor removes the write-ahead log of a file it
-    rejects."""
-    db = sqlite3.connect(pathlib.Path(real).as_uri() + "?mode=ro", uri=True)
-    try:
-        problems = [row[0] for row in db.execute(_sql.QUICK_CHECK)]
-        if problems != ["ok"]:
-            shown = "; ".join(str(problem) for problem in problems[:3])
-            raise StoreCorruptedError(real, f"pages SQLite's quick_check rejects ({shown})")
-        tables = {row[0] for row in db.execute(_sql.LIST_TABLES)}
-        if "bf_meta" not in tables:
-            if tables & set(_sql.OWN_TABLES):
-                found = f"a barrierflow store without its metadata table bf_meta ({sorted(tables)})"
-                raise StoreCorruptedError(real, found)
-            raise StoreFormatError(
-                real,
-                f"an SQLite database of someone else (tables {sorted(tables)})"
-                if tables
-                else "an SQLite database with no tables (not created by barrierflow, which "
-                "creates stores whole)",
-            )
-        meta = dict(db.execute(_sql.READ_META).fetchall())
-    finally:
-        db.close()
-    tag = meta.get("format")
-    if tag is None and "bf_state" in tables:
-        raise StoreCorruptedError(real, "no 'format' row in its metadata table bf_meta")
-    if tag != _sql.FORMAT_TAG:
-        raise StoreFormatError(real, f"an SQLite database with format tag {tag!r}")
-    version = _meta_int(real, meta, "schema_version", 1)
-    if version > _sql.SCHEMA_VERSION:
-        raise StoreVersionError(real, version, _sql.SCHEMA_VERSION)
-    return version, _meta_int(real, meta, "committed_epoch", 0)
+    return await ThreadConnection.open(file, limiter)
 
 
 async def finish_open(connection: _sql.SqlConnection, prepared: Prepared) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import final
 
-from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
+from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError, ProtocolError
 
 __all__ = [
     "StateStoreError",
@@ -18,6 +18,7 @@ __all__ = [
     "StoreCorruptedError",
     "StorePathError",
     "StoreIOError",
+    "ConcurrentCommitError",
 ]
 
 
@@ -120,4 +121,25 @@ class StoreIOError(StateStoreError):
         self.cause = cause
         super().__init__(
             f"state store {path!r}: {operation} failed: {type(cause).__name__}: {cause}"
+        )
+
+
+@final
+class ConcurrentCommitError(ProtocolError):
+    """A checkpoint commit started while another was still running: checkpoints commit one at a
+    time, in epoch order (the barrier manager's rule), so a second one means two committers.
+
+    Attributes:
+        path: the store's file.
+        epoch: the commit that was refused.
+        running: the epoch whose commit was running.
+    """
+
+    def __init__(self, path: str, epoch: int, running: int) -> None:
+        self.path = path
+        self.epoch = epoch
+        self.running = running
+        super().__init__(
+            f"state store {path!r}: expected one checkpoint commit at a time, got a commit of "
+            f"epoch {epoch!r} while the commit of epoch {running} runs"
         )

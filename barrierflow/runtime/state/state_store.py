@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, final
 
@@ -40,138 +39,21 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError, ProtocolError
+from barrierflow._sync import Notifier
+from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
 from barrierflow.runtime.state import _sql, _store_file
 from barrierflow.runtime.state._store_file import Adapter
-from barrierflow.runtime.state.errors import StoreCorruptedError
-from barrierflow.runtime.state.sink_states import SinkStates
+from barrierflow.runtime.state.epoch_records import EpochRecords
+from barrierflow.runtime.state.errors import ConcurrentCommitError, StoreCorruptedError
+from barrierflow.runtime.state.table import DELETED, MAX_EPOCH, StateTable, check_key
 
 __all__ = ["CommittedEpochs", "StateStore", "StateTable"]
-
-_DELETED: Any = object()
-
-
-def _encode(value: Any) -> str:
-    try:
-        return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgumentError("value", "a JSON-serializable value", value) from exc
-
-
-def _check_key(key: Any) -> str:
-    if not isinstance(key, str):
-        raise InvalidArgumentError("key", "a str", key)
-    return key
 
 
 def _check_names(**names: Any) -> None:
     for argument, value in names.items():
         if not isinstance(value, str) or not value:
             raise InvalidArgumentError(argument, "a non-empty str", value)
-
-
-#: Epochs are stored as SQLite integers (signed 64-bit).
-_MAX_EPOCH = 2**63 - 1
-
-
-@final
-class StateTable:
-    """One actor's key→value table; values are JSON-serializable.
-
-    Create with :meth:`StateStore.table`. Lifecycle per epoch: any number of :meth:`put` /
-    :meth:`delete`, then :meth:`seal` at the barrier; durability comes with the store's
-    :meth:`StateStore.commit` of a checkpoint at or after that epoch.
-    """
-
-    __slots__ = ("_last_sealed", "_name", "_owner", "_pending", "_sealed", "_store")
-
-    def __init__(self, store: StateStore, owner: str, name: str) -> None:
-        self._store = store
-        self._owner = owner
-        self._name = name
-        # Writes are JSON text (or _DELETED), as they will be stored.
-        self._pending: dict[str, Any] = {}
-        # (epoch, writes) in epoch order, sealed but not yet durable.
-        self._sealed: list[tuple[int, dict[str, Any]]] = []
-        self._last_sealed = store.committed_epoch
-
-    @property
-    def owner(self) -> str:
-        """The owning actor's name."""
-        return self._owner
-
-    @property
-    def name(self) -> str:
-        """The table's name within its owner."""
-        return self._name
-
-    def put(self, key: str, value: Any) -> None:
-        """Set ``key`` to ``value`` in the current epoch.
-
-        Raises:
-            InvalidArgumentError: ``key`` is not a str or ``value`` is not JSON-serializable.
-        """
-        # Kept encoded: validated once here, written as is by the checkpoint.
-        self._pending[_check_key(key)] = _encode(value)
-
-    def delete(self, key: str) -> None:
-        """Remove ``key`` in the current epoch."""
-        self._pending[_check_key(key)] = _DELETED
-
-    def seal(self, epoch: int) -> None:
-        """Close the current epoch's writes under ``epoch`` (call at each barrier).
-
-        Raises:
-            EpochOrderError: ``epoch`` is not greater than the last sealed or committed epoch.
-        """
-        last = max(self._last_sealed, self._store.committed_epoch)
-        if type(epoch) is not int or not last < epoch <= _MAX_EPOCH:
-            raise EpochOrderError("epoch", last, epoch)
-        self._last_sealed = epoch
-        if self._pending:
-            self._sealed.append((epoch, self._pending))
-            self._pending = {}
-
-    def _overlay(self) -> Iterator[dict[str, Any]]:
-        yield self._pending
-        for _, writes in reversed(self._sealed):
-            yield writes
-
-    async def get(self, key: str, default: Any = None) -> Any:
-        """The value of ``key`` as this actor sees it: its own writes over committed state."""
-        _check_key(key)
-        for writes in self._overlay():
-            if key in writes:
-                value = writes[key]
-                return default if value is _DELETED else json.loads(value)
-        return await self._store.read(self._owner, self._name, key, default)
-
-    async def items(self) -> dict[str, Any]:
-        """Every key and value as this actor sees it."""
-        merged = await self._store.read_all(self._owner, self._name)
-        for writes in reversed(list(self._overlay())):
-            for key, value in writes.items():
-                if value is _DELETED:
-                    merged.pop(key, None)
-                else:
-                    merged[key] = json.loads(value)
-        return merged
-
-    def _take_through(self, epoch: int) -> dict[str, Any]:
-        """Merge the sealed writes up to ``epoch`` (for the store's commit)."""
-        merged: dict[str, Any] = {}
-        for sealed_epoch, writes in self._sealed:
-            if sealed_epoch <= epoch:
-                merged.update(writes)
-        return merged
-
-    def _drop_through(self, epoch: int) -> None:
-        self._sealed = [(e, w) for e, w in self._sealed if e > epoch]
-
-    def _discard_uncommitted(self) -> None:
-        self._pending = {}
-        self._sealed = []
-        self._last_sealed = self._store.committed_epoch
 
 
 @final
@@ -193,13 +75,20 @@ class StateStore:
         self._connection = connection
         self._lock = lock
         self._committed = committed_epoch
-        self._committed_changed = anyio.Event()
+        self._committed_changed = Notifier()
         self._tables: dict[tuple[str, str], StateTable] = {}
         self._closed = False
-        self._committing = False
+        # The epoch whose commit is running (one at a time).
+        self._committing: int | None = None
 
     @classmethod
-    async def open(cls, path: str | os.PathLike[str], *, adapter: Adapter = "auto") -> StateStore:
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        adapter: Adapter = "auto",
+        limiter: anyio.CapacityLimiter | None = None,
+    ) -> StateStore:
         """Open the store at ``path`` and take its lock; a path that does not exist becomes a
         new, empty store (created atomically, with any missing parent directories).
 
@@ -213,6 +102,10 @@ class StateStore:
             path: the SQLite file, as a ``str`` or ``os.PathLike[str]`` (bytes are refused).
             adapter: ``"aiosqlite"`` (asyncio only), ``"thread"`` (any backend), or ``"auto"``:
                 aiosqlite on asyncio, the dedicated thread otherwise.
+            limiter: the worker threads' limiter for every blocking call of the store (the file
+                work here, and each SQL call of the ``"thread"`` adapter) — the runtime passes
+                its own, so the store's threads count against the runtime's budget; ``None``:
+                anyio's default limiter. aiosqlite runs on its own thread and ignores it.
 
         Cancellation: nothing is left behind — a cancelled open releases the lock and closes
         the connection (a store it was creating is either complete or absent).
@@ -232,10 +125,13 @@ class StateStore:
         file = _store_file.check_argument(path)
         if not isinstance(adapter, str) or adapter not in ("auto", "aiosqlite", "thread"):
             raise InvalidArgumentError("adapter", "'auto', 'aiosqlite' or 'thread'", adapter)
-        prepared = await anyio.to_thread.run_sync(_store_file.prepare, file)
+        if limiter is not None and not isinstance(limiter, anyio.CapacityLimiter):
+            raise InvalidArgumentError("limiter", "None or an anyio.CapacityLimiter", limiter)
+        # Not abandoned on cancel: the thread holds the lock it takes until it returns it.
+        prepared = await anyio.to_thread.run_sync(_store_file.prepare, file, limiter=limiter)
         try:
             with _store_file.sqlite_errors(prepared.path):
-                connection = await _store_file.connect(prepared.path, adapter)
+                connection = await _store_file.connect(prepared.path, adapter, limiter)
                 try:
                     await _store_file.finish_open(connection, prepared)
                 except BaseException:
@@ -262,8 +158,8 @@ class StateStore:
         """Whether no checkpoint was ever committed in this store (its committed epoch is 0).
 
         A new store is empty; so is one whose runtimes never reached a checkpoint (actors'
-        state and the job catalog only become durable with one). It says nothing about sink
-        records (:meth:`sink_states`), which commit on their own.
+        state and the job catalog only become durable with one). It says nothing about epoch
+        records (:meth:`epoch_records`), which commit on their own.
         """
         return self._committed == 0
 
@@ -288,7 +184,7 @@ class StateStore:
                 a str.
         """
         _check_names(owner=owner, name=name)
-        rows = await self._connection.fetchall(_sql.GET, (owner, name, _check_key(key)))
+        rows = await self._connection.fetchall(_sql.GET, (owner, name, check_key(key)))
         return self._decode(owner, name, rows[0][0]) if rows else default
 
     async def read_all(self, owner: str, name: str) -> dict[str, Any]:
@@ -317,21 +213,22 @@ class StateStore:
 
         Raises:
             EpochOrderError: ``epoch`` is not greater than the committed epoch.
+            ConcurrentCommitError: another commit is still running.
+            StoreIOError: SQLite or the OS failed, or the commit outlived its deadline
+                (``__cause__`` a :class:`TimeoutError`: its outcome is unknown, and the store
+                refuses every later call — reopen it).
         """
-        if self._committing:
-            raise ProtocolError(
-                f"state store {self._path!r}: expected one checkpoint commit at a time, got a "
-                f"commit of epoch {epoch} while another is running"
-            )
-        self._committing = True
+        if self._committing is not None:
+            raise ConcurrentCommitError(self._path, epoch, self._committing)
+        self._committing = epoch
         try:
-            if type(epoch) is not int or not self._committed < epoch <= _MAX_EPOCH:
+            if type(epoch) is not int or not self._committed < epoch <= MAX_EPOCH:
                 raise EpochOrderError("epoch", self._committed, epoch)
             upserts: list[tuple[str, str, str, str]] = []
             deletes: list[tuple[str, str, str]] = []
             for (owner, name), table in self._tables.items():
                 for key, value in table._take_through(epoch).items():
-                    if value is _DELETED:
+                    if value is DELETED:
                         deletes.append((owner, name, key))
                     else:
                         upserts.append((owner, name, key, value))
@@ -339,10 +236,9 @@ class StateStore:
             for table in self._tables.values():
                 table._drop_through(epoch)
             self._committed = epoch
-            changed, self._committed_changed = self._committed_changed, anyio.Event()
-            changed.set()
+            self._committed_changed.notify()
         finally:
-            self._committing = False
+            self._committing = None
 
     def committed_epochs(self) -> CommittedEpochs:
         """The committed epoch now, then each newer one as it is published.
@@ -352,18 +248,19 @@ class StateStore:
         """
         return CommittedEpochs(self)
 
-    def sink_states(self, sink: str) -> SinkStates:
-        """The meta-store records of coordinated sink ``sink`` (see :mod:`.sink_states`).
+    def epoch_records(self, owner: str) -> EpochRecords:
+        """The epoch records of ``owner`` (see :mod:`.epoch_records`), which commit on their
+        own, not with checkpoints.
 
         Raises:
-            InvalidArgumentError: ``sink`` is not a non-empty str.
+            InvalidArgumentError: ``owner`` is not a non-empty str.
         """
-        _check_names(sink=sink)
-        return SinkStates(self._connection, sink)
+        _check_names(owner=owner)
+        return EpochRecords(self._connection, owner)
 
-    async def abort_sink_epochs_after_committed(self) -> None:
-        """Mark every *pending* sink epoch after the committed epoch *aborted*: the upstream
-        replays its rows. Runs at open, and before recovery rebuilds a graph."""
+    async def abort_epoch_records_after_committed(self) -> None:
+        """Mark every owner's *pending* epoch record after the committed epoch *aborted*: the
+        upstream replays those epochs. Runs at open, and before recovery rebuilds a graph."""
         await self._connection.transaction(
             [_sql.Statement(_sql.SINK_ABORT_AFTER, [(self._committed,)])]
         )
@@ -388,7 +285,7 @@ class StateStore:
         if self._closed:
             return
         self._closed = True
-        self._committed_changed.set()
+        self._committed_changed.notify()
         try:
             await self._connection.close()
         finally:

@@ -1,0 +1,462 @@
+"""The coordinator worker: exactly-once commits across the parallel writers of one sink.
+
+After RisingWave's ``coordinator_worker.rs``. One :class:`Coordinator` per sink runs as a
+runtime service (``rt.add_service(name, coordinator)``); each parallel sink writer registers
+with its vnode bitmap and gets a :class:`~.handles.WriterHandle`. The rules:
+
+* **Init.** The coordinator first reads its records from the meta store (:mod:`.recovery`),
+  then waits until the registered writers' bitmaps cover every vnode (:mod:`.coverage`). It
+  starts the writers with the *rewind epoch* (the last epoch acknowledged to writers before a
+  restart). Without one, it collects every writer's initial epoch and acknowledges the
+  **maximum** to all.
+* **Per epoch.** Commit requests are collected until their bitmaps cover every vnode exactly
+  once; only the oldest pending epoch can complete; requests come only from running writers;
+  the writers of an epoch must send the same schema change
+  (:class:`~barrierflow.errors.SchemaChangeMismatchError` shows both).
+* **Single-phase** committers commit at once. **Two-phase** committers pre-commit, the epoch is
+  persisted as *pending* (metadata and schema change) in the meta store (:mod:`.meta_store`),
+  the writers are acknowledged — a writer passes its checkpoint barrier only after that, so no
+  checkpoint can be durable without its pending record — and the commit runs only once the
+  runtime's committed epoch has reached the epoch, in epoch order, retried after a backoff
+  (:mod:`.commit_queue`).
+* **Schema change.** New writers are not started while an uncommitted schema change is pending;
+  they start once every pending commit has been flushed.
+* **Rescaling.** Writers may join, leave (``stop``) or change bitmaps; the coordinator realigns
+  until the new set covers every vnode exactly once, then starts them; a commit request during
+  realignment is :class:`~barrierflow.errors.UnexpectedWriterRequestError`.
+* **Failure.** A coordinator that fails aborts every writer handle with the cause
+  (:class:`~barrierflow.errors.CoordinatorAbortedError`), then fails the graph.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, final
+
+import anyio
+import structlog
+
+from barrierflow._sync import Notifier, OneShot
+from barrierflow._taskgroups import single_error
+from barrierflow.actors.sinks.coordinator.commit_queue import (
+    RECENT_DELAYS,
+    CommitQueue,
+    RetryBackoff,
+)
+from barrierflow.actors.sinks.coordinator.committer import CommitCoordinator
+from barrierflow.actors.sinks.coordinator.coverage import (
+    CoverageRound,
+    EpochRounds,
+    align_initial,
+    realign,
+    register_all,
+)
+from barrierflow.actors.sinks.coordinator.handles import (
+    AlignInitial,
+    Commit,
+    CommittedEpoch,
+    Event,
+    NewHandle,
+    StopHandle,
+    UpdateBitmap,
+    WriterHandle,
+    WriterRegistry,
+    event_name,
+)
+from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
+from barrierflow.actors.sinks.coordinator.recovery import recover
+from barrierflow.actors.sinks.errors import (
+    CoordinatorAbortedError,
+    SchemaChangeMismatchError,
+    UnexpectedWriterRequestError,
+)
+from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
+from barrierflow.channels.errors import BarrierflowError, EpochOrderError, InvalidArgumentError
+from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
+from barrierflow.runtime.errors import ActorGoneError
+from barrierflow.runtime.service import ServiceContext
+
+__all__ = ["Coordinator", "CoordinatorStats"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CoordinatorStats:
+    """A snapshot of a coordinator's counters (of its current run)."""
+
+    #: Writers registered and running now.
+    writers: int
+    running: int
+    #: Epochs acknowledged to writers, and committed by the committer.
+    acked_epochs: int
+    committed_epochs: int
+    #: The last epoch acknowledged to writers / committed (0 before the first).
+    last_acked_epoch: int
+    last_committed_epoch: int
+    #: Failed commit attempts (all of them), and the backoff delays waited after the latest
+    #: ones (seconds, oldest first; at most ``RECENT_DELAYS`` = 64 of them).
+    commit_failures: int
+    retry_delays: tuple[float, ...]
+    #: Epochs aborted at recovery.
+    aborted_epochs: tuple[int, ...]
+
+
+assert RECENT_DELAYS == 64  # documented above
+
+
+@final
+class Coordinator:
+    """The coordinator worker of one sink (see the module docstring). A runtime service.
+
+    Args:
+        sink: the sink's name (also its key in the meta store).
+        committer: the sink side that commits.
+        vnode_count: vnodes the writers' bitmaps partition.
+        base_delay, max_delay: the retry backoff (doubling, full jitter).
+        warn_interval: seconds between warnings while one commit runs.
+        rng: the jitter's random source (a test may pass a seeded one).
+    """
+
+    def __init__(
+        self,
+        sink: str,
+        committer: CommitCoordinator,
+        *,
+        vnode_count: int = DEFAULT_VNODE_COUNT,
+        base_delay: float = 0.01,
+        max_delay: float = 60.0,
+        warn_interval: float = 5.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not isinstance(sink, str) or not sink:
+            raise InvalidArgumentError("sink", "a non-empty str", sink)
+        if not isinstance(committer, CommitCoordinator):
+            raise InvalidArgumentError("committer", "a CommitCoordinator", committer)
+        for name, value in (
+            ("base_delay", base_delay),
+            ("max_delay", max_delay),
+            ("warn_interval", warn_interval),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value < math.inf
+            ):
+                raise InvalidArgumentError(name, "a positive finite number of seconds", value)
+        if type(vnode_count) is not int or not 1 <= vnode_count <= 1 << 15:
+            raise InvalidArgumentError("vnode_count", "an int in 1..32768", vnode_count)
+        if rng is not None and not isinstance(rng, random.Random):
+            raise InvalidArgumentError("rng", "None or a random.Random", rng)
+        self.sink = sink
+        self._committer = committer
+        self._vnode_count = vnode_count
+        self._base_delay = float(base_delay)
+        self._max_delay = float(max_delay)
+        self._warn_interval = float(warn_interval)
+        self._rng = rng or random.Random()
+        self._log = structlog.get_logger("barrierflow.coordinator").bind(sink=sink)
+        # Notifiers hold an anyio.Event, which needs async context: made on first use.
+        self._ready: Notifier | None = None  # the inbox opened
+        self._progress: Notifier | None = None  # an epoch was acknowledged or committed
+        self._inbox: SendChannel[Event] | None = None
+        self._next_id = 0
+        self._reset_run_state()
+
+    @property
+    def vnode_count(self) -> int:
+        """Vnodes the writers' bitmaps partition."""
+        return self._vnode_count
+
+    @property
+    def committer(self) -> CommitCoordinator:
+        """The sink side that commits."""
+        return self._committer
+
+    def _reset_run_state(self) -> None:
+        self._writers = WriterRegistry(self.sink)
+        self._last_acked: int | None = None
+        self._acked = 0
+        self._backoff = RetryBackoff(self._base_delay, self._max_delay, self._rng)
+        self._aborted: list[int] = []
+        self._open_replies: set[OneShot[Any]] = set()
+        self._state_waiting: set[int] | None = None  # writers waiting for a flushed schema change
+        self._queue: CommitQueue | None = None
+
+    # The writers' side.
+
+    def _check_bitmap(self, bitmap: Any) -> None:
+        if not isinstance(bitmap, VnodeBitmap):
+            raise InvalidArgumentError("bitmap", "a VnodeBitmap", type(bitmap).__name__)
+        if bitmap.vnode_count != self._vnode_count:
+            raise InvalidArgumentError(
+                "bitmap", f"a bitmap of {self._vnode_count} vnodes", f"{bitmap.vnode_count} vnodes"
+            )
+        if not bitmap.count():
+            raise InvalidArgumentError("bitmap", "a bitmap with at least one vnode", bitmap)
+
+    async def register(
+        self, bitmap: VnodeBitmap, *, writer: str | None = None, name: str | None = None
+    ) -> WriterHandle:
+        """Register a writer owning ``bitmap``; waits until the coordinator runs.
+
+        Args:
+            bitmap: the vnodes the writer owns.
+            writer: the writer id its connector stages files under; two running writers of
+                one sink with the same id would overwrite each other's files, so the
+                coordinator fails with :class:`~barrierflow.errors.DuplicateWriterError`.
+            name: who registers (the writer actor's name), for logs and errors.
+
+        Raises:
+            InvalidArgumentError: the bitmap is not a non-empty bitmap of ``vnode_count``
+                vnodes, or ``writer``/``name`` is not ``None`` or a non-empty str.
+        """
+        self._check_bitmap(bitmap)
+        for argument, value in (("writer", writer), ("name", name)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidArgumentError(argument, "None or a non-empty str", value)
+        self._next_id += 1
+        handle = WriterHandle(self, self._next_id, bitmap, writer, name)
+        await self._post(NewHandle(handle))
+        return handle
+
+    async def _post(self, event: Event) -> None:
+        while self._inbox is None:
+            if self._ready is None:
+                self._ready = Notifier()
+            await self._ready.wait()
+        try:
+            await self._inbox.send(event)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            raise ActorGoneError(self.sink, "its coordinator stopped") from exc
+
+    def is_committed(self, epoch: int) -> bool:
+        """Whether every epoch up to ``epoch`` was acknowledged and committed in this run."""
+        if self._last_acked is None or epoch > self._last_acked or self._queue is None:
+            return False
+        return not self._queue.holds_through(epoch)
+
+    async def wait_committed(self, epoch: int) -> None:
+        """Wait until every epoch up to ``epoch`` is committed (what a writer waits for before
+        it leaves at a graceful stop, so the last epoch is visible when the runtime stops)."""
+        while not self.is_committed(epoch):
+            if self._progress is None:
+                self._progress = Notifier()
+            await self._progress.wait()
+
+    def _made_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.notify()
+
+    def stats(self) -> CoordinatorStats:
+        """A snapshot of the counters of the current run."""
+        queue = self._queue
+        return CoordinatorStats(
+            writers=len(self._writers.handles),
+            running=len(self._writers.running),
+            acked_epochs=self._acked,
+            committed_epochs=0 if queue is None else queue.commits,
+            last_acked_epoch=self._last_acked or 0,
+            last_committed_epoch=0 if queue is None else queue.last_committed,
+            commit_failures=self._backoff.failures,
+            retry_delays=tuple(self._backoff.recent),
+            aborted_epochs=tuple(self._aborted),
+        )
+
+    # The service.
+
+    async def run(self, ctx: ServiceContext) -> None:
+        """Coordinate until cancelled; on failure abort every writer handle, then raise."""
+        self._reset_run_state()
+        send, receive = create_channel[Event](1024, name=f"{self.sink} coordinator")
+        self._inbox = send
+        if self._ready is not None:
+            self._ready.notify()
+        try:
+            with single_error():
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._follow_committed_epochs, ctx, send.clone())
+                    await self._coordinate(ctx, receive)
+        except BaseException as exc:
+            cause = exc if isinstance(exc, Exception) else ActorGoneError(self.sink, "cancelled")
+            error = CoordinatorAbortedError(self.sink, cause)
+            self._drain(receive)
+            for handle in self._writers.handles.values():
+                handle._abort(error)
+            self._fail_pending(error)
+            raise
+        finally:
+            self._inbox = None
+            send.close()
+            if self._queue is not None:
+                await self._queue.mark_committed()
+            receive.close()
+
+    async def _follow_committed_epochs(self, ctx: ServiceContext, send: SendChannel[Event]) -> None:
+        with send:
+            async for epoch in ctx.committed_epochs():
+                await send.send(CommittedEpoch(epoch))
+
+    def _drain(self, inbox: ReceiveChannel[Event]) -> None:
+        """Take the events still queued (a failed run will never serve them), so that their
+        writers are aborted too: a registration in flight, a request posted meanwhile."""
+        while True:
+            try:
+                event = inbox.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                return
+            self._track(event)
+            handle = getattr(event, "handle", None)
+            if handle is not None:
+                self._writers.handles.setdefault(handle.handle_id, handle)
+
+    def _track(self, event: Event) -> None:
+        """Remember a writer's request until answered: a run that fails fails it."""
+        reply = getattr(event, "reply", None)
+        if reply is not None and not reply.done:
+            self._open_replies.add(reply)
+
+    def _fail_pending(self, error: BaseException) -> None:
+        for reply in self._open_replies:
+            reply.fail(error)
+        self._open_replies.clear()
+
+    def _answer(self, reply: OneShot[Any], value: Any = None) -> None:
+        reply.set(value)
+        self._open_replies.discard(reply)
+
+    def _refuse(self, reply: OneShot[Any], error: BarrierflowError) -> BarrierflowError:
+        reply.fail(error)
+        return error
+
+    async def _coordinate(self, ctx: ServiceContext, inbox: ReceiveChannel[Event]) -> None:
+        self._inbox_rx = inbox
+        states = SinkStates(ctx.store, self.sink)
+        recovered = await recover(self.sink, states, self._committer, self._log)
+        self._aborted = recovered.aborted
+        self._last_acked = recovered.rewind
+        last_committed = recovered.last_committed or 0
+        queue = self._queue = CommitQueue(
+            self._committer, states, ctx.committed_epoch, last_committed, self._backoff,
+            self._warn_interval, self._log,
+        )  # fmt: skip
+        for item in recovered.pending:
+            queue.push(item)
+        await self._committer.init({item.epoch: item.metadata for item in recovered.pending})
+        running = await register_all(self.sink, self._vnode_count, self._round_event, self._writers)
+        await self._try_start(running)
+        epochs = EpochRounds(self.sink, self._vnode_count)
+        new_handles: list[WriterHandle] = []
+        while True:
+            if self._state_waiting is not None and queue.is_empty():
+                waiting, self._state_waiting = self._state_waiting, None
+                await self._start(waiting)
+            due = queue.due(anyio.current_time())
+            if due is not None:
+                if await queue.commit(due):
+                    self._made_progress()
+                continue
+            event = await self._next_event(queue.deadline())
+            if event is None:
+                continue  # a retry is due
+            if isinstance(event, NewHandle):
+                new_handles.append(event.handle)
+            elif isinstance(event, UpdateBitmap | StopHandle):
+                altered = new_handles
+                if isinstance(event, UpdateBitmap):
+                    event.handle.bitmap = event.bitmap
+                    altered = [*new_handles, event.handle]
+                else:
+                    self._writers.remove(event.handle)
+                running = await realign(
+                    self.sink, self._vnode_count, self._round_event, self._writers, altered
+                )
+                new_handles = []
+                await self._try_start(running)
+            elif isinstance(event, AlignInitial):
+                raise UnexpectedWriterRequestError(
+                    self.sink, "running", "AlignInitial only during init", event_name(event),
+                    event.handle.handle_id, event.epoch,
+                )  # fmt: skip
+            elif isinstance(event, Commit):
+                await self._on_commit_request(event, epochs)
+
+    async def _next_event(self, deadline: float) -> Event | None:
+        """The next writer event; committed epochs are absorbed on the way. ``None`` once the
+        deadline (a due retry) passed."""
+        while True:
+            event: Event | None = None
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                event = await self._inbox_rx.receive()
+            if event is None:
+                return None
+            if isinstance(event, CommittedEpoch):
+                assert self._queue is not None
+                self._queue.on_committed_epoch(event.epoch)
+                return None  # re-evaluate what is due
+            self._track(event)
+            return event
+
+    async def _round_event(self, round_: CoverageRound[Any]) -> Event:
+        return await round_.next_event(self._next_event, self._warn_interval, self._log)
+
+    async def _try_start(self, handles: set[int]) -> None:
+        assert self._queue is not None
+        if self._queue.has_uncommitted_schema_change():
+            # New writers must load the new schema: wait until every pending commit flushed.
+            self._state_waiting = set(handles)
+        else:
+            await self._start(handles)
+
+    async def _start(self, handles: set[int]) -> None:
+        rewind = self._last_acked
+        for handle_id in handles:
+            handle = self._writers.handles.get(handle_id)
+            if handle is None:
+                raise UnexpectedWriterRequestError(
+                    self.sink, "start", f"writer {handle_id} registered", "StopHandle", handle_id
+                )
+            handle._started.set(rewind)
+            self._writers.running.add(handle_id)
+        if rewind is None:
+            requests = await align_initial(self.sink, self._vnode_count, self._round_event)
+            aligned = max(request.epoch for request in requests)
+            for request in requests:
+                self._answer(request.reply, aligned)
+
+    # Per epoch.
+
+    async def _on_commit_request(self, event: Commit, epochs: EpochRounds) -> None:
+        handle_id = event.handle.handle_id
+        if handle_id not in self._writers.running:
+            raise self._refuse(
+                event.reply,
+                UnexpectedWriterRequestError(
+                    self.sink, "running", f"commit requests from running writers "
+                    f"{sorted(self._writers.running)}", "Commit", handle_id, event.epoch,
+                ),
+            )  # fmt: skip
+        if self._last_acked is not None and event.epoch <= self._last_acked:
+            raise self._refuse(
+                event.reply,
+                EpochOrderError(
+                    f"commit epoch of writer {handle_id}", self._last_acked, event.epoch
+                ),
+            )
+        self._open_replies.add(event.reply)
+        for epoch, requests in epochs.add(event):
+            await self._complete_epoch(epoch, requests)
+
+    async def _complete_epoch(self, oldest: int, requests: list[Commit]) -> None:
+        change = requests[0].schema_change
+        for request in requests[1:]:
+            if request.schema_change != change:
+                raise SchemaChangeMismatchError(self.sink, oldest, change, request.schema_change)
+        assert self._queue is not None
+        await self._queue.complete(oldest, [request.metadata for request in requests], change)
+        for request in requests:
+            self._answer(request.reply)
+        self._acked += 1
+        self._last_acked = oldest
+        self._made_progress()

@@ -1,0 +1,190 @@
+"""What writers hold: a :class:`WriterHandle` per registered writer, and the requests it posts
+to its coordinator's inbox (each with a :class:`~barrierflow._sync.OneShot` for the answer)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, final
+
+from barrierflow._sync import OneShot
+from barrierflow.actors.sinks.coordinator.committer import SchemaChange
+from barrierflow.actors.sinks.errors import DuplicateWriterError
+from barrierflow.actors.sinks.protocol import CommitMetadata
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.vnode import VnodeBitmap
+from barrierflow.runtime.errors import ActorGoneError
+
+if TYPE_CHECKING:
+    from barrierflow.actors.sinks.coordinator.coordinator import Coordinator
+
+__all__ = ["WriterHandle", "WriterRegistry"]
+
+
+# Events of the coordinator's inbox.
+@dataclass(slots=True)
+class NewHandle:
+    handle: WriterHandle
+
+
+@dataclass(slots=True)
+class UpdateBitmap:
+    handle: WriterHandle
+    bitmap: VnodeBitmap
+
+
+@dataclass(slots=True)
+class StopHandle:
+    handle: WriterHandle
+
+
+@dataclass(slots=True)
+class Commit:
+    handle: WriterHandle
+    epoch: int
+    metadata: CommitMetadata
+    schema_change: SchemaChange | None
+    reply: OneShot[None]
+
+
+@dataclass(slots=True)
+class AlignInitial:
+    handle: WriterHandle
+    epoch: int
+    reply: OneShot[int]
+
+
+@dataclass(slots=True)
+class CommittedEpoch:
+    epoch: int
+
+
+Event = NewHandle | UpdateBitmap | StopHandle | Commit | AlignInitial | CommittedEpoch
+
+
+def event_name(event: Event) -> str:
+    """The request's name in errors (``"Commit"``, ``"AlignInitial"``, ...)."""
+    return type(event).__name__
+
+
+def check_epoch(epoch: Any) -> None:
+    if type(epoch) is not int or epoch < 0:
+        raise InvalidArgumentError("epoch", "a non-negative int", epoch)
+
+
+@final
+class WriterHandle:
+    """A parallel sink writer's line to its coordinator. Create with
+    :meth:`Coordinator.register`.
+
+    Order of use: :meth:`wait_started` (which returns the rewind epoch), then — if that was
+    ``None`` — :meth:`align_initial_epoch` once; then :meth:`commit` per checkpoint, in
+    increasing epochs. After :meth:`update_vnode_bitmap`, wait to be started again. Every
+    method raises :class:`~barrierflow.errors.CoordinatorAbortedError` once the coordinator
+    failed.
+    """
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        handle_id: int,
+        bitmap: VnodeBitmap,
+        writer: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        self._coordinator = coordinator
+        self.handle_id = handle_id
+        self.bitmap = bitmap
+        #: The writer id its connector stages under (unique per sink), if it has one.
+        self.writer = writer
+        #: Who registered (the writer actor's name), for messages.
+        self.name = name or f"writer {handle_id}"
+        self._started: OneShot[int | None] = OneShot()
+        self._aborted: BaseException | None = None
+        self._stopped = False
+
+    async def _post(self, event: Event) -> None:
+        if self._aborted is not None:
+            raise self._aborted
+        if self._stopped:
+            raise ActorGoneError(self._coordinator.sink, "this writer handle was stopped")
+        await self._coordinator._post(event)
+
+    async def wait_started(self) -> int | None:
+        """Wait until the coordinator starts this writer; returns the rewind epoch (the last
+        epoch acknowledged before a restart), or ``None`` for a fresh start."""
+        if self._aborted is not None:
+            raise self._aborted  # even if it was started before the coordinator failed
+        return await self._started.get()
+
+    async def align_initial_epoch(self, epoch: int) -> int:
+        """Send this writer's initial epoch; returns the one aligned across all writers."""
+        check_epoch(epoch)
+        reply: OneShot[int] = OneShot()
+        await self._post(AlignInitial(self, epoch, reply))
+        return await reply.get()
+
+    async def commit(
+        self,
+        epoch: int,
+        metadata: CommitMetadata,
+        schema_change: SchemaChange | None = None,
+    ) -> None:
+        """Send this writer's metadata of ``epoch`` and wait for the acknowledgement (sent once
+        every vnode's writer sent theirs and the epoch is persisted or committed).
+
+        Raises:
+            InvalidArgumentError: a bad epoch, empty metadata or a schema change that is not a
+                mapping.
+        """
+        check_epoch(epoch)
+        if not isinstance(metadata, Mapping) or not metadata:
+            raise InvalidArgumentError("metadata", "a non-empty mapping", metadata)
+        if schema_change is not None and not isinstance(schema_change, Mapping):
+            raise InvalidArgumentError("schema_change", "None or a mapping", schema_change)
+        reply: OneShot[None] = OneShot()
+        await self._post(Commit(self, epoch, metadata, schema_change, reply))
+        await reply.get()
+
+    async def update_vnode_bitmap(self, bitmap: VnodeBitmap) -> None:
+        """Change this writer's vnodes (rescaling); then :meth:`wait_started` again."""
+        self._coordinator._check_bitmap(bitmap)
+        self._started = OneShot()
+        await self._post(UpdateBitmap(self, bitmap))
+
+    async def stop(self) -> None:
+        """Leave: the coordinator realigns the remaining writers."""
+        if self._stopped or self._aborted is not None:
+            return
+        await self._post(StopHandle(self))
+        self._stopped = True
+
+    def _abort(self, error: BaseException) -> None:
+        self._aborted = error
+        self._started.fail(error)
+
+
+class WriterRegistry:
+    """The writers a coordinator knows in its current run, and which of them run."""
+
+    def __init__(self, sink: str) -> None:
+        self._sink = sink
+        self.handles: dict[int, WriterHandle] = {}
+        self.running: set[int] = set()
+
+    def admit(self, handle: WriterHandle) -> None:
+        """Add a registered writer.
+
+        Raises:
+            DuplicateWriterError: its writer id is another registered writer's.
+        """
+        if handle.writer is not None:
+            for other in self.handles.values():
+                if other is not handle and other.writer == handle.writer:
+                    raise DuplicateWriterError(self._sink, handle.writer, other.name, handle.name)
+        self.handles[handle.handle_id] = handle
+
+    def remove(self, handle: WriterHandle) -> None:
+        """Forget a writer that left."""
+        self.handles.pop(handle.handle_id, None)
+        self.running.discard(handle.handle_id)

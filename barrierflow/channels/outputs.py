@@ -1,0 +1,144 @@
+"""An actor's outputs: one dispatcher per downstream edge group, changed only at barriers.
+
+Fan-out belongs to the edge, not to the actor: an actor may hash-dispatch to the parallel
+writers of a sink and, beside that, send everything to a monitor. Each such group of
+downstream actors has its own :class:`~barrierflow.channels.dispatch.Dispatcher`; a chunk goes
+through every dispatcher, a barrier or watermark to every output of every dispatcher.
+
+Groups are added and removed only when a barrier passes (a job joining or leaving a running
+graph), so every downstream actor sees whole epochs: a new group receives the barrier that
+added it as its first message, and a group removed at a barrier received that barrier last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import final
+
+from barrierflow.channels.barrier import Barrier
+from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.dispatch import Dispatcher, HashDispatcher
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.messages import Message, Watermark
+from barrierflow.channels.mutation import NewOutput, Update
+from barrierflow.channels.vnode import VnodeBitmap
+
+__all__ = ["Outputs"]
+
+
+@final
+class _Group:
+    __slots__ = ("actors", "dispatcher")
+
+    def __init__(self, dispatcher: Dispatcher, actors: Sequence[int]) -> None:
+        self.dispatcher = dispatcher
+        self.actors = list(actors)
+
+
+@final
+class Outputs:
+    """The dispatchers of one actor, each with the actor ids behind its outputs (in order).
+
+    Raises:
+        InvalidArgumentError: a group whose dispatcher is not a Dispatcher, or whose actor ids
+            do not match its outputs one to one.
+    """
+
+    __slots__ = ("_groups",)
+
+    def __init__(self, groups: Iterable[tuple[Dispatcher, Sequence[int]]] = ()) -> None:
+        self._groups: list[_Group] = []
+        for dispatcher, actors in groups:
+            self._add(dispatcher, actors)
+
+    def _add(self, dispatcher: object, actors: Sequence[int]) -> None:
+        if not isinstance(dispatcher, Dispatcher):
+            raise InvalidArgumentError("dispatcher", "a Dispatcher", type(dispatcher).__name__)
+        if len(actors) != len(dispatcher.outputs):
+            raise InvalidArgumentError(
+                "actors", f"{len(dispatcher.outputs)} actor ids (one per output)", list(actors)
+            )
+        self._groups.append(_Group(dispatcher, actors))
+
+    def __bool__(self) -> bool:
+        return bool(self._groups)
+
+    @property
+    def downstream(self) -> list[int]:
+        """Every actor id behind an output, group by group."""
+        return [actor for group in self._groups for actor in group.actors]
+
+    @property
+    def dispatchers(self) -> list[Dispatcher]:
+        """The dispatchers, one per group."""
+        return [group.dispatcher for group in self._groups]
+
+    async def dispatch(self, message: Message) -> None:
+        """Send ``message`` through every group (a chunk as each group's strategy routes it).
+
+        Raises:
+            ChannelBrokenError: an output's receiver is gone.
+            InvalidArgumentError: ``message`` is not a Message.
+        """
+        if not isinstance(message, Chunk | Barrier | Watermark):
+            raise InvalidArgumentError(
+                "message", "a Message (Chunk, Barrier or Watermark)", type(message).__name__
+            )
+        for group in self._groups:
+            await group.dispatcher.dispatch(message)
+
+    async def apply(self, barrier: Barrier, actor_id: int) -> None:
+        """Change the groups as ``barrier`` says, once it went out on every current output.
+
+        New outputs of an ``Add`` get the barrier first, then join; outputs to actors that
+        stop at the barrier are closed; an ``Update`` re-splits hash groups' vnodes.
+
+        Raises:
+            ChannelBrokenError: a new output's receiver is gone.
+        """
+        for new in barrier.new_outputs(actor_id):
+            await self._join(new, barrier)
+        if isinstance(barrier.mutation, Update):
+            self._rescale(barrier.mutation)
+        stopped = barrier.stopped_actors()
+        if stopped and not isinstance(barrier.mutation, Update):
+            self._drop(stopped)
+
+    async def _join(self, new: NewOutput, barrier: Barrier) -> None:
+        await new.dispatcher.dispatch(barrier)
+        self._add(new.dispatcher, new.actors)
+
+    def _drop(self, stopped: frozenset[int]) -> None:
+        # Whole groups only: a job is dropped with all of its parallel actors. (Stopping a part
+        # of a hash group is a rescale, which an ``Update`` does with new bitmaps.)
+        kept: list[_Group] = []
+        for group in self._groups:
+            if set(group.actors) <= stopped:
+                group.dispatcher.close()
+            else:
+                kept.append(group)
+        self._groups = kept
+
+    def _rescale(self, update: Update) -> None:
+        """New vnode bitmaps for the next chunks, and no more messages to dropped actors."""
+        for group in self._groups:
+            dispatcher, ids = group.dispatcher, group.actors
+            if isinstance(dispatcher, HashDispatcher) and (
+                update.vnode_bitmaps or update.dropped_actors
+            ):
+                dispatcher.update_bitmaps(
+                    [
+                        VnodeBitmap.empty(bitmap.vnode_count)
+                        if actor in update.dropped_actors
+                        else update.vnode_bitmaps.get(actor, bitmap)
+                        for actor, bitmap in zip(ids, dispatcher.bitmaps, strict=True)
+                    ]
+                )
+            for index, actor in enumerate(ids):
+                if actor in update.dropped_actors:
+                    dispatcher.drop_output(index)
+
+    def close(self) -> None:
+        """Close every output of every group."""
+        for group in self._groups:
+            group.dispatcher.close()

@@ -1,0 +1,90 @@
+"""Where the file sinks stage an epoch's files before its commit, shared by the Parquet sink,
+its coordinated committer and the Iceberg committer.
+
+Layout under a table (or Iceberg data) directory::
+
+    .staging/<epoch, 20 digits>/[w<writer>/]part-*.parquet   an epoch's files, not committed
+    .staging/<epoch>/_PRECOMMITTED.json                      its pre-commit record
+    epoch=<epoch, 20 digits>/                                 a committed epoch (Parquet sink)
+    _manifest.json                                           the Parquet sink's manifest
+
+Readers never look at staged files: ``pyarrow.dataset`` skips names starting with ``.``/``_``.
+The zero padding makes names sort by epoch. Durable writes (fsync) are in
+:mod:`barrierflow._fs`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from barrierflow.connectors.errors import StagedPathError
+
+__all__ = [
+    "MANIFEST",
+    "PRECOMMITTED",
+    "STAGING",
+    "clean_staging",
+    "epoch_dir_name",
+    "kept_epochs",
+    "staged_dir",
+    "staged_name",
+    "unstaged_path",
+]
+
+#: The Parquet sink's manifest (its last committed epoch and row totals).
+MANIFEST = "_manifest.json"
+#: The staging area's directory name.
+STAGING = ".staging"
+#: The pre-commit record an epoch's staging directory carries.
+PRECOMMITTED = "_PRECOMMITTED.json"
+
+
+def staged_name(epoch: int) -> str:
+    """The staging directory name of ``epoch``."""
+    return f"{int(epoch):020d}"
+
+
+def staged_dir(root: Path, epoch: int) -> Path:
+    """Where ``epoch`` is staged under ``root``."""
+    return root / STAGING / staged_name(epoch)
+
+
+def epoch_dir_name(epoch: int) -> str:
+    """The committed directory of ``epoch`` (zero-padded, so names sort by epoch)."""
+    return f"epoch={epoch:020d}"
+
+
+def kept_epochs(pending: Iterable[Mapping[str, Any] | None]) -> set[str]:
+    """The staging directory names that the pending commits' metadata reference (by their
+    ``staging_epoch``)."""
+    return {
+        staged_name(metadata["staging_epoch"])
+        for metadata in pending
+        if metadata is not None and "staging_epoch" in metadata
+    }
+
+
+def clean_staging(root: Path, keep: set[str]) -> None:
+    """Create ``root``'s staging area and delete every staged epoch not in ``keep`` (garbage of
+    epochs that never reached the meta store). Blocking."""
+    staging = root / STAGING
+    staging.mkdir(parents=True, exist_ok=True)
+    for entry in staging.iterdir():
+        if entry.name not in keep:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def unstaged_path(root: Path, relative: str) -> Path:
+    """Where the staged file ``relative`` (``.staging/<S>/w<id>/part.parquet``) goes once
+    committed: ``root/<S>/w<id>/part.parquet``.
+
+    Raises:
+        StagedPathError: ``relative`` is not under the staging area.
+    """
+    parts = Path(relative).parts
+    if not parts or parts[0] != STAGING:
+        raise StagedPathError(relative)
+    return root.joinpath(*parts[1:])

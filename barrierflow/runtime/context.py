@@ -1,0 +1,427 @@
+"""What the runtime hands each actor: identity, inputs, outputs, state, and the barrier's ear.
+
+An :class:`ActorContext` is made per actor per incarnation of the graph. Through it an actor
+
+* reads its input: :meth:`~ActorContext.messages` (one input, or several aligned by the
+  runtime's merge), or — for an actor that declares ``aligned_inputs = False``, such as a
+  backfill — each named input on its own (:attr:`~ActorContext.inputs`,
+  :meth:`~ActorContext.select` for a biased select that polls the upstream first);
+* writes downstream with :meth:`~ActorContext.emit`; a barrier also seals its state tables,
+  applies the barrier's changes to its outputs (a joining job's new output, a dropped job's
+  closed one) and is reported collected, with the progress the actor reported;
+* keeps state in :meth:`~ActorContext.table`, reads other actors' committed tables with
+  :meth:`~ActorContext.read_table`, and waits for a checkpoint with
+  :meth:`~ActorContext.wait_committed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import structlog
+
+from barrierflow.channels.barrier import Barrier, BarrierKind
+from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.dispatch import Dispatcher
+from barrierflow.channels.endpoints import Receiver
+from barrierflow.channels.errors import InvalidArgumentError, UnknownInputError
+from barrierflow.channels.messages import Message, Watermark
+from barrierflow.channels.outputs import Outputs
+from barrierflow.channels.select import BiasedSelect, PollableReceiver
+from barrierflow.channels.vnode import VnodeBitmap
+from barrierflow.runtime.barrier_manager import BarrierManager
+from barrierflow.runtime.errors import GraphError
+from barrierflow.runtime.positions import check_positions
+from barrierflow.runtime.progress import Progress
+from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore, StateTable
+
+__all__ = ["DEFAULT_JOB", "ActorContext", "ActorStats", "NamedInputs", "ReadOnlyTable"]
+
+#: The job of every actor declared without one.
+DEFAULT_JOB = "main"
+
+
+@dataclass(frozen=True, slots=True)
+class ActorStats:
+    """A snapshot of one actor's counters."""
+
+    #: The actor's name and id.
+    name: str
+    actor_id: int
+    #: Messages read from its input.
+    messages_in: int
+    #: Rows of chunks read from its input.
+    rows_in: int
+    #: Rows of chunks emitted.
+    rows_out: int
+    #: Barriers passed downstream.
+    barriers: int
+    #: The ``curr`` epoch of the last barrier it passed (0 before the first).
+    current_epoch: int
+    #: Whether it has finished (stopped by a barrier, or its input ended).
+    finished: bool
+
+
+class NamedInputs(Mapping[str, PollableReceiver[Message]]):
+    """An actor's inputs by name; asking for one it does not have is a typed error."""
+
+    __slots__ = ("_inputs",)
+
+    def __init__(self, inputs: Mapping[str, PollableReceiver[Message]]) -> None:
+        self._inputs = dict(inputs)
+
+    def __getitem__(self, name: str) -> PollableReceiver[Message]:
+        try:
+            return self._inputs[name]
+        except KeyError:
+            raise UnknownInputError(name, list(self._inputs)) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._inputs)
+
+    def __len__(self) -> int:
+        return len(self._inputs)
+
+
+class ReadOnlyTable:
+    """Another actor's state table as of the last checkpoint (reads only)."""
+
+    __slots__ = ("_name", "_owner", "_store")
+
+    def __init__(self, store: StateStore, owner: str, name: str) -> None:
+        self._store = store
+        self._owner = owner
+        self._name = name
+
+    @property
+    def owner(self) -> str:
+        """The owning actor's name."""
+        return self._owner
+
+    @property
+    def name(self) -> str:
+        """The table's name within its owner."""
+        return self._name
+
+    async def get(self, key: str, default: Any = None) -> Any:
+        """The committed value of ``key`` (``default`` if absent)."""
+        return await self._store.read(self._owner, self._name, key, default)
+
+    async def items(self) -> dict[str, Any]:
+        """Every committed key and value."""
+        return await self._store.read_all(self._owner, self._name)
+
+
+class ActorContext:
+    """What the runtime hands an actor (see the module docstring).
+
+    Raises:
+        InvalidArgumentError: an argument of the wrong type (``actor_id`` not an int >= 0,
+            ``name`` not a non-empty str, ``input`` without ``receive()``, ``output`` not a
+            Dispatcher, Outputs or ``None``, ``store`` not a StateStore, ``manager`` not a
+            BarrierManager).
+    """
+
+    def __init__(
+        self,
+        actor_id: int,
+        name: str,
+        input: Receiver[Message],
+        output: Dispatcher | Outputs | None,
+        store: StateStore,
+        manager: BarrierManager,
+    ) -> None:
+        for argument, value, ok in (
+            ("actor_id", actor_id, type(actor_id) is int and actor_id >= 0),
+            ("name", name, isinstance(name, str) and bool(name)),
+            ("input", input, isinstance(input, Receiver)),
+            ("output", output, output is None or isinstance(output, Dispatcher | Outputs)),
+            ("store", store, isinstance(store, StateStore)),
+            ("manager", manager, isinstance(manager, BarrierManager)),
+        ):
+            if not ok:
+                raise InvalidArgumentError(argument, f"a valid {argument}", value)
+        self.actor_id = actor_id
+        self.name = name
+        #: The job this actor belongs to.
+        self.job = DEFAULT_JOB
+        #: The vnodes this actor owns, if its input is hash-dispatched (else ``None``).
+        self.vnode_bitmap: VnodeBitmap | None = None
+        #: Source positions adopted from a sink's storage when the run started on an empty
+        #: store with ``RuntimeConfig.adopt_sink_positions`` (empty otherwise; see
+        #: :mod:`barrierflow.runtime.positions`).
+        self.adopted_positions: dict[str, int] = {}
+        self._input = input
+        self._named: NamedInputs | None = None
+        if isinstance(output, Dispatcher):
+            # A bare dispatcher (tests, hand-built graphs): its outputs' actor ids are
+            # unknown until ``downstream_ids`` is set.
+            self._bare: Dispatcher | None = output
+            self._output: Outputs | None = None
+        else:
+            self._bare = None
+            self._output = output
+        self._store = store
+        self._manager = manager
+        self._tables: list[StateTable] = []
+        self._progress: Progress | None = None
+        self.log: Any = structlog.get_logger("barrierflow.actor").bind(
+            actor=name, actor_id=actor_id, epoch=0
+        )
+        self.epoch = 0
+        self.finished = False
+        self._messages_in = 0
+        self._rows_in = 0
+        self._rows_out = 0
+        self._barriers = 0
+
+    # Outputs.
+
+    @property
+    def downstream_ids(self) -> list[int]:
+        """The actor ids behind the outputs, in dispatch order."""
+        return [] if self._output is None else self._output.downstream
+
+    @downstream_ids.setter
+    def downstream_ids(self, ids: list[int]) -> None:
+        if self._bare is not None:
+            self._output = Outputs([(self._bare, ids)])
+            self._bare = None
+
+    def _outputs(self) -> Outputs | None:
+        if self._bare is not None:  # never told its ids: a plain fan-out with no rescale
+            self._output = Outputs([(self._bare, list(range(len(self._bare.outputs))))])
+            self._bare = None
+        return self._output
+
+    # Inputs.
+
+    @property
+    def inputs(self) -> NamedInputs:
+        """The actor's inputs by name, read independently (no barrier alignment): for an
+        actor whose class sets ``aligned_inputs = False``.
+
+        Raises:
+            GraphError: the actor reads its inputs aligned (through :meth:`messages`).
+        """
+        if self._named is None:
+            raise GraphError(
+                "inputs",
+                "an actor with aligned_inputs = False (this one reads ctx.messages())",
+                self.name,
+            )
+        return self._named
+
+    def select(self, *names: str) -> BiasedSelect[Message]:
+        """A biased select over the named inputs, highest priority first (all, in declaration
+        order, if none are named): see :class:`~barrierflow.channels.select.BiasedSelect`.
+
+        Raises:
+            GraphError: the actor reads its inputs aligned.
+            UnknownInputError: a name that is not one of the actor's inputs.
+        """
+        inputs = self.inputs
+        chosen = names or tuple(inputs)
+        return BiasedSelect({name: inputs[name] for name in chosen})
+
+    def messages(self) -> _Messages:
+        """The actor's input, until it ends or the actor has finished.
+
+        Raises:
+            GraphError: the actor reads several named inputs independently (use
+                :attr:`inputs`).
+        """
+        if self._named is not None and len(self._named) > 1:
+            raise GraphError(
+                "inputs", "one input, or aligned inputs, to read ctx.messages()", list(self._named)
+            )
+        return _Messages(self)
+
+    # State.
+
+    def table(self, name: str) -> StateTable:
+        """This actor's state table ``name`` (sealed at each barrier this actor emits).
+
+        Raises:
+            InvalidArgumentError: ``name`` is not a non-empty str.
+        """
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError("name", "a non-empty table name", name)
+        table = self._store.table(self.name, name)
+        self._tables.append(table)
+        return table
+
+    def read_table(self, owner: str, name: str) -> ReadOnlyTable:
+        """Actor ``owner``'s table ``name`` as of the last checkpoint, read only (a source
+        backfill reads every actor's split states).
+
+        Raises:
+            InvalidArgumentError: ``owner`` or ``name`` is not a non-empty str.
+        """
+        for argument, value in (("owner", owner), ("name", name)):
+            if not isinstance(value, str) or not value:
+                raise InvalidArgumentError(argument, "a non-empty str", value)
+        return ReadOnlyTable(self._store, owner, name)
+
+    @property
+    def committed_epoch(self) -> int:
+        """The runtime's last durable checkpoint epoch (0 before the first)."""
+        return self._store.committed_epoch
+
+    def committed_epochs(self) -> CommittedEpochs:
+        """The committed epoch now, then each newer one as checkpoints become durable (ends
+        when the store closes); what an actor with a two-phase commit waits on."""
+        return self._store.committed_epochs()
+
+    async def wait_committed(self, epoch: int) -> int:
+        """Wait until a checkpoint at or after ``epoch`` is durable; returns the committed
+        epoch. Waiting for the ``curr`` of this actor's first barrier returns once the first
+        checkpoint holding every actor's state since this actor joined is committed.
+
+        Raises:
+            InvalidArgumentError: ``epoch`` is not an int >= 0.
+            NotRunningError-like end: the store closed first (``anyio.EndOfStream``).
+        """
+        if type(epoch) is not int or epoch < 0:
+            raise InvalidArgumentError("epoch", "an int >= 0", epoch)
+        async for committed in self._store.committed_epochs():
+            if committed >= epoch:
+                return committed
+        raise anyio.EndOfStream
+
+    @property
+    def barrier_interval(self) -> float:
+        """Seconds between injected barriers (a source pauses itself after some intervals
+        without one)."""
+        return self._manager.barrier_interval
+
+    # Positions and progress.
+
+    def report_positions(self, barrier: Barrier, positions: Mapping[str, int]) -> None:
+        """Report this source's positions as of ``barrier`` (every row emitted before it);
+        call it before emitting the barrier. Sinks record them with the epoch's rows (see
+        :mod:`barrierflow.runtime.positions`).
+
+        Raises:
+            InvalidArgumentError: ``barrier`` is not a Barrier, or ``positions`` does not map
+                non-empty str keys to non-negative int batch ids.
+        """
+        if not isinstance(barrier, Barrier):
+            raise InvalidArgumentError("barrier", "a Barrier", type(barrier).__name__)
+        self._manager.report_positions(barrier, check_positions("positions", positions))
+
+    def positions_at(self, barrier: Barrier) -> dict[str, int]:
+        """The positions every source reported with ``barrier``: where the rows before it
+        come from (what a sink writer records with an epoch's commit). Ask before passing the
+        barrier on: the runtime forgets them once every actor collected it.
+
+        Raises:
+            InvalidArgumentError: ``barrier`` is not a Barrier.
+        """
+        if not isinstance(barrier, Barrier):
+            raise InvalidArgumentError("barrier", "a Barrier", type(barrier).__name__)
+        return self._manager.positions_at(barrier)
+
+    def report_progress(self, progress: Progress) -> None:
+        """Report backfill progress; it is collected with the next barrier this actor emits
+        (and counts for the job once that barrier completed).
+
+        Raises:
+            InvalidArgumentError: ``progress`` is not a Progress.
+        """
+        if not isinstance(progress, Progress):
+            raise InvalidArgumentError("progress", "a Progress", type(progress).__name__)
+        self._progress = progress
+
+    # Emitting.
+
+    async def emit(self, message: Message) -> None:
+        """Send ``message`` downstream; for a barrier, also seal state, apply the barrier's
+        changes to the outputs, and report collection.
+
+        Raises:
+            InvalidArgumentError: ``message`` is not a Message (Chunk, Barrier or Watermark),
+                even when the actor has no output.
+        """
+        if isinstance(message, Barrier):
+            await self._pass_barrier(message)
+            return
+        if isinstance(message, Chunk):
+            self._rows_out += message.cardinality
+        elif not isinstance(message, Watermark):
+            raise InvalidArgumentError(
+                "message", "a Message (Chunk, Barrier or Watermark)", type(message).__name__
+            )
+        output = self._output if self._bare is None else self._outputs()
+        if output is not None:
+            await output.dispatch(message)
+
+    async def _pass_barrier(self, barrier: Barrier) -> None:
+        if barrier.kind is not BarrierKind.INITIAL:
+            for table in self._tables:
+                table.seal(barrier.epoch.prev)
+        output = self._outputs()
+        if output is not None:
+            await output.dispatch(barrier)
+            await output.apply(barrier, self.actor_id)
+        self.epoch = barrier.epoch.curr
+        self.log = self.log.bind(epoch=self.epoch)
+        self._barriers += 1
+        stopping = barrier.is_stop(self.actor_id)
+        if stopping:
+            self.finished = True
+            if output is not None:
+                output.close()
+        progress, self._progress = self._progress, None
+        self._manager.collect(self.actor_id, barrier, progress)
+        if stopping:
+            self._manager.retire(self.actor_id, barrier)
+
+    def close_outputs(self) -> None:
+        """Close every output (the runtime does it when the actor's task ends)."""
+        output = self._outputs()
+        if output is not None:
+            output.close()
+
+    def stats(self) -> ActorStats:
+        """A snapshot of this actor's counters."""
+        return ActorStats(
+            name=self.name,
+            actor_id=self.actor_id,
+            messages_in=self._messages_in,
+            rows_in=self._rows_in,
+            rows_out=self._rows_out,
+            barriers=self._barriers,
+            current_epoch=self.epoch,
+            finished=self.finished,
+        )
+
+
+class _Messages:
+    """Iterator over an actor's input (a class, not an async generator, so that an actor
+    raising mid-iteration leaves nothing to finalize)."""
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: ActorContext) -> None:
+        self._ctx = ctx
+
+    def __aiter__(self) -> _Messages:
+        return self
+
+    async def __anext__(self) -> Message:
+        ctx = self._ctx
+        if ctx.finished:
+            raise StopAsyncIteration
+        try:
+            message = await ctx._input.receive()
+        except anyio.EndOfStream:
+            ctx.finished = True
+            raise StopAsyncIteration from None
+        ctx._messages_in += 1
+        if isinstance(message, Chunk):
+            ctx._rows_in += message.num_rows
+        return message
