@@ -497,3 +497,21 @@ async def test_jobs_added_and_dropped_at_random_see_exactly_their_rows(
                         await rt.checkpoint()
                 await rt.checkpoint()
         assert {name: seen.get(name, []) for name in expected} == expected
+
+
+async def test_a_dropped_jobs_state_is_trimmed_in_the_next_checkpoint(tmp_path: Path) -> None:
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    job = Job("stateful")
+    job.add_actor("writer", Writer, inputs=["src"])
+    with anyio.fail_after(scaled(20)):
+        async with rt:
+            await rt.add_job(job)
+            await rt.push("src", chunk(1, 2))
+            await rt.checkpoint()
+            store = rt._store
+            assert store is not None
+            assert await store.read_all("writer", "state") == {"rows": 2}
+            await rt.drop_job("stateful")
+            await rt.checkpoint()
+            assert await store.read_all("writer", "state") == {}

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.errors import DuplicateJobError, GraphError, JobDroppingError
 from barrierflow.runtime.graph import DEFAULT_JOB, Fanout, Graph, Node
-from barrierflow.runtime.job import Job, JobRecord, parallel_names
+from barrierflow.runtime.job import ActorDeclaration, Job, JobRecord, parallel_names
 from barrierflow.runtime.service import Service
 
 __all__ = ["Declarations"]
@@ -61,7 +61,7 @@ class Declarations:
         try:
             return self._apply_last(self._main)[0]
         except BaseException:
-            self._main._actors.pop()
+            self._main._undo_last()
             raise
 
     def add_actor(
@@ -100,7 +100,7 @@ class Declarations:
         try:
             return self._apply_last(self._main)[0]
         except BaseException:
-            self._main._actors.pop()
+            self._main._undo_last()
             raise
 
     def _check_not_a_service(self, name: object) -> None:
@@ -165,10 +165,9 @@ class Declarations:
             raise
         return added
 
-    def _add_declaration(self, job: Job, declaration: object, *, running: bool) -> list[Node]:
-        from barrierflow.runtime.job import ActorDeclaration
-
-        assert isinstance(declaration, ActorDeclaration)
+    def _add_declaration(
+        self, job: Job, declaration: ActorDeclaration, *, running: bool
+    ) -> list[Node]:
         nodes = self._graph.nodes
         services = self._services()
         upstreams = (

@@ -16,7 +16,7 @@ An :class:`ActorContext` is made per actor per incarnation of the graph. Through
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,16 +27,18 @@ from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.dispatch import Dispatcher
 from barrierflow.channels.endpoints import Receiver
-from barrierflow.channels.errors import InvalidArgumentError, UnknownInputError
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.messages import Message, Watermark
 from barrierflow.channels.outputs import Outputs
-from barrierflow.channels.select import BiasedSelect, PollableReceiver
+from barrierflow.channels.select import BiasedSelect
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.barrier_manager import BarrierManager
 from barrierflow.runtime.errors import GraphError
+from barrierflow.runtime.inputs import Messages, NamedInputs
 from barrierflow.runtime.positions import check_positions
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore, StateTable
+from barrierflow.runtime.state.table import ReadOnlyTable
 
 __all__ = ["DEFAULT_JOB", "ActorContext", "ActorStats", "NamedInputs", "ReadOnlyTable"]
 
@@ -63,56 +65,6 @@ class ActorStats:
     current_epoch: int
     #: Whether it has finished (stopped by a barrier, or its input ended).
     finished: bool
-
-
-class NamedInputs(Mapping[str, PollableReceiver[Message]]):
-    """An actor's inputs by name; asking for one it does not have is a typed error."""
-
-    __slots__ = ("_inputs",)
-
-    def __init__(self, inputs: Mapping[str, PollableReceiver[Message]]) -> None:
-        self._inputs = dict(inputs)
-
-    def __getitem__(self, name: str) -> PollableReceiver[Message]:
-        try:
-            return self._inputs[name]
-        except KeyError:
-            raise UnknownInputError(name, list(self._inputs)) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._inputs)
-
-    def __len__(self) -> int:
-        return len(self._inputs)
-
-
-class ReadOnlyTable:
-    """Another actor's state table as of the last checkpoint (reads only)."""
-
-    __slots__ = ("_name", "_owner", "_store")
-
-    def __init__(self, store: StateStore, owner: str, name: str) -> None:
-        self._store = store
-        self._owner = owner
-        self._name = name
-
-    @property
-    def owner(self) -> str:
-        """The owning actor's name."""
-        return self._owner
-
-    @property
-    def name(self) -> str:
-        """The table's name within its owner."""
-        return self._name
-
-    async def get(self, key: str, default: Any = None) -> Any:
-        """The committed value of ``key`` (``default`` if absent)."""
-        return await self._store.read(self._owner, self._name, key, default)
-
-    async def items(self) -> dict[str, Any]:
-        """Every committed key and value."""
-        return await self._store.read_all(self._owner, self._name)
 
 
 class ActorContext:
@@ -227,7 +179,7 @@ class ActorContext:
         chosen = names or tuple(inputs)
         return BiasedSelect({name: inputs[name] for name in chosen})
 
-    def messages(self) -> _Messages:
+    def messages(self) -> Messages:
         """The actor's input, until it ends or the actor has finished.
 
         Raises:
@@ -238,7 +190,7 @@ class ActorContext:
             raise GraphError(
                 "inputs", "one input, or aligned inputs, to read ctx.messages()", list(self._named)
             )
-        return _Messages(self)
+        return Messages(self)
 
     # State.
 
@@ -398,30 +350,3 @@ class ActorContext:
             current_epoch=self.epoch,
             finished=self.finished,
         )
-
-
-class _Messages:
-    """Iterator over an actor's input (a class, not an async generator, so that an actor
-    raising mid-iteration leaves nothing to finalize)."""
-
-    __slots__ = ("_ctx",)
-
-    def __init__(self, ctx: ActorContext) -> None:
-        self._ctx = ctx
-
-    def __aiter__(self) -> _Messages:
-        return self
-
-    async def __anext__(self) -> Message:
-        ctx = self._ctx
-        if ctx.finished:
-            raise StopAsyncIteration
-        try:
-            message = await ctx._input.receive()
-        except anyio.EndOfStream:
-            ctx.finished = True
-            raise StopAsyncIteration from None
-        ctx._messages_in += 1
-        if isinstance(message, Chunk):
-            ctx._rows_in += message.num_rows
-        return message

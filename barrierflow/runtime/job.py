@@ -16,18 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, final
+from typing import final
 
 import anyio
 
 from barrierflow.runtime.actor import StreamActor
-from barrierflow.runtime.errors import GraphError, NotRunningError
+from barrierflow.runtime.errors import GraphError
 from barrierflow.runtime.graph import Fanout
 from barrierflow.runtime.progress import JobProgress, Progress
 from barrierflow.runtime.service import Service
-
-if TYPE_CHECKING:
-    from barrierflow.runtime.runtime import Runtime
 
 __all__ = ["Job", "JobHandle", "JobStats", "PushSource"]
 
@@ -51,9 +48,7 @@ class ActorDeclaration:
 
     def names(self) -> list[str]:
         """The actors this declaration makes: ``name``, or ``name.0`` … for a group."""
-        if self.parallelism is None:
-            return [self.name]
-        return [f"{self.name}.{i}" for i in range(self.parallelism)]
+        return parallel_names(self.name, self.parallelism)
 
 
 def parallel_names(name: str, parallelism: int | None) -> list[str]:
@@ -132,6 +127,10 @@ class Job:
     def actor_names(self) -> list[str]:
         """Every actor name the job declares."""
         return [n for d in self._actors for n in d.names()]
+
+    def _undo_last(self) -> None:
+        """Forget the last actor declaration (the graph refused it)."""
+        self._actors.pop()
 
     def _check_free(self, names: list[str]) -> None:
         taken = set(self.actor_names()) | set(self._services)
@@ -258,6 +257,15 @@ class JobRecord:
         self.ready = anyio.Event()
         self.error: BaseException | None = None
 
+    def set_backfilling(self, instances: Mapping[str, StreamActor]) -> None:
+        """Note which of this incarnation's actors of the job backfill (class ``backfills``)."""
+        self.backfilling = {
+            name
+            for name in self.job.actor_names()
+            if name in instances and instances[name].backfills
+        }
+        self.update_ready()
+
     def update_ready(self) -> None:
         if all(name in self.progress and self.progress[name].finished for name in self.backfilling):
             self.ready.set()
@@ -275,10 +283,9 @@ class JobRecord:
 class JobHandle:
     """A job of a running runtime (returned by ``add_job``, or ``rt.job(name)``)."""
 
-    __slots__ = ("_record", "_runtime")
+    __slots__ = ("_record",)
 
-    def __init__(self, runtime: Runtime, record: JobRecord) -> None:
-        self._runtime = runtime
+    def __init__(self, record: JobRecord) -> None:
         self._record = record
 
     @property
@@ -313,11 +320,6 @@ class JobHandle:
         if record.error is not None:
             raise record.error
         return record.snapshot()
-
-    def fail(self, error: NotRunningError) -> None:
-        """Release waiters with ``error`` (the job is gone)."""
-        self._record.error = error
-        self._record.ready.set()
 
     def __repr__(self) -> str:
         return f"<JobHandle {self.name!r} status={self._record.status}>"

@@ -29,21 +29,17 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, final
+from typing import final
 
 import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from barrierflow._taskgroups import single_leaf
-from barrierflow.channels.barrier import Barrier, BarrierKind
-from barrierflow.channels.channel import ChannelStatistics, SendChannel, create_channel
+from barrierflow.channels.barrier import BarrierKind
+from barrierflow.channels.channel import ChannelStatistics
 from barrierflow.channels.chunk import Chunk
-from barrierflow.channels.endpoints import Receiver
 from barrierflow.channels.epoch import EpochPair
 from barrierflow.channels.errors import ChannelBrokenError, ChannelClosedError, InvalidArgumentError
-from barrierflow.channels.merge import AlignedMerge
-from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import (
     MUTATION_TYPES,
     Add,
@@ -53,26 +49,20 @@ from barrierflow.channels.mutation import (
     Throttle,
     Update,
 )
-from barrierflow.runtime._declare import Declarations
-from barrierflow.runtime._wiring import Wiring, wire
-from barrierflow.runtime.actor import ActorContext, ActorStats, StreamActor
+from barrierflow.runtime._incarnation import Incarnation, check_wiring, create_actors
+from barrierflow.runtime._jobs import RunningJobs
+from barrierflow.runtime._wiring import wire
+from barrierflow.runtime.actor import ActorStats
 from barrierflow.runtime.barrier_manager import BarrierManager
 from barrierflow.runtime.config import RuntimeConfig
 from barrierflow.runtime.errors import (
     ActorFailedError,
-    GraphError,
-    JobError,
     JobNotDeclaredError,
     NotRunningError,
-    UnknownJobError,
 )
-from barrierflow.runtime.graph import Node
-from barrierflow.runtime.job import Job, JobHandle, JobRecord, JobStats, PushSource
-from barrierflow.runtime.job_catalog import JobCatalog
+from barrierflow.runtime.job import JobStats, PushSource
 from barrierflow.runtime.logging import configure_logging
-from barrierflow.runtime.progress import Progress
-from barrierflow.runtime.service import Service, ServiceContext
-from barrierflow.runtime.startup import adopt_sink_positions, check_actors
+from barrierflow.runtime.startup import adopt_sink_positions
 from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore
 
 __all__ = ["PushSource", "Runtime", "RuntimeStats"]
@@ -99,21 +89,6 @@ class RuntimeStats:
     jobs: dict[str, JobStats]
 
 
-class _Incarnation:
-    """One build of the graph: its channels, contexts, barrier manager and task groups."""
-
-    def __init__(self, manager: BarrierManager, catalog: JobCatalog) -> None:
-        self.manager = manager
-        self.catalog = catalog
-        self.contexts: dict[str, ActorContext] = {}
-        self.inboxes: dict[str, SendChannel[Message]] = {}
-        self.channels: list[SendChannel[Message]] = []
-        self.ready = anyio.Event()
-        self.actors: TaskGroup | None = None
-        self.services: TaskGroup | None = None
-        self.job_scopes: dict[str, anyio.CancelScope] = {}
-
-
 def _contains(group: BaseExceptionGroup[BaseException], exc: BaseException) -> bool:
     """Whether ``exc`` is one of the errors in ``group`` (at any depth)."""
     return any(
@@ -135,7 +110,7 @@ def _first_actor_failure(group: BaseExceptionGroup[BaseException]) -> ActorFaile
 
 
 @final
-class Runtime(Declarations):
+class Runtime(RunningJobs):
     """Runs a graph of stream actors, made of jobs (see the module docstring).
 
     Args:
@@ -158,7 +133,7 @@ class Runtime(Declarations):
         self._clock = clock
         self._store: StateStore | None = None
         self._task_group: TaskGroup | None = None
-        self._incarnation: _Incarnation | None = None
+        self._incarnation: Incarnation | None = None
         self._restarts = 0
         self._failure: ActorFailedError | None = None
         self._last_failure: ActorFailedError | None = None
@@ -166,18 +141,6 @@ class Runtime(Declarations):
         self._jobs_lock = anyio.Lock()
         self._forget: set[str] = set()
         self._log = structlog.get_logger("barrierflow.runtime")
-
-    def forget_job(self, name: str) -> None:
-        """Before start: delete job ``name`` from the state store's catalog at the first
-        checkpoint, instead of declaring it again (its actors' state is left behind unread).
-
-        Raises:
-            GraphError: ``name`` is not a non-empty str, or the runtime has started.
-        """
-        self._check_not_started()
-        if not isinstance(name, str) or not name:
-            raise GraphError("job", "a job name", name)
-        self._forget.add(name)
 
     # Lifecycle.
 
@@ -303,25 +266,6 @@ class Runtime(Declarations):
                 await anyio.sleep(delay)
             started = True
 
-    async def _restore_jobs(self) -> None:
-        """Before a rebuild: keep the jobs the last checkpoint knows (and those declared before
-        start); a job added since is lost, a job whose drop was not durable comes back."""
-        assert self._store is not None
-        committed = await self._store.read_all("__runtime__", "jobs")
-        for name, record in list(self._records.items()):
-            keep = record.declared or name in committed
-            running = any(n.job == name for n in self._graph.nodes.values())
-            if keep and not running:
-                self._apply(record.job, running=True)
-                record.status = "running"
-            elif not keep:
-                self._graph.remove([n.name for n in self._graph.nodes.values() if n.job == name])
-                self._records.pop(name)
-                record.error = NotRunningError(
-                    f"job {name!r}", "a job whose creation a checkpoint made durable"
-                )
-                record.ready.set()
-
     async def _run_incarnation(self, task_status: TaskStatus[None] | None) -> None:
         try:
             await self._run_graph(task_status)
@@ -332,40 +276,14 @@ class Runtime(Declarations):
                 raise
             raise failure from failure.cause
 
-    def _create_actors(self, nodes: list[Node]) -> dict[str, StreamActor]:
-        """Every actor of ``nodes``, from its factory (before any of them runs, so that they
-        can be checked together: see :mod:`.startup`).
-
-        Raises:
-            ActorFailedError: a factory raised, or returned something that is not an actor.
-        """
-        instances: dict[str, StreamActor] = {}
-        for node in nodes:
-            try:
-                actor = node.factory()
-                if not isinstance(actor, StreamActor):
-                    raise GraphError(
-                        "actor", "a factory returning a StreamActor", type(actor).__name__
-                    )
-            except Exception as exc:
-                raise ActorFailedError(node.name, node.actor_id, exc) from exc
-            instances[node.name] = actor
-        return instances
-
-    def _check(self, instances: dict[str, StreamActor], wiring: Wiring) -> None:
-        groups = {name: ["|".join(group)] for name, group in wiring.hash_groups.items()}
-        check_actors(
-            instances, groups, self._services(), {key for v in groups.values() for key in v}
-        )
-
     async def _run_graph(self, task_status: TaskStatus[None] | None) -> None:
         store = self._store
         assert store is not None
         nodes = list(self._graph.nodes.values())
         capacity, rows = self._config.channel_capacity, self._config.channel_rows
-        instances = self._create_actors(nodes)
+        instances = create_actors(nodes)
         wiring = wire(nodes, {}, capacity=capacity, rows=rows)
-        self._check(instances, wiring)
+        check_wiring(instances, wiring, self._services())
         manager = BarrierManager(
             store,
             wiring.inboxes,
@@ -376,7 +294,7 @@ class Runtime(Declarations):
             clock=self._clock,
         )
         manager.on_complete = self._on_complete
-        incarnation = _Incarnation(manager, JobCatalog(store))
+        incarnation = Incarnation(store, manager)
         incarnation.channels = wiring.channels
         incarnation.inboxes = {n.name: wiring.inboxes[n.actor_id] for n in nodes if n.is_source}
         self._incarnation = incarnation
@@ -387,10 +305,7 @@ class Runtime(Declarations):
             )
         committed = await incarnation.catalog.committed()
         for record in self._records.values():
-            record.backfilling = {
-                n.name for n in nodes if n.job == record.job.name and instances[n.name].backfills
-            }
-            record.update_ready()
+            record.set_backfilling(instances)
         # The initial barrier goes in before anyone may push, so every actor sees it first
         # and knows its epoch before its first chunk. The catalog gains the declared jobs it
         # lacks (and loses the forgotten ones) under its epoch.
@@ -406,11 +321,12 @@ class Runtime(Declarations):
         async with anyio.create_task_group() as tg:
             tg.start_soon(manager.run, name="barrier manager")
             incarnation.services = tg
-            for name, service in self._services().items():
-                self._start_service(incarnation, name, service)
+            for record in self._records.values():
+                for name, service in record.job.services.items():
+                    incarnation.start_service(record.job.name, name, service)
             async with anyio.create_task_group() as actors:
                 incarnation.actors = actors
-                self._start_actors(incarnation, nodes, instances, wiring, adopted)
+                incarnation.start_actors(nodes, instances, wiring, adopted)
                 incarnation.ready.set()
                 if self._rebuilt is not None:
                     self._rebuilt.set()
@@ -418,103 +334,9 @@ class Runtime(Declarations):
                     task_status.started()
             tg.cancel_scope.cancel()  # every actor finished: no more barriers to inject
 
-    def _start_service(self, incarnation: _Incarnation, name: str, service: Service) -> None:
-        assert self._store is not None
-        assert incarnation.services is not None
-        job = next((r.job.name for r in self._records.values() if name in r.job.services), "main")
-        scope = incarnation.job_scopes.setdefault(job, anyio.CancelScope())
-        service_id = 1_000_000 + len(incarnation.job_scopes) * 1000 + len(incarnation.contexts)
-        incarnation.services.start_soon(
-            self._run_service, name, service_id, service, self._store, scope
-        )
-
-    def _start_actors(
-        self,
-        incarnation: _Incarnation,
-        nodes: list[Node],
-        instances: dict[str, StreamActor],
-        wiring: Wiring,
-        adopted: dict[str, int],
-    ) -> None:
-        assert self._store is not None
-        assert incarnation.actors is not None
-        for node in nodes:
-            actor = instances[node.name]
-            receivers = wiring.inputs[node.name]
-            actor_input = self._input_of(node, actor, receivers, incarnation.actors)
-            ctx = ActorContext(
-                node.actor_id,
-                node.name,
-                actor_input,
-                wiring.outputs[node.name],
-                self._store,
-                incarnation.manager,
-            )
-            ctx.job = node.job
-            if not actor.aligned_inputs:
-                from barrierflow.runtime.context import NamedInputs
-
-                ctx._named = NamedInputs(receivers)
-            ctx.vnode_bitmap = wiring.bitmaps.get(node.name)
-            ctx.adopted_positions = dict(adopted)
-            incarnation.contexts[node.name] = ctx
-            incarnation.actors.start_soon(
-                self._run_actor, node, actor, ctx, name=f"actor {node.name}"
-            )
-
-    @staticmethod
-    def _input_of(
-        node: Node,
-        actor: StreamActor,
-        receivers: dict[str, Any],
-        group: TaskGroup,
-    ) -> Receiver[Message]:
-        if len(receivers) == 1 or not actor.aligned_inputs:
-            return next(iter(receivers.values()))
-        tx, rx = create_channel[Message](16, name=f"{node.name} merged")
-        group.start_soon(AlignedMerge(receivers).run, tx, name=f"merge into {node.name}")
-        return rx
-
-    async def _run_actor(self, node: Node, actor: StreamActor, ctx: ActorContext) -> None:
-        try:
-            await actor.run(ctx)
-        except Exception as raised:
-            # An actor's own task group raising one error: log and report that error itself.
-            exc = single_leaf(raised)
-            ctx.log.error("actor raised", error=repr(exc))
-            raise ActorFailedError(node.name, node.actor_id, exc) from exc
-        finally:
-            ctx.finished = True
-            ctx.close_outputs()
-
-    @staticmethod
-    async def _run_service(
-        name: str, service_id: int, service: Service, store: StateStore, scope: anyio.CancelScope
-    ) -> None:
-        ctx = ServiceContext(name, store)
-        with scope:
-            try:
-                await service.run(ctx)
-            except Exception as raised:
-                exc = single_leaf(raised)
-                ctx.log.error("service raised", error=repr(exc))
-                raise ActorFailedError(name, service_id, exc) from exc
-
-    def _on_complete(self, barrier: Barrier, progress: dict[int, Progress]) -> None:
-        """A barrier completed: the progress collected with it counts for its jobs."""
-        if not progress:
-            return
-        by_id = {n.actor_id: n for n in self._graph.nodes.values()}
-        for actor_id, report in progress.items():
-            node = by_id.get(actor_id)
-            record = self._records.get(node.job) if node is not None else None
-            if node is not None and record is not None:
-                record.progress[node.name] = report
-                record.update_ready()
-
     # Driving a running graph.
 
-    async def _running(self) -> _Incarnation:
+    async def _running(self) -> Incarnation:
         """The current graph, waiting while recovery rebuilds it."""
         while True:
             if self._task_group is None:
@@ -661,146 +483,6 @@ class Runtime(Declarations):
             restarts=self._restarts,
             jobs=jobs,
         )
-
-    # Jobs joining and leaving the running graph.
-
-    def job(self, name: str) -> JobHandle:
-        """The handle of job ``name`` (the default job is ``"main"``).
-
-        Raises:
-            UnknownJobError: no such job.
-        """
-        record = self._records.get(name) if isinstance(name, str) else None
-        if record is None or record.status == "dropped":
-            raise UnknownJobError(name, self.jobs())
-        return JobHandle(self, record)
-
-    def jobs(self) -> list[str]:
-        """The names of the jobs that run (or are being dropped)."""
-        return [name for name, r in self._records.items() if r.status != "dropped"]
-
-    async def add_job(self, job: Job) -> JobHandle:
-        """Join ``job`` to the running graph at one barrier; return once it was collected.
-
-        The job's channels and actors are built first; then a barrier carrying ``Add`` is
-        injected: each running actor the job reads gains its new output exactly at that
-        barrier, which is the new actors' first. The job enters the catalog under that
-        barrier's epoch and is durable with the next checkpoint.
-
-        Raises:
-            GraphError: ``job`` is not a Job, or an actor reads an unknown actor.
-            DuplicateJobError: a job of that name exists.
-            JobDroppingError: an actor reads an actor of a job being dropped.
-            ActorFailedError: a factory of the job raised (nothing was added).
-            NotRunningError: the runtime is not running.
-        """
-        if not isinstance(job, Job):
-            raise GraphError("job", "a Job", type(job).__name__)
-        from barrierflow.runtime.errors import DuplicateJobError
-
-        incarnation = await self._running()
-        async with self._jobs_lock:
-            if job.name in self._records:
-                raise DuplicateJobError(job.name)
-            clash = set(job.services) & (set(self._services()) | set(self._graph.nodes))
-            if clash:
-                raise GraphError(
-                    "name", "service names not used by another actor or service", sorted(clash)
-                )
-            running = self._graph.nodes
-            nodes = self._apply(job, running=True)
-            try:
-                instances = self._create_actors(nodes)
-                capacity, rows = self._config.channel_capacity, self._config.channel_rows
-                wiring = wire(nodes, running, capacity=capacity, rows=rows)
-                record = JobRecord(job, declared=False)
-                self._records[job.name] = record
-                try:
-                    self._check(instances, wiring)
-                except BaseException:
-                    del self._records[job.name]
-                    raise
-            except BaseException:
-                self._graph.remove([n.name for n in nodes])
-                raise
-            record.backfilling = {n for n, a in instances.items() if a.backfills}
-            incarnation.channels += wiring.channels
-            for name, service in job.services.items():
-                self._start_service(incarnation, name, service)
-            self._start_actors(incarnation, nodes, instances, wiring, {})
-            ids = frozenset(n.actor_id for n in nodes)
-            add = Add(
-                added_actors=ids,
-                outputs={actor: tuple(new) for actor, new in wiring.new_outputs.items()},
-            )
-            with self._as_failure():
-                flight = await incarnation.manager.inject(
-                    mutation=add, add_actors=ids, add_sources=wiring.inboxes
-                )
-            epoch = flight.barrier.epoch.curr
-            record.created_epoch = epoch
-            incarnation.catalog.record(epoch, created={job.name: job.actor_names()})
-            for node in nodes:
-                if node.is_source:
-                    incarnation.inboxes[node.name] = wiring.inboxes[node.actor_id]
-        record.update_ready()
-        await flight.wait()
-        self._log.info("job added", job=job.name, epoch=epoch, actors=job.actor_names())
-        return JobHandle(self, record)
-
-    async def drop_job(self, name: str) -> int:
-        """Stop job ``name``'s actors at one barrier (upstreams drop their outputs to it at
-        the same barrier); its services stop and its state is trimmed in the checkpoint that
-        follows. Returns the epoch of that barrier once it was collected.
-
-        Raises:
-            UnknownJobError: no such job.
-            JobError: another running job reads an actor of this one (drop that one first).
-            NotRunningError: the runtime is not running.
-        """
-        incarnation = await self._running()
-        async with self._jobs_lock:
-            record = self._records.get(name) if isinstance(name, str) else None
-            if record is None or record.status != "running":
-                raise UnknownJobError(name, self.jobs())
-            nodes = [n for n in self._graph.nodes.values() if n.job == name]
-            mine = {n.name for n in nodes}
-            readers = sorted(
-                n.name for n in self._graph.nodes.values() if n.job != name and mine & set(n.inputs)
-            )
-            if readers:
-                raise JobError(name, "a job no other job reads", f"read by {readers}")
-            record.status = "dropping"
-            ids = frozenset(n.actor_id for n in nodes)
-            with self._as_failure():
-                flight = await incarnation.manager.inject(mutation=Stop(ids))
-            epoch = flight.barrier.epoch.curr
-            incarnation.catalog.record(epoch, dropped=(name,))
-        await flight.wait()
-        incarnation.manager.remove_sources(ids)
-        scope = incarnation.job_scopes.pop(name, None)
-        if scope is not None:
-            scope.cancel()
-        for node in nodes:
-            incarnation.inboxes.pop(node.name, None)
-            ctx = incarnation.contexts.pop(node.name, None)
-            if ctx is not None:
-                await self._trim(ctx, epoch)
-        self._graph.remove(list(mine))
-        record.status = "dropped"
-        del self._records[name]
-        record.error = NotRunningError(f"job {name!r}", "a job that was not dropped")
-        record.ready.set()
-        self._log.info("job dropped", job=name, epoch=epoch)
-        return epoch
-
-    @staticmethod
-    async def _trim(ctx: ActorContext, epoch: int) -> None:
-        """Delete every key of a dropped actor's tables, durable with the next checkpoint."""
-        for table in ctx._tables:
-            for key in await table.items():
-                table.delete(key)
-            table.seal(epoch)
 
     def __repr__(self) -> str:
         state = "running" if self._task_group is not None else "stopped"

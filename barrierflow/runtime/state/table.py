@@ -18,7 +18,7 @@ from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
 if TYPE_CHECKING:
     from barrierflow.runtime.state.state_store import StateStore
 
-__all__ = ["StateTable"]
+__all__ = ["ReadOnlyTable", "StateTable"]
 
 #: Marks a deleted key among a table's buffered writes.
 DELETED: Any = object()
@@ -141,3 +141,33 @@ class StateTable:
         self._pending = {}
         self._sealed = []
         self._last_sealed = self._store.committed_epoch
+
+
+@final
+class ReadOnlyTable:
+    """Another actor's state table as of the last checkpoint (reads only)."""
+
+    __slots__ = ("_name", "_owner", "_store")
+
+    def __init__(self, store: StateStore, owner: str, name: str) -> None:
+        self._store = store
+        self._owner = owner
+        self._name = name
+
+    @property
+    def owner(self) -> str:
+        """The owning actor's name."""
+        return self._owner
+
+    @property
+    def name(self) -> str:
+        """The table's name within its owner."""
+        return self._name
+
+    async def get(self, key: str, default: Any = None) -> Any:
+        """The committed value of ``key`` (``default`` if absent)."""
+        return await self._store.read(self._owner, self._name, key, default)
+
+    async def items(self) -> dict[str, Any]:
+        """Every committed key and value."""
+        return await self._store.read_all(self._owner, self._name)

@@ -9,11 +9,11 @@ restart), :mod:`.meta_store` (those records, persisted) and :mod:`.coordinator` 
 from barrierflow.actors.sinks.coordinator.committer import CommitCoordinator as CommitCoordinator
 from barrierflow.actors.sinks.coordinator.committer import SchemaChange as SchemaChange
 from barrierflow.actors.sinks.coordinator.coordinator import Coordinator as Coordinator
-from barrierflow.actors.sinks.coordinator.coordinator import CoordinatorStats as CoordinatorStats
 from barrierflow.actors.sinks.coordinator.handles import WriterHandle as WriterHandle
 from barrierflow.actors.sinks.coordinator.meta_store import SinkState as SinkState
 from barrierflow.actors.sinks.coordinator.meta_store import SinkStateRecord as SinkStateRecord
 from barrierflow.actors.sinks.coordinator.meta_store import SinkStates as SinkStates
+from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats as CoordinatorStats
 
 __all__ = [
     "CommitCoordinator",

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from typing import Any, final
 
 import anyio
@@ -41,7 +40,6 @@ import structlog
 from barrierflow._sync import Notifier, OneShot
 from barrierflow._taskgroups import single_error
 from barrierflow.actors.sinks.coordinator.commit_queue import (
-    RECENT_DELAYS,
     CommitQueue,
     RetryBackoff,
 )
@@ -67,6 +65,7 @@ from barrierflow.actors.sinks.coordinator.handles import (
 )
 from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
 from barrierflow.actors.sinks.coordinator.recovery import recover
+from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats
 from barrierflow.actors.sinks.errors import (
     CoordinatorAbortedError,
     SchemaChangeMismatchError,
@@ -78,32 +77,7 @@ from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
 from barrierflow.runtime.errors import ActorGoneError
 from barrierflow.runtime.service import ServiceContext
 
-__all__ = ["Coordinator", "CoordinatorStats"]
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class CoordinatorStats:
-    """A snapshot of a coordinator's counters (of its current run)."""
-
-    #: Writers registered and running now.
-    writers: int
-    running: int
-    #: Epochs acknowledged to writers, and committed by the committer.
-    acked_epochs: int
-    committed_epochs: int
-    #: The last epoch acknowledged to writers / committed (0 before the first).
-    last_acked_epoch: int
-    last_committed_epoch: int
-    #: Failed commit attempts (all of them), and the backoff delays waited after the latest
-    #: ones (seconds, oldest first; at most ``RECENT_DELAYS`` = 64 of them).
-    commit_failures: int
-    retry_delays: tuple[float, ...]
-    #: Epochs aborted at recovery.
-    aborted_epochs: tuple[int, ...]
-
-
-assert RECENT_DELAYS == 64  # documented above
+__all__ = ["Coordinator"]
 
 
 @final

@@ -1,0 +1,151 @@
+"""One incarnation of a graph: its actors created from their factories, checked together,
+started with their contexts and inputs, and its services — at start, after a recovery, and
+for each job that joins later."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from barrierflow._taskgroups import single_leaf
+from barrierflow.channels.channel import SendChannel, create_channel
+from barrierflow.channels.endpoints import Receiver
+from barrierflow.channels.merge import AlignedMerge
+from barrierflow.channels.messages import Message
+from barrierflow.runtime._wiring import Wiring
+from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.barrier_manager import BarrierManager
+from barrierflow.runtime.context import NamedInputs
+from barrierflow.runtime.errors import ActorFailedError, GraphError
+from barrierflow.runtime.graph import Node
+from barrierflow.runtime.job_catalog import JobCatalog
+from barrierflow.runtime.service import Service, ServiceContext
+from barrierflow.runtime.startup import check_actors
+from barrierflow.runtime.state.state_store import StateStore
+
+__all__ = ["Incarnation", "check_wiring", "create_actors"]
+
+# Services get ids after every actor id a graph could use, for ActorFailedError.
+_FIRST_SERVICE_ID = 1 << 30
+
+
+def create_actors(nodes: list[Node]) -> dict[str, StreamActor]:
+    """Every actor of ``nodes``, from its factory (before any of them runs, so that they can
+    be checked together: see :mod:`.startup`).
+
+    Raises:
+        ActorFailedError: a factory raised, or returned something that is not an actor.
+    """
+    instances: dict[str, StreamActor] = {}
+    for node in nodes:
+        try:
+            actor = node.factory()
+            if not isinstance(actor, StreamActor):
+                raise GraphError("actor", "a factory returning a StreamActor", type(actor).__name__)
+        except Exception as exc:
+            raise ActorFailedError(node.name, node.actor_id, exc) from exc
+        instances[node.name] = actor
+    return instances
+
+
+def check_wiring(
+    instances: dict[str, StreamActor], wiring: Wiring, services: Mapping[str, Service]
+) -> None:
+    """Run the actors' startup checks; the siblings of a parallel writer are the other
+    members of its hash group."""
+    groups = {name: ["|".join(group)] for name, group in wiring.hash_groups.items()}
+    check_actors(instances, groups, services, {key for v in groups.values() for key in v})
+
+
+class Incarnation:
+    """One build of the graph: its channels, contexts, barrier manager and task groups."""
+
+    def __init__(self, store: StateStore, manager: BarrierManager) -> None:
+        self.store = store
+        self.manager = manager
+        self.catalog = JobCatalog(store)
+        self.contexts: dict[str, ActorContext] = {}
+        self.inboxes: dict[str, SendChannel[Message]] = {}
+        self.channels: list[SendChannel[Message]] = []
+        self.ready = anyio.Event()
+        self.actors: TaskGroup | None = None
+        self.services: TaskGroup | None = None
+        #: Job name → the cancel scope of its services (cancelled when the job is dropped).
+        self.job_scopes: dict[str, anyio.CancelScope] = {}
+        self._services_started = 0
+
+    def start_service(self, job: str, name: str, service: Service) -> None:
+        """Run ``service`` of ``job`` in the incarnation's service group."""
+        assert self.services is not None
+        scope = self.job_scopes.setdefault(job, anyio.CancelScope())
+        service_id = _FIRST_SERVICE_ID + self._services_started
+        self._services_started += 1
+        self.services.start_soon(_run_service, name, service_id, service, self.store, scope)
+
+    def start_actors(
+        self,
+        nodes: list[Node],
+        instances: dict[str, StreamActor],
+        wiring: Wiring,
+        adopted: dict[str, int],
+    ) -> None:
+        """Start each actor of ``nodes`` with its context (it blocks on its input until its
+        first barrier arrives)."""
+        assert self.actors is not None
+        for node in nodes:
+            actor = instances[node.name]
+            receivers = wiring.inputs[node.name]
+            ctx = ActorContext(
+                node.actor_id,
+                node.name,
+                _input_of(node, actor, receivers, self.actors),
+                wiring.outputs[node.name],
+                self.store,
+                self.manager,
+            )
+            ctx.job = node.job
+            if not actor.aligned_inputs:
+                ctx._named = NamedInputs(receivers)
+            ctx.vnode_bitmap = wiring.bitmaps.get(node.name)
+            ctx.adopted_positions = dict(adopted)
+            self.contexts[node.name] = ctx
+            self.actors.start_soon(_run_actor, node, actor, ctx, name=f"actor {node.name}")
+
+
+def _input_of(
+    node: Node, actor: StreamActor, receivers: dict[str, Any], group: TaskGroup
+) -> Receiver[Message]:
+    if len(receivers) == 1 or not actor.aligned_inputs:
+        return next(iter(receivers.values()))
+    tx, rx = create_channel[Message](16, name=f"{node.name} merged")
+    group.start_soon(AlignedMerge(receivers).run, tx, name=f"merge into {node.name}")
+    return rx
+
+
+async def _run_actor(node: Node, actor: StreamActor, ctx: ActorContext) -> None:
+    try:
+        await actor.run(ctx)
+    except Exception as raised:
+        # An actor's own task group raising one error: log and report that error itself.
+        exc = single_leaf(raised)
+        ctx.log.error("actor raised", error=repr(exc))
+        raise ActorFailedError(node.name, node.actor_id, exc) from exc
+    finally:
+        ctx.finished = True
+        ctx.close_outputs()
+
+
+async def _run_service(
+    name: str, service_id: int, service: Service, store: StateStore, scope: anyio.CancelScope
+) -> None:
+    ctx = ServiceContext(name, store)
+    with scope:
+        try:
+            await service.run(ctx)
+        except Exception as raised:
+            exc = single_leaf(raised)
+            ctx.log.error("service raised", error=repr(exc))
+            raise ActorFailedError(name, service_id, exc) from exc
