@@ -391,13 +391,26 @@ async def test_an_actor_reads_another_actors_committed_table(tmp_path: Path) -> 
     observed: list[object] = []
 
     class Reader(StreamActor):
-        async def process(self, message: Message, ctx: ActorContext) -> None:
-            await ctx.emit(message)
-            if isinstance(message, Barrier) and ctx.stats().barriers == 1:
-                committed = await ctx.wait_committed(message.epoch.curr)
-                assert committed >= message.epoch.curr
+        """Waits, beside its stream, for the first checkpoint after it joined; then reads."""
+
+        async def run(self, ctx: ActorContext) -> None:
+            first = anyio.Event()
+            joined: list[int] = []
+
+            async def observe() -> None:
+                await first.wait()
+                committed = await ctx.wait_committed(joined[0])
+                assert committed >= joined[0]
                 observed.append(await ctx.read_table("writer", "state").get("rows", 0))
                 observed.append(ctx.barrier_interval)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(observe)
+                async for message in ctx.messages():
+                    if isinstance(message, Barrier) and not joined:
+                        joined.append(message.epoch.curr)
+                        first.set()
+                    await ctx.emit(message)
 
     rt = Runtime(config(tmp_path))
     rt.add_source("src")
