@@ -151,12 +151,14 @@ async def test_a_job_another_job_reads_cannot_be_dropped(tmp_path: Path) -> None
             await rt.drop_job("first")
 
 
-async def _seed_a_runtime_added_job(path: Path, seen: dict[str, list[int]]) -> None:
+async def _seed_a_runtime_added_job(path: Path, seen: dict[str, list[int]]) -> int:
+    """Run once, add job ``audit`` and checkpoint it; returns its creation epoch."""
     rt = Runtime(config(path))
     rt.add_source("src")
     async with rt:
-        await rt.add_job(reader_job("audit", seen))
+        handle = await rt.add_job(reader_job("audit", seen))
         await rt.checkpoint()
+    return handle.created_epoch
 
 
 def _restarted(path: Path) -> Runtime:
@@ -176,20 +178,19 @@ async def test_a_job_in_the_store_must_be_declared_at_restart(tmp_path: Path) ->
 
 
 async def test_a_job_declared_again_at_restart_runs_and_a_forgotten_one_is_gone(
-    tmp_path: Path, anyio_backend: str
+    tmp_path: Path,
 ) -> None:
-    if anyio_backend == "trio":
-        # Known defect, open in issue 13's note: on trio the restarted runtime with the
-        # re-declared job does not finish its stop barrier (the asyncio run passes).
-        pytest.xfail("restart with a re-declared job hangs on trio (known, being fixed)")
     seen: dict[str, list[int]] = {}
     with anyio.fail_after(scaled(30)):
-        await _seed_a_runtime_added_job(tmp_path, seen)
+        created = await _seed_a_runtime_added_job(tmp_path, seen)
         declared = _restarted(tmp_path)
         declared.declare_job(reader_job("audit", seen))
         async with declared as rt:
             await rt.push("src", chunk(7))
             await rt.checkpoint()
+            # A job keeps the epoch it was created at across restarts.
+            assert rt.job("audit").created_epoch == created
+            assert rt.job("main").created_epoch > 0
         assert seen["audit"] == [7]
         forgetting = _restarted(tmp_path)
         forgetting.forget_job("audit")

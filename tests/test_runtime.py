@@ -242,6 +242,28 @@ async def test_restart_resumes_at_committed_epoch(tmp_path: Path) -> None:
     assert seen[0].rows == 2
 
 
+async def test_a_clean_exit_commits_the_final_checkpoint_even_when_the_commit_is_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The actors finish as soon as they pass the Stop barrier, while its commit is still
+    # ahead: the runtime must let that commit finish instead of cancelling it.
+    commit = StateStore.commit
+
+    async def slow_commit(self: StateStore, epoch: int) -> None:
+        await anyio.sleep(0.05)
+        await commit(self, epoch)
+
+    monkeypatch.setattr(StateStore, "commit", slow_commit)
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    rt.add_actor("count", Counter, inputs=["src"])
+    with anyio.fail_after(scaled(20)):
+        async with rt:
+            await rt.push("src", chunk(1, 2, 3))
+        async with await StateStore.open(tmp_path / "state.db") as store:
+            assert await store.read_all("count", "count") == {"rows": 3}
+
+
 def test_blocking_handle_from_a_plain_thread(tmp_path: Path) -> None:
     results: dict[str, object] = {}
 

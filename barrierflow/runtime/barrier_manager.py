@@ -28,6 +28,7 @@ from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError, 
 from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import MUTATION_TYPES, Mutation
 from barrierflow.runtime.config import check_count, check_seconds
+from barrierflow.runtime.errors import NotRunningError
 from barrierflow.runtime.positions import merge_positions
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.state.state_store import StateStore
@@ -293,6 +294,23 @@ class BarrierManager:
                 self._completed += 1
                 self._slot_freed.set()
                 flight._finish()
+
+    async def drain(self) -> None:
+        """Once every actor finished: wait until each in-flight barrier they all collected has
+        completed (its checkpoint committed), and fail the ones no actor is left to collect.
+
+        The graph's last barrier is a ``Stop`` checkpoint: the actors finish as soon as they
+        pass it, while its commit may still be ahead. Cancelling the manager then would lose
+        that checkpoint and leave its waiter hanging.
+        """
+        while self._in_flight:
+            flight = next(iter(self._in_flight.values()))
+            if flight.remaining:
+                break
+            await flight._done.wait()
+        self.fail_in_flight(
+            NotRunningError("the graph", "every actor finished before this barrier")
+        )
 
     def fail_in_flight(self, error: BarrierflowError) -> None:
         """Release every waiter of an in-flight barrier with ``error`` (the graph failed)."""

@@ -67,6 +67,11 @@ from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore
 
 __all__ = ["PushSource", "Runtime", "RuntimeStats"]
 
+#: Seconds ``async with rt:`` waits, on a clean exit, for the final ``Stop`` checkpoint to be
+#: collected and committed. Past it the exit goes on (with a warning): nothing is lost, the
+#: rows after the last committed checkpoint are replayed at the next start.
+_STOP_TIMEOUT = 60.0
+
 
 @final
 @dataclass(frozen=True, slots=True)
@@ -179,8 +184,15 @@ class Runtime(RunningJobs):
         tb: TracebackType | None,
     ) -> None:
         if exc is None and self._failure is None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(30):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_STOP_TIMEOUT) as stop:
                 await self._stop_graph()
+            if stop.cancelled_caught:
+                self._log.warning(
+                    "the final stop checkpoint did not complete in time; what followed the "
+                    "last committed checkpoint is replayed at restart",
+                    timeout_s=_STOP_TIMEOUT,
+                    committed_epoch=self.committed_epoch,
+                )
         await self._shutdown(exc_type, exc, tb)
 
     async def _shutdown(
@@ -318,6 +330,11 @@ class Runtime(RunningJobs):
             }
             gone = tuple(name for name in self._forget if name in committed)
             incarnation.catalog.record(flight.barrier.epoch.curr, created=new, dropped=gone)
+            for name, record in self._records.items():
+                entry = committed.get(name)
+                record.created_epoch = (
+                    int(entry["created_epoch"]) if entry else flight.barrier.epoch.curr
+                )
         async with anyio.create_task_group() as tg:
             tg.start_soon(manager.run, name="barrier manager")
             incarnation.services = tg
@@ -332,6 +349,7 @@ class Runtime(RunningJobs):
                     self._rebuilt.set()
                 if task_status is not None:
                     task_status.started()
+            await manager.drain()
             tg.cancel_scope.cancel()  # every actor finished: no more barriers to inject
 
     # Driving a running graph.
