@@ -394,9 +394,9 @@ def test_barrier_with_a_bad_epoch_pair_fails_in_the_pair() -> None:
 
 @pytest.mark.parametrize(
     ("kind", "checkpoint"),
-    [(BarrierKind.BARRIER, False), (BarrierKind.CHECKPOINT, True), (BarrierKind.INITIAL, True)],
+    [(BarrierKind.BARRIER, False), (BarrierKind.CHECKPOINT, True), (BarrierKind.INITIAL, False)],
 )
-def test_is_checkpoint_for_checkpoint_and_initial_barriers(
+def test_only_checkpoint_barriers_are_checkpoints(
     kind: BarrierKind, checkpoint: bool
 ) -> None:
     assert Barrier(EPOCH, kind).is_checkpoint is checkpoint

@@ -25,7 +25,7 @@ def test_readme_opens_with_the_two_commands() -> None:
 @pytest.mark.spark
 def test_readme_examples_run(tmp_path: Path) -> None:
     examples = re.findall(r"```python\n(.*?)```", README, re.S)
-    assert len(examples) == 5
+    assert len(examples) == 6
     outputs = []
     for example in examples:
         done = subprocess.run(
@@ -40,8 +40,9 @@ def test_readme_examples_run(tmp_path: Path) -> None:
     assert outputs[0].startswith("3 rows committed")
     assert outputs[1] == "3 rows delivered exactly once"
     assert outputs[2] == "1000 rows in one snapshot per epoch"
-    assert outputs[3] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
-    assert "Barrier(" in outputs[4]
+    assert outputs[3] == "[3, 4, 5] ['clicks.0', 'clicks.1']"
+    assert outputs[4] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
+    assert "Barrier(" in outputs[5]
 
 
 def test_readme_links_only_inside_the_repository() -> None:

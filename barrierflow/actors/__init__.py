@@ -4,8 +4,10 @@ protocol (Parquet, Iceberg, print) are in :mod:`barrierflow.connectors`."""
 
 from barrierflow.actors.sinks import CommitCoordinator as CommitCoordinator
 from barrierflow.actors.sinks import CommitMetadata as CommitMetadata
+from barrierflow.actors.sinks import CoordinatedTable as CoordinatedTable
 from barrierflow.actors.sinks import Coordinator as Coordinator
 from barrierflow.actors.sinks import CoordinatorStats as CoordinatorStats
+from barrierflow.actors.sinks import DeclaredSink as DeclaredSink
 from barrierflow.actors.sinks import PendingCommit as PendingCommit
 from barrierflow.actors.sinks import SchemaChange as SchemaChange
 from barrierflow.actors.sinks import SinkConnector as SinkConnector
@@ -17,6 +19,7 @@ from barrierflow.actors.sinks import SinkTaskHandle as SinkTaskHandle
 from barrierflow.actors.sinks import SinkTaskStats as SinkTaskStats
 from barrierflow.actors.sinks import SinkWriter as SinkWriter
 from barrierflow.actors.sinks import WriterHandle as WriterHandle
+from barrierflow.actors.sinks import add_sink as add_sink
 from barrierflow.actors.sinks import start_sink_task as start_sink_task
 from barrierflow.actors.sources import BatchFeed as BatchFeed
 from barrierflow.actors.sources import BatchFeedStats as BatchFeedStats
@@ -28,8 +31,10 @@ __all__ = [
     "BatchSource",
     "CommitCoordinator",
     "CommitMetadata",
+    "CoordinatedTable",
     "Coordinator",
     "CoordinatorStats",
+    "DeclaredSink",
     "PendingCommit",
     "SchemaChange",
     "SinkConnector",
@@ -41,5 +46,6 @@ __all__ = [
     "SinkTaskStats",
     "SinkWriter",
     "WriterHandle",
+    "add_sink",
     "start_sink_task",
 ]

@@ -75,8 +75,10 @@ class Barrier:
 
     @property
     def is_checkpoint(self) -> bool:
-        """Whether state must be made durable at this barrier (INITIAL counts: it anchors)."""
-        return self.kind is not BarrierKind.BARRIER
+        """Whether this barrier commits a checkpoint: state up to ``epoch.prev`` becomes durable
+        once every actor collected it. Only CHECKPOINT barriers do; the INITIAL barrier only
+        anchors a graph's first epoch at the committed one (there is nothing new to commit)."""
+        return self.kind is BarrierKind.CHECKPOINT
 
     def with_mutation(self, mutation: Mutation | None) -> Barrier:
         """The same boundary carrying ``mutation`` instead.

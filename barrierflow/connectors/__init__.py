@@ -6,6 +6,7 @@ from barrierflow.connectors.iceberg_sink import IcebergSink as IcebergSink
 from barrierflow.connectors.iceberg_sink import open_local_catalog as open_local_catalog
 from barrierflow.connectors.parquet_committer import ParquetCommitter as ParquetCommitter
 from barrierflow.connectors.parquet_sink import ParquetFileSink as ParquetFileSink
+from barrierflow.connectors.parquet_table import ParquetTable as ParquetTable
 from barrierflow.connectors.print_sink import PrintSink as PrintSink
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "IcebergSink",
     "ParquetCommitter",
     "ParquetFileSink",
+    "ParquetTable",
     "PrintSink",
     "open_local_catalog",
 ]

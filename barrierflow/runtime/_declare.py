@@ -103,6 +103,10 @@ class Declarations:
             self._main._undo_last()
             raise
 
+    def name_in_use(self, name: str) -> bool:
+        """Whether ``name`` is taken by an actor or a service of a declared job."""
+        return name in self._graph.nodes or name in self._services()
+
     def _check_not_a_service(self, name: object) -> None:
         if isinstance(name, str) and name in self._services():
             raise GraphError("name", "a name not used by an actor or a service", name)

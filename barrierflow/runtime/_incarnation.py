@@ -75,6 +75,8 @@ class Incarnation:
         self.services: TaskGroup | None = None
         #: Job name → the cancel scope of its services (cancelled when the job is dropped).
         self.job_scopes: dict[str, anyio.CancelScope] = {}
+        #: Actor name → set once its task ended (a dropped job's services outlive its actors).
+        self.actor_done: dict[str, anyio.Event] = {}
         self._services_started = 0
 
     def start_service(self, job: str, name: str, service: Service) -> None:
@@ -112,7 +114,8 @@ class Incarnation:
             ctx.vnode_bitmap = wiring.bitmaps.get(node.name)
             ctx.adopted_positions = dict(adopted)
             self.contexts[node.name] = ctx
-            self.actors.start_soon(_run_actor, node, actor, ctx, name=f"actor {node.name}")
+            done = self.actor_done[node.name] = anyio.Event()
+            self.actors.start_soon(_run_actor, node, actor, ctx, done, name=f"actor {node.name}")
 
 
 def _input_of(
@@ -125,7 +128,7 @@ def _input_of(
     return rx
 
 
-async def _run_actor(node: Node, actor: StreamActor, ctx: ActorContext) -> None:
+async def _run_actor(node: Node, actor: StreamActor, ctx: ActorContext, done: anyio.Event) -> None:
     try:
         await actor.run(ctx)
     except Exception as raised:
@@ -136,6 +139,7 @@ async def _run_actor(node: Node, actor: StreamActor, ctx: ActorContext) -> None:
     finally:
         ctx.finished = True
         ctx.close_outputs()
+        done.set()
 
 
 async def _run_service(

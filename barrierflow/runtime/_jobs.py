@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from barrierflow.channels.barrier import Barrier
+from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.mutation import Add, Stop
 from barrierflow.runtime._declare import Declarations
 from barrierflow.runtime._incarnation import Incarnation, check_wiring, create_actors
@@ -138,9 +138,10 @@ class RunningJobs(Declarations):
         return JobHandle(record)
 
     async def drop_job(self, name: str) -> int:
-        """Stop job ``name``'s actors at one barrier (upstreams drop their outputs to it at
-        the same barrier); its services stop and its state is trimmed in the checkpoint that
-        follows. Returns the epoch of that barrier once it was collected.
+        """Stop job ``name``'s actors at one checkpoint barrier (upstreams drop their outputs
+        to it at the same barrier); once that checkpoint is durable and every actor of the job
+        left (a sink's writers after their last commit), its services stop; its state is
+        trimmed in the checkpoint that follows. Returns the epoch of that barrier.
 
         Raises:
             UnknownJobError: no such job.
@@ -161,12 +162,19 @@ class RunningJobs(Declarations):
                 raise JobError(name, "a job no other job reads", f"read by {readers}")
             record.status = "dropping"
             ids = frozenset(n.actor_id for n in nodes)
+            # A checkpoint, as a graceful stop of the runtime is: a sink of the job commits
+            # what it pre-committed before its writers leave, instead of rolling it back.
             with self._as_failure():
-                flight = await incarnation.manager.inject(mutation=Stop(ids))
+                flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT, Stop(ids))
             epoch = flight.barrier.epoch.curr
             incarnation.catalog.record(epoch, dropped=(name,))
         await flight.wait()
         incarnation.manager.remove_sources(ids)
+        # The job's services (a sink's coordinator) serve its actors until the last one left.
+        for node in nodes:
+            done = incarnation.actor_done.pop(node.name, None)
+            if done is not None:
+                await done.wait()
         scope = incarnation.job_scopes.pop(name, None)
         if scope is not None:
             scope.cancel()

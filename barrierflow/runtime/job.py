@@ -132,6 +132,10 @@ class Job:
         """Forget the last actor declaration (the graph refused it)."""
         self._actors.pop()
 
+    def name_in_use(self, name: str) -> bool:
+        """Whether ``name`` is taken by an actor or a service of this job."""
+        return name in self.actor_names() or name in self._services
+
     def _check_free(self, names: list[str]) -> None:
         taken = set(self.actor_names()) | set(self._services)
         for name in names:

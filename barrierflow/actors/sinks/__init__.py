@@ -1,6 +1,9 @@
 """Sinks: the connector protocol, the sink task that drives one connector, the sink writer
 that feeds it from the stream, and the coordinator worker that commits across writers."""
 
+from barrierflow.actors.sinks.add_sink import CoordinatedTable as CoordinatedTable
+from barrierflow.actors.sinks.add_sink import DeclaredSink as DeclaredSink
+from barrierflow.actors.sinks.add_sink import add_sink as add_sink
 from barrierflow.actors.sinks.coordinator import CommitCoordinator as CommitCoordinator
 from barrierflow.actors.sinks.coordinator import Coordinator as Coordinator
 from barrierflow.actors.sinks.coordinator import CoordinatorStats as CoordinatorStats
@@ -21,6 +24,8 @@ from barrierflow.actors.sinks.sink_writer import SinkWriter as SinkWriter
 __all__ = [
     "CommitCoordinator",
     "CommitMetadata",
+    "CoordinatedTable",
+    "DeclaredSink",
     "Coordinator",
     "CoordinatorStats",
     "PendingCommit",
@@ -34,5 +39,6 @@ __all__ = [
     "SinkTaskStats",
     "SinkWriter",
     "WriterHandle",
+    "add_sink",
     "start_sink_task",
 ]

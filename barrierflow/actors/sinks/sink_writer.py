@@ -4,7 +4,8 @@ This is the single-writer exactly-once path (the coordinator adds the multi-writ
 *sink epoch* — the rows between two checkpoint barriers, named by the ``curr`` epoch of the
 barrier that opened it:
 
-1. **begin**: after passing the initial barrier, and after each checkpoint barrier, the writer
+1. **begin**: after passing its first barrier (the initial one, or the ``Add`` barrier of a
+   sink joining a running graph), and after each checkpoint barrier, the writer
    begins the next sink epoch.
 2. **write**: each chunk's visible rows (visibility compacted first) go to the sink task.
    The sink is append-only: a chunk with delete or update rows is refused.
@@ -65,7 +66,7 @@ from barrierflow.actors.sinks.sink_task import (
     start_sink_task,
 )
 from barrierflow.actors.sinks.writer_modes import CoordinatedCommits, LocalCommits, WriterMode
-from barrierflow.channels.barrier import Barrier, BarrierKind
+from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.actor import ActorContext, StreamActor
@@ -113,6 +114,9 @@ class SinkWriter(StreamActor):
         self._handle: SinkTaskHandle | None = None
         self._open: int | None = None
         self._stopped = False
+        # This incarnation's first barrier: INITIAL for a graph that starts, an Add barrier
+        # for a writer whose job joined a running graph.
+        self._first_barrier = True
         self._coordinator = coordinator
         self._local = LocalCommits(lambda: self._open)
         self._mode: WriterMode = (
@@ -228,7 +232,7 @@ class SinkWriter(StreamActor):
     async def run(self, ctx: ActorContext) -> None:
         """Recover the sink (or join its coordinator), then write every message's rows and
         follow its barriers."""
-        self._open, self._stopped = None, False
+        self._open, self._stopped, self._first_barrier = None, False, True
         table = ctx.table("sink")
         records = await table.items()
         connector, self._prepared = self._connector_now(), None
@@ -298,9 +302,10 @@ class SinkWriter(StreamActor):
         # with the epoch's rows, so a sink can tell a replay of rows it holds even if the
         # runtime's store is lost.
         positions = ctx.positions_at(barrier)
-        if barrier.kind is BarrierKind.INITIAL:
-            await self._mode.on_initial(barrier)
-        if barrier.kind is BarrierKind.CHECKPOINT and self._open is not None:
+        if self._first_barrier:
+            self._first_barrier = False
+            await self._mode.on_first_barrier(barrier)
+        if barrier.is_checkpoint and self._open is not None:
             epoch = self._open
             try:
                 metadata = await handle.pre_commit(epoch, positions=(self._epoch_start, positions))

@@ -8,9 +8,9 @@
 
 The writer calls, per run: :meth:`~WriterMode.join` (before the sink task starts),
 :meth:`~WriterMode.recover` once, :meth:`~WriterMode.background` in its task group, then per
-barrier :meth:`~WriterMode.on_initial` (initial barriers), :meth:`~WriterMode.on_checkpoint`
-(after a successful pre-commit), :meth:`~WriterMode.on_stop` / :meth:`~WriterMode.on_rescale`;
-and :meth:`~WriterMode.finish` at a graceful stop.
+barrier :meth:`~WriterMode.on_first_barrier` (the first barrier of an incarnation),
+:meth:`~WriterMode.on_checkpoint` (after a successful pre-commit), :meth:`~WriterMode.on_stop`
+/ :meth:`~WriterMode.on_rescale`; and :meth:`~WriterMode.finish` at a graceful stop.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class WriterMode(Protocol):
         self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable
     ) -> None: ...
 
-    async def on_initial(self, barrier: Barrier) -> None: ...
+    async def on_first_barrier(self, barrier: Barrier) -> None: ...
 
     async def on_checkpoint(
         self, handle: SinkTaskHandle, table: StateTable, epoch: int, checkpoint: int,
@@ -121,7 +121,7 @@ class LocalCommits:
                 if self._committed_one is not None:
                     self._committed_one.notify()
 
-    async def on_initial(self, barrier: Barrier) -> None:
+    async def on_first_barrier(self, barrier: Barrier) -> None:
         await anyio.lowlevel.checkpoint()
 
     async def on_checkpoint(
@@ -186,8 +186,10 @@ class CoordinatedCommits:
     ) -> None:
         await anyio.lowlevel.checkpoint()  # commits are the coordinator's
 
-    async def on_initial(self, barrier: Barrier) -> None:
-        """A fresh coordinated sink: every writer starts at the same (the latest) epoch."""
+    async def on_first_barrier(self, barrier: Barrier) -> None:
+        """A fresh coordinated sink: every writer starts at the same (the latest) epoch —
+        the epoch its first barrier opens (the initial barrier, or the ``Add`` barrier of a
+        sink joining a running graph)."""
         if self._handle is not None and self.rewind is None:
             await self._handle.align_initial_epoch(barrier.epoch.curr)
 
