@@ -16,11 +16,11 @@ import pytest
 from _timeouts import scaled
 
 from barrierflow import InvalidArgumentError
-from barrierflow.actors import Coordinator, SinkWriter
+from barrierflow.actors import Coordinator, SinkWriter, add_sink
 from barrierflow.channels import Chunk
 from barrierflow.connectors import IcebergSink, iceberg_sink, open_local_catalog
 from barrierflow.connectors.iceberg_sink import COMMITTED_EPOCH_PROPERTY
-from barrierflow.runtime import Fanout, Runtime, RuntimeConfig
+from barrierflow.runtime import Fanout, Job, Runtime, RuntimeConfig
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False)])
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,6 +144,32 @@ async def test_old_snapshots_are_expired(tmp_path: Path) -> None:
     table = sink.table()
     assert len(table.snapshots()) <= 3
     assert ids(sink) == list(range(6))  # expiry never loses current rows
+
+
+@pytest.mark.anyio
+async def test_an_iceberg_sink_opened_off_the_loop_joins_a_running_pipeline(
+    tmp_path: Path,
+) -> None:
+    # The catalog I/O on a worker thread; then two coordinated writers join at an Add barrier
+    # (their first barrier, not the initial one) and see exactly the rows after it.
+    sink = await IcebergSink.open(open_local_catalog(tmp_path / "catalog"), "ns.events", SCHEMA)
+    with pytest.raises(InvalidArgumentError) as bad:
+        await IcebergSink.open(sink.catalog, "no-namespace", SCHEMA)
+    assert bad.value.argument == "identifier"
+    rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600.0))
+    rt.add_source("src")
+    with anyio.fail_after(scaled(60)):
+        async with rt:
+            await rt.push("src", batch(0, 10))
+            await rt.checkpoint()
+            job = Job("lake")
+            declared = add_sink(job, "events", sink, input="src", parallelism=2, key=("id",))
+            await rt.add_job(job)
+            await rt.push("src", batch(10, 20))
+            epoch = await rt.checkpoint()
+            assert declared.coordinator is not None
+            await declared.coordinator.wait_committed(epoch)
+            assert ids(sink) == list(range(10, 30))
 
 
 def test_a_table_schema_that_differs_is_refused(tmp_path: Path) -> None:

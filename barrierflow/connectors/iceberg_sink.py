@@ -33,6 +33,7 @@ when a committer or sink is first used, not when :mod:`barrierflow.actors` is im
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -117,6 +118,10 @@ class IcebergSink:
         catalog: a pyiceberg catalog (e.g. :func:`open_local_catalog`).
         identifier: ``"namespace.table"``; created (with its namespace) if missing.
         schema: the Arrow schema of the rows; its nullability must match the table's.
+
+    The constructor loads (or creates) the table: catalog I/O that blocks. In a driver's sync
+    code that is fine; from async code use ``await IcebergSink.open(...)``, which does it on a
+    worker thread so the event loop keeps running.
     """
 
     def __init__(self, catalog: Any, identifier: str, schema: pa.Schema) -> None:
@@ -129,6 +134,21 @@ class IcebergSink:
         self.schema = schema
         self._table = self._load_or_create()
         self.location = _local_path(self._table.location())
+
+    @classmethod
+    async def open(
+        cls,
+        catalog: Any,
+        identifier: str,
+        schema: pa.Schema,
+        *,
+        limiter: anyio.CapacityLimiter | None = None,
+    ) -> IcebergSink:
+        """Load (or create) the table on a worker thread (behind ``limiter``, else anyio's
+        default one); the same arguments and errors as the constructor."""
+        return await anyio.to_thread.run_sync(
+            functools.partial(cls, catalog, identifier, schema), limiter=limiter
+        )
 
     def _load_or_create(self) -> Any:
         from pyiceberg.exceptions import NoSuchTableError

@@ -71,6 +71,8 @@ __all__ = ["PushSource", "Runtime", "RuntimeStats"]
 #: collected and committed. Past it the exit goes on (with a warning): nothing is lost, the
 #: rows after the last committed checkpoint are replayed at the next start.
 _STOP_TIMEOUT = 60.0
+#: Worker threads a runtime lends its state store's blocking calls.
+_IO_THREADS = 4
 
 
 @final
@@ -153,8 +155,13 @@ class Runtime(RunningJobs):
         self._graph.validate()
         if self._config.log_format is not None:
             configure_logging(self._config.log_format)
+        # The runtime's own worker threads for blocking calls (the store's file checks, and
+        # every SQLite call on trio): a bounded pool of its own, so a stuck disk cannot take
+        # the threads the driver's other work (or another runtime) relies on.
         self._store = await StateStore.open(
-            self._config.state_path, adapter=self._config.store_adapter
+            self._config.state_path,
+            adapter=self._config.store_adapter,
+            limiter=anyio.CapacityLimiter(_IO_THREADS),
         )
         try:
             catalog = await self._store.read_all("__runtime__", "jobs")
