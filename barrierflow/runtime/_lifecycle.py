@@ -1,0 +1,279 @@
+"""Starting, supervising and stopping a runtime's graph: the lifecycle half of
+:class:`~barrierflow.runtime.runtime.Runtime` (the other half drives the running graph).
+
+``async with rt:`` opens the state store (on threads the runtime owns), refuses a job in the
+store that is not declared, then runs :meth:`Lifecycle._supervise` in the runtime's task group:
+each *incarnation* of the graph is built (channels, actors, a barrier manager), started with its
+initial barrier, and run until every actor finished. An actor failure either fails the runtime
+or, with recovery, rebuilds the graph from the last committed checkpoint after a backoff.
+Leaving ``async with`` normally sends a final ``Stop`` checkpoint and waits (at most
+:data:`STOP_TIMEOUT` seconds) for it to be committed.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from barrierflow.channels.barrier import BarrierKind
+from barrierflow.channels.mutation import Stop
+from barrierflow.runtime._incarnation import Incarnation, check_wiring, create_actors
+from barrierflow.runtime._jobs import RunningJobs
+from barrierflow.runtime._wiring import wire
+from barrierflow.runtime.barrier_manager import BarrierManager
+from barrierflow.runtime.errors import ActorFailedError, JobNotDeclaredError
+from barrierflow.runtime.logging import configure_logging
+from barrierflow.runtime.startup import adopt_sink_positions
+from barrierflow.runtime.state.state_store import StateStore
+
+__all__ = ["STOP_TIMEOUT", "Lifecycle"]
+
+#: Seconds ``async with rt:`` waits, on a clean exit, for the final ``Stop`` checkpoint to be
+#: collected and committed. Past it the exit goes on (with a warning): nothing is lost, the
+#: rows after the last committed checkpoint are replayed at the next start.
+STOP_TIMEOUT = 60.0
+#: Worker threads a runtime lends its state store's blocking calls.
+_IO_THREADS = 4
+
+
+def _contains(group: BaseExceptionGroup[BaseException], exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the errors in ``group`` (at any depth)."""
+    return any(
+        leaf is exc or (isinstance(leaf, BaseExceptionGroup) and _contains(leaf, exc))
+        for leaf in group.exceptions
+    )
+
+
+def _first_actor_failure(group: BaseExceptionGroup[BaseException]) -> ActorFailedError | None:
+    """The first ActorFailedError in ``group`` (at any depth)."""
+    for exc in group.exceptions:
+        if isinstance(exc, ActorFailedError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_actor_failure(exc)
+            if found is not None:
+                return found
+    return None
+
+
+class Lifecycle(RunningJobs):
+    """Entering, supervising and leaving a runtime (see the module)."""
+
+    _clock: Any
+    _task_group: TaskGroup | None
+    _incarnation: Incarnation | None
+    _restarts: int
+    _failure: ActorFailedError | None
+    _last_failure: ActorFailedError | None
+    _rebuilt: anyio.Event | None
+
+    async def __aenter__(self) -> Self:
+        self._graph.validate()
+        if self._config.log_format is not None:
+            configure_logging(self._config.log_format)
+        # The runtime's own worker threads for blocking calls (the store's file checks, and
+        # every SQLite call on trio): a bounded pool of its own, so a stuck disk cannot take
+        # the threads the driver's other work (or another runtime) relies on.
+        self._store = await StateStore.open(
+            self._config.state_path,
+            adapter=self._config.store_adapter,
+            limiter=anyio.CapacityLimiter(_IO_THREADS),
+        )
+        try:
+            catalog = await self._store.read_all("__runtime__", "jobs")
+            for job, entry in catalog.items():
+                if job not in self._records and job not in self._forget:
+                    raise JobNotDeclaredError(job, int(entry.get("created_epoch", 0)))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._store.aclose()
+            raise
+        self._started = True
+        self._rebuilt = anyio.Event()
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        try:
+            await task_group.start(self._supervise)
+        except BaseException as exc:
+            await self._shutdown(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None and self._failure is None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_TIMEOUT) as stop:
+                await self._stop_graph()
+            if stop.cancelled_caught:
+                self._log.warning(
+                    "the final stop checkpoint did not complete in time; what followed the "
+                    "last committed checkpoint is replayed at restart",
+                    timeout_s=STOP_TIMEOUT,
+                    committed_epoch=None if self._store is None else self._store.committed_epoch,
+                )
+        await self._shutdown(exc_type, exc, tb)
+
+    async def _shutdown(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task_group, self._task_group = self._task_group, None
+        try:
+            if task_group is not None:
+                if exc is not None:
+                    task_group.cancel_scope.cancel()
+                try:
+                    await task_group.__aexit__(exc_type, exc, tb)
+                except BaseExceptionGroup as group:
+                    if exc is not None and _contains(group, exc):
+                        # The body's own error, not a group of it: what the actors raised while
+                        # being torn down because of it is a consequence (and was logged).
+                        raise exc from exc.__cause__
+                    failure = _first_actor_failure(group)
+                    if failure is not None:
+                        raise failure from failure.cause
+                    raise
+        finally:
+            if self._store is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._store.aclose()
+        if self._failure is not None and exc is None:
+            raise self._failure from self._failure.cause
+
+    async def _stop_graph(self) -> None:
+        incarnation = self._incarnation
+        if incarnation is None:
+            return
+        await incarnation.ready.wait()
+        async with self._jobs_lock:
+            stop = Stop(frozenset(n.actor_id for n in self._graph.nodes.values()))
+            flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT, stop)
+        await flight.wait()
+
+    async def _supervise(self, *, task_status: TaskStatus[None]) -> None:
+        started = False
+        while True:
+            try:
+                await self._run_incarnation(task_status if not started else None)
+                return
+            except ActorFailedError as failure:
+                started = True
+                self._last_failure = failure
+                old, self._incarnation = self._incarnation, None
+                self._rebuilt = anyio.Event()
+                if old is not None:
+                    old.manager.fail_in_flight(failure)
+                    for tx in old.channels:
+                        tx.close()  # pushes parked on the dead graph fail now
+                if not self._config.recovery or self._restarts >= self._config.max_restarts:
+                    self._log.error(
+                        "actor failed; stopping",
+                        actor=failure.actor,
+                        error=repr(failure.cause),
+                        restarts=self._restarts,
+                    )
+                    self._failure = failure
+                    self._rebuilt.set()  # wake callers waiting for a rebuild: there is none
+                    for record in self._records.values():
+                        record.error = failure
+                        record.ready.set()
+                    raise
+                self._restarts += 1
+                delay = self._config.restart_backoff * 2 ** (self._restarts - 1)
+                self._log.warning(
+                    "actor failed; restarting from the last checkpoint",
+                    actor=failure.actor,
+                    error=repr(failure.cause),
+                    restart=self._restarts,
+                    backoff_s=delay,
+                )
+                assert self._store is not None
+                self._store.release_tables()
+                await self._store.abort_epoch_records_after_committed()
+                await self._restore_jobs()
+                await anyio.sleep(delay)
+            started = True
+
+    async def _run_incarnation(self, task_status: TaskStatus[None] | None) -> None:
+        try:
+            await self._run_graph(task_status)
+        except BaseExceptionGroup as group:
+            # Surface the actor failure itself (siblings were only cancelled by it).
+            failure = _first_actor_failure(group)
+            if failure is None:
+                raise
+            raise failure from failure.cause
+
+    async def _run_graph(self, task_status: TaskStatus[None] | None) -> None:
+        store = self._store
+        assert store is not None
+        nodes = list(self._graph.nodes.values())
+        capacity, rows = self._config.channel_capacity, self._config.channel_rows
+        instances = create_actors(nodes)
+        wiring = wire(nodes, {}, capacity=capacity, rows=rows)
+        check_wiring(instances, wiring, self._services())
+        manager = BarrierManager(
+            store,
+            wiring.inboxes,
+            {n.actor_id for n in nodes},
+            barrier_interval=self._config.barrier_interval,
+            checkpoint_frequency=self._config.checkpoint_frequency,
+            max_in_flight=self._config.max_in_flight,
+            clock=self._clock,
+        )
+        manager.on_complete = self._on_complete
+        incarnation = Incarnation(store, manager)
+        incarnation.channels = wiring.channels
+        incarnation.inboxes = {n.name: wiring.inboxes[n.actor_id] for n in nodes if n.is_source}
+        self._incarnation = incarnation
+        adopted: dict[str, int] = {}
+        if store.committed_epoch == 0:
+            adopted = await adopt_sink_positions(
+                instances, str(self._config.state_path), adopt=self._config.adopt_sink_positions
+            )
+        committed = await incarnation.catalog.committed()
+        for record in self._records.values():
+            record.set_backfilling(instances)
+        # The initial barrier goes in before anyone may push, so every actor sees it first
+        # and knows its epoch before its first chunk. The catalog gains the declared jobs it
+        # lacks (and loses the forgotten ones) under its epoch.
+        async with self._jobs_lock:
+            flight = await manager.inject()
+            new = {
+                name: record.job.actor_names()
+                for name, record in self._records.items()
+                if name not in committed
+            }
+            gone = tuple(name for name in self._forget if name in committed)
+            incarnation.catalog.record(flight.barrier.epoch.curr, created=new, dropped=gone)
+            for name, record in self._records.items():
+                entry = committed.get(name)
+                record.created_epoch = (
+                    int(entry["created_epoch"]) if entry else flight.barrier.epoch.curr
+                )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(manager.run, name="barrier manager")
+            incarnation.services = tg
+            for record in self._records.values():
+                for name, service in record.job.services.items():
+                    incarnation.start_service(record.job.name, name, service)
+            async with anyio.create_task_group() as actors:
+                incarnation.actors = actors
+                incarnation.start_actors(nodes, instances, wiring, adopted)
+                incarnation.ready.set()
+                if self._rebuilt is not None:
+                    self._rebuilt.set()
+                if task_status is not None:
+                    task_status.started()
+            await manager.drain()
+            tg.cancel_scope.cancel()  # every actor finished: no more barriers to inject
