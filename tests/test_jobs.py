@@ -18,6 +18,7 @@ from barrierflow import (
     ActorFailedError,
     DuplicateJobError,
     GraphError,
+    JobDroppingError,
     JobError,
     JobNotDeclaredError,
     UnknownInputError,
@@ -529,3 +530,33 @@ async def test_a_dropped_jobs_state_is_trimmed_in_the_next_checkpoint(tmp_path: 
             await rt.drop_job("stateful")
             await rt.checkpoint()
             assert await store.read_all("writer", "state") == {}
+
+
+async def test_a_job_cannot_read_an_actor_of_a_job_being_dropped(tmp_path: Path) -> None:
+    arrived, release = anyio.Event(), anyio.Event()
+
+    class HoldsItsStop(StreamActor):
+        """Keeps the Stop barrier of its drop until released, so the drop stays in flight."""
+
+        async def process(self, message: Message, ctx: ActorContext) -> None:
+            if isinstance(message, Barrier) and message.is_stop(ctx.actor_id):
+                arrived.set()
+                await release.wait()
+            await ctx.emit(message)
+
+    seen: dict[str, list[int]] = {}
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    leaving = Job("leaving")
+    leaving.add_actor("held", HoldsItsStop, inputs=["src"])
+    with anyio.fail_after(scaled(20)):
+        async with rt, anyio.create_task_group() as tg:
+            await rt.add_job(leaving)
+            tg.start_soon(rt.drop_job, "leaving")
+            await arrived.wait()
+            with pytest.raises(JobDroppingError) as dropping:
+                await rt.add_job(reader_job("late", seen, upstream="held"))
+            assert (dropping.value.job, dropping.value.upstream) == ("late", "held")
+            assert dropping.value.dropping == "leaving"
+            release.set()
+    assert rt.jobs() == ["main"]
