@@ -12,6 +12,7 @@ from typing import Any
 from benchmarks.channels import BENCHMARKS as CHANNEL_BENCHMARKS
 from benchmarks.coordinator import BENCHMARKS as COORDINATOR_BENCHMARKS
 from benchmarks.harness import Settings
+from benchmarks.jobs import BENCHMARKS as JOB_BENCHMARKS
 from benchmarks.runtime import BENCHMARKS as RUNTIME_BENCHMARKS
 from benchmarks.sinks import BENCHMARKS as SINK_BENCHMARKS
 from benchmarks.spark_bridge import BENCHMARKS as SPARK_BRIDGE_BENCHMARKS
@@ -19,6 +20,7 @@ from benchmarks.spark_bridge import BENCHMARKS as SPARK_BRIDGE_BENCHMARKS
 BENCHMARKS = {
     **CHANNEL_BENCHMARKS,
     **RUNTIME_BENCHMARKS,
+    **JOB_BENCHMARKS,
     **SINK_BENCHMARKS,
     **COORDINATOR_BENCHMARKS,
     **SPARK_BRIDGE_BENCHMARKS,

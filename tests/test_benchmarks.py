@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 KEYS = ["name", "value", "unit", "baseline", "ratio", "goal", "goal_on", "meets_goal"]
 
 
-@pytest.mark.parametrize("name", ["channel_hop_trio", "sink_parquet_rows_per_s"])
+@pytest.mark.parametrize(
+    "name", ["channel_hop_trio", "sink_parquet_rows_per_s", "add_job_latency_ms"]
+)
 def test_benchmark_prints_one_json_record_per_benchmark(name: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--only", name],

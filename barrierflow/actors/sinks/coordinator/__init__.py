@@ -1,5 +1,30 @@
 """The coordinator worker of a sink: exactly-once commits across its parallel writers.
 
+After RisingWave's ``coordinator_worker.rs``. The rules:
+
+* **Init.** The coordinator first reads its records from the meta store (:mod:`.recovery`),
+  then waits until the registered writers' bitmaps cover every vnode (:mod:`.coverage`). It
+  starts the writers with the *rewind epoch* (the last epoch acknowledged to writers before a
+  restart). Without one, it collects every writer's initial epoch and acknowledges the
+  **maximum** to all.
+* **Per epoch.** Commit requests are collected until their bitmaps cover every vnode exactly
+  once; only the oldest pending epoch can complete; requests come only from running writers;
+  the writers of an epoch must send the same schema change
+  (:class:`~barrierflow.errors.SchemaChangeMismatchError` shows both).
+* **Single-phase** committers commit at once. **Two-phase** committers pre-commit, the epoch is
+  persisted as *pending* (metadata and schema change) in the meta store (:mod:`.meta_store`),
+  the writers are acknowledged — a writer passes its checkpoint barrier only after that, so no
+  checkpoint can be durable without its pending record — and the commit runs only once the
+  runtime's committed epoch has reached the epoch, in epoch order, retried after a backoff
+  (:mod:`.commit_queue`).
+* **Schema change.** New writers are not started while an uncommitted schema change is pending;
+  they start once every pending commit has been flushed.
+* **Rescaling.** Writers may join, leave (``stop``) or change bitmaps; the coordinator realigns
+  until the new set covers every vnode exactly once, then starts them; a commit request during
+  realignment is :class:`~barrierflow.errors.UnexpectedWriterRequestError`.
+* **Failure.** A coordinator that fails aborts every writer handle with the cause
+  (:class:`~barrierflow.errors.CoordinatorAbortedError`), then fails the graph.
+
 One module per idea: :mod:`.handles` (what writers hold and send), :mod:`.coverage` (rounds
 that collect requests until every vnode is covered), :mod:`.commit_queue` (two-phase commits
 waiting for durability, retried with backoff), :mod:`.recovery` (the records found at a

@@ -1,31 +1,11 @@
-"""The coordinator worker: exactly-once commits across the parallel writers of one sink.
+"""The coordinator worker: the :class:`Coordinator` service that applies the rules of the
+package (see :mod:`barrierflow.actors.sinks.coordinator`) to the events its writers send.
 
-After RisingWave's ``coordinator_worker.rs``. One :class:`Coordinator` per sink runs as a
-runtime service (``rt.add_service(name, coordinator)``); each parallel sink writer registers
-with its vnode bitmap and gets a :class:`~.handles.WriterHandle`. The rules:
-
-* **Init.** The coordinator first reads its records from the meta store (:mod:`.recovery`),
-  then waits until the registered writers' bitmaps cover every vnode (:mod:`.coverage`). It
-  starts the writers with the *rewind epoch* (the last epoch acknowledged to writers before a
-  restart). Without one, it collects every writer's initial epoch and acknowledges the
-  **maximum** to all.
-* **Per epoch.** Commit requests are collected until their bitmaps cover every vnode exactly
-  once; only the oldest pending epoch can complete; requests come only from running writers;
-  the writers of an epoch must send the same schema change
-  (:class:`~barrierflow.errors.SchemaChangeMismatchError` shows both).
-* **Single-phase** committers commit at once. **Two-phase** committers pre-commit, the epoch is
-  persisted as *pending* (metadata and schema change) in the meta store (:mod:`.meta_store`),
-  the writers are acknowledged — a writer passes its checkpoint barrier only after that, so no
-  checkpoint can be durable without its pending record — and the commit runs only once the
-  runtime's committed epoch has reached the epoch, in epoch order, retried after a backoff
-  (:mod:`.commit_queue`).
-* **Schema change.** New writers are not started while an uncommitted schema change is pending;
-  they start once every pending commit has been flushed.
-* **Rescaling.** Writers may join, leave (``stop``) or change bitmaps; the coordinator realigns
-  until the new set covers every vnode exactly once, then starts them; a commit request during
-  realignment is :class:`~barrierflow.errors.UnexpectedWriterRequestError`.
-* **Failure.** A coordinator that fails aborts every writer handle with the cause
-  (:class:`~barrierflow.errors.CoordinatorAbortedError`), then fails the graph.
+After RisingWave's ``coordinator_worker.rs``. One coordinator per sink runs as a runtime
+service (:func:`~barrierflow.actors.sinks.add_sink.add_sink` declares it with the writers);
+each parallel sink writer registers with its vnode bitmap and gets a
+:class:`~.handles.WriterHandle`. One task owns all state: it reads events (registrations,
+commit requests, committed epochs) from one inbox, in order.
 """
 
 from __future__ import annotations
