@@ -105,3 +105,20 @@ class CrashingCommitter:
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
         await self._inner.abort(epoch, metadata)
+
+
+class CrashingTable:
+    """The demo's Iceberg table behind :func:`~barrierflow.actors.add_sink`: its writers and
+    its committer, each wrapped to kill the process at the armed point."""
+
+    def __init__(self, inner: Any, faults: Faults) -> None:
+        self._inner = inner
+        self._faults = faults
+
+    def writer(self, writer_id: str) -> Any:
+        """Writer ``writer_id`` of the table, crashing on the armed batch's first write."""
+        return CrashingWriter(self._inner.writer(writer_id), self._faults)
+
+    def committer(self) -> CrashingCommitter:
+        """The table's committer, crashing after the armed batch's commit."""
+        return CrashingCommitter(self._inner.committer(), self._faults)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import shlex
 import shutil
 import signal
@@ -48,13 +47,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from barrierflow._demo_faults import CrashingCommitter, CrashingWriter, Faults
+from barrierflow._demo_faults import CrashingTable, Faults
 from barrierflow._demo_input import SCHEMA, RunManifest, complete_input
 from barrierflow._demo_progress import LiveProgress, RunCounts, batch_line
-from barrierflow.actors import BatchFeed, Coordinator, SinkWriter
+from barrierflow.actors import BatchFeed, Coordinator, add_sink
 from barrierflow.channels.errors import ConfigError
 from barrierflow.connectors import IcebergSink, open_local_catalog
-from barrierflow.runtime import BlockingRuntime, Fanout, Runtime, RuntimeConfig
+from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
 from barrierflow.spark_bridge import SparkBridge, spark_session
 
 __all__ = ["SCHEMA", "CrashPoint", "DemoConfig", "DemoResult", "resume_command", "run_demo"]
@@ -170,7 +169,6 @@ def build_runtime(
     """The demo's graph: batch source → hash by key → 4 Iceberg writers + their coordinator."""
     catalog = open_local_catalog(workdir / "warehouse")
     sink = IcebergSink(catalog, TABLE, SCHEMA)
-    coordinator = Coordinator("events", CrashingCommitter(sink.committer(), faults))
     feed = BatchFeed(SCHEMA, chunk_rows=16_384, capacity=8)
     # With recovery, a transient failure rebuilds the graph and the bridge re-delivers the batch.
     config = RuntimeConfig(
@@ -180,17 +178,14 @@ def build_runtime(
         adopt_sink_positions=adopt_sink_positions,
     )
     rt = Runtime(config)
-    rt.add_source("events", feed.source, fanout=Fanout("hash", ("key",)))
-    rt.add_service("coordinator", coordinator)
-
-    def writer(i: int) -> SinkWriter:
-        def connector() -> Any:
-            return CrashingWriter(sink.writer(str(i)), faults)
-
-        return SinkWriter(connector, coordinator=coordinator)
-
-    for i in range(WRITERS):
-        rt.add_actor(f"writer{i}", functools.partial(writer, i), inputs=["events"])
+    rt.add_source("events", feed.source)
+    # Writers events.0..3, hash-dispatched by key, and their coordinator service.
+    declared = add_sink(
+        rt, "events", CrashingTable(sink, faults), input="events", parallelism=WRITERS,
+        key=("key",),
+    )  # fmt: skip
+    assert declared.coordinator is not None
+    coordinator = declared.coordinator
     return rt, feed, coordinator, sink
 
 

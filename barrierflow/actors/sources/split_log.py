@@ -1,0 +1,148 @@
+"""The split log: a partitioned, offset-addressed log that sources read and backfills replay.
+
+A *split* is one partition of the log (a Kafka partition; a Redis/Valkey stream key), named by
+a str. Each record of a split has an **offset**, strictly increasing within the split. Offsets
+are pairs of non-negative ints, ``(major, minor)`` — Redis entry ids ``<ms>-<seq>``; a Kafka
+offset is ``(offset, 0)`` — and they are compared **as numbers, never as text**
+(``"9-0" < "10-0"``): :class:`Offset` orders by the pair, and in batches the two halves are
+two int64 columns, compared column-wise with NumPy.
+
+**Where a read starts.** A reader is given, per split, the offset of the *last record already
+read* (``None``: none was, read from the first record): reading is **exclusive** of it. That
+is what a source keeps in its state at a barrier — the last offset it emitted — so a restart
+resumes right after it, with nothing read twice and nothing skipped.
+
+**Batches.** A reader yields Arrow record batches of the log's payload columns followed by
+three columns: :data:`SPLIT_COLUMN` (string), :data:`OFFSET_MAJOR` and :data:`OFFSET_MINOR`
+(int64). Rows of one split are in offset order; a batch may mix splits.
+
+**The backfill target.** :meth:`SplitLog.latest_offset` is the offset of a split's last record
+now (``None`` when the split is empty: nothing to backfill). A backfill of the split's history
+is done once it has read that offset — or once the live source shows a later one, since the
+last record may be deleted before anyone reads it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol, final, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+
+from barrierflow.channels.errors import InvalidArgumentError
+
+__all__ = [
+    "OFFSET_MAJOR",
+    "OFFSET_MINOR",
+    "SPLIT_COLUMN",
+    "Offset",
+    "SplitLog",
+    "offsets_after",
+    "split_log_schema",
+]
+
+#: The split of each row (string).
+SPLIT_COLUMN = "_split"
+#: The two halves of each row's offset (int64, compared as a pair).
+OFFSET_MAJOR = "_offset_major"
+OFFSET_MINOR = "_offset_minor"
+
+_TEXT = re.compile(r"(\d+)(?:-(\d+))?")
+_MAX = (1 << 63) - 1
+
+
+@final
+@dataclass(frozen=True, order=True, slots=True)
+class Offset:
+    """The offset of a record in its split: a pair compared as numbers.
+
+    Raises:
+        InvalidArgumentError: a half is not an int in 0..2**63-1.
+    """
+
+    major: int
+    minor: int = 0
+
+    def __post_init__(self) -> None:
+        for name, value in (("major", self.major), ("minor", self.minor)):
+            if type(value) is not int or not 0 <= value <= _MAX:
+                raise InvalidArgumentError(f"Offset.{name}", "an int in 0..2**63-1", value)
+
+    @classmethod
+    def parse(cls, text: str) -> Offset:
+        """``"<major>-<minor>"`` (a Redis entry id) or ``"<major>"``.
+
+        Raises:
+            InvalidArgumentError: ``text`` is not of that form.
+        """
+        match = _TEXT.fullmatch(text) if isinstance(text, str) else None
+        if match is None:
+            raise InvalidArgumentError("offset", "'<major>-<minor>' or '<major>'", text)
+        return cls(int(match.group(1)), int(match.group(2) or 0))
+
+    def __str__(self) -> str:
+        return f"{self.major}-{self.minor}"
+
+
+def split_log_schema(payload: pa.Schema) -> pa.Schema:
+    """The schema of a split log's batches: ``payload`` then the split and offset columns.
+
+    Raises:
+        InvalidArgumentError: ``payload`` is not a schema, or already has one of those names.
+    """
+    if not isinstance(payload, pa.Schema):
+        raise InvalidArgumentError("schema", "a pyarrow.Schema", type(payload).__name__)
+    taken = {SPLIT_COLUMN, OFFSET_MAJOR, OFFSET_MINOR} & set(payload.names)
+    if taken:
+        raise InvalidArgumentError("schema", "no column named like a split log's own", taken)
+    return (
+        payload.append(pa.field(SPLIT_COLUMN, pa.string(), nullable=False))
+        .append(pa.field(OFFSET_MAJOR, pa.int64(), nullable=False))
+        .append(pa.field(OFFSET_MINOR, pa.int64(), nullable=False))
+    )
+
+
+def offsets_after(batch: pa.RecordBatch, offset: Offset) -> np.ndarray:
+    """A boolean mask: each row's offset is greater than ``offset`` (vectorized)."""
+    major = batch.column(OFFSET_MAJOR).to_numpy(zero_copy_only=False)
+    minor = batch.column(OFFSET_MINOR).to_numpy(zero_copy_only=False)
+    result: np.ndarray = (major > offset.major) | ((major == offset.major) & (minor > offset.minor))
+    return result
+
+
+@runtime_checkable
+class SplitLog(Protocol):
+    """A partitioned, offset-addressed log (see the module)."""
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The batches' schema: :func:`split_log_schema` of the payload."""
+        ...
+
+    async def list_splits(self) -> list[str]:
+        """The log's splits now."""
+        ...
+
+    async def latest_offset(self, split: str) -> Offset | None:
+        """The offset of ``split``'s last record now, ``None`` if it is empty.
+
+        Raises:
+            UnknownSplitError: the log has no such split.
+        """
+        ...
+
+    def read(
+        self, start: Mapping[str, Offset | None], *, batch_rows: int = 4096
+    ) -> AsyncIterator[pa.RecordBatch]:
+        """Read ``start``'s splits, each from *after* its offset (``None``: from its first
+        record), then follow them as records are appended, for ever. Each batch holds at most
+        ``batch_rows`` rows.
+
+        Raises:
+            UnknownSplitError: a split the log does not have.
+            OffsetTrimmedError: a start offset is below what the log still retains.
+        """
+        ...
