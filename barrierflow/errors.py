@@ -30,25 +30,35 @@ from barrierflow.actors.sources.errors import BatchAbortedError as BatchAbortedE
 from barrierflow.actors.sources.errors import BatchOrderError as BatchOrderError
 from barrierflow.actors.sources.errors import FeedBypassedError as FeedBypassedError
 from barrierflow.actors.sources.errors import FeedSharedError as FeedSharedError
+from barrierflow.actors.sources.errors import OffsetOrderError as OffsetOrderError
+from barrierflow.actors.sources.errors import OffsetTrimmedError as OffsetTrimmedError
+from barrierflow.actors.sources.errors import UnknownSplitError as UnknownSplitError
 from barrierflow.channels.errors import BarrierflowError as BarrierflowError
 from barrierflow.channels.errors import BarrierMisalignedError as BarrierMisalignedError
 from barrierflow.channels.errors import ChannelBrokenError as ChannelBrokenError
 from barrierflow.channels.errors import ChannelClosedError as ChannelClosedError
 from barrierflow.channels.errors import ConfigError as ConfigError
+from barrierflow.channels.errors import DroppedOutputRowsError as DroppedOutputRowsError
 from barrierflow.channels.errors import EpochOrderError as EpochOrderError
 from barrierflow.channels.errors import InvalidArgumentError as InvalidArgumentError
 from barrierflow.channels.errors import ProtocolError as ProtocolError
 from barrierflow.channels.errors import SchemaMismatchError as SchemaMismatchError
 from barrierflow.channels.errors import UnknownInputError as UnknownInputError
 from barrierflow.channels.errors import VnodeOwnershipError as VnodeOwnershipError
+from barrierflow.channels.errors import (
+    WatermarkTypeMismatchError as WatermarkTypeMismatchError,
+)
 from barrierflow.connectors.errors import SchemaEvolutionError as SchemaEvolutionError
 from barrierflow.connectors.errors import SinkLockedError as SinkLockedError
+from barrierflow.connectors.errors import SplitLogRecordError as SplitLogRecordError
+from barrierflow.connectors.errors import SplitLogUnavailableError as SplitLogUnavailableError
 from barrierflow.connectors.errors import StagedEpochMismatchError as StagedEpochMismatchError
 from barrierflow.connectors.errors import StagedPathError as StagedPathError
 from barrierflow.connectors.errors import TwoPhaseOnlyError as TwoPhaseOnlyError
 from barrierflow.runtime.errors import ActorError as ActorError
 from barrierflow.runtime.errors import ActorFailedError as ActorFailedError
 from barrierflow.runtime.errors import ActorGoneError as ActorGoneError
+from barrierflow.runtime.errors import BarrierCollectError as BarrierCollectError
 from barrierflow.runtime.errors import DuplicateJobError as DuplicateJobError
 from barrierflow.runtime.errors import GraphError as GraphError
 from barrierflow.runtime.errors import JobDroppingError as JobDroppingError
@@ -79,6 +89,7 @@ __all__ = [
     "ActorError",
     "ActorFailedError",
     "ActorGoneError",
+    "BarrierCollectError",
     "BarrierMisalignedError",
     "BarrierflowError",
     "BatchAbortedError",
@@ -89,12 +100,16 @@ __all__ = [
     "ConfigError",
     "CoordinatorAbortedError",
     "CoordinatorMissingError",
+    "DroppedOutputRowsError",
     "DuplicateVnodeError",
     "DuplicateWriterError",
     "EpochOrderError",
     "EpochPoisonedError",
     "FeedBypassedError",
     "FeedSharedError",
+    "OffsetOrderError",
+    "OffsetTrimmedError",
+    "UnknownSplitError",
     "GraphError",
     "InvalidArgumentError",
     "NotRunningError",
@@ -112,6 +127,8 @@ __all__ = [
     "SinkStateMismatchError",
     "SinkWriterInputError",
     "SparkUnavailableError",
+    "SplitLogRecordError",
+    "SplitLogUnavailableError",
     "StagedEpochMismatchError",
     "StagedPathError",
     "StateStoreError",
@@ -124,4 +141,5 @@ __all__ = [
     "TwoPhaseOnlyError",
     "UnexpectedWriterRequestError",
     "VnodeOwnershipError",
+    "WatermarkTypeMismatchError",
 ]

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barrierflow import InvalidArgumentError, VnodeOwnershipError
+from barrierflow import DroppedOutputRowsError, InvalidArgumentError, VnodeOwnershipError
 from barrierflow.channels import (
     Barrier,
     BroadcastDispatcher,
@@ -215,10 +215,12 @@ async def test_hash_dispatch_refuses_rows_for_a_dropped_output_with_vnodes() -> 
     dispatcher = HashDispatcher([tx for tx, _ in ends], VnodeBitmap.split(2), ["k"])
     dispatcher.drop_output(1)
     chunk = Chunk(pa.record_batch({"k": pa.array(range(100), pa.int64())}))
-    from barrierflow import ProtocolError
-
-    with pytest.raises(ProtocolError):
+    stray = int(VnodeBitmap.split(2)[1].mask[compute_vnodes(chunk.batch, ["k"])].sum())
+    assert 0 < stray < 100
+    with pytest.raises(DroppedOutputRowsError) as info:
         await dispatcher.dispatch(chunk)
+    assert (info.value.output, info.value.rows) == (1, stray)
+    assert ends[0][1].statistics().buffered_messages == 0  # refused before any output got rows
     dispatcher.update_bitmaps([VnodeBitmap.full(), VnodeBitmap.empty()])
     await dispatcher.dispatch(chunk)
     assert ends[0][1].receive_nowait().num_rows == 100

@@ -19,6 +19,8 @@ from barrierflow._taskgroups import single_error
 from barrierflow.channels import (
     Add,
     AlignedMerge,
+    Barrier,
+    BarrierKind,
     BroadcastDispatcher,
     Chunk,
     EpochClock,
@@ -36,17 +38,20 @@ from barrierflow.channels import (
 )
 from barrierflow.errors import (
     ActorFailedError,
+    BarrierCollectError,
     ConfigError,
     GraphError,
     InvalidArgumentError,
-    ProtocolError,
     SchemaMismatchError,
+    WatermarkTypeMismatchError,
 )
 from barrierflow.runtime import (
     ActorContext,
+    BarrierManager,
     Fanout,
     Runtime,
     RuntimeConfig,
+    StateStore,
     StreamActor,
     Ticker,
 )
@@ -216,8 +221,35 @@ async def test_watermarks_of_unorderable_types_are_a_protocol_error() -> None:
     out, _merged = create_channel[Any](4)
     await tx_a.send(Watermark("ts", 1))
     await tx_b.send(Watermark("ts", "late"))
-    with pytest.raises(ProtocolError), anyio.fail_after(5):
+    with pytest.raises(WatermarkTypeMismatchError) as info, anyio.fail_after(5):
         await AlignedMerge({"a": rx_a, "b": rx_b}).run(out)
+    assert info.value.column == "ts"
+    assert info.value.input_types == {"a": "int", "b": "str"}
+    assert info.value.emitted_type is None
+
+
+@pytest.mark.anyio
+async def test_a_barrier_collected_twice_or_never_injected_is_a_protocol_error(
+    tmp_path: Path,
+) -> None:
+    tx, _rx = create_channel[Any](4)
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        manager = BarrierManager(
+            store, {1: tx}, {1, 2}, barrier_interval=1.0, checkpoint_frequency=1, max_in_flight=4
+        )
+        barrier = (await manager.inject()).barrier
+        epoch = barrier.epoch.curr
+        manager.collect(1, barrier)
+        with pytest.raises(BarrierCollectError) as twice:
+            manager.collect(1, barrier)
+        assert (twice.value.actor_id, twice.value.epoch) == (1, epoch)
+        assert (twice.value.in_flight, twice.value.epoch_in_flight) == ((epoch,), True)
+        never = Barrier(barrier.epoch.advance(epoch + 1), BarrierKind.BARRIER)
+        with pytest.raises(BarrierCollectError) as info:
+            manager.collect(2, never)
+        assert (info.value.actor_id, info.value.epoch) == (2, epoch + 1)
+        assert (info.value.in_flight, info.value.epoch_in_flight) == ((epoch,), False)
+        manager.collect(2, barrier)  # the refusals changed nothing: the barrier waited for 2
 
 
 class _NestedFailure(StreamActor):

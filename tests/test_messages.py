@@ -396,9 +396,7 @@ def test_barrier_with_a_bad_epoch_pair_fails_in_the_pair() -> None:
     ("kind", "checkpoint"),
     [(BarrierKind.BARRIER, False), (BarrierKind.CHECKPOINT, True), (BarrierKind.INITIAL, False)],
 )
-def test_only_checkpoint_barriers_are_checkpoints(
-    kind: BarrierKind, checkpoint: bool
-) -> None:
+def test_only_checkpoint_barriers_are_checkpoints(kind: BarrierKind, checkpoint: bool) -> None:
     assert Barrier(EPOCH, kind).is_checkpoint is checkpoint
 
 

@@ -347,7 +347,7 @@ async def test_command_actor_answers_asks_and_reports_gone() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(serve_commands, "doubler", Doubler(), inbox)
         assert await ref.ask(21) == 42
-        with pytest.raises(ValueError, match="negative"):
+        with pytest.raises(ValueError, check=lambda e: type(e) is ValueError):  # Doubler's error
             await ref.ask(-1)
         await ref.tell(-1)  # logged, not raised
         assert await ref.ask(1) == 2

@@ -121,11 +121,15 @@ def test_a_replayed_batch_is_skipped_and_out_of_order_ids_are_refused(
         bridge = SparkBridge(handle, feed)
         assert bridge.deliver(frame(spark, 0, 10), 0) is not None
         assert bridge.deliver(frame(spark, 0, 10), 0) is None  # Spark's replay
-        with pytest.raises(BatchOrderError, match="skips ahead"):
+        with pytest.raises(BatchOrderError) as ahead:
             bridge.deliver(frame(spark, 10, 10), 5)
+        assert (ahead.value.direction, ahead.value.last, ahead.value.expected_id) == ("ahead", 0, 1)
+        assert (ahead.value.stream, ahead.value.batch_id) == ("spark", 5)
         bridge.deliver(frame(spark, 10, 10), 1)
-        with pytest.raises(BatchOrderError, match="goes backwards"):
+        with pytest.raises(BatchOrderError) as backwards:
             bridge.deliver(frame(spark, 0, 10), 0)
+        assert (backwards.value.direction, backwards.value.last) == ("backwards", 1)
+        assert (backwards.value.batch_id, backwards.value.expected_id) == (0, 2)
         assert bridge.stats().replays_skipped == 1
     assert keys(tmp_path) == list(range(20))
 
@@ -143,8 +147,11 @@ def test_a_mismatched_schema_names_both_before_any_row(
         message = str(info.value)
         assert "value: double" in message
         assert "value: string" in message
-        with pytest.raises(InvalidArgumentError, match="a streaming DataFrame"):
+        with pytest.raises(InvalidArgumentError) as static:  # refused before its schema
             bridge.start(wrong, str(tmp_path / "ck"))
+        assert type(static.value) is InvalidArgumentError
+        assert static.value.argument == "df"
+        assert static.value.got is wrong
     assert keys(tmp_path) == []
 
 
@@ -156,8 +163,10 @@ def test_a_callback_outside_a_running_runtime_is_a_typed_error(spark: Any, tmp_p
     rt, feed = build(tmp_path)
     handle = BlockingRuntime(rt)
     bridge = SparkBridge(handle, feed)
-    with pytest.raises(NotRunningError, match="BlockingRuntime"):
+    with pytest.raises(NotRunningError) as info:
         bridge.callback(frame(spark, 0, 1), 0)
+    assert info.value.what == "the runtime behind this Spark bridge"
+    assert bridge.last_error is info.value
 
 
 @BACKENDS
@@ -173,8 +182,9 @@ def test_a_static_dataframe_is_pumped_in_slices_and_a_rerun_resumes(
         assert handle.call(feed.last_batch, "history", rt) == 3
         # Run again: every slice is durable, nothing is delivered twice.
         assert bridge.pump(df, stream="history", slice_rows=300) == 0
-        with pytest.raises(InvalidArgumentError, match="slice_rows"):
+        with pytest.raises(InvalidArgumentError) as info:
             bridge.pump(df, slice_rows=0)
+        assert (info.value.argument, info.value.got) == ("slice_rows", 0)
     assert keys(tmp_path) == list(range(1_000))
 
 
@@ -242,17 +252,20 @@ async def test_a_cancelled_reader_returns_promptly_and_delivers_nothing_after() 
 
 
 def test_the_reader_refuses_bad_input(spark: Any) -> None:
-    with pytest.raises(InvalidArgumentError, match="chunk_rows"):
+    with pytest.raises(InvalidArgumentError) as rows:
         SparkReader(frame(spark, 0, 1), chunk_rows=0)
-    with pytest.raises(InvalidArgumentError, match="PySpark 4 DataFrame"):
+    assert (rows.value.argument, rows.value.got) == ("chunk_rows", 0)
+    with pytest.raises(InvalidArgumentError) as df:
         SparkReader([1, 2, 3])
+    assert (df.value.argument, df.value.got) == ("df", "list")
 
 
 def test_missing_java_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setattr(session_module.shutil, "which", lambda name: None)
-    with pytest.raises(SparkUnavailableError, match="install Java 17"):
+    with pytest.raises(SparkUnavailableError) as info:
         require_spark()
+    assert info.value.component == "java"
 
 
 def test_missing_pyspark_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,8 +275,9 @@ def test_missing_pyspark_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -
         "find_spec",
         lambda name, *a: None if name == "pyspark" else real(name, *a),
     )
-    with pytest.raises(SparkUnavailableError, match=r"pip install 'barrierflow\[spark\]'"):
+    with pytest.raises(SparkUnavailableError) as info:
         require_spark()
+    assert info.value.component == "pyspark"
 
 
 def test_local_spark_binds_to_loopback(spark: Any) -> None:
@@ -280,34 +294,47 @@ async def test_a_path_read_by_spark_comes_back_as_chunks(spark: Any, tmp_path: P
     assert sorted(seen) == list(range(200))
     spark.range(3).createOrReplaceTempView("three")
     assert read_spark(spark, "three").count() == 3
-    with pytest.raises(InvalidArgumentError, match="a table name or a path"):
-        read_spark(spark, "")
-    with pytest.raises(InvalidArgumentError, match="dict of str to str"):
-        read_spark(spark, "x", format="csv", options={"header": True})  # type: ignore[dict-item]
-    with pytest.raises(InvalidArgumentError, match="format name"):
-        read_spark(spark, "x", format="")
+    bad_options = {"header": True}  # values must be str
+    refused: list[tuple[dict[str, Any], str, Any]] = [
+        ({"source": ""}, "source", ""),
+        ({"source": "x", "format": "csv", "options": bad_options}, "options", bad_options),
+        ({"source": "x", "format": ""}, "format", ""),
+    ]
+    for kwargs, argument, got in refused:
+        with pytest.raises(InvalidArgumentError) as info:
+            read_spark(spark, **kwargs)
+        assert (info.value.argument, info.value.got) == (argument, got)
 
 
 def test_the_bridge_refuses_bad_input_naming_it(spark: Any, tmp_path: Path) -> None:
     rt, feed = build(tmp_path)
-    with pytest.raises(InvalidArgumentError, match="BlockingRuntime"):
+    with pytest.raises(InvalidArgumentError) as info:
         SparkBridge(rt, feed)  # type: ignore[arg-type]
+    assert (info.value.argument, info.value.got) == ("runtime", "Runtime")
     with BlockingRuntime(rt) as handle:
-        with pytest.raises(InvalidArgumentError, match="BatchFeed"):
+        with pytest.raises(InvalidArgumentError) as info:
             SparkBridge(handle, "feed")  # type: ignore[arg-type]
-        with pytest.raises(InvalidArgumentError, match="stream"):
+        assert (info.value.argument, info.value.got) == ("feed", "str")
+        with pytest.raises(InvalidArgumentError) as info:
             SparkBridge(handle, feed, stream="")
+        assert (info.value.argument, info.value.got) == ("stream", "")
         bridge = SparkBridge(handle, feed)
-        with pytest.raises(InvalidArgumentError, match="PySpark 4 DataFrame"):
+        with pytest.raises(InvalidArgumentError) as info:
             bridge.deliver([1, 2, 3], 0)
-        with pytest.raises(InvalidArgumentError, match="batch_id"):
+        assert (info.value.argument, info.value.got) == ("df", "list")
+        with pytest.raises(InvalidArgumentError) as info:
             bridge.deliver(frame(spark, 0, 1), -1)
+        assert (info.value.argument, info.value.got) == ("batch_id", -1)
         (tmp_path / "nothing").mkdir()
         stream_df = streaming(spark, tmp_path / "nothing")
-        with pytest.raises(InvalidArgumentError, match="checkpoint_location"):
+        with pytest.raises(InvalidArgumentError) as info:
             bridge.start(stream_df, "")
-        with pytest.raises(InvalidArgumentError, match="a static DataFrame"):
+        assert (info.value.argument, info.value.got) == ("checkpoint_location", "")
+        with pytest.raises(InvalidArgumentError) as info:  # a streaming DataFrame
             bridge.pump(stream_df)
+        assert type(info.value) is InvalidArgumentError
+        assert info.value.argument == "df"
+        assert info.value.got is stream_df
     assert keys(tmp_path) == []
 
 

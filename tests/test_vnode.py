@@ -67,7 +67,8 @@ def test_mask_is_a_read_only_copy() -> None:
     bitmap = VnodeBitmap(source)
     source[3] = True
     assert 3 not in bitmap
-    with pytest.raises(ValueError, match="read-only"):
+    assert not bitmap.mask.flags.writeable
+    with pytest.raises(ValueError, check=lambda e: type(e) is ValueError):  # numpy's refusal
         bitmap.mask[0] = True
 
 

@@ -27,7 +27,11 @@ import pyarrow as pa
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk, Op
 from barrierflow.channels.endpoints import Sender
-from barrierflow.channels.errors import ChannelBrokenError, InvalidArgumentError, ProtocolError
+from barrierflow.channels.errors import (
+    ChannelBrokenError,
+    DroppedOutputRowsError,
+    InvalidArgumentError,
+)
 from barrierflow.channels.messages import Message, Watermark
 from barrierflow.channels.vnode import (
     VnodeBitmap,
@@ -298,16 +302,13 @@ class HashDispatcher(Dispatcher):
 
         Raises:
             InvalidArgumentError: as for :meth:`route`.
-            ProtocolError: rows were routed to a dropped output.
+            DroppedOutputRowsError: rows were routed to a dropped output.
         """
         parts = self.route(chunk)
         for index in self._dropped:
             stray = parts[index]
             if stray is not None:
-                raise ProtocolError(
-                    f"hash dispatch: expected no rows for dropped output {index}, got "
-                    f"{stray.num_rows} (give it an empty bitmap before dropping it)"
-                )
+                raise DroppedOutputRowsError(index, stray.num_rows)
         for output, part in zip(self._outputs, parts, strict=True):
             if part is not None:
                 await output.send(part)

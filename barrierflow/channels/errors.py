@@ -6,7 +6,7 @@ Every public name is re-exported from :mod:`barrierflow.errors`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, final
 
 import anyio
@@ -22,6 +22,8 @@ __all__ = [
     "ChannelBrokenError",
     "ProtocolError",
     "BarrierMisalignedError",
+    "DroppedOutputRowsError",
+    "WatermarkTypeMismatchError",
     "UnknownInputError",
 ]
 
@@ -63,24 +65,40 @@ class ConfigError(InvalidArgumentError):
 
 @final
 class SchemaMismatchError(InvalidArgumentError):
-    """Data arrived whose schema differs from the one the receiver was built for.
+    """Data arrived whose schema differs from the one the receiver was built for, or whose
+    column holds nulls where the receiver's schema declares the field not nullable.
 
     Attributes:
         expected_schema: the schema the receiver requires.
         actual_schema: the schema that arrived.
+        null_field: the non-nullable field of ``expected_schema`` whose column holds nulls
+            (names and types then match), or ``None`` when names or types differ.
 
     The message renders each schema on one line (``(user: int64, clicks: int64)``) so that the
     whole error reads on one line, where Arrow prints a schema one field per line.
     """
 
-    def __init__(self, argument: str, expected_schema: Any, actual_schema: Any) -> None:
+    def __init__(
+        self,
+        argument: str,
+        expected_schema: Any,
+        actual_schema: Any,
+        *,
+        null_field: str | None = None,
+    ) -> None:
         self.expected_schema = expected_schema
         self.actual_schema = actual_schema
+        self.null_field = null_field
         super().__init__(argument, f"schema ({_one_line(expected_schema)})", actual_schema)
         # ``got`` stays the schema itself; only the message uses the one-line rendering.
+        nulls = (
+            ""
+            if null_field is None
+            else f" whose column {null_field!r} holds nulls (expected none: the field is not null)"
+        )
         self.args = (
             f"{argument}: expected schema ({_one_line(expected_schema)}), "
-            f"got schema ({_one_line(actual_schema)})",
+            f"got schema ({_one_line(actual_schema)}){nulls}",
         )
 
 
@@ -176,6 +194,50 @@ class BarrierMisalignedError(ProtocolError):
         super().__init__(
             f"input {other_input!r}: expected barrier for epoch {first_epoch} "
             f"(as delivered by input {first_input!r}), got epoch {other_epoch}"
+        )
+
+
+@final
+class DroppedOutputRowsError(ProtocolError):
+    """A hash dispatcher routed rows to an output that was dropped: the vnodes of that output
+    were not handed to another one first, so its rows would be lost.
+
+    Attributes:
+        output: the index of the dropped output.
+        rows: how many rows of the chunk were routed to it.
+    """
+
+    def __init__(self, output: int, rows: int) -> None:
+        self.output = output
+        self.rows = rows
+        super().__init__(
+            f"hash dispatch: expected no rows for dropped output {output}, got {rows} "
+            "(give it an empty bitmap before dropping it)"
+        )
+
+
+@final
+class WatermarkTypeMismatchError(ProtocolError):
+    """The inputs of a merge sent watermarks of one column whose values cannot be compared
+    (an ``int`` on one input, a ``str`` on another): the merge cannot tell which is lowest.
+
+    Attributes:
+        column: the watermark column.
+        input_types: the type name of the latest watermark value of each live input.
+        emitted_type: the type name of the watermark the merge already emitted for the
+            column, or ``None`` if it emitted none yet.
+    """
+
+    def __init__(
+        self, column: str, input_types: Mapping[str, str], emitted_type: str | None
+    ) -> None:
+        self.column = column
+        self.input_types = dict(input_types)
+        self.emitted_type = emitted_type
+        emitted = "" if emitted_type is None else f" (already emitted: {emitted_type})"
+        super().__init__(
+            f"watermarks of column {column!r}: expected values of one orderable type on every "
+            f"input, got {self.input_types}{emitted}"
         )
 
 

@@ -30,7 +30,11 @@ from barrierflow._taskgroups import single_error
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.channel import ReceiveChannel, create_channel
 from barrierflow.channels.endpoints import Receiver, Sender
-from barrierflow.channels.errors import BarrierMisalignedError, InvalidArgumentError, ProtocolError
+from barrierflow.channels.errors import (
+    BarrierMisalignedError,
+    InvalidArgumentError,
+    WatermarkTypeMismatchError,
+)
 from barrierflow.channels.messages import Message, Watermark
 
 __all__ = ["AlignedMerge", "merge_aligned"]
@@ -91,7 +95,8 @@ class AlignedMerge:
             BarrierMisalignedError: two inputs delivered barriers of different epochs.
             ChannelBrokenError: the output's receiver went away.
             InvalidArgumentError: ``output`` has no ``send()`` and ``close()``.
-            ProtocolError: inputs sent watermarks of one column that cannot be compared.
+            WatermarkTypeMismatchError: inputs sent watermarks of one column that cannot be
+                compared.
         """
         if not isinstance(output, Sender):
             raise InvalidArgumentError("output", "a sender with send() and close()", output)
@@ -156,9 +161,10 @@ class AlignedMerge:
         except TypeError as exc:
             # Each watermark is orderable on its own; inputs disagreeing on the type is a
             # protocol error of the stream, not a crash of the merge.
-            raise ProtocolError(
-                f"watermarks of column {column!r}: expected values of one orderable type on "
-                f"every input, got {sorted({type(v).__name__ for v in values.values()})}"
+            raise WatermarkTypeMismatchError(
+                column,
+                {name: type(values[name]).__name__ for name in sorted(self._live)},
+                None if previous is None else type(previous).__name__,
             ) from exc
         if advanced:
             self._emitted_watermarks[column] = low

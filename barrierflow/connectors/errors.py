@@ -1,4 +1,4 @@
-"""Errors of the connectors (the systems behind the sink protocol).
+"""Errors of the connectors (the systems behind the sink and split log protocols).
 
 Every public name is re-exported from :mod:`barrierflow.errors`.
 """
@@ -8,12 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, final
 
-from barrierflow.channels.errors import ProtocolError
+from barrierflow.channels.errors import ChannelBrokenError, ProtocolError
 from barrierflow.runtime.errors import SinkError
 
 __all__ = [
     "SchemaEvolutionError",
     "SinkLockedError",
+    "SplitLogRecordError",
+    "SplitLogUnavailableError",
     "StagedEpochMismatchError",
     "StagedPathError",
     "TwoPhaseOnlyError",
@@ -105,3 +107,50 @@ class StagedPathError(ProtocolError):
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(f"expected a staged file path, got {path!r}")
+
+
+@final
+class SplitLogUnavailableError(ChannelBrokenError):
+    """A split log's server stayed unreachable past the reader's retry bound (the connection
+    error that ended the retries is the ``__cause__``).
+
+    Attributes:
+        log: the log (its server address).
+        attempts: the calls made, the first one included.
+        elapsed: seconds from the first failure to giving up.
+    """
+
+    def __init__(self, log: str, attempts: int, elapsed: float) -> None:
+        self.log = log
+        self.attempts = attempts
+        self.elapsed = elapsed
+        super().__init__(
+            f"split log {log}",
+            f"expected the server to answer within the retry bound, got no answer after "
+            f"{attempts} attempts over {elapsed:.2f} s",
+        )
+
+
+@final
+class SplitLogRecordError(ProtocolError):
+    """A record of a split log does not fit the log's payload schema: a field of a
+    non-nullable column is missing, or a value cannot be read as its column's type.
+
+    Attributes:
+        split: the split (a stream key).
+        offset: the record's offset (a Redis entry id, ``"<ms>-<seq>"``).
+        field: the field (column) at fault.
+        expected: what the column needs (``"a value (the column is not nullable)"``, ...).
+        got: what the record holds (``None`` for a missing field, else the raw value).
+    """
+
+    def __init__(self, split: str, offset: str, field: str, expected: str, got: Any) -> None:
+        self.split = split
+        self.offset = offset
+        self.field = field
+        self.expected = expected
+        self.got = got
+        shown = "no such field" if got is None else repr(got)
+        super().__init__(
+            f"split {split!r}, record {offset}, field {field!r}: expected {expected}, got {shown}"
+        )

@@ -24,11 +24,11 @@ import structlog
 from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.channel import SendChannel
 from barrierflow.channels.epoch import EpochClock, EpochPair
-from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError, ProtocolError
+from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
 from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import MUTATION_TYPES, Mutation
 from barrierflow.runtime.config import check_count, check_seconds
-from barrierflow.runtime.errors import NotRunningError
+from barrierflow.runtime.errors import BarrierCollectError, NotRunningError
 from barrierflow.runtime.positions import merge_positions
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.state.state_store import StateStore
@@ -210,6 +210,10 @@ class BarrierManager:
             barrier = Barrier(self._pair, kind, mutation)
             flight = InFlightBarrier(barrier, self._actors)
             self._in_flight[barrier.epoch.curr] = flight
+            if not flight.remaining:
+                # Every actor retired (the graph is stopping): nobody will collect it, so it
+                # completes as soon as the barriers before it have.
+                self._collected.set()
             for inbox in self._sources.values():
                 await inbox.send(barrier)
             return flight
@@ -225,15 +229,13 @@ class BarrierManager:
 
         Raises:
             InvalidArgumentError: ``barrier`` is not a Barrier.
-            ProtocolError: the barrier was never injected, or the actor collected it twice.
+            BarrierCollectError: the barrier was never injected (or already completed), or
+                the actor collected it twice.
         """
         _check_barrier(barrier)
         flight = self._in_flight.get(barrier.epoch.curr)
         if flight is None or actor_id not in flight.remaining:
-            raise ProtocolError(
-                f"actor {actor_id}: expected to collect an in-flight barrier once, got epoch "
-                f"{barrier.epoch.curr} (in flight: {list(self._in_flight)})"
-            )
+            raise BarrierCollectError(actor_id, barrier.epoch.curr, self._in_flight)
         flight.remaining.discard(actor_id)
         if progress is not None:
             self._progress.setdefault(barrier.epoch.curr, {})[actor_id] = progress
@@ -284,7 +286,7 @@ class BarrierManager:
                 if flight.remaining:
                     break
                 barrier = flight.barrier
-                if barrier.kind is BarrierKind.CHECKPOINT:
+                if barrier.is_checkpoint:
                     await self._store.commit(barrier.epoch.prev)
                 del self._in_flight[epoch]
                 self._positions.pop(epoch, None)

@@ -6,9 +6,10 @@ Every public name is re-exported from :mod:`barrierflow.errors`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import final
 
-from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
+from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError, ProtocolError
 
 __all__ = [
     "ActorError",
@@ -24,6 +25,7 @@ __all__ = [
     "UnknownJobError",
     "JobNotDeclaredError",
     "JobDroppingError",
+    "BarrierCollectError",
 ]
 
 
@@ -199,3 +201,34 @@ class JobDroppingError(JobError):
         )
         self.upstream = upstream
         self.dropping = dropping
+
+
+@final
+class BarrierCollectError(ProtocolError):
+    """An actor reported a barrier collected that the barrier manager does not wait for it to
+    collect: the barrier's epoch is not in flight (never injected, or already completed), or
+    the actor already collected it (or was not part of the graph when it was injected).
+
+    Attributes:
+        actor_id: the actor that reported the barrier.
+        epoch: the barrier's epoch (``curr``).
+        in_flight: the epochs in flight, oldest first.
+        epoch_in_flight: whether ``epoch`` is in flight (``True``: the actor collected it
+            twice, or was not waited for; ``False``: it was never injected or already completed).
+    """
+
+    def __init__(self, actor_id: int, epoch: int, in_flight: Iterable[int]) -> None:
+        self.actor_id = actor_id
+        self.epoch = epoch
+        self.in_flight = tuple(in_flight)
+        self.epoch_in_flight = epoch in self.in_flight
+        got = (
+            f"epoch {epoch} again (it is in flight, but this actor already collected it or was "
+            "not part of the graph when it was injected)"
+            if self.epoch_in_flight
+            else f"epoch {epoch}, which is not in flight (never injected, or already completed)"
+        )
+        super().__init__(
+            f"actor {actor_id}: expected to collect each in-flight barrier once (in flight: "
+            f"{list(self.in_flight)}), got {got}"
+        )

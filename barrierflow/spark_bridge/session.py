@@ -41,6 +41,7 @@ def require_spark() -> None:
         raise SparkUnavailableError(
             "the pyspark package is not installed",
             "pip install 'barrierflow[spark]' (or pyspark>=4.0,<5)",
+            component="pyspark",
         )
     java_home = os.environ.get("JAVA_HOME")
     java = (
@@ -52,6 +53,7 @@ def require_spark() -> None:
         raise SparkUnavailableError(
             "no Java runtime found (neither $JAVA_HOME/bin/java nor java on PATH)",
             "install Java 17 (e.g. apt install openjdk-17-jre-headless) or set JAVA_HOME",
+            component="java",
         )
 
 

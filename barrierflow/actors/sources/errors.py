@@ -6,7 +6,7 @@ Every public name is re-exported from :mod:`barrierflow.errors`.
 
 from __future__ import annotations
 
-from typing import final
+from typing import Literal, final
 
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 
@@ -15,6 +15,9 @@ __all__ = [
     "BatchAbortedError",
     "FeedSharedError",
     "FeedBypassedError",
+    "OffsetOrderError",
+    "OffsetTrimmedError",
+    "UnknownSplitError",
 ]
 
 
@@ -29,17 +32,29 @@ class BatchOrderError(InvalidArgumentError):
         stream: the batch stream (a Spark query, a pump).
         last: the last durable batch id (``None``: nothing durable yet).
         batch_id: the id that arrived.
+        expected_id: the id that would have been accepted (``last + 1``, or the feed's first
+            batch id when nothing is durable yet).
+        direction: ``"backwards"`` if ``batch_id`` is below ``expected_id`` (and is not the
+            replay of ``last``), ``"ahead"`` if it skips past ``expected_id``.
     """
 
     def __init__(self, stream: str, last: int | None, batch_id: int, expected: int) -> None:
         self.stream = stream
         self.last = last
         self.batch_id = batch_id
-        problem = "goes backwards" if last is not None and batch_id < last else "skips ahead"
+        self.expected_id = expected
+        self.direction: Literal["backwards", "ahead"] = (
+            "backwards" if batch_id < expected else "ahead"
+        )
+        durable = (
+            "no batch is durable yet"
+            if last is None
+            else f"the last durable batch is {last}; {last} itself is a replay and is skipped"
+        )
+        problem = "goes backwards" if self.direction == "backwards" else "skips ahead"
         super().__init__(
             f"batch id of stream {stream!r}",
-            f"{expected} (the last durable batch is {last}; {last} itself is a replay and is "
-            f"skipped) — this id {problem}",
+            f"{expected} ({durable}) — this id {problem}",
             batch_id,
         )
 
@@ -96,3 +111,59 @@ class FeedBypassedError(ProtocolError):
             f"batch source {source!r}: expected only barriers in its inbox (rows go through its "
             f"BatchFeed), got a chunk of {rows} rows"
         )
+
+
+@final
+class UnknownSplitError(InvalidArgumentError):
+    """A split the log does not have.
+
+    Attributes:
+        split: the split asked for.
+        known: the log's splits (as far as the log can tell; may be empty).
+    """
+
+    def __init__(self, split: str, known: list[str]) -> None:
+        super().__init__("split", f"one of the log's splits {known}", split)
+        self.split = split
+        self.known = known
+
+
+@final
+class OffsetTrimmedError(ProtocolError):
+    """A read would start below what the log still retains: the records in between were
+    trimmed, and reading on would silently lose them.
+
+    Attributes:
+        split: the split.
+        start: the offset the read was to start after.
+        first: the first offset the log still has.
+    """
+
+    def __init__(self, split: str, start: object, first: object) -> None:
+        super().__init__(
+            f"split {split!r}: expected the log to retain the records after {start}, but its "
+            f"first record is {first} (the history in between was trimmed)"
+        )
+        self.split = split
+        self.start = start
+        self.first = first
+
+
+@final
+class OffsetOrderError(ProtocolError):
+    """A split's offsets went backwards or repeated: the log (or its reader) broke the order
+    every reader relies on.
+
+    Attributes:
+        split: the split.
+        previous: the last offset seen.
+        offset: the offset that followed it.
+    """
+
+    def __init__(self, split: str, previous: object, offset: object) -> None:
+        super().__init__(
+            f"split {split!r}: expected offsets strictly increasing, got {offset} after {previous}"
+        )
+        self.split = split
+        self.previous = previous
+        self.offset = offset

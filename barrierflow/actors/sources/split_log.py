@@ -139,7 +139,9 @@ class SplitLog(Protocol):
     ) -> AsyncIterator[pa.RecordBatch]:
         """Read ``start``'s splits, each from *after* its offset (``None``: from its first
         record), then follow them as records are appended, for ever. Each batch holds at most
-        ``batch_rows`` rows.
+        ``batch_rows`` rows. The caller closes the iterator when done with it
+        (``async with contextlib.aclosing(log.read(...)) as reader:``), so its resources (a
+        connection, a worker thread's call) are released on the caller's backend.
 
         Raises:
             UnknownSplitError: a split the log does not have.
