@@ -65,11 +65,9 @@ from barrierflow.errors import BarrierflowError
 from barrierflow.runtime import (
     ActorContext,
     ActorRef,
-    BarrierManager,
     BlockingRuntime,
     Fanout,
     Finish,
-    InFlightBarrier,
     Job,
     Progress,
     PushSource,
@@ -83,6 +81,7 @@ from barrierflow.runtime import (
     open_command_actor,
     serve_commands,
 )
+from barrierflow.runtime.barrier_manager import BarrierManager, InFlightBarrier
 
 NAN, INF = math.nan, math.inf
 BATCH = pa.record_batch({"k": pa.array([1, 2, 3], pa.int64())})

@@ -47,7 +47,6 @@ from barrierflow.errors import (
 )
 from barrierflow.runtime import (
     ActorContext,
-    BarrierManager,
     Fanout,
     Runtime,
     RuntimeConfig,
@@ -55,6 +54,7 @@ from barrierflow.runtime import (
     StreamActor,
     Ticker,
 )
+from barrierflow.runtime.barrier_manager import BarrierManager
 from barrierflow.testing import FakeClock
 
 BATCH = pa.record_batch({"k": pa.array([1, 2, 3], pa.int64())})

@@ -363,7 +363,7 @@ async def test_version_1_store_is_migrated_with_its_state(tmp_path: Path) -> Non
 
 @pytest.mark.anyio
 async def test_pending_records_after_committed_epoch_abort_at_open(tmp_path: Path) -> None:
-    from barrierflow.runtime import RecordStatus as SinkState
+    from barrierflow.runtime.state.epoch_records import RecordStatus as SinkState
 
     path = tmp_path / "s.db"
     async with await StateStore.open(path) as store:

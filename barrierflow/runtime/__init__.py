@@ -1,11 +1,12 @@
 """The runtime: actors and their supervision, barriers and checkpoints, the durable state store,
-and embedding in async or sync drivers."""
+and embedding in async or sync drivers.
+
+This package exports what a user of the runtime calls; the machinery behind it (the barrier
+manager, epoch records, wiring) lives in its modules and may change between versions."""
 
 from barrierflow.runtime.actor import ActorContext as ActorContext
 from barrierflow.runtime.actor import ActorStats as ActorStats
 from barrierflow.runtime.actor import StreamActor as StreamActor
-from barrierflow.runtime.barrier_manager import BarrierManager as BarrierManager
-from barrierflow.runtime.barrier_manager import InFlightBarrier as InFlightBarrier
 from barrierflow.runtime.blocking import BlockingRuntime as BlockingRuntime
 from barrierflow.runtime.command import ActorRef as ActorRef
 from barrierflow.runtime.command import CommandHandler as CommandHandler
@@ -26,9 +27,6 @@ from barrierflow.runtime.runtime import Runtime as Runtime
 from barrierflow.runtime.runtime import RuntimeStats as RuntimeStats
 from barrierflow.runtime.service import Service as Service
 from barrierflow.runtime.service import ServiceContext as ServiceContext
-from barrierflow.runtime.state.epoch_records import EpochRecord as EpochRecord
-from barrierflow.runtime.state.epoch_records import EpochRecords as EpochRecords
-from barrierflow.runtime.state.epoch_records import RecordStatus as RecordStatus
 from barrierflow.runtime.state.state_store import CommittedEpochs as CommittedEpochs
 from barrierflow.runtime.state.state_store import StateStore as StateStore
 from barrierflow.runtime.state.state_store import StateTable as StateTable
@@ -37,22 +35,17 @@ __all__ = [
     "ActorContext",
     "ActorRef",
     "ActorStats",
-    "BarrierManager",
     "BlockingRuntime",
     "CommandHandler",
     "CommittedEpochs",
-    "EpochRecord",
-    "EpochRecords",
     "Fanout",
     "Finish",
-    "InFlightBarrier",
     "Job",
     "JobHandle",
     "JobProgress",
     "JobStats",
     "Progress",
     "PushSource",
-    "RecordStatus",
     "Runtime",
     "RuntimeConfig",
     "RuntimeStats",
