@@ -109,6 +109,9 @@ class Incarnation:
                 self.manager,
             )
             ctx.job = node.job
+            ctx.peers = tuple(
+                n.name for n in nodes if n.group is not None and n.group == node.group
+            ) or (node.name,)
             if not actor.aligned_inputs:
                 ctx._named = NamedInputs(receivers)
             ctx.vnode_bitmap = wiring.bitmaps.get(node.name)

@@ -100,6 +100,10 @@ class ActorContext:
         self.name = name
         #: The job this actor belongs to.
         self.job = DEFAULT_JOB
+        #: The actors of this actor's parallel group (``parallelism=N``), itself included, in
+        #: index order; ``(name,)`` for an actor declared alone. A source backfill reads their
+        #: committed states before it leaves its backfill stage.
+        self.peers: tuple[str, ...] = (name,)
         #: The vnodes this actor owns, if its input is hash-dispatched (else ``None``).
         self.vnode_bitmap: VnodeBitmap | None = None
         #: Source positions adopted from a sink's storage when the run started on an empty
