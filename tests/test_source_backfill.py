@@ -16,7 +16,15 @@ from barrierflow import ActorFailedError, InvalidArgumentError, UnknownSplitErro
 from barrierflow.actors.backfill.source_backfill import SourceBackfill
 from barrierflow.actors.backfill.source_backfill_state import BackfillPhase, SplitBackfill
 from barrierflow.actors.sources.split_log import OFFSET_MAJOR, SPLIT_COLUMN, Offset
-from barrierflow.channels import Chunk, Message, Throttle
+from barrierflow.channels import (
+    Chunk,
+    Message,
+    Pause,
+    Resume,
+    SourceChangeSplit,
+    Split,
+    Throttle,
+)
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StateStore, StreamActor
 from barrierflow.testing.split_log import MemorySplitLog
 
@@ -193,6 +201,104 @@ async def test_a_split_the_log_does_not_have_fails_the_actor(tmp_path: Path) -> 
             await rt.checkpoint()
     assert isinstance(failed.value.cause, UnknownSplitError)
     assert failed.value.cause.split == "nope"
+
+
+async def test_pause_stops_the_history_reader_and_resume_restarts_it(tmp_path: Path) -> None:
+    log = make_log(a=4)
+    seen: list[tuple[str, int]] = []
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            handle = await rt.add_job(backfill_job(log, seen, rate_limit=0))
+            await rt.mutate(Pause())
+            # Unthrottled while paused: still nothing may be read.
+            await rt.mutate(Throttle({rt.actor_id("backfill"): None}))
+            await rt.checkpoint()
+            await rt.checkpoint()
+            assert seen == []
+            await rt.mutate(Resume())
+            await handle.wait_ready()
+    assert by_split(seen) == {"a": [1, 2, 3, 4]}
+
+
+class FailingLog:
+    """A split log whose first ``failures`` reads fail: after delivering one batch, or at
+    once (``at_once``)."""
+
+    def __init__(self, inner: MemorySplitLog, failures: int, *, at_once: bool = False) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.at_once = at_once
+        self.reads = 0
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.inner.schema
+
+    async def list_splits(self) -> list[str]:
+        return await self.inner.list_splits()
+
+    async def latest_offset(self, split: str) -> Offset | None:
+        return await self.inner.latest_offset(split)
+
+    async def read(self, start: dict[str, Offset | None], *, batch_rows: int = 4096):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        fail = self.reads <= self.failures
+        if fail and self.at_once:
+            raise ConnectionError("injected: the log is unreachable")
+        async with aclosing(self.inner.read(start, batch_rows=batch_rows)) as reader:
+            async for batch in reader:
+                yield batch
+                if fail:
+                    raise ConnectionError("injected: the log went away")
+
+
+async def test_a_failed_reader_is_rebuilt_from_the_latest_states(tmp_path: Path) -> None:
+    log = FailingLog(make_log(a=9), failures=3)
+    seen: list[tuple[str, int]] = []
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            handle = await rt.add_job(
+                backfill_job(log, seen, batch_rows=2, retry_delay=0.001)  # type: ignore[arg-type]
+            )
+            await handle.wait_ready()
+    assert by_split(seen) == {"a": list(range(1, 10))}  # nothing twice, nothing skipped
+    assert log.reads == 4
+
+
+async def test_a_reader_failing_past_its_retries_fails_the_actor(tmp_path: Path) -> None:
+    log = FailingLog(make_log(a=9), failures=100, at_once=True)
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)), pytest.raises(ActorFailedError) as failed:
+        async with rt:
+            handle = await rt.add_job(
+                backfill_job(log, [], batch_rows=1, retry_delay=0.001, max_reader_retries=2)  # type: ignore[arg-type]
+            )
+            await handle.wait_ready()
+    assert isinstance(failed.value.cause, ConnectionError)
+    assert log.reads == 3
+
+
+async def test_a_split_change_finishes_new_splits_and_trims_dropped_ones(tmp_path: Path) -> None:
+    log = make_log(a=3, b=3, c=2)
+    seen: list[tuple[str, int]] = []
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            handle = await rt.add_job(backfill_job(log, seen, splits=["a", "b"], rate_limit=0))
+            actor = rt.actor_id("backfill")
+            # c is new to the job: the live source has all of it, no backfill; b is dropped.
+            await rt.mutate(SourceChangeSplit({actor: (Split("a"), Split("c"))}))
+            await rt.push("src", await live(log, "c", 0, 2))
+            await rt.mutate(Throttle({actor: None}))
+            await handle.wait_ready()
+            await rt.checkpoint()
+    assert by_split(seen) == {"a": [1, 2, 3], "c": [1, 2]}
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        states = await store.read_all("backfill", "backfill")
+    assert sorted(states) == ["a", "c"]
+    assert SplitBackfill.from_json(states["c"]).phase is BackfillPhase.FINISHED
 
 
 def test_bad_arguments_are_refused_with_what_was_expected() -> None:
