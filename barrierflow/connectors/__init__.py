@@ -1,5 +1,6 @@
-"""The real systems behind the sink protocol: Parquet files (one writer, or parallel writers
-under a coordinator), Iceberg tables (one snapshot per epoch) and the console."""
+"""The real systems behind the sink and split log protocols: Parquet files (one writer, or
+parallel writers under a coordinator), Iceberg tables (one snapshot per epoch), the console,
+and Redis streams as a split log."""
 
 from barrierflow.connectors.iceberg_sink import IcebergCommitter as IcebergCommitter
 from barrierflow.connectors.iceberg_sink import IcebergSink as IcebergSink
@@ -8,6 +9,8 @@ from barrierflow.connectors.parquet_committer import ParquetCommitter as Parquet
 from barrierflow.connectors.parquet_sink import ParquetFileSink as ParquetFileSink
 from barrierflow.connectors.parquet_table import ParquetTable as ParquetTable
 from barrierflow.connectors.print_sink import PrintSink as PrintSink
+from barrierflow.connectors.redis_streams import RedisStreamLog as RedisStreamLog
+from barrierflow.connectors.redis_streams import RetryBackoff as RetryBackoff
 
 __all__ = [
     "IcebergCommitter",
@@ -16,5 +19,7 @@ __all__ = [
     "ParquetFileSink",
     "ParquetTable",
     "PrintSink",
+    "RedisStreamLog",
+    "RetryBackoff",
     "open_local_catalog",
 ]

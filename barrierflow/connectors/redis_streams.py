@@ -1,0 +1,432 @@
+"""A split log over Redis (or Valkey) streams: one stream key per split.
+
+**Splits.** A split is a stream key, named by the key itself (decoded as UTF-8). The log is
+given either an explicit list of keys (``splits=``) or a glob (``pattern=``, listed with
+``SCAN MATCH <pattern> TYPE stream``). Either way a split is a key that *exists and holds a
+stream* now: Redis creates a stream on its first ``XADD`` (or ``XGROUP CREATE ... MKSTREAM``),
+and a missing key is indistinguishable from a key never meant to be one, so asking for it
+raises :class:`~barrierflow.actors.sources.errors.UnknownSplitError`. Create the streams
+before reading them.
+
+**Offsets.** An entry id ``<ms>-<seq>`` is the offset ``Offset(ms, seq)``, compared as
+numbers (``9-0`` before ``10-0``).
+
+**Payload.** Each entry's fields are the payload's columns (field name = column name; other
+fields are ignored). Values arrive as bytes and are cast per batch, one Arrow cast per column:
+binary columns keep the bytes, string columns are checked as UTF-8, every other type is
+parsed from the text (``"42"``, ``"2.5"``, ``"true"``, ISO timestamps). A missing field is
+null in a nullable column; in a non-nullable one, and for a value that does not parse, the
+read raises :class:`~barrierflow.connectors.errors.SplitLogRecordError` naming the stream,
+entry id and field.
+
+**Latest offset.** The id of the last *existing* entry (``XREVRANGE key + - COUNT 1``), not
+``XINFO STREAM``'s ``last-generated-id``: when the last entry is deleted, that id is never
+delivered again, and a backfill waiting to read it would never finish.
+
+**Reading.** One command serves the history and the live tail: ``XREAD COUNT n BLOCK ms
+STREAMS <keys> <ids>`` with each split's last read id. ``XREAD`` is exclusive of the ids it is
+given (on every Redis ≥ 5), returns at once while any split has entries after its id, and
+waits at most ``block_ms`` otherwise, so a cancelled read is released promptly. The call runs
+on a worker thread (abandoned on cancellation: it returns within ``block_ms`` and its result
+is dropped). Each split's offsets are checked to increase strictly
+(:class:`~barrierflow.actors.sources.errors.OffsetOrderError` otherwise).
+
+**Trimmed history.** Before reading (and again after every reconnection) each split with a
+start offset is checked with ``XINFO STREAM``. A stream only loses its head to trimming
+(``XTRIM``, ``XADD MAXLEN/MINID``), and Redis does not record which ids a trim removed
+(``max-deleted-entry-id`` records ``XDEL`` only), so the check is: the stream has lost entries
+(``entries-added`` > ``length``; not checked before Redis 7) and no longer retains the start
+entry nor anything before it — its first entry is after the start, or it is empty while its
+``last-generated-id`` is after the start. Then records after the start may have been trimmed
+unread: with ``on_trimmed="error"`` (the default) the read raises
+:class:`~barrierflow.actors.sources.errors.OffsetTrimmedError`; with ``"skip"`` it goes on
+from the first retained entry. It errs towards reporting: a stream trimmed exactly through
+the start (a consumer's ``XTRIM MINID``) is reported too. A deleted *last* entry is not a
+gap (the first entry is still at or before the start), and entries deleted one by one
+(``XDEL``) from the middle of the retained history cannot be told from ids never used.
+
+**A server that goes away.** Every call is retried on a connection error with a doubling delay
+(:class:`RetryBackoff`: from 50 ms, at most 8 retries within 30 s by default); past that bound the
+call raises :class:`~barrierflow.connectors.errors.SplitLogUnavailableError`. A read resumes
+from its last delivered id per split, so nothing is lost or read twice across a reconnection.
+A client built from a URL has redis-py's own retries turned off (they would add unbounded
+hidden delays); a client from a factory should do the same.
+
+**Lifecycle.** The log owns its client: close it with :meth:`RedisStreamLog.aclose` (or use
+the log as an async context manager). Server calls run on worker threads behind a per-log
+:class:`anyio.CapacityLimiter` (or the one given), one thread per call in flight.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal, TypeVar, final
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import pyarrow as pa
+import redis
+import redis.exceptions
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from barrierflow.actors.sources.errors import (
+    OffsetTrimmedError,
+    UnknownSplitError,
+)
+from barrierflow.actors.sources.split_log import Offset, split_log_schema
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.connectors._redis_decode import decode_entries
+from barrierflow.connectors.errors import SplitLogUnavailableError
+
+__all__ = ["RedisStreamLog", "RetryBackoff"]
+
+T = TypeVar("T")
+
+#: What a call retries on: the server is unreachable, went away, or is still loading.
+_CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+_MAX_BATCH_ROWS = 1 << 24
+_FIRST_ID = "0-0"  # XADD refuses 0-0, so "after 0-0" is every entry
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RetryBackoff:
+    """How a call retries while the server is unreachable.
+
+    The n-th retry waits ``min(initial * 2**(n-1), max_delay)`` seconds. The call gives up
+    (:class:`~barrierflow.connectors.errors.SplitLogUnavailableError`) when ``retries``
+    retries have failed, or when the next wait would end more than ``timeout`` seconds after
+    the first failure.
+
+    Raises:
+        InvalidArgumentError: a delay or timeout that is not a positive finite number, or a
+            negative retry count.
+    """
+
+    initial: float = 0.05
+    max_delay: float = 2.0
+    retries: int = 8
+    timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("initial", "max_delay", "timeout"):
+            value = getattr(self, name)
+            if type(value) not in (int, float) or not 0 < value < float("inf"):
+                raise InvalidArgumentError(f"RetryBackoff.{name}", "a positive number", value)
+        if type(self.retries) is not int or self.retries < 0:
+            raise InvalidArgumentError("RetryBackoff.retries", "an int >= 0", self.retries)
+
+    def delay(self, retry: int) -> float:
+        """The wait before retry number ``retry`` (1-based)."""
+        return float(min(self.initial * 2 ** (retry - 1), self.max_delay))
+
+
+#: Called before each retry's wait with the retry number (1-based), the wait in seconds and
+#: the connection error; runs in the reading task (it may set an event, not block).
+RetryHook = Callable[[int, float, BaseException], None]
+
+
+@final
+class RedisStreamLog:
+    """A :class:`~barrierflow.actors.sources.split_log.SplitLog` over Redis streams (see the
+    module docstring for the decisions: split naming, latest offset, trimming, retries).
+
+    Args:
+        connection: a ``redis://`` URL, or a factory returning a ``redis.Redis`` client
+            (``decode_responses`` off). The log owns the client either way.
+        splits: the stream keys of the log (exactly one of ``splits`` and ``pattern``).
+        pattern: a glob selecting the stream keys of the log (``SCAN MATCH``).
+        payload: the payload schema: one column per entry field.
+        block_ms: how long one ``XREAD`` waits for new entries; also how long a cancelled
+            read's worker thread lingers.
+        on_trimmed: ``"error"`` to raise
+            :class:`~barrierflow.actors.sources.errors.OffsetTrimmedError` when a start
+            offset's history was trimmed, ``"skip"`` to read on from the first retained entry.
+        backoff: the retry bound while the server is unreachable.
+        on_retry: called before each retry's wait (logging, tests).
+        limiter: the worker threads' limiter (default: a limiter of 4 threads for this log).
+
+    Raises:
+        InvalidArgumentError: a bad argument.
+    """
+
+    def __init__(
+        self,
+        connection: str | Callable[[], redis.Redis],
+        *,
+        payload: pa.Schema,
+        splits: Sequence[str] | None = None,
+        pattern: str | None = None,
+        block_ms: int = 200,
+        on_trimmed: Literal["error", "skip"] = "error",
+        backoff: RetryBackoff | None = None,
+        on_retry: RetryHook | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
+    ) -> None:
+        self._schema = split_log_schema(payload)
+        self._fields = [(field.name.encode(), field) for field in payload]
+        if (splits is None) == (pattern is None):
+            raise InvalidArgumentError(
+                "splits/pattern", "exactly one of splits= and pattern=", (splits, pattern)
+            )
+        if splits is not None:
+            if isinstance(splits, str | bytes) or not isinstance(splits, Sequence):
+                raise InvalidArgumentError("splits", "a sequence of stream keys", splits)
+            keys = list(splits)
+            if not keys or not all(isinstance(k, str) and k for k in keys):
+                raise InvalidArgumentError("splits", "non-empty stream key strings", splits)
+            if len(set(keys)) != len(keys):
+                raise InvalidArgumentError("splits", "distinct stream keys", splits)
+            self._splits: list[str] | None = keys
+        else:
+            self._splits = None
+        if pattern is not None and (not isinstance(pattern, str) or not pattern):
+            raise InvalidArgumentError("pattern", "a non-empty glob", pattern)
+        self._pattern = pattern
+        if type(block_ms) is not int or not 1 <= block_ms <= 60_000:
+            raise InvalidArgumentError("block_ms", "an int in 1..60000", block_ms)
+        self._block_ms = block_ms
+        if on_trimmed not in ("error", "skip"):
+            raise InvalidArgumentError("on_trimmed", "'error' or 'skip'", on_trimmed)
+        self._on_trimmed = on_trimmed
+        if backoff is not None and not isinstance(backoff, RetryBackoff):
+            raise InvalidArgumentError("backoff", "a RetryBackoff", backoff)
+        self._backoff = backoff or RetryBackoff()
+        if on_retry is not None and not callable(on_retry):
+            raise InvalidArgumentError("on_retry", "a callable or None", on_retry)
+        self._on_retry = on_retry
+        if limiter is not None and not isinstance(limiter, anyio.CapacityLimiter):
+            raise InvalidArgumentError("limiter", "an anyio.CapacityLimiter", limiter)
+        self._limiter = limiter
+        self._client = self._make_client(connection, block_ms)
+        kwargs = self._client.connection_pool.connection_kwargs
+        self._name = f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        self._name += f"/{kwargs.get('db', 0)}"
+        self._closed = False
+
+    @staticmethod
+    def _make_client(connection: str | Callable[[], redis.Redis], block_ms: int) -> redis.Redis:
+        if isinstance(connection, str):
+            try:
+                return redis.Redis.from_url(
+                    connection,
+                    protocol=2,
+                    retry=Retry(NoBackoff(), 0),
+                    socket_connect_timeout=5.0,
+                    socket_timeout=block_ms / 1000 + 5.0,
+                )
+            except ValueError as exc:
+                raise InvalidArgumentError("connection", "a redis:// URL", connection) from exc
+        if not callable(connection):
+            raise InvalidArgumentError("connection", "a URL or a client factory", connection)
+        client = connection()
+        if not isinstance(client, redis.Redis):
+            raise InvalidArgumentError("connection", "a factory of redis.Redis", client)
+        if client.connection_pool.connection_kwargs.get("decode_responses"):
+            client.close()
+            raise InvalidArgumentError("connection", "a client with decode_responses off", client)
+        return client
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The batches' schema: the payload, then the split and offset columns."""
+        return self._schema
+
+    async def aclose(self) -> None:
+        """Close the client (idempotent). A read still running fails with a connection
+        error."""
+        if not self._closed:
+            self._closed = True
+            self._client.close()
+        await anyio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> RedisStreamLog:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    async def list_splits(self) -> list[str]:
+        """The stream keys of the log that exist now (configured order; sorted for a pattern).
+
+        Raises:
+            SplitLogUnavailableError: the server stayed unreachable past the retry bound.
+        """
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        splits, _ = await self._call(self._existing_splits)
+        return splits
+
+    async def latest_offset(self, split: str) -> Offset | None:
+        """The id of ``split``'s last existing entry, ``None`` if the stream is empty.
+
+        Raises:
+            InvalidArgumentError: ``split`` is not a str.
+            UnknownSplitError: ``split`` is not a stream key of the log.
+            SplitLogUnavailableError: the server stayed unreachable past the retry bound.
+        """
+        if not isinstance(split, str):
+            raise InvalidArgumentError("split", "a stream key (str)", split)
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        latest, _ = await self._call(partial(self._latest, split))
+        return latest
+
+    def read(
+        self, start: Mapping[str, Offset | None], *, batch_rows: int = 4096
+    ) -> AsyncGenerator[pa.RecordBatch, None]:
+        """Read ``start``'s splits from after each offset (``None``: from the first entry),
+        then follow them for ever; each batch holds at most ``batch_rows`` rows and may mix
+        splits.
+
+        Cancellation: the ``XREAD`` in flight is abandoned (its result is dropped). Close the
+        generator when done (``contextlib.aclosing``), as with any async generator.
+
+        Raises:
+            InvalidArgumentError: ``start`` is not a non-empty mapping of str to
+                ``Offset | None``, or ``batch_rows`` is not a positive int (raised at once).
+            UnknownSplitError: a split that is not a stream key of the log.
+            OffsetTrimmedError: a start offset's history was trimmed (``on_trimmed="error"``).
+            OffsetOrderError: a split's ids did not increase.
+            SplitLogRecordError: an entry does not fit the payload schema.
+            SplitLogUnavailableError: the server stayed unreachable past the retry bound.
+        """
+        if not isinstance(start, Mapping) or not start:
+            raise InvalidArgumentError("start", "a non-empty mapping of split to offset", start)
+        for split, offset in start.items():
+            if not isinstance(split, str):
+                raise InvalidArgumentError("start", "split names (str)", split)
+            if offset is not None and not isinstance(offset, Offset):
+                raise InvalidArgumentError(f"start[{split!r}]", "an Offset or None", offset)
+        if type(batch_rows) is not int or not 1 <= batch_rows <= _MAX_BATCH_ROWS:
+            raise InvalidArgumentError("batch_rows", f"an int in 1..{_MAX_BATCH_ROWS}", batch_rows)
+        return self._read(dict(start), batch_rows)
+
+    async def _read(
+        self, last: dict[str, Offset | None], batch_rows: int
+    ) -> AsyncGenerator[pa.RecordBatch, None]:
+        await self._call(partial(self._check_start, dict(last)))
+        while True:
+            fetched, recovered = await self._call(
+                partial(self._fetch, dict(last), batch_rows), abandon=True
+            )
+            if recovered:
+                # The server came back: it may be another one, or have lost or trimmed data.
+                await self._call(partial(self._check_start, dict(last)))
+            if not fetched:
+                continue
+            for split, _, offset in fetched:
+                last[split] = offset
+            batches = [batch for _, batch, _ in fetched]
+            if len(batches) == 1 and batches[0].num_rows <= batch_rows:
+                yield batches[0]
+                continue
+            table = pa.Table.from_batches(batches, schema=self._schema).combine_chunks()
+            for batch in table.to_batches(max_chunksize=batch_rows):
+                yield batch
+
+    # -- calls to the server --------------------------------------------------------------
+
+    async def _call(
+        self, fn: Callable[[redis.Redis], T], *, abandon: bool = False
+    ) -> tuple[T, bool]:
+        """``fn(client)`` on a worker thread, retried per the backoff on connection errors.
+        Returns the result and whether a retry was needed."""
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(4)
+        retry = 0
+        first_failure = 0.0
+        while True:
+            try:
+                result = await anyio.to_thread.run_sync(
+                    fn, self._client, limiter=self._limiter, abandon_on_cancel=abandon
+                )
+                return result, retry > 0
+            except _CONNECTION_ERRORS as exc:
+                now = time.monotonic()
+                if retry == 0:
+                    first_failure = now
+                retry += 1
+                delay = self._backoff.delay(retry)
+                elapsed = now - first_failure
+                if (
+                    self._closed
+                    or retry > self._backoff.retries
+                    or (elapsed + delay > self._backoff.timeout)
+                ):
+                    raise SplitLogUnavailableError(self._name, retry, elapsed) from exc
+                if self._on_retry is not None:
+                    self._on_retry(retry, delay, exc)
+                await anyio.sleep(delay)
+
+    def _known(self, split: str) -> bool:
+        if self._splits is not None:
+            return split in self._splits
+        assert self._pattern is not None
+        # Redis globs negate a class with [^...]; fnmatch with [!...].
+        return fnmatch.fnmatchcase(split, self._pattern.replace("[^", "[!"))
+
+    def _existing_splits(self, client: redis.Redis) -> list[str]:
+        c: Any = client
+        if self._splits is None:
+            keys = c.scan_iter(match=self._pattern, count=1000, _type="stream")
+            return sorted({bytes(key).decode() for key in keys})
+        with c.pipeline(transaction=False) as pipe:
+            for key in self._splits:
+                pipe.type(key)
+            types = pipe.execute()
+        return [key for key, kind in zip(self._splits, types, strict=True) if kind == b"stream"]
+
+    def _require(self, client: redis.Redis, split: str) -> None:
+        c: Any = client
+        if not self._known(split) or c.type(split) != b"stream":
+            raise UnknownSplitError(split, self._existing_splits(client))
+
+    def _latest(self, split: str, client: redis.Redis) -> Offset | None:
+        self._require(client, split)
+        c: Any = client
+        entries = c.xrevrange(split, "+", "-", count=1)
+        return Offset.parse(bytes(entries[0][0]).decode()) if entries else None
+
+    def _check_start(self, start: dict[str, Offset | None], client: redis.Redis) -> None:
+        c: Any = client
+        for split, offset in start.items():
+            self._require(client, split)
+            if offset is None or self._on_trimmed == "skip":
+                continue
+            info = c.xinfo_stream(split)
+            entry = info.get("first-entry")
+            first = Offset.parse(bytes(entry[0]).decode()) if entry else None
+            added = info.get("entries-added")  # Redis >= 7 / Valkey
+            if added is not None and int(added) == int(info["length"]):
+                continue  # nothing was ever removed
+            if first is None:
+                generated = info.get("last-generated-id")
+                trimmed = generated is not None and Offset.parse(bytes(generated).decode()) > offset
+            else:
+                trimmed = first > offset
+            if trimmed:
+                raise OffsetTrimmedError(split, offset, first)
+
+    def _fetch(
+        self, last: dict[str, Offset | None], count: int, client: redis.Redis
+    ) -> list[tuple[str, pa.RecordBatch, Offset]]:
+        c: Any = client
+        streams = {split: _FIRST_ID if o is None else str(o) for split, o in last.items()}
+        reply = c.xread(streams, count=count, block=self._block_ms)
+        pairs = reply.items() if isinstance(reply, dict) else (reply or [])
+        fetched = []
+        for key, entries in pairs:
+            if entries:
+                split = bytes(key).decode()
+                batch, offset = decode_entries(
+                    split, entries, last[split], self._fields, self._schema
+                )
+                fetched.append((split, batch, offset))
+        return fetched

