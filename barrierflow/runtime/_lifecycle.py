@@ -12,6 +12,7 @@ Leaving ``async with`` normally sends a final ``Stop`` checkpoint and waits (at 
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any, Self
 
@@ -64,6 +65,7 @@ class Lifecycle(RunningJobs):
 
     _clock: Any
     _task_group: TaskGroup | None
+    _exit_stack: AsyncExitStack | None = None
     _incarnation: Incarnation | None
     _restarts: int
     _failure: ActorFailedError | None
@@ -93,9 +95,11 @@ class Lifecycle(RunningJobs):
             raise
         self._started = True
         self._rebuilt = anyio.Event()
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        self._task_group = task_group
+        # The task group outlives this call: it is entered on an exit stack that __aexit__
+        # (or a failed start) closes with the body's exception.
+        stack = AsyncExitStack()
+        task_group = await stack.enter_async_context(anyio.create_task_group())
+        self._exit_stack, self._task_group = stack, task_group
         try:
             await task_group.start(self._supervise)
         except BaseException as exc:
@@ -128,12 +132,13 @@ class Lifecycle(RunningJobs):
         tb: TracebackType | None,
     ) -> None:
         task_group, self._task_group = self._task_group, None
+        stack, self._exit_stack = self._exit_stack, None
         try:
-            if task_group is not None:
+            if task_group is not None and stack is not None:
                 if exc is not None:
                     task_group.cancel_scope.cancel()
                 try:
-                    await task_group.__aexit__(exc_type, exc, tb)
+                    await stack.__aexit__(exc_type, exc, tb)
                 except BaseExceptionGroup as group:
                     if exc is not None and _contains(group, exc):
                         # The body's own error, not a group of it: what the actors raised while
