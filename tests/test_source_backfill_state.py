@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from barrierflow.actors.backfill.source_backfill_state import (
     BackfillPhase,
@@ -334,3 +335,114 @@ def test_visibility_masks_are_numpy_bools() -> None:
     mask = states.on_upstream(rows(("a", 1)))
     assert isinstance(mask, np.ndarray)
     assert mask.dtype == np.bool_
+
+
+# --- a stateful model: appends, compaction, both sides, checkpoints and crashes ----------------
+
+
+class BackfillWithCrashes(RuleBasedStateMachine):
+    """A log per split that grows and loses records to compaction; a live source that has read
+    some of it when the job starts; the job's backfill states, committed at checkpoints and
+    restored at crashes (what was emitted since the last checkpoint is not committed, the live
+    source and the reader resume from the committed positions). Whatever the interleaving, the
+    committed output per split is in offset order, without duplicates, and — once both sides
+    are drained — holds every record the log still has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logs: dict[str, list[int]] = {s: [] for s in SPLITS}
+        self.next = dict.fromkeys(SPLITS, 1)
+
+    @initialize(sizes=st.fixed_dictionaries({s: st.integers(0, 8) for s in SPLITS}), data=st.data())
+    def start(self, sizes: dict[str, int], data: st.DataObject) -> None:
+        for split, size in sizes.items():
+            self.append(split, size)
+        # The live source's committed position (how many records it has read) at job start.
+        self.live = {s: data.draw(st.integers(0, len(self.logs[s]))) for s in SPLITS}
+        self.live = {s: self.logs[s][n - 1] if n else 0 for s, n in self.live.items()}
+        self.states = SplitBackfills({s: SplitBackfill() for s in SPLITS})
+        self.restart()
+        self.committed: dict[str, list[int]] = {s: [] for s in SPLITS}
+        self.pending: dict[str, list[int]] = {s: [] for s in SPLITS}
+        self.snapshot = (dict(self.states.states), dict(self.live))
+
+    def append(self, split: str, count: int) -> None:
+        for _ in range(count):
+            self.logs[split].append(self.next[split])
+            self.next[split] += 1
+
+    def restart(self) -> None:
+        """The actor (re)starts: targets from the log, the reader from the states."""
+        for split in list(self.states.unfinished()):
+            log = self.logs[split]
+            self.states.set_target(split, Offset(log[-1]) if log else None)
+        self.reader = {
+            s: (0 if o is None else o.major) for s, o in self.states.unfinished().items()
+        }
+        self.upstream = dict(self.live)
+
+    def deliver(self, split: str, after: int, count: int, side: str) -> int:
+        taken = [o for o in self.logs[split] if o > after][:count]
+        if not taken:
+            return after
+        batch = rows(*[(split, o) for o in taken])
+        visible = self.states.on_upstream(batch) if side == "up" else self.states.on_backfill(batch)
+        self.pending[split] += [o for o, v in zip(taken, visible.tolist(), strict=True) if v]
+        return taken[-1]
+
+    @rule(split=st.sampled_from(SPLITS), count=st.integers(1, 4))
+    def log_grows(self, split: str, count: int) -> None:
+        self.append(split, count)
+
+    @rule(split=st.sampled_from(SPLITS), data=st.data())
+    def compaction_deletes_a_record(self, split: str, data: st.DataObject) -> None:
+        if self.logs[split]:
+            self.logs[split].remove(data.draw(st.sampled_from(self.logs[split])))
+
+    @rule(split=st.sampled_from(SPLITS), count=st.integers(1, 4))
+    def live_source_delivers(self, split: str, count: int) -> None:
+        self.upstream[split] = self.deliver(split, self.upstream[split], count, "up")
+
+    @rule(split=st.sampled_from(SPLITS), count=st.integers(1, 4))
+    def backfill_reader_delivers(self, split: str, count: int) -> None:
+        if split in self.states.unfinished():
+            self.reader[split] = self.deliver(split, self.reader[split], count, "back")
+
+    @rule()
+    def checkpoint(self) -> None:
+        for split in SPLITS:
+            self.committed[split] += self.pending[split]
+            self.pending[split] = []
+        self.live = dict(self.upstream)
+        self.snapshot = (dict(self.states.states), dict(self.live))
+
+    @rule()
+    def crash(self) -> None:
+        states, self.live = self.snapshot
+        self.states = SplitBackfills(states)
+        self.pending = {s: [] for s in SPLITS}
+        self.restart()
+
+    @invariant()
+    def committed_output_is_ordered_and_unique(self) -> None:
+        for split in SPLITS:
+            out = self.committed[split] + self.pending[split]
+            assert out == sorted(set(out)), split
+
+    def teardown(self) -> None:
+        if not hasattr(self, "states"):
+            return
+        # Drain: the reader reads its splits to the end, the live source to the end.
+        for split in list(self.states.unfinished()):
+            self.reader[split] = self.deliver(split, self.reader[split], 10**6, "back")
+        for split in SPLITS:
+            self.upstream[split] = self.deliver(split, self.upstream[split], 10**6, "up")
+        self.checkpoint()
+        for split in SPLITS:
+            out = self.committed[split]
+            assert out == sorted(set(out)), split
+            assert set(self.logs[split]) <= set(out), (split, self.logs[split], out)
+
+
+BackfillWithCrashes.TestCase.settings = settings(max_examples=200, stateful_step_count=30)
+test_backfill_with_crashes = BackfillWithCrashes.TestCase
