@@ -301,6 +301,22 @@ async def test_a_split_change_finishes_new_splits_and_trims_dropped_ones(tmp_pat
     assert SplitBackfill.from_json(states["c"]).phase is BackfillPhase.FINISHED
 
 
+async def test_a_target_deleted_before_it_was_read_still_ends_the_backfill(
+    tmp_path: Path,
+) -> None:
+    log = make_log(a=5)
+    seen: list[tuple[str, int]] = []
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            handle = await rt.add_job(backfill_job(log, seen, rate_limit=0))  # target: a 5-0
+            log.delete("a", Offset(5))  # the target will never be delivered
+            await rt.mutate(Throttle({rt.actor_id("backfill"): None}))
+            await handle.wait_ready()  # a quiet split: no live row will ever show past it
+            assert handle.progress().actors["backfill"].detail == {"a": "caching_up"}
+    assert by_split(seen) == {"a": [1, 2, 3, 4]}
+
+
 def test_bad_arguments_are_refused_with_what_was_expected() -> None:
     log = make_log(a=1)
     for kwargs, argument in (

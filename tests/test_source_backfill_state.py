@@ -117,6 +117,25 @@ def test_no_upstream_traffic_after_the_target_reports_caught_up_but_not_finished
     assert states.unfinished() == {}
 
 
+def test_a_backfill_that_read_all_there_is_stops_even_if_its_target_never_comes() -> None:
+    states = SplitBackfills(
+        {
+            "read_all": SplitBackfill(BACKFILLING, off(4), 4, off(5)),  # 5 was deleted
+            "behind": SplitBackfill(BACKFILLING, off(2), 2, off(5)),
+            "emptied": SplitBackfill(BACKFILLING, None, 0, off(3)),
+            "untouched": SplitBackfill(BACKFILLING, None, 0, off(3)),
+        }
+    )
+    states.on_latest("read_all", off(4))
+    states.on_latest("behind", off(4))
+    states.on_latest("emptied", None)
+    states.on_latest("untouched", off(3))
+    assert states.states["read_all"] == SplitBackfill(CACHING_UP, off(4), 4, off(5))
+    assert states.states["behind"].phase is BACKFILLING
+    assert states.states["emptied"].phase is FINISHED
+    assert states.states["untouched"].phase is BACKFILLING
+
+
 def test_rows_of_several_splits_in_one_chunk_are_decided_per_split() -> None:
     states = SplitBackfills(
         {

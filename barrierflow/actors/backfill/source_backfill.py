@@ -21,6 +21,9 @@ drives it:
 * **Watermarks** from upstream are dropped while backfilling.
 * **Self-pause.** A backfill batch arriving ``wait_barrier_intervals`` barrier intervals after
   the last barrier pauses the reader until the next barrier.
+* **A target never delivered.** A split whose backfill did not move between two barriers is
+  checked against the log's latest offset: if the backfill has read everything there is, its
+  history is done (the record it waited for was deleted) and it waits for the upstream.
 * **Reader errors** rebuild the reader from the latest states, after a doubling backoff, at
   most ``max_reader_retries`` times in a row (then the actor fails with the last error).
 * **Ready.** As soon as every split is ``CACHING_UP`` or ``FINISHED`` the actor reports itself
@@ -260,6 +263,8 @@ class _BackfillStage:
         self._reader_scope: anyio.CancelScope | None = None
         self._send: SendChannel[Any] | None = None
         self._generation = 0
+        #: The backfill offsets of the splits still backfilling, as of the previous barrier.
+        self._offsets: dict[str, Offset | None] = {}
 
     async def run(self, upstream: Any) -> bool:
         """Backfill; returns whether the stage was left for forwarding (``False``: stopped)."""
@@ -400,6 +405,7 @@ class _BackfillStage:
             self.actor._rate = rate
             self._restart_reader(delay=0.0)
         new = barrier.new_splits(ctx.actor_id)
+        await self._check_stalled()
         SourceBackfill._put_states(self.table, self.states)
         caught_up = self.states.caught_up()
         if caught_up and not self.ready_reported:
@@ -433,6 +439,18 @@ class _BackfillStage:
                 self.state_table_initialized = True
             return False
         return await self._all_finished()
+
+    async def _check_stalled(self) -> None:
+        """Ask the log how far a split goes when its backfill did not move since the previous
+        barrier: a backfill that has read everything there is stops there, even if the target
+        it was given is never delivered (see :meth:`SplitBackfills.on_latest`)."""
+        now = self.states.unfinished()
+        for split, offset in now.items():
+            if split in self._offsets and self._offsets[split] == offset:
+                self.states.on_latest(split, await self.actor._log.latest_offset(split))
+        self._offsets = self.states.unfinished()
+        if len(self._offsets) < len(now) and not self.states.unfinished():
+            self._restart_reader(delay=0.0)  # nothing left to read
 
     async def _all_finished(self) -> bool:
         """Every split of this actor and of every peer is FINISHED (peers' committed states;

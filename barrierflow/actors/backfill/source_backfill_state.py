@@ -225,6 +225,22 @@ class SplitBackfills:
             return
         self.states[split] = _FINISHED if target is None else replace(state, target=target)
 
+    def on_latest(self, split: str, latest: Offset | None) -> None:
+        """The log's latest offset now, for a split whose backfill has not moved for a while:
+        if the backfill has read up to it (or the split is empty), its history is done —
+        ``CACHING_UP`` at the last offset read (``FINISHED`` if it read none). This is how a
+        target that is never delivered (its record deleted after the target was taken) still
+        ends the backfill on a quiet split."""
+        state = self.states[split]
+        if state.phase is not BackfillPhase.BACKFILLING:
+            return
+        if state.offset is None:
+            if latest is None:
+                self.states[split] = replace(_FINISHED, consumed_rows=state.consumed_rows)
+            return
+        if latest is None or latest <= state.offset:
+            self.states[split] = replace(state, phase=BackfillPhase.CACHING_UP)
+
     def unfinished(self) -> dict[str, Offset | None]:
         """Where the backfill reader resumes each split still ``BACKFILLING`` (after the
         offset it last emitted; ``None``: from the first record)."""
