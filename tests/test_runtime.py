@@ -264,6 +264,22 @@ async def test_a_clean_exit_commits_the_final_checkpoint_even_when_the_commit_is
             assert await store.read_all("count", "count") == {"rows": 3}
 
 
+async def test_a_source_stopped_by_a_stop_mutation_ends_its_downstream_and_the_exit(
+    tmp_path: Path,
+) -> None:
+    # The counter's input ends when its only source stops: it finishes too, and no later
+    # barrier (the exit's final checkpoint) waits for either of them.
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    rt.add_actor("count", Counter, inputs=["src"])
+    with anyio.fail_after(scaled(10)):
+        async with rt:
+            await rt.push("src", chunk(1, 2))
+            await rt.mutate(Stop(frozenset({rt.actor_id("src")})))
+        async with await StateStore.open(tmp_path / "state.db") as store:
+            assert await store.read_all("count", "count") == {"rows": 2}
+
+
 def test_blocking_handle_from_a_plain_thread(tmp_path: Path) -> None:
     results: dict[str, object] = {}
 

@@ -1,6 +1,6 @@
 """The actors, one subpackage per family: :mod:`.sinks` (sink task, sink writer, coordinator
-worker), :mod:`.sources` (the batch feed) and :mod:`.backfill`. The systems behind the sink
-protocol (Parquet, Iceberg, print) are in :mod:`barrierflow.connectors`."""
+worker), :mod:`.sources` (the batch feed, the split source) and :mod:`.backfill`. The systems
+behind the sink protocol (Parquet, Iceberg, print) are in :mod:`barrierflow.connectors`."""
 
 from barrierflow.actors.sinks import CommitCoordinator as CommitCoordinator
 from barrierflow.actors.sinks import CommitMetadata as CommitMetadata
@@ -24,6 +24,7 @@ from barrierflow.actors.sinks import start_sink_task as start_sink_task
 from barrierflow.actors.sources import BatchFeed as BatchFeed
 from barrierflow.actors.sources import BatchFeedStats as BatchFeedStats
 from barrierflow.actors.sources import BatchSource as BatchSource
+from barrierflow.actors.sources import SplitSource as SplitSource
 
 __all__ = [
     "BatchFeed",
@@ -45,6 +46,7 @@ __all__ = [
     "SinkTaskHandle",
     "SinkTaskStats",
     "SinkWriter",
+    "SplitSource",
     "WriterHandle",
     "add_sink",
     "start_sink_task",

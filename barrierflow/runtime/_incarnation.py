@@ -71,6 +71,8 @@ class Incarnation:
         self.inboxes: dict[str, SendChannel[Message]] = {}
         self.channels: list[SendChannel[Message]] = []
         self.ready = anyio.Event()
+        #: Every actor finished (stopped, or their inputs ended): the graph runs no more.
+        self.finished = False
         self.actors: TaskGroup | None = None
         self.services: TaskGroup | None = None
         #: Job name → the cancel scope of its services (cancelled when the job is dropped).
@@ -134,6 +136,9 @@ def _input_of(
 async def _run_actor(node: Node, actor: StreamActor, ctx: ActorContext, done: anyio.Event) -> None:
     try:
         await actor.run(ctx)
+        # Finished (its input ended, or it stopped): no barrier it has not collected will
+        # reach it, and none may wait for it.
+        ctx._manager.retire(ctx.actor_id)
     except Exception as raised:
         # An actor's own task group raising one error: log and report that error itself.
         exc = single_leaf(raised)

@@ -25,7 +25,7 @@ from barrierflow.runtime._incarnation import Incarnation, check_wiring, create_a
 from barrierflow.runtime._jobs import RunningJobs
 from barrierflow.runtime._wiring import wire
 from barrierflow.runtime.barrier_manager import BarrierManager
-from barrierflow.runtime.errors import ActorFailedError, JobNotDeclaredError
+from barrierflow.runtime.errors import ActorFailedError, JobNotDeclaredError, NotRunningError
 from barrierflow.runtime.logging import configure_logging
 from barrierflow.runtime.startup import adopt_sink_positions
 from barrierflow.runtime.state.state_store import StateStore
@@ -157,13 +157,16 @@ class Lifecycle(RunningJobs):
 
     async def _stop_graph(self) -> None:
         incarnation = self._incarnation
-        if incarnation is None:
-            return
+        if incarnation is None or incarnation.finished:
+            return  # nothing runs that a Stop could reach (every actor finished already)
         await incarnation.ready.wait()
-        async with self._jobs_lock:
-            stop = Stop(frozenset(n.actor_id for n in self._graph.nodes.values()))
-            flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT, stop)
-        await flight.wait()
+        try:
+            async with self._jobs_lock:
+                stop = Stop(frozenset(n.actor_id for n in self._graph.nodes.values()))
+                flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT, stop)
+            await flight.wait()
+        except NotRunningError:
+            return  # every actor finished meanwhile (their own Stop, or their inputs ended)
 
     async def _supervise(self, *, task_status: TaskStatus[None]) -> None:
         started = False
@@ -281,4 +284,5 @@ class Lifecycle(RunningJobs):
                 if task_status is not None:
                     task_status.started()
             await manager.drain()
+            incarnation.finished = True  # no barrier can be injected into it any more
             tg.cancel_scope.cancel()  # every actor finished: no more barriers to inject

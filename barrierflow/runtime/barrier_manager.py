@@ -14,6 +14,7 @@ publishes ``prev`` as the committed epoch.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import final
@@ -132,6 +133,7 @@ class BarrierManager:
         )
         self._pair: EpochPair | None = None
         self._in_flight: OrderedDict[int, InFlightBarrier] = OrderedDict()
+        self._closed = False  # drained: every actor finished, nothing more is injected
         self._inject_lock = anyio.Lock()
         self._slot_freed = anyio.Event()
         self._collected = anyio.Event()
@@ -184,6 +186,7 @@ class BarrierManager:
             add_sources: the inboxes of joining sources (they get this barrier first).
 
         Raises:
+            NotRunningError: every actor of the graph has finished (see :meth:`drain`).
             InvalidArgumentError: ``kind`` is neither ``None`` nor a BarrierKind, or
                 ``mutation`` neither ``None`` nor a mutation (checked before any epoch is
                 taken); (``clock``) the clock returned something that is not a finite time.
@@ -193,6 +196,8 @@ class BarrierManager:
         if mutation is not None and not isinstance(mutation, MUTATION_TYPES):
             raise InvalidArgumentError("mutation", "None or a Mutation", type(mutation).__name__)
         async with self._inject_lock:
+            if self._closed:
+                raise NotRunningError("the graph", "a graph with running actors (all finished)")
             while len(self._in_flight) >= self._max_in_flight:
                 self._slot_freed = anyio.Event()
                 await self._slot_freed.wait()
@@ -214,7 +219,9 @@ class BarrierManager:
                 # Every actor retired (the graph is stopping): nobody will collect it, so it
                 # completes as soon as the barriers before it have.
                 self._collected.set()
-            for inbox in self._sources.values():
+            for actor, inbox in list(self._sources.items()):
+                if actor not in self._sources:
+                    continue  # retired while an earlier send waited
                 await inbox.send(barrier)
             return flight
 
@@ -252,17 +259,21 @@ class BarrierManager:
         """Every source's positions reported with ``barrier`` (empty if none were)."""
         return dict(self._positions.get(barrier.epoch.curr, {}))
 
-    def retire(self, actor_id: int, barrier: Barrier) -> None:
-        """``actor_id`` finished at ``barrier`` (stopped or dropped): later barriers, in flight
-        or to come, no longer wait for it.
+    def retire(self, actor_id: int, barrier: Barrier | None = None) -> None:
+        """``actor_id`` finished: at ``barrier`` (stopped or dropped) — later barriers, in
+        flight or to come, no longer wait for it — or, with ``None``, because its input ended
+        (no barrier it has not collected yet will ever reach it). A source gets no more
+        barriers.
 
         Raises:
-            InvalidArgumentError: ``barrier`` is not a Barrier.
+            InvalidArgumentError: ``barrier`` is neither ``None`` nor a Barrier.
         """
-        _check_barrier(barrier)
+        if barrier is not None:
+            _check_barrier(barrier)
         self._actors.discard(actor_id)
+        self._sources.pop(actor_id, None)
         for flight in self._in_flight.values():
-            if flight.barrier.epoch.curr > barrier.epoch.curr:
+            if barrier is None or flight.barrier.epoch.curr > barrier.epoch.curr:
                 flight.remaining.discard(actor_id)
         self._collected.set()
 
@@ -273,9 +284,10 @@ class BarrierManager:
             tg.start_soon(self._complete_in_order)
             if self._pair is None:
                 await self.inject()
-            while True:
+            while not self._closed:
                 await anyio.sleep(self._interval)
-                await self.inject()
+                with contextlib.suppress(NotRunningError):  # drained meanwhile: done
+                    await self.inject()
 
     async def _complete_in_order(self) -> None:
         while True:
@@ -310,6 +322,7 @@ class BarrierManager:
             if flight.remaining:
                 break
             await flight._done.wait()
+        self._closed = True
         self.fail_in_flight(
             NotRunningError("the graph", "every actor finished before this barrier")
         )

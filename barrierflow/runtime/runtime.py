@@ -130,6 +130,10 @@ class Runtime(Lifecycle):
             incarnation = self._incarnation
             if incarnation is not None:
                 await incarnation.ready.wait()
+                if incarnation.finished:
+                    raise NotRunningError(
+                        "the graph", "a graph with running actors (every actor has finished)"
+                    )
                 return incarnation
             assert self._rebuilt is not None
             await self._rebuilt.wait()
