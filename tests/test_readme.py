@@ -25,7 +25,7 @@ def test_readme_opens_with_the_two_commands() -> None:
 @pytest.mark.spark
 def test_readme_examples_run(tmp_path: Path) -> None:
     examples = re.findall(r"```python\n(.*?)```", README, re.S)
-    assert len(examples) == 6
+    assert len(examples) == 7
     outputs = []
     for example in examples:
         done = subprocess.run(
@@ -41,8 +41,9 @@ def test_readme_examples_run(tmp_path: Path) -> None:
     assert outputs[1] == "3 rows delivered exactly once"
     assert outputs[2] == "1000 rows in one snapshot per epoch"
     assert outputs[3] == "[3, 4, 5] ['clicks.0', 'clicks.1']"
-    assert outputs[4] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
-    assert "Barrier(" in outputs[5]
+    assert outputs[4] == "2002 rows, each once"
+    assert outputs[5] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
+    assert "Barrier(" in outputs[6]
 
 
 def test_readme_links_only_inside_the_repository() -> None:

@@ -2,6 +2,9 @@
 worker), :mod:`.sources` (the batch feed, the split source) and :mod:`.backfill`. The systems
 behind the sink protocol (Parquet, Iceberg, print) are in :mod:`barrierflow.connectors`."""
 
+from barrierflow.actors.backfill import BackfillPhase as BackfillPhase
+from barrierflow.actors.backfill import SourceBackfill as SourceBackfill
+from barrierflow.actors.backfill import SplitBackfill as SplitBackfill
 from barrierflow.actors.sinks import CommitCoordinator as CommitCoordinator
 from barrierflow.actors.sinks import CommitMetadata as CommitMetadata
 from barrierflow.actors.sinks import CoordinatedTable as CoordinatedTable
@@ -24,9 +27,12 @@ from barrierflow.actors.sinks import start_sink_task as start_sink_task
 from barrierflow.actors.sources import BatchFeed as BatchFeed
 from barrierflow.actors.sources import BatchFeedStats as BatchFeedStats
 from barrierflow.actors.sources import BatchSource as BatchSource
+from barrierflow.actors.sources import Offset as Offset
+from barrierflow.actors.sources import SplitLog as SplitLog
 from barrierflow.actors.sources import SplitSource as SplitSource
 
 __all__ = [
+    "BackfillPhase",
     "BatchFeed",
     "BatchFeedStats",
     "BatchSource",
@@ -36,6 +42,7 @@ __all__ = [
     "Coordinator",
     "CoordinatorStats",
     "DeclaredSink",
+    "Offset",
     "PendingCommit",
     "SchemaChange",
     "SinkConnector",
@@ -46,6 +53,9 @@ __all__ = [
     "SinkTaskHandle",
     "SinkTaskStats",
     "SinkWriter",
+    "SourceBackfill",
+    "SplitBackfill",
+    "SplitLog",
     "SplitSource",
     "WriterHandle",
     "add_sink",
