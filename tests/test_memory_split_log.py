@@ -137,3 +137,4 @@ async def test_reading_below_trimmed_history_is_refused() -> None:
         log.read({"a": Offset(1)})
     assert (trimmed.value.split, trimmed.value.first) == ("a", Offset(2))
     assert await take(log, {"a": Offset(2)}, 1) == [("a", Offset(3), 3)]
+    assert await take(log, {"a": None}, 1) == [("a", Offset(3), 3)]  # what is retained

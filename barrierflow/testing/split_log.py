@@ -181,13 +181,14 @@ class MemorySplitLog:
         Raises:
             InvalidArgumentError: ``batch_rows`` is not a positive int.
             UnknownSplitError: a split the log does not have.
-            OffsetTrimmedError: a start offset below what was trimmed.
+            OffsetTrimmedError: a start offset below what was trimmed (``None`` reads from the
+                first record retained: there is no position to have lost records after).
         """
         if type(batch_rows) is not int or batch_rows < 1:
             raise InvalidArgumentError("batch_rows", "a positive int", batch_rows)
         for split, offset in start.items():
             state = self._split(split)
-            if state.trimmed_to is not None and (offset is None or offset < state.trimmed_to):
+            if state.trimmed_to is not None and offset is not None and offset < state.trimmed_to:
                 raise OffsetTrimmedError(split, offset, state.trimmed_to)
         return self._follow(dict(start), batch_rows)
 

@@ -10,7 +10,10 @@ two int64 columns, compared column-wise with NumPy.
 **Where a read starts.** A reader is given, per split, the offset of the *last record already
 read* (``None``: none was, read from the first record): reading is **exclusive** of it. That
 is what a source keeps in its state at a barrier — the last offset it emitted — so a restart
-resumes right after it, with nothing read twice and nothing skipped.
+resumes right after it, with nothing read twice and nothing skipped. ``None`` reads from the
+first record the log still retains (a log trimmed by retention has no older history to offer);
+a start *offset* below what the log retains is refused
+(:class:`~barrierflow.actors.sources.errors.OffsetTrimmedError`): records after it are lost.
 
 **Batches.** A reader yields Arrow record batches of the log's payload columns followed by
 three columns: :data:`SPLIT_COLUMN` (string), :data:`OFFSET_MAJOR` and :data:`OFFSET_MINOR`
