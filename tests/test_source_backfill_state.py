@@ -17,6 +17,7 @@ from barrierflow.actors.backfill.source_backfill_state import (
     SplitBackfill,
     SplitBackfills,
 )
+from barrierflow.actors.sources.errors import OffsetOrderError
 from barrierflow.actors.sources.split_log import OFFSET_MAJOR, OFFSET_MINOR, SPLIT_COLUMN, Offset
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 
@@ -148,6 +149,20 @@ def test_rows_of_several_splits_in_one_chunk_are_decided_per_split() -> None:
     assert states.on_upstream(batch).tolist() == [False, True, False, True, False, False, True]
     assert states.states["b"] == SplitBackfill(BACKFILLING, off(5), 5, off(7))
     assert states.states["c"].phase is FINISHED
+
+
+def test_offsets_that_go_backwards_or_repeat_within_a_split_are_refused() -> None:
+    states = SplitBackfills({"a": SplitBackfill(FINISHED), "b": SplitBackfill(FINISHED)})
+    with pytest.raises(OffsetOrderError) as backwards:
+        states.on_upstream(rows(("a", 1), ("b", 9), ("a", 3), ("b", 2)))
+    assert (backwards.value.split, backwards.value.previous, backwards.value.offset) == (
+        "b",
+        off(9),
+        off(2),
+    )
+    with pytest.raises(OffsetOrderError) as repeated:
+        states.on_backfill(rows(("a", 4), ("a", 4)))
+    assert repeated.value.offset == off(4)
 
 
 def test_a_row_of_a_split_the_actor_does_not_own_is_a_protocol_error() -> None:

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from barrierflow.actors.sources.errors import OffsetOrderError
 from barrierflow.actors.sources.split_log import OFFSET_MAJOR, OFFSET_MINOR, SPLIT_COLUMN, Offset
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 
@@ -166,6 +167,18 @@ def _on_backfill(
     return replace(state, offset=offset, consumed_rows=consumed), emit
 
 
+def _check_increasing(split: str, major: np.ndarray, minor: np.ndarray) -> None:
+    """One split's offsets in a batch must increase strictly (every rule above relies on it).
+
+    Raises:
+        OffsetOrderError: one does not, naming the split and both offsets.
+    """
+    ok = (major[1:] > major[:-1]) | ((major[1:] == major[:-1]) & (minor[1:] > minor[:-1]))
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise OffsetOrderError(split, _offset_at(major, minor, i), _offset_at(major, minor, i + 1))
+
+
 @final
 class SplitBackfills:
     """The backfill states of the splits an actor owns, and the rows each side may emit.
@@ -186,6 +199,7 @@ class SplitBackfills:
 
         Raises:
             ProtocolError: a row of a split this actor does not own.
+            OffsetOrderError: a split's offsets in the batch do not increase strictly.
         """
         return self._apply(batch, _on_upstream, "upstream")
 
@@ -213,7 +227,9 @@ class SplitBackfills:
                     f"the {side}, got a row of split {split!r}"
                 )
             rows = np.flatnonzero(codes == code)
-            self.states[split], emit = step(state, major[rows], minor[rows])
+            split_major, split_minor = major[rows], minor[rows]
+            _check_increasing(split, split_major, split_minor)
+            self.states[split], emit = step(state, split_major, split_minor)
             visible[rows] = emit
         return visible
 
