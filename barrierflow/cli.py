@@ -38,6 +38,7 @@ from barrierflow.demo import (
     resume_command,
     run_demo,
 )
+from barrierflow.demo_backfill import BackfillDemoConfig, run_backfill_demo
 
 __all__ = ["main"]
 
@@ -131,9 +132,30 @@ def _spark_conf(items: Sequence[str]) -> dict[str, str]:
     return conf
 
 
+def _demo_backfill(args: argparse.Namespace) -> int:
+    config = BackfillDemoConfig(
+        workdir=Path(args.workdir or "demo-backfill"),
+        streams=args.streams,
+        history=args.history,
+        live=args.live,
+        backend=args.backend,
+        redis_url=args.redis_url,
+    )
+    result = run_backfill_demo(config)
+    print(
+        f"{result.rows:,} rows in the history job's table for {result.records:,} records of "
+        f"{result.streams} streams (history and live), in {result.seconds:.1f} s; "
+        f"duplicates {result.duplicates}, missing {result.missing}"
+    )
+    print(result.summary_line())
+    return 0 if result.verified else 1
+
+
 def _demo(args: argparse.Namespace) -> int:
+    if args.act == "backfill":
+        return _demo_backfill(args)
     config = DemoConfig(
-        workdir=Path(args.workdir),
+        workdir=Path(args.workdir or "demo-data"),
         rows=args.rows,
         batches=args.batches,
         backend=args.backend,
@@ -198,6 +220,37 @@ def build_parser() -> argparse.ArgumentParser:
         "with --resume.",
     )
     demo.add_argument(
+        "act",
+        nargs="?",
+        choices=("spark", "backfill"),
+        default="spark",
+        help="spark (default): Spark → Iceberg, exactly once; backfill: a job joins a live "
+        "Redis-streams pipeline mid-run and still gets every record of the history once",
+    )
+    demo.add_argument(
+        "--streams",
+        type=int,
+        default=4,
+        help="backfill act: streams (splits) of the live source (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--history",
+        type=int,
+        default=50_000,
+        help="backfill act: records per stream before the pipeline starts (default: 50,000)",
+    )
+    demo.add_argument(
+        "--live",
+        type=int,
+        default=20_000,
+        help="backfill act: records per stream appended while it runs (default: 20,000)",
+    )
+    demo.add_argument(
+        "--redis-url",
+        help="backfill act: an existing Redis/Valkey server (default: start valkey-server "
+        "in --workdir)",
+    )
+    demo.add_argument(
         "--rows",
         type=int,
         default=None,
@@ -212,9 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--workdir",
-        default="demo-data",
+        default=None,
         help="where the input, the state store, the Iceberg warehouse and Spark's checkpoint "
-        "go; emptied unless --resume (default: %(default)s)",
+        "go; emptied unless --resume (default: demo-data; demo-backfill for the backfill act)",
     )
     demo.add_argument(
         "--backend",

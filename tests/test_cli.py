@@ -57,7 +57,7 @@ def test_demo_help_describes_every_option_and_its_default(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     options = [a for a in demo_parser()._actions if a.option_strings and a.dest != "help"]
-    assert len(options) == 11
+    assert len(options) == 15
     for action in options:
         assert action.help, action.option_strings
         assert "default" in action.help, action.option_strings
@@ -65,7 +65,7 @@ def test_demo_help_describes_every_option_and_its_default(
         cli.main(["demo", "--help"])
     assert info.value.code == 0
     shown = capsys.readouterr().out
-    assert "(default: demo-data)" in shown
+    assert "(default: demo-data;" in shown
     assert "(default: asyncio)" in shown
 
 
