@@ -317,6 +317,35 @@ async def test_a_target_deleted_before_it_was_read_still_ends_the_backfill(
     assert by_split(seen) == {"a": [1, 2, 3, 4]}
 
 
+async def test_a_split_change_after_every_split_finished_forwards_a_new_split_at_once(
+    tmp_path: Path,
+) -> None:
+    log = make_log(a=2, b=2, c=1)
+    seen: list[tuple[str, int]] = []
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            handle = await rt.add_job(backfill_job(log, seen, splits=["a", "b"]))
+            await handle.wait_ready()
+            log.append("a", {"v": [3]})
+            log.append("b", {"v": [3]})
+            await rt.push("src", await live(log, "a", 0, 3))  # the upstream passes both stops
+            await rt.push("src", await live(log, "b", 0, 3))
+            for _ in range(3):  # every split FINISHED, committed, seen by the actor: it leaves
+                await rt.checkpoint()
+            actor = rt.actor_id("backfill")
+            await rt.mutate(SourceChangeSplit({actor: (Split("a"), Split("c"))}))
+            await rt.push("src", await live(log, "c", 0, 1))  # forwarded: c is new to the job
+            await rt.checkpoint()
+    assert by_split(seen) == {"a": [1, 2, 3], "b": [1, 2, 3], "c": [1]}
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        states = await store.read_all("backfill", "backfill")
+    assert {s: SplitBackfill.from_json(v).phase for s, v in states.items()} == {
+        "a": BackfillPhase.FINISHED,
+        "c": BackfillPhase.FINISHED,
+    }
+
+
 def test_bad_arguments_are_refused_with_what_was_expected() -> None:
     log = make_log(a=1)
     for kwargs, argument in (
