@@ -15,6 +15,7 @@ from benchmarks.harness import Settings
 from benchmarks.jobs import BENCHMARKS as JOB_BENCHMARKS
 from benchmarks.runtime import BENCHMARKS as RUNTIME_BENCHMARKS
 from benchmarks.sinks import BENCHMARKS as SINK_BENCHMARKS
+from benchmarks.sources import BENCHMARKS as SOURCE_BENCHMARKS
 from benchmarks.spark_bridge import BENCHMARKS as SPARK_BRIDGE_BENCHMARKS
 
 BENCHMARKS = {
@@ -23,6 +24,7 @@ BENCHMARKS = {
     **JOB_BENCHMARKS,
     **SINK_BENCHMARKS,
     **COORDINATOR_BENCHMARKS,
+    **SOURCE_BENCHMARKS,
     **SPARK_BRIDGE_BENCHMARKS,
 }
 

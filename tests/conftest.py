@@ -24,7 +24,7 @@ from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
 if TYPE_CHECKING:
-    from _redis_server import RedisServer
+    from barrierflow.testing.redis_server import RedisServer
 
 pytest_plugins = ["pytester"]  # tests of the suite's own hooks run pytest in a subprocess
 
@@ -143,12 +143,23 @@ def spark() -> object:
 
 
 def _redis_server(base: Any, *, persistent: bool) -> RedisServer:
-    # Imported here: the suite's own tests copy this file, without _redis_server.py, into
-    # pytester directories.
-    from _redis_server import RedisServer, ServerNotFoundError, server_directory
+    # Imported here: the suite's own tests copy this file into pytester directories, and
+    # only the Redis tests need the module.
+    from barrierflow.testing.redis_server import (
+        START_SECONDS,
+        STOP_SECONDS,
+        RedisServer,
+        ServerNotFoundError,
+        server_directory,
+    )
 
     try:
-        return RedisServer(server_directory(base), persistent=persistent)
+        return RedisServer(
+            server_directory(base),
+            persistent=persistent,
+            start_timeout=scaled(START_SECONDS),
+            stop_timeout=scaled(STOP_SECONDS),
+        )
     except ServerNotFoundError as exc:  # the server is part of the suite: fail, never skip
         pytest.fail(str(exc), pytrace=False)
 

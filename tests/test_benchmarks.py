@@ -15,7 +15,13 @@ KEYS = ["name", "value", "unit", "baseline", "ratio", "goal", "goal_on", "meets_
 
 
 @pytest.mark.parametrize(
-    "name", ["channel_hop_trio", "sink_parquet_rows_per_s", "add_job_latency_ms"]
+    "name",
+    [
+        "channel_hop_trio",
+        "sink_parquet_rows_per_s",
+        "add_job_latency_ms",
+        "backfill_handover_ms",  # starts a Valkey server of its own
+    ],
 )
 def test_benchmark_prints_one_json_record_per_benchmark(name: str) -> None:
     done = subprocess.run(

@@ -14,7 +14,6 @@ import anyio.to_thread
 import pyarrow as pa
 import pytest
 import redis
-from _redis_server import RedisServer
 from _timeouts import scaled
 
 from barrierflow.actors.sources.split_log import (
@@ -33,6 +32,7 @@ from barrierflow.errors import (
     SplitLogUnavailableError,
     UnknownSplitError,
 )
+from barrierflow.testing.redis_server import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 

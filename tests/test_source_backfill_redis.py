@@ -14,7 +14,6 @@ import anyio.to_thread
 import pyarrow as pa
 import pytest
 import redis
-from _redis_server import RedisServer
 from _timeouts import scaled
 
 from barrierflow.actors.backfill.source_backfill import SourceBackfill
@@ -23,6 +22,7 @@ from barrierflow.actors.sources.split_source import SplitSource
 from barrierflow.channels import Chunk, Message
 from barrierflow.connectors import RedisStreamLog
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
+from barrierflow.testing.redis_server import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 

