@@ -1,6 +1,7 @@
 """The durable state store: key→value tables that commit with checkpoints, the epoch records
 that commit on their own (a coordinated sink's meta store builds on them), and the two SQLite
-adapters (aiosqlite on asyncio, one worker thread on trio)."""
+adapters (a worker thread with inline small commits on any backend — the default — and
+aiosqlite on asyncio)."""
 
 from barrierflow.runtime.state.epoch_records import EpochRecord as EpochRecord
 from barrierflow.runtime.state.epoch_records import EpochRecords as EpochRecords

@@ -1,9 +1,10 @@
 """Every SQL statement of the state store, in one place.
 
-The two adapters (:mod:`.sqlite_asyncio_backend` on asyncio, :mod:`.sqlite_thread_backend` on
-trio) only *run* what is here: :class:`SqlConnection` is the whole of what they provide —
-read queries (not shielded: a reader cancelled while it waits for the connection gives up
-its turn), and a list of statements applied in one transaction.
+The two adapters (:mod:`.sqlite_thread_backend`, the default on every backend, and
+:mod:`.sqlite_asyncio_backend` on asyncio if asked) only *run* what is here:
+:class:`SqlConnection` is the whole of what they provide — read queries (not shielded: a
+reader cancelled while it waits for the connection gives up its turn), and a list of
+statements applied in one transaction.
 
 Layout of a store file:
 

@@ -10,9 +10,10 @@ and epochs after it are gone as if they never happened.
 Reads: a table sees its own buffered and sealed writes over the committed state
 (:meth:`StateTable.get`); anyone else sees only committed state (:meth:`StateStore.read`).
 
-SQLite runs in WAL mode with ``synchronous=FULL``: through aiosqlite on asyncio, and on one
-worker thread on trio (:mod:`.sqlite_thread_backend`, one call at a time); the SQL itself is
-in :mod:`._sql`.
+SQLite runs in WAL mode with ``synchronous=FULL`` through :mod:`.sqlite_thread_backend` on both
+backends (one call at a time on a worker thread; a checkpoint-sized commit inline on the event
+loop's thread, where no busy loop can starve it of the GIL), or aiosqlite on asyncio if asked;
+the SQL itself is in :mod:`._sql`.
 A store file is locked (an OS lock on ``<file>.lock``, released even on SIGKILL) so a second
 runtime cannot open it while one holds it; the lock is taken on the real file (symlinks and
 ``..`` resolved), so no other spelling of the path gets around it.
@@ -100,8 +101,8 @@ class StateStore:
 
         Args:
             path: the SQLite file, as a ``str`` or ``os.PathLike[str]`` (bytes are refused).
-            adapter: ``"aiosqlite"`` (asyncio only), ``"thread"`` (any backend), or ``"auto"``:
-                aiosqlite on asyncio, the dedicated thread otherwise.
+            adapter: ``"aiosqlite"`` (asyncio only), ``"thread"`` (any backend), or ``"auto"``
+                (``"thread"``: see :data:`.sqlite_thread_backend.INLINE_ROWS` for why).
             limiter: the worker threads' limiter for every blocking call of the store (the file
                 work here, and each SQL call of the ``"thread"`` adapter) — the runtime passes
                 its own, so the store's threads count against the runtime's budget; ``None``:
