@@ -24,6 +24,7 @@ from barrierflow.channels import (
     SourceChangeSplit,
     Split,
     Throttle,
+    Update,
 )
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StateStore, StreamActor
 from barrierflow.testing.split_log import MemorySplitLog
@@ -344,6 +345,32 @@ async def test_a_split_change_after_every_split_finished_forwards_a_new_split_at
         "a": BackfillPhase.FINISHED,
         "c": BackfillPhase.FINISHED,
     }
+
+
+async def test_an_unfinished_split_that_moved_away_and_back_is_backfilled(
+    tmp_path: Path,
+) -> None:
+    # z moves away unfinished (Update keeps its committed state): the actor must not leave the
+    # backfill stage while any committed state is unfinished, and when z comes back its
+    # backfill resumes from that state.
+    log = make_log(a=2, z=3)
+    seen: list[tuple[str, int]] = []
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            handle = await rt.add_job(backfill_job(log, seen, rate_limit=0))
+            actor = rt.actor_id("backfill")
+            await rt.mutate(Update(splits={actor: (Split("a"),)}))
+            await rt.mutate(Throttle({actor: None}))
+            await handle.wait_ready()
+            log.append("a", {"v": [3]})
+            await rt.push("src", await live(log, "a", 0, 3))
+            for _ in range(3):
+                await rt.checkpoint()
+            await rt.mutate(SourceChangeSplit({actor: (Split("a"), Split("z"))}))
+            while len(by_split(seen).get("z", [])) < 3:  # its backfill resumes
+                await rt.checkpoint()
+    assert by_split(seen) == {"a": [1, 2, 3], "z": [1, 2, 3]}
 
 
 def test_bad_arguments_are_refused_with_what_was_expected() -> None:
