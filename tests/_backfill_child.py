@@ -58,6 +58,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pyarrow as pa
+import pyarrow.dataset as ds
 import redis
 
 from barrierflow.actors.backfill.source_backfill import SourceBackfill
@@ -192,6 +193,13 @@ def die(point: str, **facts: object) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _committed_rows(table: Path, schema: pa.Schema) -> int:
+    """Rows the exactly-once table shows readers (staging is hidden from them)."""
+    if not table.exists():
+        return 0
+    return int(ds.dataset(table, schema, format="parquet").count_rows())
+
+
 async def main(state_dir: Path, url: str, prefix: str, point: str) -> None:
     keys = stream_keys(prefix)
     log = make_log(url, prefix)
@@ -263,7 +271,9 @@ async def main(state_dir: Path, url: str, prefix: str, point: str) -> None:
                 now = phases()
                 if "backfilling" not in now.values():
                     break
-                if epoch > durable:  # the sink committed an epoch of the job's rows
+                # The sink committed an epoch holding some of the job's rows (an epoch can
+                # pass before the slow reader's first batch: then go on).
+                if epoch > durable and _committed_rows(state_dir / "table", log.schema):
                     die(point, epoch=epoch, phases=now)
         elif point in ("caching_up", "finished"):
             while not handle.progress().ready:
