@@ -10,8 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.actors.sources.errors import OffsetOrderError
-from barrierflow.actors.sources.split_log import Offset
+from barrierflow.actors.sources.split_log import Offset, check_increasing
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors.errors import SplitLogRecordError
 
@@ -36,7 +35,7 @@ def decode_entries(
     ids = [entry[0] for entry in entries]
     n = len(ids)
     major, minor = _offsets(split, ids)
-    _check_order(split, major, minor, previous, ids)
+    check_increasing(split, major, minor, previous)
     columns: list[pa.Array] = []
     for key, field in fields:
         raw = pa.array([None if f is None else f.get(key) for _, f in entries], type=pa.binary())
@@ -83,20 +82,6 @@ def _is_offset(entry_id: Any) -> bool:
     except InvalidArgumentError:
         return False
     return True
-
-
-def _check_order(
-    split: str, major: np.ndarray, minor: np.ndarray, previous: Offset | None, ids: list[Any]
-) -> None:
-    """Each id after the one before it (and after ``previous``), checked with NumPy."""
-    if previous is not None:
-        major = np.concatenate([np.array([previous.major], np.int64), major])
-        minor = np.concatenate([np.array([previous.minor], np.int64), minor])
-    ok = (major[1:] > major[:-1]) | ((major[1:] == major[:-1]) & (minor[1:] > minor[:-1]))
-    if not ok.all():
-        i = int(np.flatnonzero(~ok)[0])
-        before = Offset(int(major[i]), int(minor[i]))
-        raise OffsetOrderError(split, before, Offset(int(major[i + 1]), int(minor[i + 1])))
 
 
 def _cast(split: str, ids: list[Any], field: pa.Field, raw: pa.Array) -> pa.Array:

@@ -40,8 +40,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.actors.sources.errors import OffsetOrderError
-from barrierflow.actors.sources.split_log import OFFSET_MAJOR, OFFSET_MINOR, SPLIT_COLUMN, Offset
+from barrierflow.actors.sources.split_log import (
+    OFFSET_MAJOR,
+    OFFSET_MINOR,
+    SPLIT_COLUMN,
+    Offset,
+    check_increasing,
+)
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 
 __all__ = ["BackfillPhase", "SplitBackfill", "SplitBackfills"]
@@ -167,18 +172,6 @@ def _on_backfill(
     return replace(state, offset=offset, consumed_rows=consumed), emit
 
 
-def _check_increasing(split: str, major: np.ndarray, minor: np.ndarray) -> None:
-    """One split's offsets in a batch must increase strictly (every rule above relies on it).
-
-    Raises:
-        OffsetOrderError: one does not, naming the split and both offsets.
-    """
-    ok = (major[1:] > major[:-1]) | ((major[1:] == major[:-1]) & (minor[1:] > minor[:-1]))
-    if not ok.all():
-        i = int(np.flatnonzero(~ok)[0])
-        raise OffsetOrderError(split, _offset_at(major, minor, i), _offset_at(major, minor, i + 1))
-
-
 @final
 class SplitBackfills:
     """The backfill states of the splits an actor owns, and the rows each side may emit.
@@ -228,7 +221,7 @@ class SplitBackfills:
                 )
             rows = np.flatnonzero(codes == code)
             split_major, split_minor = major[rows], minor[rows]
-            _check_increasing(split, split_major, split_minor)
+            check_increasing(split, split_major, split_minor)
             self.states[split], emit = step(state, split_major, split_minor)
             visible[rows] = emit
         return visible

@@ -35,6 +35,7 @@ from typing import Protocol, final, runtime_checkable
 import numpy as np
 import pyarrow as pa
 
+from barrierflow.actors.sources.errors import OffsetOrderError
 from barrierflow.channels.errors import InvalidArgumentError
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
     "SPLIT_COLUMN",
     "Offset",
     "SplitLog",
-    "offsets_after",
+    "check_increasing",
     "split_log_schema",
 ]
 
@@ -108,12 +109,23 @@ def split_log_schema(payload: pa.Schema) -> pa.Schema:
     )
 
 
-def offsets_after(batch: pa.RecordBatch, offset: Offset) -> np.ndarray:
-    """A boolean mask: each row's offset is greater than ``offset`` (vectorized)."""
-    major = batch.column(OFFSET_MAJOR).to_numpy(zero_copy_only=False)
-    minor = batch.column(OFFSET_MINOR).to_numpy(zero_copy_only=False)
-    result: np.ndarray = (major > offset.major) | ((major == offset.major) & (minor > offset.minor))
-    return result
+def check_increasing(
+    split: str, major: np.ndarray, minor: np.ndarray, previous: Offset | None = None
+) -> None:
+    """One split's offsets (two int64 arrays) must increase strictly, after ``previous`` too
+    (checked with NumPy; every reader and the backfill rely on it).
+
+    Raises:
+        OffsetOrderError: one does not, naming the split and both offsets.
+    """
+    if previous is not None:
+        major = np.concatenate([np.array([previous.major], np.int64), major])
+        minor = np.concatenate([np.array([previous.minor], np.int64), minor])
+    ok = (major[1:] > major[:-1]) | ((major[1:] == major[:-1]) & (minor[1:] > minor[:-1]))
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        before = Offset(int(major[i]), int(minor[i]))
+        raise OffsetOrderError(split, before, Offset(int(major[i + 1]), int(minor[i + 1])))
 
 
 @runtime_checkable
