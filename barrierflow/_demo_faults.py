@@ -20,10 +20,11 @@ import pyarrow as pa
 from barrierflow.actors import CommitCoordinator, CommitMetadata, SchemaChange
 from barrierflow.runtime.positions import SinkCommits
 
-__all__ = ["CrashingCommitter", "CrashingWriter", "Faults"]
+__all__ = ["CrashingCommitter", "CrashingWriter", "Faults", "kill_self"]
 
 
-def _kill_self(where: str, resume: str) -> None:
+def kill_self(where: str, resume: str) -> None:
+    """Print ``CRASH <where>`` and the command that resumes, then SIGKILL this process."""
     # One write, so that no other thread's line lands between the two.
     sys.stdout.write(f"CRASH {where}: SIGKILL of the driver\nresume with: {resume}\n")
     sys.stdout.flush()
@@ -49,7 +50,7 @@ class Faults:
 
     def end_batch(self) -> None:
         if self.armed and self.point == "after-checkpoint":
-            _kill_self("after the batch's checkpoint, before Spark's commit", self.resume)
+            kill_self("after the batch's checkpoint, before Spark's commit", self.resume)
         self.batches += 1
 
 
@@ -66,7 +67,7 @@ class CrashingWriter:
     async def write_batch(self, batch: pa.RecordBatch) -> None:
         await self._inner.write_batch(batch)
         if self._faults.armed and self._faults.point == "mid-batch":
-            _kill_self("mid-batch, rows written but not committed", self._faults.resume)
+            kill_self("mid-batch, rows written but not committed", self._faults.resume)
 
 
 class CrashingCommitter:
@@ -99,7 +100,7 @@ class CrashingCommitter:
     ) -> None:
         await self._inner.commit(epoch, metadata, schema_change)
         if self._faults.armed and self._faults.point == "mid-commit" and metadata is not None:
-            _kill_self(
+            kill_self(
                 "mid-commit, Iceberg committed, the commit not yet recorded", self._faults.resume
             )
 

@@ -39,6 +39,7 @@ from barrierflow.demo import (
     run_demo,
 )
 from barrierflow.demo_backfill import BackfillDemoConfig, run_backfill_demo
+from barrierflow.demo_backfill import resume_command as backfill_resume
 
 __all__ = ["main"]
 
@@ -140,8 +141,18 @@ def _demo_backfill(args: argparse.Namespace) -> int:
         live=args.live,
         backend=args.backend,
         redis_url=args.redis_url,
+        crash_after=args.crash_after,
+        resume=args.resume,
     )
-    result = run_backfill_demo(config)
+    with _QuietInterrupt() as interrupt:
+        try:
+            result = run_backfill_demo(config)
+        except KeyboardInterrupt:
+            interrupt.quiet()
+            interrupt.say(
+                f"{PROG} demo backfill: interrupted; resume with: {backfill_resume(config)}"
+            )
+            return EXIT_INTERRUPTED
     print(
         f"{result.rows:,} rows in the history job's table for {result.records:,} records of "
         f"{result.streams} streams (history and live), in {result.seconds:.1f} s; "
@@ -230,20 +241,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--streams",
         type=int,
-        default=4,
-        help="backfill act: streams (splits) of the live source (default: %(default)s)",
+        default=None,
+        help="backfill act: streams (splits) of the live source (default: 4; with --resume: "
+        "the started run's)",
     )
     demo.add_argument(
         "--history",
         type=int,
-        default=50_000,
-        help="backfill act: records per stream before the pipeline starts (default: 50,000)",
+        default=None,
+        help="backfill act: records per stream before the pipeline starts (default: 50,000; "
+        "with --resume: the started run's)",
     )
     demo.add_argument(
         "--live",
         type=int,
-        default=20_000,
-        help="backfill act: records per stream appended while it runs (default: 20,000)",
+        default=None,
+        help="backfill act: records per stream appended while it runs (default: 20,000; "
+        "with --resume: the started run's)",
     )
     demo.add_argument(
         "--redis-url",
@@ -289,8 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--crash-after",
         type=int,
         metavar="N",
-        help="SIGKILL the driver during micro-batch N of this run, to try --resume "
-        "(default: no crash)",
+        help="SIGKILL the driver during micro-batch N of this run (backfill act: N producer "
+        "rounds after the new job became durable), to try --resume (default: no crash)",
     )
     demo.add_argument(
         "--crash-point",

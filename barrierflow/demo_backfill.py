@@ -15,16 +15,36 @@ flowing, and merges the two per stream so that each record reaches it once. At t
 stream exactly once — history and live. The last line is machine-readable:
 ``VERIFIED streams=S records=N rows=N duplicates=0 missing=0`` (or ``FAILED`` with the same
 fields).
+
+**Crash and resume.** ``--crash-after N`` SIGKILLs the driver (the runtime, its actors and the
+producer) once the history job is durable (the checkpoint after its ``Add``) and the producer
+has appended ``N`` more rounds (``0``: at once, while the job is still backfilling). It prints
+``CRASH ...`` and the command that resumes. ``--resume`` continues the run started in the
+work directory (its sizes are the started run's, from ``demo-backfill.json``; other sizes are
+refused):
+
+* the server the demo started keeps running after the driver died (a log outlives its
+  readers); the resume kills it and starts it again on the same directory, where its
+  append-only file (fsynced on every write) holds every record appended before the crash;
+* the runtime restarts from the last checkpoint: the job ``history`` is declared again if the
+  state store's job catalog holds it (its backfill resumes from its committed split states),
+  else — a crash before its ``Add`` became durable — it joins again as in a new run;
+* the producer tops every stream up to the run's size (a record is numbered by its position in
+  its stream, so none is written twice).
+
+The record each stream ends with is the same either way, and so is the check.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import shlex
 import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -34,6 +54,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import redis
 
+from barrierflow._demo_faults import kill_self
+from barrierflow._fs import write_atomically
 from barrierflow.actors import SourceBackfill, SplitSource, add_sink
 from barrierflow.actors.sources.split_log import (
     OFFSET_MAJOR,
@@ -41,43 +63,101 @@ from barrierflow.actors.sources.split_log import (
     SPLIT_COLUMN,
     split_log_schema,
 )
-from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.errors import ConfigError, InvalidArgumentError
 from barrierflow.connectors import ParquetFileSink, RedisStreamLog
-from barrierflow.runtime import Job, Runtime, RuntimeConfig
+from barrierflow.runtime import Job, Runtime, RuntimeConfig, StateStore
+from barrierflow.runtime.job_catalog import JobCatalog
 
-__all__ = ["BackfillDemoConfig", "BackfillDemoResult", "run_backfill_demo"]
+__all__ = ["BackfillDemoConfig", "BackfillDemoResult", "resume_command", "run_backfill_demo"]
 
 PAYLOAD = pa.schema([pa.field("key", pa.int64(), nullable=False), ("value", pa.int64())])
+#: A new run's sizes when none are given: streams, records per stream before and during it.
+DEFAULT_SIZES = (4, 50_000, 20_000)
 #: Records the producer appends per stream in one round.
 _ROUND = 1_000
+#: The run's record of what it was asked for, in its work directory.
+MANIFEST = "demo-backfill.json"
+#: Checkpoints in a row with no new row in the history table before the run gives up waiting
+#: (and the check reports what is missing).
+_STALLED_CHECKPOINTS = 300
 
 
 @dataclass(frozen=True, slots=True)
 class BackfillDemoConfig:
-    """What the second act is asked to do.
+    """What the second act is asked to do (sizes left ``None``: :data:`DEFAULT_SIZES` for a new
+    run, the started run's for a resumed one).
 
     Raises:
-        InvalidArgumentError: a count out of range.
+        InvalidArgumentError: a count out of range, or a bad backend or crash round.
     """
 
     workdir: Path
-    streams: int = 4
+    streams: int | None = None
     #: Records per stream written before the pipeline starts.
-    history: int = 50_000
+    history: int | None = None
     #: Records per stream appended while the pipeline runs.
-    live: int = 20_000
+    live: int | None = None
     backend: Literal["asyncio", "trio"] = "asyncio"
     #: An existing server (``redis://host:port/db``); ``None`` starts one in ``workdir``.
     redis_url: str | None = None
+    #: SIGKILL the driver this many producer rounds after the history job became durable.
+    crash_after: int | None = None
+    #: Continue the run started in ``workdir`` instead of starting a new one.
+    resume: bool = False
 
     def __post_init__(self) -> None:
-        for name, value, low in (("streams", self.streams, 1), ("history", self.history, 0)):
-            if type(value) is not int or not low <= value <= 10_000_000:
-                raise InvalidArgumentError(name, f"an int in {low}..10,000,000", value)
-        if type(self.live) is not int or not 0 <= self.live <= 10_000_000:
-            raise InvalidArgumentError("live", "an int in 0..10,000,000", self.live)
+        for name, value, low in (
+            ("streams", self.streams, 1),
+            ("history", self.history, 0),
+            ("live", self.live, 0),
+        ):
+            if value is not None and (type(value) is not int or not low <= value <= 10_000_000):
+                raise InvalidArgumentError(name, f"None or an int in {low}..10,000,000", value)
         if self.backend not in ("asyncio", "trio"):
             raise InvalidArgumentError("backend", "'asyncio' or 'trio'", self.backend)
+        if self.crash_after is not None and (
+            type(self.crash_after) is not int or self.crash_after < 0
+        ):
+            raise InvalidArgumentError("crash_after", "None or an int >= 0", self.crash_after)
+        if type(self.resume) is not bool:
+            raise InvalidArgumentError("resume", "a bool", self.resume)
+
+
+@dataclass(frozen=True, slots=True)
+class _Manifest:
+    """What a run was asked for, and the server it started (written when it starts)."""
+
+    streams: int
+    history: int
+    live: int
+    #: The server given by the user, or ``None`` for the one started in the work directory.
+    redis_url: str | None
+    #: The process id of the server the run started (to stop it when a resume begins).
+    server_pid: int | None = None
+
+    def write(self, workdir: Path) -> None:
+        write_atomically(workdir / MANIFEST, json.dumps(asdict(self)).encode())
+
+    @classmethod
+    def read(cls, workdir: Path) -> _Manifest:
+        try:
+            return cls(**json.loads((workdir / MANIFEST).read_text()))
+        except FileNotFoundError:
+            raise ConfigError(
+                "resume", f"a backfill run started in {workdir}", "nothing there"
+            ) from None
+        except (ValueError, TypeError) as exc:
+            raise ConfigError("resume", f"a readable {MANIFEST} in {workdir}", str(exc)) from exc
+
+    def check(self, config: BackfillDemoConfig) -> None:
+        """Refuse a resume that asks for other sizes than the started run's."""
+        for name in ("streams", "history", "live"):
+            given = getattr(config, name)
+            if given is not None and given != getattr(self, name):
+                started = getattr(self, name)
+                raise ConfigError(
+                    name, f"{started}, as the run being resumed (or leave it out)", given
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,102 +185,216 @@ class BackfillDemoResult:
         )
 
 
+def resume_command(config: BackfillDemoConfig) -> str:
+    """The command that resumes the run ``config`` describes (for the user to copy)."""
+    words = ["barrierflow", "demo", "backfill", "--resume"]
+    if config.workdir != Path("demo-backfill"):
+        words += ["--workdir", str(config.workdir)]
+    if config.backend != "asyncio":
+        words += ["--backend", config.backend]
+    return shlex.join(words)
+
+
 def run_backfill_demo(config: BackfillDemoConfig) -> BackfillDemoResult:
-    """Run the second act in a fresh ``workdir`` and check its history table (see the module)."""
+    """Run the second act (a new run in a fresh ``workdir``, or the started one resumed) and
+    check its history table (see the module).
+
+    Raises:
+        InvalidArgumentError: ``config`` is not a BackfillDemoConfig.
+        ConfigError: a resume with no run started in ``workdir``, or with other sizes.
+    """
     if not isinstance(config, BackfillDemoConfig):
         raise InvalidArgumentError("config", "a BackfillDemoConfig", type(config).__name__)
-    shutil.rmtree(config.workdir, ignore_errors=True)
-    config.workdir.mkdir(parents=True)
+    workdir = config.workdir
+    if config.resume:
+        manifest = _Manifest.read(workdir)
+        manifest.check(config)
+        _stop_left_behind(workdir, manifest)
+    else:
+        if (workdir / MANIFEST).exists():
+            _stop_left_behind(workdir, _Manifest.read(workdir))
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir(parents=True)
+        streams, history, live = (
+            default if given is None else given
+            for given, default in zip(
+                (config.streams, config.history, config.live), DEFAULT_SIZES, strict=True
+            )
+        )
+        manifest = _Manifest(streams, history, live, config.redis_url)
     started = time.monotonic()
-    with _server(config) as url:
+    with _server(workdir, manifest) as url:
         client = redis.Redis.from_url(url, protocol=2)
         try:
-            keys = [f"demo:events:{i}" for i in range(config.streams)]
-            client.delete(*keys)
-            _append(client, keys, config.history, first_key=0)
-            anyio.run(_pipeline, config, url, keys, backend=config.backend)
-            return _verify(config, client, keys, time.monotonic() - started)
+            keys = [f"demo:events:{i}" for i in range(manifest.streams)]
+            if not config.resume:
+                client.delete(*keys)
+                _top_up(client, keys, manifest.history, manifest.history)
+            anyio.run(_pipeline, config, manifest, url, keys, backend=config.backend)
+            return _verify(workdir, client, keys, time.monotonic() - started)
         finally:
             client.close()
 
 
+def _stop_left_behind(workdir: Path, manifest: _Manifest) -> None:
+    """Kill the server a crashed run started and left running (its data is on disk)."""
+    if manifest.server_pid is not None:
+        from barrierflow.testing.redis_server import kill_left_behind
+
+        kill_left_behind(manifest.server_pid, workdir / "valkey")
+
+
 @contextmanager
-def _server(config: BackfillDemoConfig) -> Iterator[str]:
-    if config.redis_url is not None:
-        yield config.redis_url
+def _server(workdir: Path, manifest: _Manifest) -> Iterator[str]:
+    """The run's server: the user's, or one started in ``workdir`` (persistent: a resume
+    restarts it on its append-only file). The manifest is written once it runs."""
+    if manifest.redis_url is not None:
+        manifest.write(workdir)
+        yield manifest.redis_url
         return
     from barrierflow.testing.redis_server import RedisServer
 
-    server = RedisServer(config.workdir / "valkey")
+    server = RedisServer(workdir / "valkey", persistent=True)
     server.directory.mkdir(parents=True, exist_ok=True)
     server.start()
     try:
+        _Manifest(**{**asdict(manifest), "server_pid": server.pid}).write(workdir)
         yield server.url
     finally:
         server.stop()
 
 
-def _append(client: redis.Redis, keys: list[str], count: int, *, first_key: int) -> None:
-    """``count`` records on every stream, keys numbered from ``first_key`` (one pipeline)."""
+def _top_up(client: redis.Redis, keys: list[str], goal: int, most: int) -> int:
+    """Append records to every stream holding fewer than ``goal``, at most ``most`` each (one
+    pipeline); returns how many were appended. A stream's ``i``-th record has the key
+    ``i * streams + stream`` and the value ``i``, so a resumed producer continues each stream
+    where it stopped and never writes a record twice."""
     pipe = client.pipeline(transaction=False)
+    appended = 0
     for stream, key in enumerate(keys):
-        for i in range(count):
-            pipe.xadd(key, {"key": (first_key + i) * len(keys) + stream, "value": i})
+        length = int(client.xlen(key))
+        for i in range(length, min(goal, length + most)):
+            pipe.xadd(key, {"key": i * len(keys) + stream, "value": i})
+            appended += 1
             if len(pipe) >= 10_000:
                 pipe.execute()
     pipe.execute()
+    return appended
 
 
-async def _pipeline(config: BackfillDemoConfig, url: str, keys: list[str]) -> None:
-    """The live job from the start; the history job added mid-run, while records arrive."""
+class _Producer:
+    """Appends rounds of records to every stream until each holds the run's total."""
+
+    def __init__(self, url: str, keys: list[str], goal: int) -> None:
+        self._client = redis.Redis.from_url(url, protocol=2)
+        self._keys = keys
+        self._goal = goal
+        self.rounds = 0
+        self.done = anyio.Event()
+        self._round = anyio.Event()
+
+    async def run(self) -> None:
+        try:
+            while await anyio.to_thread.run_sync(
+                functools.partial(_top_up, self._client, self._keys, self._goal, _ROUND)
+            ):
+                self.rounds += 1
+                self._round.set()
+                self._round = anyio.Event()
+                await anyio.sleep(0.01)
+        finally:
+            self._client.close()
+        self.done.set()
+        self._round.set()
+
+    async def wait_rounds(self, rounds: int) -> None:
+        """Until ``rounds`` rounds have been appended (or the producer is done)."""
+        while self.rounds < rounds and not self.done.is_set():
+            await self._round.wait()
+
+
+def _history_job(workdir: Path, log: RedisStreamLog) -> Job:
+    history = Job("history")
+    history.add_actor("backfill", lambda: SourceBackfill(log), inputs={"upstream": "events"})
     schema = split_log_schema(PAYLOAD)
+    add_sink(
+        history,
+        "history_out",
+        lambda: ParquetFileSink(workdir / "history", schema),
+        input="backfill",
+    )
+    return history
+
+
+async def _durable_jobs(state_path: Path) -> set[str]:
+    """The jobs in the state store's last checkpoint (none without a store)."""
+    if not await anyio.Path(state_path).exists():
+        return set()
+    async with await StateStore.open(state_path) as store:
+        return set(await JobCatalog(store).committed())
+
+
+async def _pipeline(
+    config: BackfillDemoConfig, manifest: _Manifest, url: str, keys: list[str]
+) -> None:
+    """The live job from the start; the history job added mid-run (or declared again on a
+    resume after it became durable), while records arrive."""
     workdir = config.workdir
+    schema = split_log_schema(PAYLOAD)
     log = RedisStreamLog(url, payload=PAYLOAD, splits=keys, block_ms=100)
-    rt = Runtime(RuntimeConfig(state_path=workdir / "state.db", barrier_interval=0.2))
+    state_path = workdir / "state.db"
+    declared = "history" in await _durable_jobs(state_path)
+    rt = Runtime(RuntimeConfig(state_path=state_path, barrier_interval=0.2))
     rt.add_source("events", lambda: SplitSource(log, batch_rows=4096))
     add_sink(rt, "live", lambda: ParquetFileSink(workdir / "live", schema), input="events")
-    producer = redis.Redis.from_url(url, protocol=2)
+    if declared:
+        rt.declare_job(_history_job(workdir, log))
+    producer = _Producer(url, keys, manifest.history + manifest.live)
     async with log, rt:
-        done = anyio.Event()
-
-        async def produce() -> None:
-            appended = 0
-            while appended < config.live:
-                count = min(_ROUND, config.live - appended)
-                first = config.history + appended
-                await anyio.to_thread.run_sync(
-                    functools.partial(_append, producer, keys, count, first_key=first)
-                )
-                appended += count
-                await anyio.sleep(0.01)
-            done.set()
-
         async with anyio.create_task_group() as tg:
-            tg.start_soon(produce)
-            await rt.checkpoint()  # the live job is under way
-            history = Job("history")
-            history.add_actor(
-                "backfill", lambda: SourceBackfill(log), inputs={"upstream": "events"}
-            )
-            add_sink(
-                history,
-                "history_out",
-                lambda: ParquetFileSink(workdir / "history", schema),
-                input="backfill",
-            )
-            handle = await rt.add_job(history)
+            tg.start_soon(producer.run)
+            if declared:
+                handle = rt.job("history")
+            else:
+                await rt.checkpoint()  # the live job is under way
+                handle = await rt.add_job(_history_job(workdir, log))
+                await rt.checkpoint()  # the job is durable: a crash from here resumes it
+            if config.crash_after is not None:
+                await producer.wait_rounds(producer.rounds + config.crash_after)
+                state = "ready" if handle.progress().ready else "backfilling"
+                kill_self(
+                    f"{config.crash_after} producer rounds after the history job became "
+                    f"durable (the job {state})",
+                    resume_command(config),
+                )
             await handle.wait_ready()
-            await done.wait()
-        total = (config.history + config.live) * len(keys)
-        # The live source reads to the end; the backfill's splits all finish behind it.
-        while rt.stats().actors["events"].rows_out < total:
-            await rt.checkpoint()
+            await producer.done.wait()
+        records = manifest.streams * (manifest.history + manifest.live)
+        await _until_complete(rt, workdir / "history", records)
+
+
+async def _until_complete(rt: Runtime, table: Path, records: int) -> None:
+    """Checkpoint until the history table holds ``records`` rows (or stops growing)."""
+    stalled, last = 0, -1
+    while stalled < _STALLED_CHECKPOINTS:
         await rt.checkpoint()
-    producer.close()
+        rows = await anyio.to_thread.run_sync(_committed_rows, table)
+        if rows >= records:
+            return
+        stalled = stalled + 1 if rows == last else 0
+        last = rows
+
+
+def _committed_rows(table: Path) -> int:
+    """The rows a Parquet file sink's table holds, from its manifest (no scan)."""
+    try:
+        return int(json.loads((table / "_manifest.json").read_text())["rows"])
+    except FileNotFoundError:
+        return 0
 
 
 def _verify(
-    config: BackfillDemoConfig, client: redis.Redis, keys: list[str], seconds: float
+    workdir: Path, client: redis.Redis, keys: list[str], seconds: float
 ) -> BackfillDemoResult:
     """Compare the history table with the streams (``XRANGE``): one row per record."""
     expected: set[tuple[str, int, int]] = set()
@@ -209,7 +403,7 @@ def _verify(
         for entry_id, _fields in entries:
             major, minor = entry_id.decode().split("-")
             expected.add((key, int(major), int(minor)))
-    table = ds.dataset(config.workdir / "history", split_log_schema(PAYLOAD), format="parquet")
+    table = ds.dataset(workdir / "history", split_log_schema(PAYLOAD), format="parquet")
     rows = table.to_table(columns=[SPLIT_COLUMN, OFFSET_MAJOR, OFFSET_MINOR])
     unique = rows.group_by([SPLIT_COLUMN, OFFSET_MAJOR, OFFSET_MINOR]).aggregate([])
     found = set(

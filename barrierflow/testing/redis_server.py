@@ -17,13 +17,20 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
-__all__ = ["RedisServer", "ServerNotFoundError", "find_server_binary", "server_directory"]
+__all__ = [
+    "RedisServer",
+    "ServerNotFoundError",
+    "find_server_binary",
+    "kill_left_behind",
+    "server_directory",
+]
 
 #: How long a server may take to answer PING after it was started, by default.
 START_SECONDS = 15.0
@@ -117,6 +124,11 @@ class RedisServer:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The server process's id while it runs (``None`` otherwise)."""
+        return self._process.pid if self.running and self._process is not None else None
+
     def key_prefix(self) -> str:
         """A prefix no other test uses, for the keys of one test."""
         return f"t{uuid.uuid4().hex[:12]}:"
@@ -184,6 +196,37 @@ class RedisServer:
         process.wait(timeout=self.stop_timeout)
         if process.stderr is not None:
             process.stderr.close()
+
+
+def kill_left_behind(pid: int, directory: Path, timeout: float = STOP_SECONDS) -> bool:
+    """Kill (SIGKILL) a server that an earlier process started in ``directory`` and left
+    running when it died; returns whether one was killed.
+
+    The process is only touched if it works in ``directory`` (the server changes into its
+    ``--dir``; its command line is rewritten as its title), since a pid may have been reused.
+    Waits until it has exited (or is a zombie: its port and files are released). Linux only
+    (``/proc``); elsewhere nothing is killed.
+    """
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return False
+    if Path(cwd) != directory.resolve():
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.02)  # a killed process exiting: nothing to wait on
+    raise RuntimeError(f"server process {pid} did not exit within {timeout:.0f} s of SIGKILL")
 
 
 def server_directory(base: Path) -> Path:
