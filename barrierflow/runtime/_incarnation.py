@@ -57,7 +57,8 @@ def check_wiring(
     """Run the actors' startup checks; the siblings of a parallel writer are the other
     members of its hash group."""
     groups = {name: ["|".join(group)] for name, group in wiring.hash_groups.items()}
-    check_actors(instances, groups, services, {key for v in groups.values() for key in v})
+    hashed = {key for v in groups.values() for key in v}
+    check_actors(instances, groups, services, hashed, wiring.keys, wiring.groups)
 
 
 class Incarnation:

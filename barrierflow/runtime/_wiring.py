@@ -50,6 +50,10 @@ class Wiring:
     bitmaps: dict[str, VnodeBitmap] = field(default_factory=dict)
     #: Names of actors that are one of several siblings of a hash group (checked at start).
     hash_groups: dict[str, list[str]] = field(default_factory=dict)
+    #: Actor name → the columns its hash-dispatched input is keyed by.
+    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Actor name → every actor of its parallel group (itself included), for grouped actors.
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _dispatcher(
@@ -108,6 +112,7 @@ def wire(
             if isinstance(dispatcher, HashDispatcher):
                 for target, bitmap in zip(targets, dispatcher.bitmaps, strict=True):
                     wiring.bitmaps.setdefault(target.name, bitmap)
+                    wiring.keys.setdefault(target.name, dispatcher.key_columns)
                 if len(targets) > 1:
                     names = [t.name for t in targets]
                     for name in names:
@@ -121,4 +126,6 @@ def wire(
             ]
     for node in new:
         wiring.outputs.setdefault(node.name, Outputs())
+        if node.group is not None:
+            wiring.groups[node.name] = tuple(n.name for n in new if n.group == node.group)
     return wiring

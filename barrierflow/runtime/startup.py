@@ -46,11 +46,17 @@ class StartupContext:
         services: the runtime's services, by name.
         siblings: the other actors reading a hash-dispatched input of this actor, by name: the
             parallel writers of one upstream are each other's siblings.
+        input_key: the columns this actor's input is hash-dispatched by (``None``: its input
+            is not hash-dispatched).
+        peers: every actor of its parallel group, itself included (``(name,)`` for an actor
+            declared alone).
     """
 
     name: str
     services: Mapping[str, object]
     siblings: Mapping[str, object]
+    input_key: tuple[str, ...] | None = None
+    peers: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -68,6 +74,8 @@ def check_actors(
     inputs: Mapping[str, list[str]],
     services: Mapping[str, object],
     hashed: set[str],
+    keys: Mapping[str, tuple[str, ...]] | None = None,
+    groups: Mapping[str, tuple[str, ...]] | None = None,
 ) -> None:
     """Run every actor's :class:`StartupCheck`.
 
@@ -76,6 +84,8 @@ def check_actors(
         inputs: name → the names of its inputs.
         services: the runtime's services.
         hashed: the actors whose output is hash-dispatched.
+        keys: name → the columns its hash-dispatched input is keyed by.
+        groups: name → the actors of its parallel group (grouped actors only).
     """
     for name, actor in actors.items():
         if not isinstance(actor, StartupCheck):
@@ -86,7 +96,9 @@ def check_actors(
             for other, instance in actors.items()
             if other != name and mine & set(inputs.get(other, ()))
         }
-        actor.check_startup(StartupContext(name, services, siblings))
+        key = (keys or {}).get(name)
+        peers = (groups or {}).get(name, (name,))
+        actor.check_startup(StartupContext(name, services, siblings, key, peers))
 
 
 async def adopt_sink_positions(

@@ -9,7 +9,8 @@ machine of :mod:`.source_backfill_state` decides which side a record comes from;
 drives it:
 
 * **Start.** The first barrier (the job's ``Add``) passes first. The actor's splits come from
-  ``Add``'s split assignment for it, else from the ``splits=`` argument, else from the log.
+  ``Add``'s split assignment for it, else from the ``splits=`` argument, else from the log —
+  in a parallel group, the log's splits whose records its input routes to it.
   States are restored from the actor's ``backfill`` table (a split without one starts
   ``BACKFILLING(None)``); for each split still backfilling, the log's latest offset becomes the
   target — ``None`` (an empty split) finishes it at once.
@@ -36,6 +37,13 @@ drives it:
   applies split changes: a new split is ``FINISHED`` (the live source has all of it), a split
   migrated from a peer must be ``FINISHED`` too.
 
+**Parallelism.** Several actors backfill one source when the job declares them with
+``parallelism=N, key=["_split"]``: the live source's records are hash-dispatched by split, so
+each split's records reach one actor, and that actor owns the split (the same hash decides,
+at every restart). A group dispatched round robin or by other columns is refused when the job
+is added (:class:`~barrierflow.errors.GraphError`, argument ``key``). A split change must keep
+a split with the actor its records reach (rescaling the group is not supported yet).
+
 The upstream must carry the split log's columns (``_split``, ``_offset_major``,
 ``_offset_minor``) — a :class:`~barrierflow.actors.sources.split_source.SplitSource` does.
 """
@@ -47,6 +55,7 @@ from typing import Any, final
 
 import anyio
 import numpy as np
+import pyarrow as pa
 
 from barrierflow.actors.backfill._backfill_stage import UPSTREAM, BackfillStage
 from barrierflow.actors.backfill.source_backfill_state import (
@@ -54,12 +63,15 @@ from barrierflow.actors.backfill.source_backfill_state import (
     SplitBackfill,
     SplitBackfills,
 )
-from barrierflow.actors.sources.split_log import SplitLog
+from barrierflow.actors.sources.split_log import SPLIT_COLUMN, SplitLog
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import SourceChangeSplit
+from barrierflow.channels.vnode import compute_vnodes
 from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.errors import GraphError
+from barrierflow.runtime.startup import StartupContext
 from barrierflow.runtime.state.state_store import StateTable
 
 __all__ = ["SourceBackfill"]
@@ -144,13 +156,12 @@ class SourceBackfill(StreamActor):
         table = ctx.table(TABLE)
         committed = {k: SplitBackfill.from_json(v) for k, v in (await table.items()).items()}
         owned = first.initial_splits(ctx.actor_id)
-        names = (
-            [s.split_id for s in owned]
-            if owned is not None
-            else self._splits
-            if self._splits is not None
-            else await self._log.list_splits()
-        )
+        if owned is not None:
+            names = [s.split_id for s in owned]
+        elif self._splits is not None:
+            names = list(self._splits)
+        else:
+            names = _routed_here(ctx, await self._log.list_splits())
         states = SplitBackfills({s: committed.get(s, SplitBackfill()) for s in names})
         for split in states.unfinished():
             states.set_target(split, await self._log.latest_offset(split))
@@ -162,6 +173,24 @@ class SourceBackfill(StreamActor):
         left = await stage.run(upstream)
         if left:
             await self._forward(ctx, table, stage.states, upstream)
+
+    def check_startup(self, ctx: StartupContext) -> None:
+        """Refuse a parallel group whose input is not keyed by the split column: a split's
+        live records must reach the actor that backfills it.
+
+        Raises:
+            GraphError: a parallel group whose input is dispatched round robin, or
+                hash-dispatched by other columns.
+        """
+        if len(ctx.peers) <= 1 and ctx.input_key is None:
+            return
+        if ctx.input_key != (SPLIT_COLUMN,):
+            raise GraphError(
+                "key",
+                f"[{SPLIT_COLUMN!r}] for the parallel source backfill {ctx.name} (each split's "
+                "records must reach one actor)",
+                "a round-robin input" if ctx.input_key is None else list(ctx.input_key),
+            )
 
     @staticmethod
     def _put_states(table: StateTable, states: SplitBackfills) -> None:
@@ -212,6 +241,17 @@ class SourceBackfill(StreamActor):
             for split in dropped:
                 table.delete(split)
         self._put_states(table, states)
+
+
+def _routed_here(ctx: ActorContext, splits: list[str]) -> list[str]:
+    """The splits whose records the input's hash dispatch sends to this actor (all of them for
+    an actor that is not one of a parallel group)."""
+    bitmap = ctx.vnode_bitmap
+    if bitmap is None or not splits:
+        return splits
+    names = pa.table({SPLIT_COLUMN: pa.array(splits, pa.string())})
+    vnodes = compute_vnodes(names, [SPLIT_COLUMN], bitmap.vnode_count)
+    return [split for split, mine in zip(splits, bitmap.mask[vnodes], strict=True) if mine]
 
 
 def _check_rate(rate: object) -> None:
