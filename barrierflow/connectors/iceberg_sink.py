@@ -21,7 +21,7 @@ local directory (:func:`open_local_catalog`). The parts:
   directory against other processes.
 * **Schema change** is Iceberg schema evolution: a commit carrying
   ``{"add_columns": [{"name": ..., "type": "int64" | "double" | "string" | ...}]}`` adds the
-  columns in the same transaction.
+  columns in the same transaction (:mod:`barrierflow.connectors._iceberg_schema`).
 * **Maintenance**: commit latency grows with the number of snapshots and metadata files, so
   every ``expire_every`` commits the committer expires all but the last ``keep_snapshots``
   snapshots, and the table is created with ``write.metadata.delete-after-commit.enabled`` so
@@ -52,6 +52,7 @@ from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.protocol import CommitMetadata, writers_positions
 from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.connectors._iceberg_schema import check_schema_change, evolve, same_fields
 from barrierflow.connectors._staging import clean_staging, kept_epochs, staged_dir, unstaged_path
 from barrierflow.connectors.errors import StagedEpochMismatchError, TwoPhaseOnlyError
 from barrierflow.connectors.parquet_sink import ParquetFileSink
@@ -79,14 +80,6 @@ COMMITTED_EPOCH_PROPERTY = "barrierflow.committed-epoch"
 POSITIONS_PROPERTY = "barrierflow.source-positions"
 _SUMMARY_EPOCH = "barrierflow.epoch"
 _SUMMARY_POSITIONS = "barrierflow.positions"
-_TYPES = {
-    "int32": "IntegerType",
-    "int64": "LongType",
-    "float": "FloatType",
-    "double": "DoubleType",
-    "string": "StringType",
-    "bool": "BooleanType",
-}
 
 
 def open_local_catalog(root: str | os.PathLike[str], name: str = "barrierflow") -> Any:
@@ -167,7 +160,7 @@ class IcebergSink:
                 },
             )
         arrow = table.schema().as_arrow()
-        if not _same_fields(arrow, self.schema):
+        if not same_fields(arrow, self.schema):
             raise InvalidArgumentError(
                 "schema",
                 f"the table's schema {arrow}",
@@ -195,22 +188,6 @@ class IcebergSink:
     def table(self) -> Any:
         """The table as the catalog has it now (blocking)."""
         return self.catalog.load_table(self.identifier)
-
-
-def _plain(type_: pa.DataType) -> pa.DataType:
-    """Iceberg reads strings and binaries back as their large Arrow forms; either is fine."""
-    if pa.types.is_large_string(type_):
-        return pa.string()
-    if pa.types.is_large_binary(type_):
-        return pa.binary()
-    return type_
-
-
-def _same_fields(a: pa.Schema, b: pa.Schema) -> bool:
-    def fields(schema: pa.Schema) -> list[tuple[str, pa.DataType, bool]]:
-        return [(f.name, _plain(f.type), f.nullable) for f in schema]
-
-    return fields(a) == fields(b)
 
 
 @final
@@ -260,7 +237,7 @@ class IcebergCommitter:
         if len(staged) != 1:
             raise StagedEpochMismatchError(self._sink.identifier, epoch, staged)
         if schema_change is not None:
-            _check_schema_change(schema_change)
+            check_schema_change(schema_change)
         paths = [path for m in metadatas for path in m.get("paths", [])]
         if not paths and schema_change is None:
             return None
@@ -312,7 +289,7 @@ class IcebergCommitter:
         started = time.perf_counter()
         with table.transaction() as tx:
             if schema_change is not None:
-                _evolve(tx, schema_change)
+                evolve(tx, schema_change)
             summary = {_SUMMARY_EPOCH: str(epoch)}
             properties = {COMMITTED_EPOCH_PROPERTY: str(epoch)}
             if positions:
@@ -383,28 +360,3 @@ class IcebergCommitter:
                 path.unlink(missing_ok=True)
         staging = staged_dir(self._sink.data_path, metadata["staging_epoch"])
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _check_schema_change(change: SchemaChange) -> None:
-    columns = change.get("add_columns")
-    if set(change) != {"add_columns"} or not isinstance(columns, list) or not columns:
-        raise InvalidArgumentError(
-            "schema_change", "{'add_columns': [{'name': ..., 'type': ...}, ...]}", dict(change)
-        )
-    for column in columns:
-        if (
-            not isinstance(column, Mapping)
-            or not isinstance(column.get("name"), str)
-            or column.get("type") not in _TYPES
-        ):
-            raise InvalidArgumentError(
-                "schema_change", f"columns with a name and a type in {sorted(_TYPES)}", column
-            )
-
-
-def _evolve(tx: Any, change: SchemaChange) -> None:
-    from pyiceberg import types
-
-    with tx.update_schema() as update:
-        for column in change["add_columns"]:
-            update.add_column(column["name"], getattr(types, _TYPES[column["type"]])())

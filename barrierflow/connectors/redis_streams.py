@@ -46,9 +46,10 @@ gap (the first entry is still at or before the start), and entries deleted one b
 (``XDEL``) from the middle of the retained history cannot be told from ids never used.
 
 **A server that goes away.** Every call is retried on a connection error with a doubling delay
-(:class:`RetryBackoff`: from 50 ms, at most 8 retries within 30 s by default); past that bound the
-call raises :class:`~barrierflow.connectors.errors.SplitLogUnavailableError`. A read resumes
-from its last delivered id per split, so nothing is lost or read twice across a reconnection.
+(:class:`RetryBackoff`: from 50 ms, at most 8 retries within 30 s by default; the policy and its
+loop are in :mod:`barrierflow.connectors._redis_retry`); past that bound the call raises
+:class:`~barrierflow.connectors.errors.SplitLogUnavailableError`. A read resumes from its last
+delivered id per split, so nothing is lost or read twice across a reconnection.
 A client built from a URL has redis-py's own retries turned off (they would add unbounded
 hidden delays); a client from a factory should do the same.
 
@@ -60,9 +61,7 @@ the log as an async context manager). Server calls run on worker threads behind 
 from __future__ import annotations
 
 import fnmatch
-import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar, final
 
@@ -71,7 +70,6 @@ import anyio.lowlevel
 import anyio.to_thread
 import pyarrow as pa
 import redis
-import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -82,54 +80,14 @@ from barrierflow.actors.sources.errors import (
 from barrierflow.actors.sources.split_log import Offset, split_log_schema
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._redis_decode import decode_entries
-from barrierflow.connectors.errors import SplitLogUnavailableError
+from barrierflow.connectors._redis_retry import RetryBackoff, RetryHook, call_with_retry
 
 __all__ = ["RedisStreamLog", "RetryBackoff"]
 
 T = TypeVar("T")
 
-#: What a call retries on: the server is unreachable, went away, or is still loading.
-_CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 _MAX_BATCH_ROWS = 1 << 24
 _FIRST_ID = "0-0"  # XADD refuses 0-0, so "after 0-0" is every entry
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class RetryBackoff:
-    """How a call retries while the server is unreachable.
-
-    The n-th retry waits ``min(initial * 2**(n-1), max_delay)`` seconds. The call gives up
-    (:class:`~barrierflow.connectors.errors.SplitLogUnavailableError`) when ``retries``
-    retries have failed, or when the next wait would end more than ``timeout`` seconds after
-    the first failure.
-
-    Raises:
-        InvalidArgumentError: a delay or timeout that is not a positive finite number, or a
-            negative retry count.
-    """
-
-    initial: float = 0.05
-    max_delay: float = 2.0
-    retries: int = 8
-    timeout: float = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("initial", "max_delay", "timeout"):
-            value = getattr(self, name)
-            if type(value) not in (int, float) or not 0 < value < float("inf"):
-                raise InvalidArgumentError(f"RetryBackoff.{name}", "a positive number", value)
-        if type(self.retries) is not int or self.retries < 0:
-            raise InvalidArgumentError("RetryBackoff.retries", "an int >= 0", self.retries)
-
-    def delay(self, retry: int) -> float:
-        """The wait before retry number ``retry`` (1-based)."""
-        return float(min(self.initial * 2 ** (retry - 1), self.max_delay))
-
-
-#: Called before each retry's wait with the retry number (1-based), the wait in seconds and
-#: the connection error; runs in the reading task (it may set an event, not block).
-RetryHook = Callable[[int, float, BaseException], None]
 
 
 @final
@@ -340,30 +298,14 @@ class RedisStreamLog:
         Returns the result and whether a retry was needed."""
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(4)
-        retry = 0
-        first_failure = 0.0
-        while True:
-            try:
-                result = await anyio.to_thread.run_sync(
-                    fn, self._client, limiter=self._limiter, abandon_on_cancel=abandon
-                )
-                return result, retry > 0
-            except _CONNECTION_ERRORS as exc:
-                now = time.monotonic()
-                if retry == 0:
-                    first_failure = now
-                retry += 1
-                delay = self._backoff.delay(retry)
-                elapsed = now - first_failure
-                if (
-                    self._closed
-                    or retry > self._backoff.retries
-                    or (elapsed + delay > self._backoff.timeout)
-                ):
-                    raise SplitLogUnavailableError(self._name, retry, elapsed) from exc
-                if self._on_retry is not None:
-                    self._on_retry(retry, delay, exc)
-                await anyio.sleep(delay)
+        call = partial(
+            anyio.to_thread.run_sync, fn, self._client, limiter=self._limiter,
+            abandon_on_cancel=abandon,
+        )  # fmt: skip
+        return await call_with_retry(
+            call, self._backoff, name=self._name, closed=lambda: self._closed,
+            on_retry=self._on_retry,
+        )  # fmt: skip
 
     def _known(self, split: str) -> bool:
         if self._splits is not None:

@@ -20,7 +20,8 @@ The rules, each tested by name in ``tests/test_split_source.py``:
    committed offset — nothing emitted twice within what was committed, nothing skipped.
 3. **Rows.** Each reader batch becomes one insert-only :class:`~barrierflow.channels.chunk.
    Chunk`, the batch as is (payload, then the split and offset columns); the offsets to keep
-   are taken per split with NumPy (no Python loop per row).
+   are taken per split with NumPy (no Python loop per row; see
+   :mod:`~barrierflow.actors.sources._split_positions`).
 4. **Pause, Resume, Throttle.** ``Pause`` stops the reader (barriers still flow), ``Resume``
    starts it again, ``Add(pause=True)`` starts paused. ``Throttle`` sets the reader's rate in
    rows per second: after handing over ``n`` rows the reader sleeps ``n / rate`` seconds;
@@ -54,21 +55,19 @@ from dataclasses import dataclass
 from typing import final
 
 import anyio
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from barrierflow._taskgroups import single_error
-from barrierflow.actors.sources.errors import UnknownSplitError
-from barrierflow.actors.sources.split_log import (
-    OFFSET_MAJOR,
-    OFFSET_MINOR,
-    SPLIT_COLUMN,
-    Offset,
-    SplitLog,
+from barrierflow.actors.sources._split_positions import (
+    Positions,
+    check_splits,
+    last_offsets,
+    start_of,
 )
+from barrierflow.actors.sources.errors import UnknownSplitError
+from barrierflow.actors.sources.split_log import Offset, SplitLog
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
@@ -83,10 +82,6 @@ __all__ = ["SplitSource"]
 OFFSETS_TABLE = "offsets"
 #: Split → start offset text (``""``: the first record), written by split changes.
 ASSIGNMENT_TABLE = "assignment"
-
-#: Where each assigned split is: the last offset emitted (or to start after); ``None``: the
-#: first record.
-Positions = dict[str, Offset | None]
 
 
 @final
@@ -138,7 +133,7 @@ class SplitSource(StreamActor):
             if type(value) is not int or value < 1:
                 raise InvalidArgumentError(name, "an int >= 1", value)
         self._log = log
-        self._splits = None if splits is None else _check_splits(splits)
+        self._splits = None if splits is None else check_splits(splits)
         self._batch_rows = batch_rows
         self._wait_intervals = wait_barrier_intervals
 
@@ -164,51 +159,6 @@ class SplitSource(StreamActor):
         finally:
             send.close()
             receive.close()
-
-
-def _check_splits(splits: object) -> tuple[Split, ...]:
-    """The constructor's ``splits`` as Splits.
-
-    Raises:
-        InvalidArgumentError: not a list or tuple of distinct names or Splits.
-    """
-    if not isinstance(splits, list | tuple):
-        raise InvalidArgumentError("splits", "None or a list or tuple of split names", splits)
-    checked: list[Split] = []
-    for split in splits:
-        if isinstance(split, str) and split:
-            checked.append(Split(split))
-        elif isinstance(split, Split):
-            checked.append(split)
-        else:
-            raise InvalidArgumentError("splits", "non-empty split names or Splits", split)
-    names = [s.split_id for s in checked]
-    if len(set(names)) != len(names):
-        raise InvalidArgumentError("splits", "distinct splits", names)
-    return tuple(checked)
-
-
-def _start_of(split: Split) -> Offset | None:
-    """Where a split assigned by a mutation starts: after ``Offset(n)``, or its first record."""
-    return None if split.offset is None or split.offset < 0 else Offset(split.offset)
-
-
-def last_offsets(batch: pa.RecordBatch) -> dict[str, Offset]:
-    """The offset of each split's last row in ``batch`` (vectorized: a loop per split, not
-    per row; rows of one split are in offset order)."""
-    if batch.num_rows == 0:
-        return {}
-    encoded = pc.dictionary_encode(batch.column(SPLIT_COLUMN))
-    codes = encoded.indices.to_numpy(zero_copy_only=False)
-    found, first_from_end = np.unique(codes[::-1], return_index=True)
-    rows = len(codes) - 1 - first_from_end
-    major = batch.column(OFFSET_MAJOR).to_numpy(zero_copy_only=False)[rows]
-    minor = batch.column(OFFSET_MINOR).to_numpy(zero_copy_only=False)[rows]
-    names = encoded.dictionary.to_pylist()
-    return {
-        names[code]: Offset(int(a), int(b))
-        for code, a, b in zip(found.tolist(), major.tolist(), minor.tolist(), strict=True)
-    }
 
 
 async def _forward_inbox(ctx: ActorContext, send: MemoryObjectSendStream[_Item]) -> None:
@@ -319,12 +269,12 @@ class _Reading:
         given = barrier.initial_splits(self.ctx.actor_id)
         starts: dict[str, Offset | None]
         if given is not None:
-            starts = {s.split_id: _start_of(s) for s in given}
+            starts = {s.split_id: start_of(s) for s in given}
             self.write_assignment(starts)
         elif self.committed_assignment:
             starts = dict(self.committed_assignment)
         elif self.actor._splits is not None:
-            starts = {s.split_id: _start_of(s) for s in self.actor._splits}
+            starts = {s.split_id: start_of(s) for s in self.actor._splits}
         else:
             starts = dict.fromkeys(await self.actor._log.list_splits())
         await self.check_known(starts)
@@ -334,7 +284,7 @@ class _Reading:
         """Rule 5: kept splits keep their positions, new ones start from their offset, dropped
         ones lose their state entry; the assignment is made durable with this barrier."""
         assert self.positions is not None
-        starts = {s.split_id: _start_of(s) for s in new}
+        starts = {s.split_id: start_of(s) for s in new}
         await self.check_known(starts)
         for split in set(self.positions) - set(starts):
             self.offsets.delete(split)

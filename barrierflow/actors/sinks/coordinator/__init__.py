@@ -28,7 +28,8 @@ After RisingWave's ``coordinator_worker.rs``. The rules:
 One module per idea: :mod:`.handles` (what writers hold and send), :mod:`.coverage` (rounds
 that collect requests until every vnode is covered), :mod:`.commit_queue` (two-phase commits
 waiting for durability, retried with backoff), :mod:`.recovery` (the records found at a
-restart), :mod:`.meta_store` (those records, persisted) and :mod:`.coordinator` (the service).
+restart), :mod:`.meta_store` (those records, persisted), :mod:`.replies` (the answers owed to
+writers, failed with the cause when a run fails) and :mod:`.coordinator` (the service).
 """
 
 from barrierflow.actors.sinks.coordinator.committer import CommitCoordinator as CommitCoordinator

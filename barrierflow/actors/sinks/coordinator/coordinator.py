@@ -17,7 +17,7 @@ from typing import Any, final
 import anyio
 import structlog
 
-from barrierflow._sync import Notifier, OneShot
+from barrierflow._sync import Notifier
 from barrierflow._taskgroups import single_error
 from barrierflow.actors.sinks.coordinator.commit_queue import (
     CommitQueue,
@@ -45,14 +45,14 @@ from barrierflow.actors.sinks.coordinator.handles import (
 )
 from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
 from barrierflow.actors.sinks.coordinator.recovery import recover
+from barrierflow.actors.sinks.coordinator.replies import OpenReplies, abort_run, refuse
 from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats
 from barrierflow.actors.sinks.errors import (
-    CoordinatorAbortedError,
     SchemaChangeMismatchError,
     UnexpectedWriterRequestError,
 )
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
-from barrierflow.channels.errors import BarrierflowError, EpochOrderError, InvalidArgumentError
+from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
 from barrierflow.runtime.errors import ActorGoneError
 from barrierflow.runtime.service import ServiceContext
@@ -134,7 +134,7 @@ class Coordinator:
         self._acked = 0
         self._backoff = RetryBackoff(self._base_delay, self._max_delay, self._rng)
         self._aborted: list[int] = []
-        self._open_replies: set[OneShot[Any]] = set()
+        self._replies = OpenReplies()
         self._state_waiting: set[int] | None = None  # writers waiting for a flushed schema change
         self._queue: CommitQueue | None = None
 
@@ -233,12 +233,7 @@ class Coordinator:
                     tg.start_soon(self._follow_committed_epochs, ctx, send.clone())
                     await self._coordinate(ctx, receive)
         except BaseException as exc:
-            cause = exc if isinstance(exc, Exception) else ActorGoneError(self.sink, "cancelled")
-            error = CoordinatorAbortedError(self.sink, cause)
-            self._drain(receive)
-            for handle in self._writers.handles.values():
-                handle._abort(error)
-            self._fail_pending(error)
+            abort_run(self.sink, exc, receive, self._writers, self._replies)
             raise
         finally:
             self._inbox = None
@@ -251,38 +246,6 @@ class Coordinator:
         with send:
             async for epoch in ctx.committed_epochs():
                 await send.send(CommittedEpoch(epoch))
-
-    def _drain(self, inbox: ReceiveChannel[Event]) -> None:
-        """Take the events still queued (a failed run will never serve them), so that their
-        writers are aborted too: a registration in flight, a request posted meanwhile."""
-        while True:
-            try:
-                event = inbox.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream):
-                return
-            self._track(event)
-            handle = getattr(event, "handle", None)
-            if handle is not None:
-                self._writers.handles.setdefault(handle.handle_id, handle)
-
-    def _track(self, event: Event) -> None:
-        """Remember a writer's request until answered: a run that fails fails it."""
-        reply = getattr(event, "reply", None)
-        if reply is not None and not reply.done:
-            self._open_replies.add(reply)
-
-    def _fail_pending(self, error: BaseException) -> None:
-        for reply in self._open_replies:
-            reply.fail(error)
-        self._open_replies.clear()
-
-    def _answer(self, reply: OneShot[Any], value: Any = None) -> None:
-        reply.set(value)
-        self._open_replies.discard(reply)
-
-    def _refuse(self, reply: OneShot[Any], error: BarrierflowError) -> BarrierflowError:
-        reply.fail(error)
-        return error
 
     async def _coordinate(self, ctx: ServiceContext, inbox: ReceiveChannel[Event]) -> None:
         self._inbox_rx = inbox
@@ -349,7 +312,7 @@ class Coordinator:
                 assert self._queue is not None
                 self._queue.on_committed_epoch(event.epoch)
                 return None  # re-evaluate what is due
-            self._track(event)
+            self._replies.track(event)
             return event
 
     async def _round_event(self, round_: CoverageRound[Any]) -> Event:
@@ -377,14 +340,14 @@ class Coordinator:
             requests = await align_initial(self.sink, self._vnode_count, self._round_event)
             aligned = max(request.epoch for request in requests)
             for request in requests:
-                self._answer(request.reply, aligned)
+                self._replies.answer(request.reply, aligned)
 
     # Per epoch.
 
     async def _on_commit_request(self, event: Commit, epochs: EpochRounds) -> None:
         handle_id = event.handle.handle_id
         if handle_id not in self._writers.running:
-            raise self._refuse(
+            raise refuse(
                 event.reply,
                 UnexpectedWriterRequestError(
                     self.sink, "running", f"commit requests from running writers "
@@ -392,13 +355,13 @@ class Coordinator:
                 ),
             )  # fmt: skip
         if self._last_acked is not None and event.epoch <= self._last_acked:
-            raise self._refuse(
+            raise refuse(
                 event.reply,
                 EpochOrderError(
                     f"commit epoch of writer {handle_id}", self._last_acked, event.epoch
                 ),
             )
-        self._open_replies.add(event.reply)
+        self._replies.add(event.reply)
         for epoch, requests in epochs.add(event):
             await self._complete_epoch(epoch, requests)
 
@@ -410,7 +373,7 @@ class Coordinator:
         assert self._queue is not None
         await self._queue.complete(oldest, [request.metadata for request in requests], change)
         for request in requests:
-            self._answer(request.reply)
+            self._replies.answer(request.reply)
         self._acked += 1
         self._last_acked = oldest
         self._made_progress()
