@@ -70,6 +70,7 @@ from barrierflow.runtime.errors import SinkError as SinkError
 from barrierflow.runtime.errors import SinkStateMismatchError as SinkStateMismatchError
 from barrierflow.runtime.errors import UnknownJobError as UnknownJobError
 from barrierflow.runtime.state.errors import ConcurrentCommitError as ConcurrentCommitError
+from barrierflow.runtime.state.errors import EpochNotSealedError as EpochNotSealedError
 from barrierflow.runtime.state.errors import StateStoreError as StateStoreError
 from barrierflow.runtime.state.errors import StoreCorruptedError as StoreCorruptedError
 from barrierflow.runtime.state.errors import StoreFormatError as StoreFormatError
@@ -77,6 +78,7 @@ from barrierflow.runtime.state.errors import StoreIOError as StoreIOError
 from barrierflow.runtime.state.errors import StoreLockedError as StoreLockedError
 from barrierflow.runtime.state.errors import StorePathError as StorePathError
 from barrierflow.runtime.state.errors import StoreVersionError as StoreVersionError
+from barrierflow.runtime.state.errors import VersionCompactedError as VersionCompactedError
 from barrierflow.spark_bridge.errors import SparkUnavailableError as SparkUnavailableError
 
 __all__ = [
@@ -97,6 +99,7 @@ __all__ = [
     "ChannelBrokenError",
     "ChannelClosedError",
     "ConcurrentCommitError",
+    "EpochNotSealedError",
     "ConfigError",
     "CoordinatorAbortedError",
     "CoordinatorMissingError",
@@ -140,6 +143,7 @@ __all__ = [
     "StoreVersionError",
     "TwoPhaseOnlyError",
     "UnexpectedWriterRequestError",
+    "VersionCompactedError",
     "VnodeOwnershipError",
     "WatermarkTypeMismatchError",
 ]

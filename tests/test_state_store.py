@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pyarrow as pa
 import pytest
 from _timeouts import scaled
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -241,7 +242,7 @@ async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
         db.execute("UPDATE bf_meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(StoreVersionError) as info:
         await StateStore.open(path)
-    assert (info.value.found, info.value.supported) == (99, 2)
+    assert (info.value.found, info.value.supported) == (99, 3)
 
 
 @pytest.mark.anyio
@@ -350,15 +351,21 @@ async def test_version_1_store_is_migrated_with_its_state(tmp_path: Path) -> Non
         store._tables["a", "t"].seal(5)
         await store.commit(5)
     with sqlite3.connect(path) as db:  # what a version-1 store looked like
-        db.execute("DROP TABLE bf_sink_state")
+        for table in ("bf_sink_state", "bf_segment", "bf_pin"):
+            db.execute(f"DROP TABLE {table}")
         db.execute("UPDATE bf_meta SET value = '1' WHERE key = 'schema_version'")
     async with await StateStore.open(path) as store:
         assert store.committed_epoch == 5
         assert await store.read("a", "t", "k") == 1
         assert await store.epoch_records("s").list() == []
+        versioned = await store.versioned_table(
+            "a", "v", schema=pa.schema([pa.field("k", pa.int64(), nullable=False)]),
+            primary_key=["k"],
+        )  # fmt: skip
+        assert versioned.epochs_after(0) == []
     with sqlite3.connect(path) as db:
         (version,) = db.execute("SELECT value FROM bf_meta WHERE key = 'schema_version'").fetchone()
-    assert version == "2"
+    assert version == "3"
 
 
 @pytest.mark.anyio

@@ -16,7 +16,7 @@ An :class:`ActorContext` is made per actor per incarnation of the graph. Through
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.messages import Message, Watermark
 from barrierflow.channels.outputs import Outputs
 from barrierflow.channels.select import BiasedSelect
-from barrierflow.channels.vnode import VnodeBitmap
+from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
 from barrierflow.runtime.barrier_manager import BarrierManager
 from barrierflow.runtime.errors import GraphError
 from barrierflow.runtime.inputs import Messages, NamedInputs
@@ -39,6 +39,7 @@ from barrierflow.runtime.positions import check_positions
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore, StateTable
 from barrierflow.runtime.state.table import ReadOnlyTable
+from barrierflow.runtime.state.versioned_table import VersionedTable
 
 __all__ = ["DEFAULT_JOB", "ActorContext", "ActorStats", "NamedInputs", "ReadOnlyTable"]
 
@@ -123,6 +124,7 @@ class ActorContext:
         self._store = store
         self._manager = manager
         self._tables: list[StateTable] = []
+        self._versioned: list[VersionedTable] = []
         self._progress: Progress | None = None
         self.log: Any = structlog.get_logger("barrierflow.actor").bind(
             actor=name, actor_id=actor_id, epoch=0
@@ -209,6 +211,44 @@ class ActorContext:
         table = self._store.table(self.name, name)
         self._tables.append(table)
         return table
+
+    async def versioned_table(
+        self,
+        name: str,
+        *,
+        schema: Any,
+        primary_key: Sequence[str],
+        distribution_key: Sequence[str] | None = None,
+        compact_after: int = 32,
+    ) -> VersionedTable:
+        """This actor's versioned table ``name`` (sealed at each barrier this actor emits;
+        see :mod:`barrierflow.runtime.state.versioned_table`), with as many vnodes as the
+        actor's hash-dispatched input (default 256).
+
+        Raises:
+            InvalidArgumentError: as :meth:`StateStore.versioned_table`.
+        """
+        bitmap = self.vnode_bitmap
+        table = await self._store.versioned_table(
+            self.name,
+            name,
+            schema=schema,
+            primary_key=primary_key,
+            distribution_key=distribution_key,
+            vnode_count=DEFAULT_VNODE_COUNT if bitmap is None else bitmap.vnode_count,
+            compact_after=compact_after,
+        )
+        self._versioned.append(table)
+        return table
+
+    def read_versioned(self, owner: str, name: str) -> VersionedTable:
+        """Actor ``owner``'s versioned table ``name``, to read (a snapshot backfill reads its
+        view's). Its sealed epochs are readable before they are durable.
+
+        Raises:
+            InvalidArgumentError: ``owner`` has not opened such a table.
+        """
+        return self._store.versioned(owner, name)
 
     def read_table(self, owner: str, name: str) -> ReadOnlyTable:
         """Actor ``owner``'s table ``name`` as of the last checkpoint, read only (a source
@@ -319,6 +359,8 @@ class ActorContext:
         if barrier.kind is not BarrierKind.INITIAL:
             for table in self._tables:
                 table.seal(barrier.epoch.prev)
+            for versioned in self._versioned:
+                versioned.seal(barrier.epoch.prev)
         output = self._outputs()
         if output is not None:
             await output.dispatch(barrier)

@@ -1,4 +1,5 @@
-"""The durable state store: key→value tables that commit with checkpoints, the epoch records
+"""The durable state store: key→value tables and versioned tables (rows by epoch, for
+materialized views) that commit with checkpoints, the epoch records
 that commit on their own (a coordinated sink's meta store builds on them), and the two SQLite
 adapters (a worker thread with inline small commits on any backend — the default — and
 aiosqlite on asyncio)."""
@@ -9,6 +10,7 @@ from barrierflow.runtime.state.epoch_records import RecordStatus as RecordStatus
 from barrierflow.runtime.state.state_store import CommittedEpochs as CommittedEpochs
 from barrierflow.runtime.state.state_store import StateStore as StateStore
 from barrierflow.runtime.state.state_store import StateTable as StateTable
+from barrierflow.runtime.state.versioned_table import VersionedTable as VersionedTable
 
 __all__ = [
     "CommittedEpochs",
@@ -17,4 +19,5 @@ __all__ = [
     "RecordStatus",
     "StateStore",
     "StateTable",
+    "VersionedTable",
 ]

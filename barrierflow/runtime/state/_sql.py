@@ -17,6 +17,11 @@ Layout of a store file:
   store of coordinated sinks — one row per epoch a coordinator pre-committed, *pending*,
   *committed* or *aborted*; metadata and schema change are JSON text (or NULL). Written in
   their own transactions, not with checkpoints.
+* ``bf_segment(owner, tbl, kind, epoch, file, rows)`` (schema version 3): the manifest of
+  every versioned table — which segment files (a ``delta`` per epoch with writes, at most one
+  ``base``) hold its versions; written in the checkpoint's transaction (and by compaction).
+* ``bf_pin(owner, tbl, reader, epoch)`` (schema version 3): the epochs readers of a versioned
+  table have pinned (compaction keeps what they need); written with checkpoints.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 FORMAT_TAG = "barrierflow-state"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Seconds a shielded cleanup (closing a connection) may take before it is abandoned, so that
 #: a stuck disk or worker thread cannot hang a runtime's shutdown.
 CLOSE_TIMEOUT = 5.0
@@ -51,10 +56,18 @@ CREATE = (
     " sink TEXT NOT NULL, epoch INTEGER NOT NULL,"
     " state TEXT NOT NULL CHECK (state IN ('pending', 'committed', 'aborted')),"
     " metadata TEXT, schema_change TEXT, PRIMARY KEY (sink, epoch)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS bf_segment ("
+    " owner TEXT NOT NULL, tbl TEXT NOT NULL,"
+    " kind TEXT NOT NULL CHECK (kind IN ('base', 'delta')), epoch INTEGER NOT NULL,"
+    " file TEXT NOT NULL, rows INTEGER NOT NULL, PRIMARY KEY (owner, tbl, kind, epoch))"
+    " WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS bf_pin ("
+    " owner TEXT NOT NULL, tbl TEXT NOT NULL, reader TEXT NOT NULL, epoch INTEGER NOT NULL,"
+    " PRIMARY KEY (owner, tbl, reader)) WITHOUT ROWID",
 )
 
 #: Tables of a barrierflow store (any of them without ``bf_meta`` is a damaged store).
-OWN_TABLES = ("bf_meta", "bf_state", "bf_sink_state")
+OWN_TABLES = ("bf_meta", "bf_state", "bf_sink_state", "bf_segment", "bf_pin")
 #: Reads every page of the file; one row ``ok``, or a row per problem found.
 QUICK_CHECK = "PRAGMA quick_check"
 LIST_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
@@ -81,6 +94,17 @@ SINK_PENDING = (
 SINK_COMMITTED = "UPDATE bf_sink_state SET state = 'committed' WHERE sink = ? AND epoch = ?"
 SINK_PRUNE = "DELETE FROM bf_sink_state WHERE sink = ? AND state = 'committed' AND epoch < ?"
 SINK_DELETE = "DELETE FROM bf_sink_state WHERE sink = ? AND epoch = ?"
+SEGMENTS = (
+    "SELECT kind, epoch, file, rows FROM bf_segment WHERE owner = ? AND tbl = ? ORDER BY epoch"
+)
+SEGMENT_ADD = (
+    "INSERT OR REPLACE INTO bf_segment (owner, tbl, kind, epoch, file, rows)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+SEGMENT_FOLD = "DELETE FROM bf_segment WHERE owner = ? AND tbl = ? AND epoch <= ?"
+PINS = "SELECT reader, epoch FROM bf_pin WHERE owner = ? AND tbl = ?"
+PIN_CLEAR = "DELETE FROM bf_pin WHERE owner = ? AND tbl = ?"
+PIN_SET = "INSERT INTO bf_pin (owner, tbl, reader, epoch) VALUES (?, ?, ?, ?)"
 SINK_ABORT_AFTER = (
     "UPDATE bf_sink_state SET state = 'aborted' WHERE state = 'pending' AND epoch > ?"
 )

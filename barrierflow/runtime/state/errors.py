@@ -19,6 +19,8 @@ __all__ = [
     "StorePathError",
     "StoreIOError",
     "ConcurrentCommitError",
+    "EpochNotSealedError",
+    "VersionCompactedError",
 ]
 
 
@@ -142,4 +144,47 @@ class ConcurrentCommitError(ProtocolError):
         super().__init__(
             f"state store {path!r}: expected one checkpoint commit at a time, got a commit of "
             f"epoch {epoch!r} while the commit of epoch {running} runs"
+        )
+
+
+@final
+class VersionCompactedError(StateStoreError, LookupError):
+    """A read of a versioned table asked for a version compaction has folded away: the table
+    is as of ``oldest`` or later, so neither its rows as of ``epoch`` nor the change log of
+    ``epoch`` exist any more (pin an epoch to keep what a reader still needs).
+
+    Attributes:
+        table: ``owner/name`` of the table.
+        epoch: the epoch asked for.
+        oldest: the oldest epoch the table can still be read as of.
+    """
+
+    def __init__(self, table: str, epoch: int, oldest: int) -> None:
+        self.table = table
+        self.epoch = epoch
+        self.oldest = oldest
+        super().__init__(
+            f"versioned table {table}: expected an epoch from {oldest} on (a change log: after "
+            f"it; older versions are compacted away, pin what a reader needs), got epoch {epoch}"
+        )
+
+
+@final
+class EpochNotSealedError(StateStoreError, LookupError):
+    """A read of a versioned table asked for an epoch that is not sealed yet: its writes may
+    still change, so no version of it can be read.
+
+    Attributes:
+        table: ``owner/name`` of the table.
+        epoch: the epoch asked for.
+        sealed: the last sealed epoch.
+    """
+
+    def __init__(self, table: str, epoch: int, sealed: int) -> None:
+        self.table = table
+        self.epoch = epoch
+        self.sealed = sealed
+        super().__init__(
+            f"versioned table {table}: expected a sealed epoch (at most {sealed}), got epoch "
+            f"{epoch}"
         )

@@ -10,6 +10,10 @@ and epochs after it are gone as if they never happened.
 Reads: a table sees its own buffered and sealed writes over the committed state
 (:meth:`StateTable.get`); anyone else sees only committed state (:meth:`StateStore.read`).
 
+**Versioned tables** (:mod:`.versioned_table`, a materialized view's rows by epoch) keep their
+rows in Arrow segment files beside the store; the same checkpoint transaction records which
+files hold them, so they are durable in the same one step as every other table.
+
 SQLite runs in WAL mode with ``synchronous=FULL`` through :mod:`.sqlite_thread_backend` on both
 backends (one call at a time on a worker thread; a checkpoint-sized commit inline on the event
 loop's thread, where no busy loop can starve it of the GIL), or aiosqlite on asyncio if asked;
@@ -33,22 +37,28 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, final
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+import pyarrow as pa
 
 from barrierflow._sync import Notifier
 from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
+from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT
 from barrierflow.runtime.state import _sql, _store_file
 from barrierflow.runtime.state._store_file import Adapter
+from barrierflow.runtime.state._versioned_checks import check_options
+from barrierflow.runtime.state.committed_epochs import CommittedEpochs
 from barrierflow.runtime.state.epoch_records import EpochRecords
 from barrierflow.runtime.state.errors import ConcurrentCommitError, StoreCorruptedError
 from barrierflow.runtime.state.table import DELETED, MAX_EPOCH, StateTable, check_key
+from barrierflow.runtime.state.versioned_table import VersionedTable, table_directory
 
-__all__ = ["CommittedEpochs", "StateStore", "StateTable"]
+__all__ = ["CommittedEpochs", "StateStore", "StateTable", "VersionedTable"]
 
 
 def _check_names(**names: Any) -> None:
@@ -78,6 +88,7 @@ class StateStore:
         self._committed = committed_epoch
         self._committed_changed = Notifier()
         self._tables: dict[tuple[str, str], StateTable] = {}
+        self._versioned: dict[tuple[str, str], VersionedTable] = {}
         self._closed = False
         # The epoch whose commit is running (one at a time).
         self._committing: int | None = None
@@ -177,6 +188,63 @@ class StateStore:
         self._tables[owner, name] = table
         return table
 
+    async def versioned_table(
+        self,
+        owner: str,
+        name: str,
+        *,
+        schema: pa.Schema,
+        primary_key: Sequence[str],
+        distribution_key: Sequence[str] | None = None,
+        vnode_count: int = DEFAULT_VNODE_COUNT,
+        compact_after: int = 32,
+    ) -> VersionedTable:
+        """Open ``owner``'s versioned table ``name`` (see :mod:`.versioned_table`): its
+        committed versions as the manifest lists them; a new one is empty. Each may be opened
+        once per store; others read it through :meth:`versioned`.
+
+        Args:
+            schema: the rows' schema; the key columns must be declared not nullable.
+            primary_key: the key columns (unique per row of a version).
+            distribution_key: the columns hashed to a row's vnode (default: the primary key;
+                it must be what the owner's input is hash-dispatched by).
+            vnode_count: the number of vnodes.
+            compact_after: durable deltas kept before a checkpoint folds them into the base.
+
+        Raises:
+            InvalidArgumentError: empty names, the table already open, a schema that is not a
+                pyarrow Schema, key columns missing or nullable, or a bad count.
+            SchemaMismatchError: the table's files hold another schema.
+        """
+        _check_names(owner=owner, name=name)
+        if (owner, name) in self._versioned:
+            raise InvalidArgumentError("name", "a table not opened yet", f"{owner}/{name}")
+        key, dist = check_options(schema, primary_key, distribution_key, vnode_count, compact_after)
+        directory = table_directory(self._path, owner, name)
+        table = VersionedTable(
+            self, owner, name, directory, schema, key, dist, vnode_count, compact_after
+        )
+        segments = await self._connection.fetchall(_sql.SEGMENTS, (owner, name))
+        pins = await self._connection.fetchall(_sql.PINS, (owner, name))
+        await anyio.to_thread.run_sync(table._load, segments, pins)
+        self._versioned[owner, name] = table
+        return table
+
+    def versioned(self, owner: str, name: str) -> VersionedTable:
+        """The versioned table ``name`` its owner has opened (for readers in this process).
+
+        Raises:
+            InvalidArgumentError: no such table is open.
+        """
+        table = self._versioned.get((owner, name))
+        if table is None:
+            raise InvalidArgumentError(
+                "table",
+                f"one of the open versioned tables {sorted(self._versioned)}",
+                (owner, name),
+            )
+        return table
+
     async def read(self, owner: str, name: str, key: str, default: Any = None) -> Any:
         """The committed value of ``key`` in ``owner``'s table ``name``.
 
@@ -233,11 +301,20 @@ class StateStore:
                         deletes.append((owner, name, key))
                     else:
                         upserts.append((owner, name, key, value))
-            await self._connection.transaction(_sql.checkpoint_statements(upserts, deletes, epoch))
+            statements = _sql.checkpoint_statements(upserts, deletes, epoch)
+            for versioned in self._versioned.values():
+                statements += await versioned._persist_through(epoch)
+            await self._connection.transaction(statements)
             for table in self._tables.values():
                 table._drop_through(epoch)
+            for versioned in self._versioned.values():
+                versioned._committed_through(epoch)
             self._committed = epoch
             self._committed_changed.notify()
+            for versioned in self._versioned.values():
+                through = versioned._fold_through(epoch)
+                if through is not None:
+                    await versioned._compact(through, self._connection.transaction)
         finally:
             self._committing = None
 
@@ -270,12 +347,15 @@ class StateStore:
         """Forget every table's writes that are not durable (recovery rewinds to committed)."""
         for table in self._tables.values():
             table._discard_uncommitted()
+        for versioned in self._versioned.values():
+            versioned._discard_uncommitted(self._committed)
 
     def release_tables(self) -> None:
         """Discard uncommitted writes and close every table, so a rebuilt graph can reopen
         them (recovery)."""
         self.discard_uncommitted()
         self._tables.clear()
+        self._versioned.clear()
 
     async def aclose(self) -> None:
         """Close the connection and release the lock; unsealed and uncommitted writes are lost.
@@ -302,29 +382,3 @@ class StateStore:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-
-@final
-class CommittedEpochs:
-    """An async iterator over a store's committed epochs (see
-    :meth:`StateStore.committed_epochs`). A plain iterator, not an async generator, so
-    breaking out of ``async for`` needs no finalization on any backend."""
-
-    __slots__ = ("_seen", "_store")
-
-    def __init__(self, store: StateStore) -> None:
-        self._store = store
-        self._seen = -1
-
-    def __aiter__(self) -> CommittedEpochs:
-        return self
-
-    async def __anext__(self) -> int:
-        store = self._store
-        while not store._closed:
-            if store._committed > self._seen:
-                self._seen = store._committed
-                await anyio.lowlevel.checkpoint()
-                return self._seen
-            await store._committed_changed.wait()
-        raise StopAsyncIteration
