@@ -12,6 +12,15 @@ module re-exports them all. Channel errors also derive from anyio's matching cla
 written against anyio streams catches them unchanged.
 """
 
+from barrierflow.actors.backfill.errors import (
+    NotAMaterializedViewError as NotAMaterializedViewError,
+)
+from barrierflow.actors.backfill.errors import (
+    SnapshotBackfillStateError as SnapshotBackfillStateError,
+)
+from barrierflow.actors.backfill.errors import (
+    VnodeUpdateDuringBackfillError as VnodeUpdateDuringBackfillError,
+)
 from barrierflow.actors.sinks.errors import CoordinatorAbortedError as CoordinatorAbortedError
 from barrierflow.actors.sinks.errors import CoordinatorMissingError as CoordinatorMissingError
 from barrierflow.actors.sinks.errors import DuplicateVnodeError as DuplicateVnodeError
@@ -143,6 +152,9 @@ __all__ = [
     "StoreVersionError",
     "TwoPhaseOnlyError",
     "UnexpectedWriterRequestError",
+    "NotAMaterializedViewError",
+    "SnapshotBackfillStateError",
+    "VnodeUpdateDuringBackfillError",
     "VersionCompactedError",
     "VnodeOwnershipError",
     "WatermarkTypeMismatchError",

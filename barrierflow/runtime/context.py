@@ -241,14 +241,10 @@ class ActorContext:
         self._versioned.append(table)
         return table
 
-    def read_versioned(self, owner: str, name: str) -> VersionedTable:
-        """Actor ``owner``'s versioned table ``name``, to read (a snapshot backfill reads its
-        view's). Its sealed epochs are readable before they are durable.
-
-        Raises:
-            InvalidArgumentError: ``owner`` has not opened such a table.
-        """
-        return self._store.versioned(owner, name)
+    def read_view(self, view: str, name: str) -> list[VersionedTable]:
+        """The versioned tables ``name`` of actor ``view`` or of every actor of its parallel
+        group (``view.0``, ``view.1``, …): a parallel materialized view (maybe none)."""
+        return self._store.versioned_group(view, name)
 
     def read_table(self, owner: str, name: str) -> ReadOnlyTable:
         """Actor ``owner``'s table ``name`` as of the last checkpoint, read only (a source

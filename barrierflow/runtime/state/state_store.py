@@ -245,6 +245,15 @@ class StateStore:
             )
         return table
 
+    def versioned_group(self, owner: str, name: str) -> list[VersionedTable]:
+        """The open versioned tables ``name`` of actor ``owner`` or of the actors of its
+        parallel group (``owner.0``, ``owner.1``, …), in name order (maybe none)."""
+        return [
+            table
+            for (o, n), table in sorted(self._versioned.items())
+            if n == name and (o == owner or o.rpartition(".")[0] == owner)
+        ]
+
     async def read(self, owner: str, name: str, key: str, default: Any = None) -> Any:
         """The committed value of ``key`` in ``owner``'s table ``name``.
 

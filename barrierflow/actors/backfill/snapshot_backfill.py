@@ -1,0 +1,335 @@
+"""The snapshot backfill actor (after RisingWave's ``snapshot_backfill/executor.rs``): a job
+added over a running materialized view (:mod:`.materialize`) sees the view's contents as of one
+epoch, then every later change, each once, then the live view.
+
+RisingWave gives the new job its own barriers, which trail the upstream's, and merges them back
+when it has caught up. barrierflow has one epoch stream, so the phases happen *inside* the live
+epochs — the actor passes every live barrier, and between them emits:
+
+1. **Snapshot.** The snapshot epoch ``E`` is the view's last committed epoch when the job is
+   created; the actor pins it in the view's tables (compaction keeps ``E`` and every later
+   change log) and reads each of its vnodes as of ``E`` in primary-key order, in chunks of
+   ``batch_rows``, while the live upstream keeps flowing. Its chunks are **dropped, not
+   buffered**: the epochs they belong to are read back from the view's change log. Each live
+   barrier closes an epoch that is now owed. Per-vnode progress (the last key emitted, rows)
+   goes into the actor's state at every barrier: a restart resumes mid-vnode.
+2. **Change log.** The owed epochs are replayed oldest first, each whole (an epoch whose live
+   chunks were partly dropped is read whole — never half live, half replayed), and the allowed
+   lag only shrinks (:mod:`.snapshot_progress`): at a live barrier the actor replays until no
+   more than the allowed lag is owed before it passes the barrier. The change log of the epoch
+   a barrier just closed is readable at once — sealed, not yet durable — so holding the barrier
+   never waits for a checkpoint it holds up itself (the deadlock the seed's history fixed). A
+   vnode-bitmap update in phases 1 or 2 is a :class:`~barrierflow.errors.
+   VnodeUpdateDuringBackfillError`.
+3. **Forward.** At the first barrier with nothing owed, the pin is released, the job reports
+   itself finished, and from the epoch that barrier opens the live upstream is forwarded as is;
+   vnode-bitmap updates are allowed again.
+
+A job restarted after it finished skips straight to forwarding (its state must say every vnode
+is done: else :class:`~barrierflow.errors.SnapshotBackfillStateError`). Barriers always win:
+upstream messages are taken before every snapshot or change-log chunk. ``Throttle`` (rows/s; 0
+pauses) and ``Pause``/``Resume`` apply to the snapshot and to the replay between barriers;
+while paused the allowed lag does not shrink, and a replay a barrier waits on is never rate
+limited (a barrier must not wait on the rate). Progress (rows, phase, epochs owed) is reported
+with every barrier. A dropped job releases its pin with its last barrier.
+
+**A view that is itself still backfilling** is a safe upstream: its table holds exactly what it
+has emitted, and its change log every later emission, so the new job sees the view's own output
+stream — whatever its phase.
+
+The upstream is the view (its forwarded output); ``view=`` names the Materialize actor (or its
+parallel group). A parallel backfill declared with ``parallelism=N, key=<the view's distribution
+key>`` reads the vnodes its input routes to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, final
+
+import anyio
+import pyarrow as pa
+
+from barrierflow.actors.backfill.errors import (
+    NotAMaterializedViewError,
+    SnapshotBackfillStateError,
+    VnodeUpdateDuringBackfillError,
+)
+from barrierflow.actors.backfill.materialize import VIEW_TABLE
+from barrierflow.actors.backfill.snapshot_progress import BackfillPhase, SnapshotProgress
+from barrierflow.channels.barrier import Barrier
+from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
+from barrierflow.channels.messages import Message
+from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.progress import Progress
+from barrierflow.runtime.state.state_store import StateTable
+from barrierflow.runtime.state.versioned_table import VersionedTable
+
+__all__ = ["SnapshotBackfill"]
+
+#: The actor's state table.
+TABLE = "snapshot_backfill"
+_OP = "_op"
+
+
+@final
+class SnapshotBackfill(StreamActor):
+    """Backfills a materialized view's snapshot and change log into a job, then forwards the
+    view (see the module).
+
+    Args:
+        view: the Materialize actor (or parallel group) whose output is this actor's input.
+        batch_rows: rows per emitted chunk.
+        rate_limit: rows per second of snapshot and change-log chunks (``None``: unlimited;
+            0: paused).
+
+    Raises:
+        InvalidArgumentError: a bad argument.
+    """
+
+    aligned_inputs = False
+    backfills = True
+
+    def __init__(
+        self, view: str, *, batch_rows: int = 4096, rate_limit: float | None = None
+    ) -> None:
+        if not isinstance(view, str) or not view:
+            raise InvalidArgumentError("view", "the name of a Materialize actor", view)
+        if type(batch_rows) is not int or batch_rows < 1:
+            raise InvalidArgumentError("batch_rows", "a positive int", batch_rows)
+        _check_rate(rate_limit)
+        self.view = view
+        self._batch_rows = batch_rows
+        self._rate = rate_limit
+        self._paused = False
+        self._next_emit = 0.0
+        # The rows being emitted: a vnode's snapshot, or an epoch's change log.
+        self._rows: pa.Table | None = None
+        self._rows_of: tuple[str, int] | None = None
+        self._position = 0
+        self._views: list[VersionedTable] = []
+
+    # The run.
+
+    async def run(self, ctx: ActorContext) -> None:
+        """Pass the first barrier, backfill, then forward (see the module)."""
+        upstream = ctx.inputs.get("upstream") or next(iter(ctx.inputs.values()))
+        first = await upstream.receive()
+        if not isinstance(first, Barrier):
+            raise ProtocolError(f"snapshot backfill {ctx.name}: expected a barrier first")
+        views = ctx.read_view(self.view, VIEW_TABLE)
+        if not views:
+            raise NotAMaterializedViewError(self.view, VIEW_TABLE)
+        self._views = views
+        vnode_count = views[0].vnode_count
+        bitmap = ctx.vnode_bitmap
+        self._mask = None if bitmap is None else bitmap
+        vnodes = range(vnode_count) if bitmap is None else bitmap.vnodes()
+        table = ctx.table(TABLE)
+        saved = await table.items()
+        progress = SnapshotProgress.restore(saved, vnodes)
+        if progress is None:
+            progress = SnapshotProgress.new(ctx.committed_epoch, vnodes)
+        elif progress.phase is BackfillPhase.FORWARD:
+            undone = progress.unfinished_vnodes()
+            if undone:
+                raise SnapshotBackfillStateError(
+                    ctx.name, "every vnode's snapshot done in a finished job", f"vnodes {undone}"
+                )
+        self.progress = progress
+        if progress.phase is not BackfillPhase.FORWARD:
+            for view in views:
+                view.pin(ctx.name, progress.snapshot_epoch)
+            progress.pending = self._owed_after(progress.replayed, first.epoch.prev)
+            if progress.phase is BackfillPhase.CHANGE_LOG:
+                progress.start_change_log()
+            self._paused = first.is_pause_on_startup()
+        await self._pass(ctx, table, first)
+        if ctx.finished:
+            return
+        if progress.phase is not BackfillPhase.FORWARD:
+            await self._backfill(ctx, table, upstream)
+        if not ctx.finished:
+            await self._forward(ctx, upstream)
+
+    def _owed_after(self, epoch: int, closed: int) -> list[int]:
+        """Epochs after ``epoch`` up to ``closed`` the view wrote (plus ``closed`` itself)."""
+        owed = {e for view in self._views for e in view.epochs_after(epoch) if e <= closed}
+        if closed > epoch:
+            owed.add(closed)
+        return sorted(owed)
+
+    # Phases 1 and 2.
+
+    async def _backfill(self, ctx: ActorContext, table: StateTable, upstream: Any) -> None:
+        progress = self.progress
+        while progress.phase is not BackfillPhase.FORWARD and not ctx.finished:
+            message = _take_ready(upstream)
+            if message is _ENDED:
+                return
+            if message is not None:
+                await self._on_upstream(ctx, table, message)
+                continue
+            wait = self._wait_before_emitting()
+            if wait is None:
+                chunk = await self._next_chunk(ctx)
+                if chunk is not None:
+                    await ctx.emit(chunk)
+                    continue
+                wait = float("inf")  # nothing to do until the next barrier
+            with anyio.move_on_after(wait):
+                try:
+                    message = await upstream.receive()
+                except anyio.EndOfStream:
+                    return
+                await self._on_upstream(ctx, table, message)
+
+    def _wait_before_emitting(self) -> float | None:
+        """Seconds to wait before the next chunk may go (``None``: now)."""
+        if self._paused or self._rate == 0:
+            return float("inf")
+        if self._rate is None:
+            return None
+        wait = self._next_emit - anyio.current_time()
+        return None if wait <= 0 else wait
+
+    async def _next_chunk(self, ctx: ActorContext, *, forced: bool = False) -> Chunk | None:
+        """The next snapshot or change-log chunk (``None``: nothing left before the next
+        barrier); updates the progress as if it was emitted."""
+        progress = self.progress
+        if progress.phase is BackfillPhase.SNAPSHOT:
+            chunk = await self._next_snapshot_chunk()
+            if chunk is not None or progress.phase is BackfillPhase.SNAPSHOT:
+                return chunk
+        if not progress.pending:
+            return None
+        epoch = progress.pending[0]
+        if self._rows_of != ("log", epoch):
+            parts = [await view.change_log(epoch, self._mask) for view in self._views]
+            self._load(pa.concat_tables(parts), ("log", epoch), progress.log_offset)
+        rows = self._slice()
+        if rows is None:
+            progress.epoch_replayed()
+            self._rows_of = None
+            return await self._next_chunk(ctx, forced=forced)
+        progress.log_emitted(rows.num_rows)
+        self._rate_used(rows.num_rows, forced)
+        return Chunk(rows.drop_columns([_OP]).combine_chunks().to_batches()[0], rows.column(_OP))
+
+    async def _next_snapshot_chunk(self) -> Chunk | None:
+        progress = self.progress
+        for vnode in progress.unfinished_vnodes():
+            if self._rows_of != ("vnode", vnode):
+                after = progress.vnodes[vnode].after
+                parts = [
+                    await view.read_vnode(vnode, progress.snapshot_epoch, after=after)
+                    for view in self._views
+                ]
+                self._load(pa.concat_tables(parts), ("vnode", vnode), 0)
+            rows = self._slice()
+            if rows is None:
+                progress.vnode_done(vnode)
+                self._rows_of = None
+                continue
+            key = self._views[0].primary_key
+            last = [rows.column(c)[rows.num_rows - 1].as_py() for c in key]
+            progress.emitted(vnode, last, rows.num_rows)
+            self._rate_used(rows.num_rows, False)
+            return Chunk(rows.combine_chunks().to_batches()[0])
+        progress.start_change_log()
+        return None
+
+    def _load(self, rows: pa.Table, of: tuple[str, int], position: int) -> None:
+        self._rows, self._rows_of, self._position = rows, of, position
+
+    def _slice(self) -> pa.Table | None:
+        assert self._rows is not None
+        if self._position >= self._rows.num_rows:
+            return None
+        rows = self._rows.slice(self._position, self._batch_rows)
+        self._position += rows.num_rows
+        return rows
+
+    def _rate_used(self, rows: int, forced: bool) -> None:
+        if self._rate and not forced:
+            start = max(self._next_emit, anyio.current_time())
+            self._next_emit = start + rows / self._rate
+
+    async def _on_upstream(self, ctx: ActorContext, table: StateTable, message: Message) -> None:
+        """While backfilling: a barrier is passed (after what the lag rule asks); chunks and
+        watermarks are dropped (their epochs are read back from the change log)."""
+        if not isinstance(message, Barrier):
+            return
+        progress = self.progress
+        if message.new_vnode_bitmap(ctx.actor_id) is not None:
+            raise VnodeUpdateDuringBackfillError(ctx.name, progress.phase.value)
+        if message.is_pause():
+            self._paused = True
+        elif message.is_resume():
+            self._paused = False
+        changed, rate = message.throttle_for(ctx.actor_id)
+        if changed:
+            _check_rate(rate)
+            self._rate = rate
+        progress.on_closed(message.epoch.prev)
+        if not self._paused:
+            while progress.must_replay():
+                chunk = await self._next_chunk(ctx, forced=True)
+                if chunk is not None:
+                    await ctx.emit(chunk)
+            progress.after_barrier()
+        if progress.phase is BackfillPhase.FORWARD or message.is_stop(ctx.actor_id):
+            for view in self._views:
+                view.unpin(ctx.name)
+        await self._pass(ctx, table, message)
+
+    async def _pass(self, ctx: ActorContext, table: StateTable, barrier: Barrier) -> None:
+        """Save the progress (sealed with the barrier), report it, pass the barrier."""
+        progress = self.progress
+        for key, value in progress.rows_to_save().items():
+            table.put(key, value)
+        done = progress.phase is BackfillPhase.FORWARD
+        ctx.report_progress(
+            Progress(
+                finished=done,
+                rows=progress.rows,
+                detail={
+                    "phase": progress.phase.value,
+                    "snapshot_epoch": progress.snapshot_epoch,
+                    "epochs_owed": progress.owed,
+                    "vnodes_left": len(progress.unfinished_vnodes()),
+                },
+            )
+        )
+        await ctx.emit(barrier)
+
+    # Phase 3.
+
+    async def _forward(self, ctx: ActorContext, upstream: Any) -> None:
+        while not ctx.finished:
+            try:
+                message = await upstream.receive()
+            except anyio.EndOfStream:
+                return
+            await ctx.emit(message)
+
+
+_ENDED: Any = object()
+
+
+def _take_ready(upstream: Any) -> Message | None:
+    """The next upstream message if one is waiting (``_ENDED`` at the end)."""
+    try:
+        message: Message = upstream.receive_nowait()
+    except anyio.WouldBlock:
+        return None
+    except anyio.EndOfStream:
+        return _ENDED  # type: ignore[no-any-return]
+    return message
+
+
+def _check_rate(rate: object) -> None:
+    if rate is not None and (
+        isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < float("inf")
+    ):
+        raise InvalidArgumentError("rate_limit", "None or a finite rate >= 0 (rows/s)", rate)
