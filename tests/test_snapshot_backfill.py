@@ -151,3 +151,205 @@ async def test_a_job_over_a_view_sees_its_snapshot_then_every_change_once(tmp_pa
     assert detail["epochs_owed"] == 0
     assert detail["snapshot_epoch"] == pinned["backfill"]
     assert_exactly_once(driver, seen)
+
+
+async def test_an_empty_view_is_finished_at_once_and_forwards_live_changes(
+    tmp_path: Path,
+) -> None:
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            handle = await rt.add_job(copy_job(seen))
+            await until_forwarding(rt, handle)
+            assert handle.progress().actors["backfill"].rows == 0
+            await rt.push("src", driver.change(range(3)))
+            await rt.checkpoint()
+    assert_exactly_once(driver, seen)
+    assert seen == {k: [(v, Op.INSERT)] for k, ((v, _),) in driver.changes.items()}
+
+
+async def test_empty_vnodes_are_passed_over(tmp_path: Path) -> None:
+    # Three keys: three vnodes of 256 hold rows, the others are empty.
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(3)))
+            await rt.checkpoint()
+            handle = await rt.add_job(copy_job(seen))
+            await until_forwarding(rt, handle)
+            detail = handle.progress().actors["backfill"].detail
+    assert detail["vnodes_left"] == 0
+    assert handle.progress().actors["backfill"].rows == 3
+    assert_exactly_once(driver, seen)
+
+
+async def test_a_snapshot_taken_while_non_checkpoint_barriers_are_pending(
+    tmp_path: Path,
+) -> None:
+    # Periodic barriers are not checkpoints: at creation several epochs are sealed after the
+    # committed snapshot epoch; they are owed, replayed from the (not yet durable) change log.
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = runtime(tmp_path, checkpoint_frequency=10_000)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(100)))
+            committed = await rt.checkpoint()
+            for round_ in range(4):
+                await rt.push("src", driver.change(range(round_ * 20, round_ * 20 + 40)))
+                await rt.mutate(Throttle({}))  # a non-checkpoint barrier closes the epoch
+            handle = await rt.add_job(copy_job(seen, batch_rows=16))
+            assert view_pins(rt) == {"backfill": committed}
+            await handle.wait_ready()
+            await rt.push("src", driver.change(range(90, 110)))
+            await rt.checkpoint()
+    assert_exactly_once(driver, seen)
+
+
+async def test_a_long_catch_up_shrinks_the_lag_at_every_barrier(tmp_path: Path) -> None:
+    # A slow backfill (rate limited) over a view changing at every barrier: many epochs are
+    # owed when the snapshot ends; the lag it reports never grows after that, and reaches 0.
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = runtime(tmp_path, barrier_interval=3600)  # every barrier is the test's own
+    with anyio.fail_after(scaled(60)):
+        async with rt:
+            await rt.push("src", driver.change(range(400)))
+            await rt.checkpoint()
+            handle = await rt.add_job(copy_job(seen, batch_rows=50, rate_limit=2000))
+            lags: list[tuple[str, int]] = []
+            for round_ in range(400):
+                await rt.push("src", driver.change(range(round_ % 40, round_ % 40 + 10)))
+                await rt.checkpoint()
+                detail = handle.progress().actors["backfill"].detail
+                lags.append((detail["phase"], detail["epochs_owed"]))
+                if detail["phase"] == "forward":
+                    break
+    after_snapshot = [lag for phase, lag in lags if phase != "snapshot"]
+    assert len(after_snapshot) > 1  # the catch-up took several barriers
+    assert max(lag for phase, lag in lags if phase == "snapshot") > 2  # with epochs owed
+    assert after_snapshot == sorted(after_snapshot, reverse=True)
+    assert after_snapshot[-1] == 0
+    assert_exactly_once(driver, seen)
+
+
+async def test_throttle_zero_pauses_the_backfill_and_a_rate_resumes_it(tmp_path: Path) -> None:
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(50)))
+            await rt.checkpoint()
+            handle = await rt.add_job(copy_job(seen, rate_limit=0))
+            for _ in range(3):
+                await rt.checkpoint()
+            progress = handle.progress().actors["backfill"]
+            assert (progress.rows, progress.detail["phase"]) == (0, "snapshot")
+            await rt.mutate(Throttle({rt.actor_id("backfill"): None}))
+            await until_forwarding(rt, handle)
+    assert_exactly_once(driver, seen)
+
+
+async def test_a_vnode_update_while_backfilling_fails_with_a_typed_error(tmp_path: Path) -> None:
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)), pytest.raises(ActorFailedError) as failed:
+        async with rt:
+            await rt.push("src", driver.change(range(50)))
+            await rt.checkpoint()
+            await rt.add_job(copy_job(seen, rate_limit=0))
+            backfill = rt.actor_id("backfill")
+            await rt.mutate(Update(vnode_bitmaps={backfill: VnodeBitmap.full()}))
+            await rt.checkpoint()
+    error = failed.value.__cause__
+    assert isinstance(error, VnodeUpdateDuringBackfillError)
+    assert (error.actor, error.phase) == ("backfill", "snapshot")
+
+
+async def test_a_vnode_update_after_the_backfill_is_allowed(tmp_path: Path) -> None:
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(50)))
+            handle = await rt.add_job(copy_job(seen))
+            await until_forwarding(rt, handle)
+            backfill = rt.actor_id("backfill")
+            await rt.mutate(Update(vnode_bitmaps={backfill: VnodeBitmap.full()}))
+            await rt.push("src", driver.change(range(40, 60)))
+            await rt.checkpoint()
+    assert_exactly_once(driver, seen)
+
+
+async def test_a_backfill_over_an_actor_that_is_not_a_view_is_refused(tmp_path: Path) -> None:
+    rt = runtime(tmp_path)
+    job = Job("copy")
+    job.add_actor("backfill", lambda: SnapshotBackfill("src"), inputs={"upstream": "src"})
+    with anyio.fail_after(scaled(30)), pytest.raises(ActorFailedError) as failed:
+        async with rt:
+            await rt.add_job(job)
+            await rt.checkpoint()
+    error = failed.value.__cause__
+    assert isinstance(error, NotAMaterializedViewError)
+    assert (error.view, error.argument) == ("src", "view")
+
+
+async def test_dropping_a_job_mid_backfill_releases_its_pin(tmp_path: Path) -> None:
+    driver = Upserts()
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(50)))
+            await rt.checkpoint()
+            await rt.add_job(copy_job({}, rate_limit=0))
+            assert list(view_pins(rt)) == ["backfill"]
+            await rt.drop_job("copy")
+            await rt.checkpoint()
+            assert view_pins(rt) == {}
+
+
+async def test_a_restarted_job_resumes_mid_snapshot_then_skips_to_forwarding_once_done(
+    tmp_path: Path,
+) -> None:
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = runtime(tmp_path, barrier_interval=3600)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(300)))
+            await rt.checkpoint()
+            handle = await rt.add_job(copy_job(seen, batch_rows=20, rate_limit=1000))
+            while (
+                handle.progress().actors.get("backfill") is None
+                or not 0 < (handle.progress().actors["backfill"].rows) < 300
+            ):
+                await rt.checkpoint()
+            await rt.push("src", driver.change(range(100, 120)))
+    # The second run: the job is declared again and resumes from its committed progress.
+    rt = runtime(tmp_path)
+    rt.declare_job(copy_job(seen))
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            handle = rt.job("copy")
+            await rt.push("src", driver.change(range(110, 130)))
+            await until_forwarding(rt, handle)
+    assert_exactly_once(driver, seen)
+    # The third run: the job finished; it forwards from its first barrier.
+    rt = runtime(tmp_path)
+    rt.declare_job(copy_job(seen))
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.wait_running()
+            await rt.checkpoint()
+            detail = rt.job("copy").progress().actors["backfill"].detail
+            assert (detail["phase"], detail["epochs_owed"]) == ("forward", 0)
+            await rt.push("src", driver.change(range(0, 5)))
+            await rt.checkpoint()
+    assert_exactly_once(driver, seen)

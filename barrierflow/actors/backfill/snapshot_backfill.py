@@ -177,11 +177,13 @@ class SnapshotBackfill(StreamActor):
                     await ctx.emit(chunk)
                     continue
                 wait = float("inf")  # nothing to do until the next barrier
-            with anyio.move_on_after(wait):
+            message = None
+            with anyio.move_on_after(wait):  # only the wait: never cut a barrier's handling
                 try:
                     message = await upstream.receive()
                 except anyio.EndOfStream:
                     return
+            if message is not None:
                 await self._on_upstream(ctx, table, message)
 
     def _wait_before_emitting(self) -> float | None:
@@ -217,36 +219,45 @@ class SnapshotBackfill(StreamActor):
         return Chunk(rows.drop_columns([_OP]).combine_chunks().to_batches()[0], rows.column(_OP))
 
     async def _next_snapshot_chunk(self) -> Chunk | None:
+        """Up to ``batch_rows`` snapshot rows, from as many vnodes (in order) as it takes."""
         progress = self.progress
+        key = self._views[0].primary_key
+        parts: list[pa.Table] = []
+        wanted = self._batch_rows
         for vnode in progress.unfinished_vnodes():
             if self._rows_of != ("vnode", vnode):
                 after = progress.vnodes[vnode].after
-                parts = [
+                read = [
                     await view.read_vnode(vnode, progress.snapshot_epoch, after=after)
                     for view in self._views
                 ]
-                self._load(pa.concat_tables(parts), ("vnode", vnode), 0)
-            rows = self._slice()
+                self._load(pa.concat_tables(read), ("vnode", vnode), 0)
+            rows = self._slice(wanted)
             if rows is None:
                 progress.vnode_done(vnode)
                 self._rows_of = None
                 continue
-            key = self._views[0].primary_key
             last = [rows.column(c)[rows.num_rows - 1].as_py() for c in key]
             progress.emitted(vnode, last, rows.num_rows)
-            self._rate_used(rows.num_rows, False)
-            return Chunk(rows.combine_chunks().to_batches()[0])
-        progress.start_change_log()
-        return None
+            parts.append(rows)
+            wanted -= rows.num_rows
+            if wanted == 0:
+                break
+        if not parts:
+            progress.start_change_log()
+            return None
+        rows = pa.concat_tables(parts)
+        self._rate_used(rows.num_rows, False)
+        return Chunk(rows.combine_chunks().to_batches()[0])
 
     def _load(self, rows: pa.Table, of: tuple[str, int], position: int) -> None:
         self._rows, self._rows_of, self._position = rows, of, position
 
-    def _slice(self) -> pa.Table | None:
+    def _slice(self, most: int | None = None) -> pa.Table | None:
         assert self._rows is not None
         if self._position >= self._rows.num_rows:
             return None
-        rows = self._rows.slice(self._position, self._batch_rows)
+        rows = self._rows.slice(self._position, most or self._batch_rows)
         self._position += rows.num_rows
         return rows
 
