@@ -351,7 +351,7 @@ async def test_version_1_store_is_migrated_with_its_state(tmp_path: Path) -> Non
         store._tables["a", "t"].seal(5)
         await store.commit(5)
     with sqlite3.connect(path) as db:  # what a version-1 store looked like
-        for table in ("bf_sink_state", "bf_segment", "bf_pin"):
+        for table in ("bf_sink_state", "bf_segment"):
             db.execute(f"DROP TABLE {table}")
         db.execute("UPDATE bf_meta SET value = '1' WHERE key = 'schema_version'")
     async with await StateStore.open(path) as store:

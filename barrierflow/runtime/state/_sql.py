@@ -20,8 +20,6 @@ Layout of a store file:
 * ``bf_segment(owner, tbl, kind, epoch, file, rows)`` (schema version 3): the manifest of
   every versioned table — which segment files (a ``delta`` per epoch with writes, at most one
   ``base``) hold its versions; written in the checkpoint's transaction (and by compaction).
-* ``bf_pin(owner, tbl, reader, epoch)`` (schema version 3): the epochs readers of a versioned
-  table have pinned (compaction keeps what they need); written with checkpoints.
 """
 
 from __future__ import annotations
@@ -61,13 +59,10 @@ CREATE = (
     " kind TEXT NOT NULL CHECK (kind IN ('base', 'delta')), epoch INTEGER NOT NULL,"
     " file TEXT NOT NULL, rows INTEGER NOT NULL, PRIMARY KEY (owner, tbl, kind, epoch))"
     " WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS bf_pin ("
-    " owner TEXT NOT NULL, tbl TEXT NOT NULL, reader TEXT NOT NULL, epoch INTEGER NOT NULL,"
-    " PRIMARY KEY (owner, tbl, reader)) WITHOUT ROWID",
 )
 
 #: Tables of a barrierflow store (any of them without ``bf_meta`` is a damaged store).
-OWN_TABLES = ("bf_meta", "bf_state", "bf_sink_state", "bf_segment", "bf_pin")
+OWN_TABLES = ("bf_meta", "bf_state", "bf_sink_state", "bf_segment")
 #: Reads every page of the file; one row ``ok``, or a row per problem found.
 QUICK_CHECK = "PRAGMA quick_check"
 LIST_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
@@ -102,9 +97,6 @@ SEGMENT_ADD = (
     " VALUES (?, ?, ?, ?, ?, ?)"
 )
 SEGMENT_FOLD = "DELETE FROM bf_segment WHERE owner = ? AND tbl = ? AND epoch <= ?"
-PINS = "SELECT reader, epoch FROM bf_pin WHERE owner = ? AND tbl = ?"
-PIN_CLEAR = "DELETE FROM bf_pin WHERE owner = ? AND tbl = ?"
-PIN_SET = "INSERT INTO bf_pin (owner, tbl, reader, epoch) VALUES (?, ?, ?, ?)"
 SINK_ABORT_AFTER = (
     "UPDATE bf_sink_state SET state = 'aborted' WHERE state = 'pending' AND epoch > ?"
 )

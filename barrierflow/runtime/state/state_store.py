@@ -225,8 +225,7 @@ class StateStore:
             self, owner, name, directory, schema, key, dist, vnode_count, compact_after
         )
         segments = await self._connection.fetchall(_sql.SEGMENTS, (owner, name))
-        pins = await self._connection.fetchall(_sql.PINS, (owner, name))
-        await anyio.to_thread.run_sync(table._load, segments, pins)
+        await anyio.to_thread.run_sync(table._load, segments)
         self._versioned[owner, name] = table
         return table
 

@@ -23,8 +23,8 @@ ops as written, so replaying it by the same rule rebuilds every version.
 **Versions and compaction.** A read as of epoch ``E`` merges the *base* (the table as of the
 last compaction) with the deltas of the epochs after it up to ``E``: for each key its last row,
 if that is an insert. :meth:`~VersionedTable.pin` keeps an epoch readable — its version and
-every later change log — until :meth:`~VersionedTable.unpin`; pins are durable with
-checkpoints. After a checkpoint, once more than ``compact_after`` deltas are durable, the deltas
+every later change log — until :meth:`~VersionedTable.unpin`. After a checkpoint, once more than
+``compact_after`` deltas are durable, the deltas
 up to the oldest pin (or the committed epoch, with no pins) are folded into a new base. A read
 of an epoch folded away raises :class:`~barrierflow.errors.VersionCompactedError` naming it —
 never wrong rows.
@@ -120,8 +120,8 @@ class VersionedTable:
 
     # Opening (the store calls this once, from its manifest).
 
-    def _load(self, segments: list[tuple[Any, ...]], pins: list[tuple[Any, ...]]) -> None:
-        """Map the manifest's files, delete the files it does not name, restore the pins.
+    def _load(self, segments: list[tuple[Any, ...]]) -> None:
+        """Map the manifest's files and delete the files it does not name.
 
         Raises:
             SchemaMismatchError: the files hold another schema than the one asked for.
@@ -140,7 +140,6 @@ class VersionedTable:
         for path in self.directory.iterdir():
             if path.name not in named:
                 _segments.remove_quietly(path)
-        self._pins = {str(reader): int(epoch) for reader, epoch in pins}
 
     # Writing (the owning actor).
 
@@ -287,7 +286,13 @@ class VersionedTable:
 
     def pin(self, reader: str, epoch: int) -> None:
         """Keep ``epoch``'s version and every later change log readable for ``reader`` (one
-        pin per reader; a new one replaces it). Durable with the next checkpoint.
+        pin per reader; a new one replaces it).
+
+        Pins live in memory, not in the store: compaction only runs in a checkpoint's commit,
+        which waits for every actor to pass the checkpoint's barrier, and a reader pins at its
+        first barrier, before it passes it — so after a restart every reader has pinned again
+        before anything can be folded, and a pin of a job that never became durable (or was
+        dropped) cannot outlive it and hold compaction back for ever.
 
         Raises:
             InvalidArgumentError: ``reader`` is not a non-empty str.
@@ -311,19 +316,14 @@ class VersionedTable:
 
     async def _persist_through(self, epoch: int) -> list[_sql.Statement]:
         """Write the segment files of the sealed epochs up to ``epoch``; the manifest rows
-        and pins that the checkpoint's transaction must hold with them."""
+        that the checkpoint's transaction must hold with them."""
         rows: list[tuple[Any, ...]] = []
         for e in sorted(e for e in self._sealed if e <= epoch):
             file = f"delta-{e:020d}.arrow"
             data = self._sealed[e].rows
             await anyio.to_thread.run_sync(_segments.write_segment, self.directory / file, data)
             rows.append((self.owner, self.name, "delta", e, file, data.num_rows))
-        pins = [(self.owner, self.name, r, e) for r, e in sorted(self._pins.items())]
-        return [
-            _sql.Statement(_sql.SEGMENT_ADD, rows),
-            _sql.Statement(_sql.PIN_CLEAR, [(self.owner, self.name)]),
-            _sql.Statement(_sql.PIN_SET, pins),
-        ]
+        return [_sql.Statement(_sql.SEGMENT_ADD, rows)]
 
     def _committed_through(self, epoch: int) -> None:
         """The checkpoint of ``epoch`` is durable: its epochs are read from their files now."""
