@@ -353,3 +353,38 @@ async def test_a_restarted_job_resumes_mid_snapshot_then_skips_to_forwarding_onc
             await rt.push("src", driver.change(range(0, 5)))
             await rt.checkpoint()
     assert_exactly_once(driver, seen)
+
+
+@pytest.mark.parametrize("backfills", [1, 2])
+async def test_a_parallel_view_is_backfilled_by_one_actor_or_a_parallel_group(
+    tmp_path: Path, backfills: int
+) -> None:
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=0.05))
+    rt.add_source("src")
+    rt.add_actor(
+        "view", lambda i: Materialize(SCHEMA, ["k"]), inputs=["src"], parallelism=2, key=["k"]
+    )
+    job = Job("copy")
+    job.add_actor(
+        "backfill",
+        lambda *_: SnapshotBackfill("view", batch_rows=32),
+        inputs=["view"],  # the group: every actor of the parallel view
+        **({"parallelism": 2, "key": ["k"]} if backfills == 2 else {}),
+    )
+    job.add_actor("replay", lambda: Replay(seen), inputs=["backfill"])
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(300)))
+            await rt.checkpoint()
+            handle = await rt.add_job(job)
+            await rt.push("src", driver.change(range(200, 400)))
+            await rt.push("src", driver.delete(range(0, 30)))
+            await until_forwarding(rt, handle)
+            await rt.push("src", driver.change(range(0, 50)))
+            await rt.checkpoint()
+            rows = [p.rows for p in handle.progress().actors.values()]
+    assert len(rows) == backfills
+    assert all(rows)  # each backfill actor read its share
+    assert_exactly_once(driver, seen)

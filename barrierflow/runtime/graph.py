@@ -157,6 +157,10 @@ class Graph:
         if source and names:
             raise GraphError("inputs", "no inputs for a source", names)
         readable = dict(known or {}) | self._nodes
+        if not isinstance(candidate, Mapping):
+            # A parallel group's name in a list stands for every actor of the group.
+            names = [m for n in names for m in _members(n, readable)]
+            local = list(names)
         for upstream in names:
             if not isinstance(upstream, str) or upstream not in readable:
                 raise GraphError("inputs", f"names of declared actors {list(readable)}", upstream)
@@ -252,3 +256,14 @@ class Graph:
 
         for name in self._nodes:
             visit(name, [])
+
+
+def _members(name: object, readable: Mapping[str, Node]) -> list[object]:
+    """``name``, or the actors of the parallel group ``name`` (in declaration order)."""
+    if not isinstance(name, str) or name in readable:
+        return [name]
+    members = sorted(
+        (node for n, node in readable.items() if node.group == name and n != name),
+        key=lambda node: node.actor_id,
+    )
+    return [node.name for node in members] or [name]

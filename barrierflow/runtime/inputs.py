@@ -53,14 +53,48 @@ class Messages:
         return self
 
     async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def receive(self) -> Message:
+        """The next message, waiting for one.
+
+        Raises:
+            anyio.EndOfStream: the input ended, or the actor has finished.
+        """
         ctx = self._ctx
         if ctx.finished:
-            raise StopAsyncIteration
+            raise anyio.EndOfStream
         try:
             message = await ctx._input.receive()
         except anyio.EndOfStream:
             ctx.finished = True
-            raise StopAsyncIteration from None
+            raise
+        return self._count(message)
+
+    def receive_nowait(self) -> Message | None:
+        """The next message if one is waiting now, else ``None`` — for an actor that does
+        work of its own between messages (a backfill) and lets every barrier go first.
+
+        Raises:
+            anyio.EndOfStream: the input ended, or the actor has finished.
+        """
+        ctx = self._ctx
+        if ctx.finished:
+            raise anyio.EndOfStream
+        try:
+            message = ctx._input.receive_nowait()  # type: ignore[attr-defined]
+        except anyio.WouldBlock:
+            return None
+        except anyio.EndOfStream:
+            ctx.finished = True
+            raise
+        return self._count(message)
+
+    def _count(self, message: Message) -> Message:
+        ctx = self._ctx
         ctx._messages_in += 1
         if isinstance(message, Chunk):
             ctx._rows_in += message.num_rows

@@ -176,8 +176,9 @@ class Job:
         Args:
             actor: a factory, called at every (re)start (``factory(i)`` with the index in
                 0..N-1 when ``parallelism`` is given).
-            inputs: upstream actor names (of this job, or of a running one), or a mapping of
-                the actor's own input name to an upstream actor.
+            inputs: upstream actor names (of this job, or of a running one; in a list, the
+                name of a parallel group stands for all its actors), or a mapping of the
+                actor's own input name to an upstream actor.
             fanout: how *this* actor's output is split among downstream actors declared alone.
             parallelism: N actors named ``name.0`` … ``name.N-1``; every upstream
                 hash-dispatches to them by ``key`` (round robin without one), separately

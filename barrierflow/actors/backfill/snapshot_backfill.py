@@ -38,8 +38,10 @@ has emitted, and its change log every later emission, so the new job sees the vi
 stream — whatever its phase.
 
 The upstream is the view (its forwarded output); ``view=`` names the Materialize actor (or its
-parallel group). A parallel backfill declared with ``parallelism=N, key=<the view's distribution
-key>`` reads the vnodes its input routes to it.
+parallel group). A parallel view is read by naming its group in a list of inputs
+(``inputs=["view"]`` stands for ``view.0``, ``view.1``, …: merged, barriers aligned). A
+parallel backfill declared with ``parallelism=N, key=<the view's distribution key>`` reads the
+vnodes its input routes to it.
 """
 
 from __future__ import annotations
@@ -87,7 +89,6 @@ class SnapshotBackfill(StreamActor):
         InvalidArgumentError: a bad argument.
     """
 
-    aligned_inputs = False
     backfills = True
 
     def __init__(
@@ -113,7 +114,7 @@ class SnapshotBackfill(StreamActor):
 
     async def run(self, ctx: ActorContext) -> None:
         """Pass the first barrier, backfill, then forward (see the module)."""
-        upstream = ctx.inputs.get("upstream") or next(iter(ctx.inputs.values()))
+        upstream = ctx.messages()
         first = await upstream.receive()
         if not isinstance(first, Barrier):
             raise ProtocolError(f"snapshot backfill {ctx.name}: expected a barrier first")
@@ -164,8 +165,9 @@ class SnapshotBackfill(StreamActor):
     async def _backfill(self, ctx: ActorContext, table: StateTable, upstream: Any) -> None:
         progress = self.progress
         while progress.phase is not BackfillPhase.FORWARD and not ctx.finished:
-            message = _take_ready(upstream)
-            if message is _ENDED:
+            try:
+                message = upstream.receive_nowait()
+            except anyio.EndOfStream:
                 return
             if message is not None:
                 await self._on_upstream(ctx, table, message)
@@ -323,20 +325,6 @@ class SnapshotBackfill(StreamActor):
             except anyio.EndOfStream:
                 return
             await ctx.emit(message)
-
-
-_ENDED: Any = object()
-
-
-def _take_ready(upstream: Any) -> Message | None:
-    """The next upstream message if one is waiting (``_ENDED`` at the end)."""
-    try:
-        message: Message = upstream.receive_nowait()
-    except anyio.WouldBlock:
-        return None
-    except anyio.EndOfStream:
-        return _ENDED  # type: ignore[no-any-return]
-    return message
 
 
 def _check_rate(rate: object) -> None:
