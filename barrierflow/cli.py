@@ -40,6 +40,8 @@ from barrierflow.demo import (
 )
 from barrierflow.demo_backfill import BackfillDemoConfig, run_backfill_demo
 from barrierflow.demo_backfill import resume_command as backfill_resume
+from barrierflow.demo_views import ViewsDemoConfig, run_views_demo
+from barrierflow.demo_views import resume_command as views_resume
 
 __all__ = ["main"]
 
@@ -162,9 +164,38 @@ def _demo_backfill(args: argparse.Namespace) -> int:
     return 0 if result.verified else 1
 
 
+def _demo_views(args: argparse.Namespace) -> int:
+    config = ViewsDemoConfig(
+        workdir=Path(args.workdir or "demo-views"),
+        batches=args.batches,
+        rows=args.rows,
+        keys=args.keys,
+        backend=args.backend,
+        crash_after=args.crash_after,
+        resume=args.resume,
+    )
+    with _QuietInterrupt() as interrupt:
+        try:
+            result = run_views_demo(config)
+        except KeyboardInterrupt:
+            interrupt.quiet()
+            interrupt.say(f"{PROG} demo views: interrupted; resume with: {views_resume(config)}")
+            return EXIT_INTERRUPTED
+    check = result.check
+    print(
+        f"{check.rows:,} changes in the copy job's table, replayed: {check.keys:,} keys of "
+        f"{check.expected_keys:,}, in {result.seconds:.1f} s; broken chains {check.broken}, "
+        f"wrong totals {check.wrong}"
+    )
+    print(result.summary_line())
+    return 0 if result.verified else 1
+
+
 def _demo(args: argparse.Namespace) -> int:
     if args.act == "backfill":
         return _demo_backfill(args)
+    if args.act == "views":
+        return _demo_views(args)
     config = DemoConfig(
         workdir=Path(args.workdir or "demo-data"),
         rows=args.rows,
@@ -233,10 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "act",
         nargs="?",
-        choices=("spark", "backfill"),
+        choices=("spark", "backfill", "views"),
         default="spark",
         help="spark (default): Spark → Iceberg, exactly once; backfill: a job joins a live "
-        "Redis-streams pipeline mid-run and still gets every record of the history once",
+        "Redis-streams pipeline mid-run and still gets every record of the history once; "
+        "views: a job joins a running materialized view with a snapshot backfill",
     )
     demo.add_argument(
         "--streams",
@@ -260,6 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
         "with --resume: the started run's)",
     )
     demo.add_argument(
+        "--keys",
+        type=int,
+        default=None,
+        help="views act: distinct keys of the totals view (default: 5,000; with --resume: "
+        "the started run's)",
+    )
+    demo.add_argument(
         "--redis-url",
         help="backfill act: an existing Redis/Valkey server (default: start valkey-server "
         "in --workdir)",
@@ -268,14 +307,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--rows",
         type=int,
         default=None,
-        help=f"events to generate (default: {DEFAULT_ROWS:,}; with --resume: the started run's)",
+        help=f"events to generate (default: {DEFAULT_ROWS:,}; views act: 1,200,000; with "
+        "--resume: the started run's)",
     )
     demo.add_argument(
         "--batches",
         type=int,
         default=None,
-        help=f"micro-batches, one input file each (default: {DEFAULT_BATCHES}; with "
-        "--resume: the started run's)",
+        help=f"micro-batches, one input file each (default: {DEFAULT_BATCHES}; views act: "
+        "60 batches; with --resume: the started run's)",
     )
     demo.add_argument(
         "--workdir",
@@ -304,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="SIGKILL the driver during micro-batch N of this run (backfill act: N producer "
-        "rounds after the new job became durable), to try --resume (default: no crash)",
+        "rounds, views act: N batches, after the new job became durable), to try --resume "
+        "(default: no crash)",
     )
     demo.add_argument(
         "--crash-point",
