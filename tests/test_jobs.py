@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pyarrow as pa
@@ -529,6 +530,34 @@ async def test_a_dropped_jobs_state_is_trimmed_in_the_next_checkpoint(tmp_path: 
             assert await store.read_all("writer", "state") == {"rows": 2}
             await rt.drop_job("stateful")
             await rt.checkpoint()
+            assert await store.read_all("writer", "state") == {}
+
+
+async def test_a_drop_trims_state_even_when_a_checkpoint_passed_while_its_actors_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A checkpoint after the stop barrier completes before the trim (its actors took their
+    # time to leave): the trim's deletes go into the checkpoint after it, not a committed one.
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    job = Job("stateful")
+    job.add_actor("writer", Writer, inputs=["src"])
+    trim = Runtime._trim
+
+    async def late_trim(ctx: Any, epoch: int) -> None:
+        assert await rt.checkpoint() >= epoch  # the stop barrier's epoch is committed now
+        await trim(ctx, epoch)
+
+    monkeypatch.setattr(Runtime, "_trim", staticmethod(late_trim))
+    with anyio.fail_after(scaled(20)):
+        async with rt:
+            await rt.add_job(job)
+            await rt.push("src", chunk(1, 2))
+            await rt.checkpoint()
+            await rt.drop_job("stateful")
+            await rt.checkpoint()
+            store = rt._store
+            assert store is not None
             assert await store.read_all("writer", "state") == {}
 
 

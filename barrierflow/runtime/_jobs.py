@@ -193,11 +193,15 @@ class RunningJobs(Declarations):
 
     @staticmethod
     async def _trim(ctx: ActorContext, epoch: int) -> None:
-        """Delete every key of a dropped actor's tables, durable with the next checkpoint."""
+        """Delete every key of a dropped actor's tables, durable with the next checkpoint.
+
+        The deletes are sealed under the stop barrier's epoch, or — when a checkpoint at or
+        after it was committed while the job's actors were leaving — just after the committed
+        epoch: either way the next checkpoint's commit takes them."""
         for table in ctx._tables:
             for key in await table.items():
                 table.delete(key)
-            table.seal(epoch)
+            table.seal(max(epoch, ctx.committed_epoch + 1))
 
     async def _restore_jobs(self) -> None:
         """Before a rebuild: keep the jobs the last checkpoint knows (and those declared before
