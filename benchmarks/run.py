@@ -17,6 +17,7 @@ from benchmarks.runtime import BENCHMARKS as RUNTIME_BENCHMARKS
 from benchmarks.sinks import BENCHMARKS as SINK_BENCHMARKS
 from benchmarks.sources import BENCHMARKS as SOURCE_BENCHMARKS
 from benchmarks.spark_bridge import BENCHMARKS as SPARK_BRIDGE_BENCHMARKS
+from benchmarks.views import BENCHMARKS as VIEW_BENCHMARKS
 
 BENCHMARKS = {
     **CHANNEL_BENCHMARKS,
@@ -25,6 +26,7 @@ BENCHMARKS = {
     **SINK_BENCHMARKS,
     **COORDINATOR_BENCHMARKS,
     **SOURCE_BENCHMARKS,
+    **VIEW_BENCHMARKS,
     **SPARK_BRIDGE_BENCHMARKS,
 }
 

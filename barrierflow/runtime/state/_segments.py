@@ -1,16 +1,20 @@
 """Segment files of a versioned table: Arrow IPC files with one record batch per vnode.
 
 A **segment** holds rows of a :class:`~barrierflow.runtime.state.versioned_table.
-VersionedTable` sorted by ``(vnode, primary key)``, each row with its op (:class:`~barrierflow.
-channels.Op` code in ``_op``) and vnode (``_vnode``). Rows of one key keep the order they were
-written in (the sort is stable), so the last row of a key is its latest write. Two kinds:
+VersionedTable` grouped by vnode, each row with its op (:class:`~barrierflow.channels.Op` code in
+``_op``) and vnode (``_vnode``). Two kinds:
 
-* a **delta** is the change log of one epoch (``delta-<epoch>.arrow``);
+* a **delta** is the change log of one epoch (``delta-<epoch>.arrow``), each vnode's rows in
+  the order they were written (grouping by vnode is a stable radix sort: cheap at a barrier);
 * a **base** is the table as of an epoch, folded from older segments by compaction
-  (``base-<epoch>.arrow``; inserts only: deleted keys are gone).
+  (``base-<epoch>.arrow``): each vnode's rows sorted by primary key, one insert per key.
 
-The file's schema metadata lists the vnodes its batches hold, in order (``bf.vnodes``), so a
-read of one vnode memory-maps the file and takes one batch: no scan, no copy. A file is
+A read merges a vnode's base with its deltas: a stable sort by key keeps each key's writes in
+order (base first, then the epochs, then write order), so a key's last row is its latest.
+
+The file's schema metadata lists the vnodes it holds (``bf.vnodes``): a base has one batch per
+vnode, a delta one batch and the row offset of each vnode in it (``bf.bounds``). A read of one
+vnode memory-maps the file and takes a batch or a slice of one: no scan, no copy. A file is
 written under a temporary name, fsynced and renamed into place; the store's manifest (a SQL
 table, written in the checkpoint's transaction) says which files belong to the table, so a
 file the manifest does not name is debris of a crash and is deleted when the table opens.
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, final
 
@@ -44,8 +48,9 @@ __all__ = [
     "VNODE_COLUMN",
     "Segment",
     "after_key",
+    "by_vnode",
     "latest_rows",
-    "sort_rows",
+    "write_delta",
     "write_segment",
 ]
 
@@ -54,46 +59,76 @@ OP_COLUMN = "_op"
 #: The vnode of each stored row.
 VNODE_COLUMN = "_vnode"
 _VNODES_KEY = b"bf.vnodes"
-_LIVE_OPS = pa.array([int(Op.INSERT), int(Op.UPDATE_INSERT)], pa.int8())
+_BOUNDS_KEY = b"bf.bounds"
 
 
-def sort_rows(rows: pa.Table, key: Sequence[str]) -> pa.Table:
-    """``rows`` sorted by vnode then ``key`` (stable: a key's writes keep their order)."""
-    order = [(VNODE_COLUMN, "ascending"), *((c, "ascending") for c in key)]
-    return rows.take(pc.sort_indices(rows, sort_keys=order))
-
-
-def write_segment(path: Path, rows: pa.Table) -> int:
-    """Write ``rows`` (sorted by :func:`sort_rows`) as a segment file at ``path``: one batch
-    per vnode present, written to a temporary name, fsynced, renamed; returns its size."""
+def by_vnode(rows: pa.Table) -> pa.Table:
+    """``rows`` grouped by vnode, each vnode's rows in the order written (a stable radix sort
+    on the small vnode numbers: cheap enough to run at every barrier)."""
     vnodes = rows.column(VNODE_COLUMN).to_numpy()
-    present, starts = np.unique(vnodes, return_index=True)
-    ends = np.append(starts[1:], len(vnodes))
-    metadata = {_VNODES_KEY: ",".join(str(int(v)) for v in present).encode()}
-    schema = rows.schema.with_metadata(metadata)
+    order = np.argsort(vnodes.astype(np.int16), kind="stable")
+    return rows.take(pa.array(order))
+
+
+def write_segment(
+    path: Path, schema: pa.Schema, vnodes: Sequence[int], tables: Iterable[pa.Table]
+) -> int:
+    """Write a segment file at ``path``: the batch of each of ``vnodes`` (the next of
+    ``tables``), under a temporary name, fsynced, renamed; returns its row count. ``tables``
+    may be a generator: a file larger than memory is written one vnode at a time."""
     temporary = path.with_name(f".{path.name}.tmp")
-    with ipc.new_file(str(temporary), schema) as writer:
-        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-            writer.write_table(rows.slice(start, end - start), max_chunksize=end - start)
+    metadata = {_VNODES_KEY: ",".join(str(v) for v in vnodes).encode()}
+    rows = 0
+    with ipc.new_file(str(temporary), schema.with_metadata(metadata)) as writer:
+        for table in tables:
+            # Exactly one batch per vnode (the index maps vnodes to batches): the columns
+            # combined into one chunk each; a vnode folded to nothing gets an empty batch.
+            columns = [column.combine_chunks() for column in table.columns]
+            writer.write_batch(pa.record_batch(columns, schema=table.schema))
+            rows += table.num_rows
     fsync_path(temporary)
     temporary.rename(path)
     fsync_path(path.parent)
-    return path.stat().st_size
+    return rows
+
+
+def write_delta(path: Path, schema: pa.Schema, rows: pa.Table) -> int:
+    """Write ``rows`` (grouped by vnode: :func:`by_vnode`) as a delta file at ``path``: one
+    batch, its vnodes and their row offsets in the metadata (a read of a vnode is a zero-copy
+    slice; one batch per vnode would cost a batch header per vnode at every checkpoint)."""
+    vnodes = rows.column(VNODE_COLUMN).to_numpy()
+    present, starts = np.unique(vnodes, return_index=True)
+    metadata = {
+        _VNODES_KEY: ",".join(str(int(v)) for v in present).encode(),
+        _BOUNDS_KEY: ",".join(str(int(b)) for b in [*starts.tolist(), len(vnodes)]).encode(),
+    }
+    temporary = path.with_name(f".{path.name}.tmp")
+    columns = [column.combine_chunks() for column in rows.columns]
+    with ipc.new_file(str(temporary), schema.with_metadata(metadata)) as writer:
+        writer.write_batch(pa.record_batch(columns, schema=schema))
+    fsync_path(temporary)
+    temporary.rename(path)
+    fsync_path(path.parent)
+    return int(rows.num_rows)
 
 
 @final
 class Segment:
     """One segment file, memory-mapped once, read one vnode (batch) at a time."""
 
-    __slots__ = ("_batches", "_index", "_reader", "epoch", "path", "rows")
+    __slots__ = ("_bounds", "_index", "_reader", "_single", "epoch", "path", "rows")
 
     def __init__(self, path: Path, epoch: int) -> None:
         self.path = path
         self.epoch = epoch
         self._reader = ipc.open_file(pa.memory_map(str(path)))
-        listed = (self._reader.schema.metadata or {}).get(_VNODES_KEY, b"")
-        vnodes = [int(v) for v in listed.decode().split(",") if v]
+        metadata = self._reader.schema.metadata or {}
+        vnodes = [int(v) for v in metadata.get(_VNODES_KEY, b"").decode().split(",") if v]
         self._index = {vnode: i for i, vnode in enumerate(vnodes)}
+        bounds = metadata.get(_BOUNDS_KEY)
+        # A delta: one batch, sliced by the row offsets of its vnodes; a base: a batch each.
+        self._bounds = None if bounds is None else [int(b) for b in bounds.decode().split(",")]
+        self._single = self._reader.get_batch(0) if self._bounds is not None else None
         self.rows = sum(
             self._reader.get_batch(i).num_rows for i in range(self._reader.num_record_batches)
         )
@@ -103,37 +138,69 @@ class Segment:
         """The stored schema (without the file's metadata)."""
         return self._reader.schema.remove_metadata()
 
+    def vnodes(self) -> list[int]:
+        """The vnodes the file holds a batch of."""
+        return list(self._index)
+
     def vnode(self, vnode: int) -> pa.RecordBatch | None:
         """The rows of ``vnode`` (``None`` if it has none)."""
         i = self._index.get(vnode)
-        return None if i is None else self._reader.get_batch(i)
+        if i is None:
+            return None
+        if self._single is not None and self._bounds is not None:
+            start, end = self._bounds[i], self._bounds[i + 1]
+            return self._single.slice(start, end - start)
+        return self._reader.get_batch(i)
 
     def table(self) -> pa.Table:
         """Every row, in file order."""
         return self._reader.read_all().replace_schema_metadata(None)
 
 
-def latest_rows(parts: Sequence[pa.RecordBatch | pa.Table], key: Sequence[str]) -> pa.Table:
-    """The table that ``parts`` (oldest first, each sorted by key) leave behind: for each key
-    its last row, if that row is an insert; sorted by key, ``_op`` kept (all inserts)."""
+def latest_rows(
+    parts: Sequence[pa.RecordBatch | pa.Table], key: Sequence[str], *, base: bool = False
+) -> pa.Table:
+    """The rows ``parts`` (oldest first; each a key's writes in write order) leave behind: for
+    each key its last row, if that row is an insert; sorted by key. With ``base``, the first
+    part is a base (sorted, one insert per key): alone, it is the answer as it is."""
     tables = [p if isinstance(p, pa.Table) else pa.Table.from_batches([p]) for p in parts]
+    if base and len(tables) == 1:
+        return tables[0]
     rows = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
-    if len(tables) > 1:
-        rows = rows.take(pc.sort_indices(rows, sort_keys=[(c, "ascending") for c in key]))
     n = rows.num_rows
     if n == 0:
         return rows
+    order, sorted_key = _stable_order(rows, key)
+    ops = rows.column(OP_COLUMN).to_numpy()[order]
     last = np.ones(n, dtype=bool)
-    if n > 1:
+    if n > 1 and sorted_key is not None:
+        last[:-1] = sorted_key[1:] != sorted_key[:-1]
+    elif n > 1:
         differs = np.zeros(n - 1, dtype=bool)
         for column in key:
-            values = rows.column(column)
+            values = rows.column(column).take(pa.array(order))
             differs |= pc.not_equal(values.slice(0, n - 1), values.slice(1)).to_numpy(
                 zero_copy_only=False
             )
         last[:-1] = differs
-    live = pc.is_in(rows.column(OP_COLUMN), value_set=_LIVE_OPS).to_numpy(zero_copy_only=False)
-    return rows.filter(pa.array(last & live))
+    keep = last & ((ops == int(Op.INSERT)) | (ops == int(Op.UPDATE_INSERT)))
+    return rows.take(pa.array(order[keep]))
+
+
+def _stable_order(
+    rows: pa.Table, key: Sequence[str]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any] | None]:
+    """The stable sort order of ``rows`` by ``key``, and for one integer key the sorted keys
+    (NumPy's timsort: the parts are sorted runs it merges cheaply; Arrow's sort otherwise)."""
+    if len(key) == 1:
+        column = rows.column(key[0])
+        if pa.types.is_integer(column.type) and not column.null_count:
+            values = column.to_numpy()
+            timsorted: npt.NDArray[np.int64] = np.argsort(values, kind="stable")
+            return timsorted, values[timsorted]
+    arrow_sorted = pc.sort_indices(rows, sort_keys=[(c, "ascending") for c in key])
+    result: npt.NDArray[np.int64] = arrow_sorted.to_numpy().astype(np.int64)
+    return result, None
 
 
 def after_key(rows: pa.Table, key: Sequence[str], after: Sequence[Any]) -> pa.Table:

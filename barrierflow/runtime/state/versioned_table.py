@@ -37,7 +37,7 @@ larger than memory: only one vnode's rows are in memory at a time.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, final
 
@@ -72,6 +72,9 @@ class _Sealed:
     def vnode(self, vnode: int) -> pa.Table | None:
         start, end = int(self._bounds[vnode]), int(self._bounds[vnode + 1])
         return self.rows.slice(start, end - start) if end > start else None
+
+    def vnodes(self) -> list[int]:
+        return [int(v) for v in np.flatnonzero(np.diff(self._bounds))]
 
     def table(self) -> pa.Table:
         return self.rows
@@ -181,9 +184,7 @@ class VersionedTable:
             raise EpochOrderError("epoch", self._last_sealed, epoch)
         if self._buffer:
             rows = pa.Table.from_batches(self._buffer, self._stored)
-            self._sealed[epoch] = _Sealed(
-                _segments.sort_rows(rows, self.primary_key), self.vnode_count
-            )
+            self._sealed[epoch] = _Sealed(_segments.by_vnode(rows), self.vnode_count)
             self._buffer = []
         self._last_sealed = epoch
 
@@ -230,13 +231,22 @@ class VersionedTable:
         self, versions: Sequence[Segment | _Sealed], vnode: int, after: Sequence[Any] | None
     ) -> pa.Table:
         """One vnode's rows as ``versions`` leave them (on a worker thread)."""
-        parts = [rows for v in versions if (rows := v.vnode(vnode)) is not None]
-        if not parts:
+        rows = self._latest(versions, vnode)
+        if rows is None:
             return self.schema.empty_table()
-        rows = _segments.latest_rows(parts, self.primary_key)
         if after is not None:
             rows = _segments.after_key(rows, self.primary_key, after)
         return rows.select(self.schema.names)
+
+    def _latest(self, versions: Sequence[Segment | _Sealed], vnode: int) -> pa.Table | None:
+        """``vnode``'s rows as ``versions`` (oldest first) leave them, ``_op`` kept; ``None``
+        if none of them holds the vnode. A base alone is the answer as it is."""
+        parts = [rows for v in versions if (rows := v.vnode(vnode)) is not None]
+        if not parts:
+            return None
+        first = versions[0]
+        alone = len(parts) == 1 and first is self._base and first.vnode(vnode) is not None
+        return _segments.latest_rows(parts, self.primary_key, base=alone)
 
     async def read_vnode(
         self, vnode: int, epoch: int, *, after: Sequence[Any] | None = None
@@ -261,8 +271,8 @@ class VersionedTable:
         return await anyio.to_thread.run_sync(self._merge, versions, vnode, after)
 
     async def change_log(self, epoch: int, vnodes: VnodeBitmap | None = None) -> pa.Table:
-        """What ``epoch`` wrote (the ops in column ``_op``), by vnode then primary key (a
-        key's writes in write order); only the rows of ``vnodes`` if given.
+        """What ``epoch`` wrote (the ops in column ``_op``), by vnode, each vnode's rows in the
+        order written; only the rows of ``vnodes`` if given.
 
         Raises:
             EpochNotSealedError: ``epoch`` is not sealed yet.
@@ -320,9 +330,10 @@ class VersionedTable:
         rows: list[tuple[Any, ...]] = []
         for e in sorted(e for e in self._sealed if e <= epoch):
             file = f"delta-{e:020d}.arrow"
-            data = self._sealed[e].rows
-            await anyio.to_thread.run_sync(_segments.write_segment, self.directory / file, data)
-            rows.append((self.owner, self.name, "delta", e, file, data.num_rows))
+            count = await anyio.to_thread.run_sync(
+                _segments.write_delta, self.directory / file, self._stored, self._sealed[e].rows
+            )
+            rows.append((self.owner, self.name, "delta", e, file, count))
         return [_sql.Statement(_sql.SEGMENT_ADD, rows)]
 
     def _committed_through(self, epoch: int) -> None:
@@ -348,14 +359,15 @@ class VersionedTable:
     def _write_base(self, versions: Sequence[Segment | _Sealed], through: int) -> int:
         """Fold ``versions`` into the base file of ``through``, one vnode at a time (memory
         holds one vnode's rows); returns its row count."""
-        tables = []
-        for vnode in range(self.vnode_count):
-            parts = [rows for v in versions if (rows := v.vnode(vnode)) is not None]
-            if parts:
-                tables.append(_segments.latest_rows(parts, self.primary_key))
-        rows = pa.concat_tables(tables) if tables else self._stored.empty_table()
-        _segments.write_segment(self.directory / f"base-{through:020d}.arrow", rows)
-        return int(rows.num_rows)
+        vnodes = sorted({v for version in versions for v in version.vnodes()})
+
+        def merged() -> Iterator[pa.Table]:
+            for vnode in vnodes:
+                rows = self._latest(versions, vnode)
+                yield self._stored.empty_table() if rows is None else rows
+
+        path = self.directory / f"base-{through:020d}.arrow"
+        return _segments.write_segment(path, self._stored, vnodes, merged())
 
     async def _compact(self, through: int, transaction: Any) -> None:
         """Fold every durable version up to ``through`` into a new base; the manifest swaps in
