@@ -37,14 +37,11 @@ The record each stream ends with is the same either way, and so is the check.
 
 from __future__ import annotations
 
-import functools
 import json
 import shlex
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -54,8 +51,15 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import redis
 
+from barrierflow._demo_backfill_streams import (
+    MANIFEST,
+    Manifest,
+    Producer,
+    server,
+    stop_left_behind,
+    top_up,
+)
 from barrierflow._demo_faults import kill_self
-from barrierflow._fs import write_atomically
 from barrierflow.actors import SourceBackfill, SplitSource, add_sink
 from barrierflow.actors.sources.split_log import (
     OFFSET_MAJOR,
@@ -63,20 +67,15 @@ from barrierflow.actors.sources.split_log import (
     SPLIT_COLUMN,
     split_log_schema,
 )
-from barrierflow.channels.errors import ConfigError, InvalidArgumentError
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors import ParquetFileSink, RedisStreamLog
-from barrierflow.runtime import Job, Runtime, RuntimeConfig, StateStore
-from barrierflow.runtime.job_catalog import JobCatalog
+from barrierflow.runtime import Job, Runtime, RuntimeConfig, stored_jobs
 
 __all__ = ["BackfillDemoConfig", "BackfillDemoResult", "resume_command", "run_backfill_demo"]
 
 PAYLOAD = pa.schema([pa.field("key", pa.int64(), nullable=False), ("value", pa.int64())])
 #: A new run's sizes when none are given: streams, records per stream before and during it.
 DEFAULT_SIZES = (4, 50_000, 20_000)
-#: Records the producer appends per stream in one round.
-_ROUND = 1_000
-#: The run's record of what it was asked for, in its work directory.
-MANIFEST = "demo-backfill.json"
 #: Checkpoints in a row with no new row in the history table before the run gives up waiting
 #: (and the check reports what is missing).
 _STALLED_CHECKPOINTS = 300
@@ -121,43 +120,6 @@ class BackfillDemoConfig:
             raise InvalidArgumentError("crash_after", "None or an int >= 0", self.crash_after)
         if type(self.resume) is not bool:
             raise InvalidArgumentError("resume", "a bool", self.resume)
-
-
-@dataclass(frozen=True, slots=True)
-class _Manifest:
-    """What a run was asked for, and the server it started (written when it starts)."""
-
-    streams: int
-    history: int
-    live: int
-    #: The server given by the user, or ``None`` for the one started in the work directory.
-    redis_url: str | None
-    #: The process id of the server the run started (to stop it when a resume begins).
-    server_pid: int | None = None
-
-    def write(self, workdir: Path) -> None:
-        write_atomically(workdir / MANIFEST, json.dumps(asdict(self)).encode())
-
-    @classmethod
-    def read(cls, workdir: Path) -> _Manifest:
-        try:
-            return cls(**json.loads((workdir / MANIFEST).read_text()))
-        except FileNotFoundError:
-            raise ConfigError(
-                "resume", f"a backfill run started in {workdir}", "nothing there"
-            ) from None
-        except (ValueError, TypeError) as exc:
-            raise ConfigError("resume", f"a readable {MANIFEST} in {workdir}", str(exc)) from exc
-
-    def check(self, config: BackfillDemoConfig) -> None:
-        """Refuse a resume that asks for other sizes than the started run's."""
-        for name in ("streams", "history", "live"):
-            given = getattr(config, name)
-            if given is not None and given != getattr(self, name):
-                started = getattr(self, name)
-                raise ConfigError(
-                    name, f"{started}, as the run being resumed (or leave it out)", given
-                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,12 +169,12 @@ def run_backfill_demo(config: BackfillDemoConfig) -> BackfillDemoResult:
         raise InvalidArgumentError("config", "a BackfillDemoConfig", type(config).__name__)
     workdir = config.workdir
     if config.resume:
-        manifest = _Manifest.read(workdir)
+        manifest = Manifest.read(workdir)
         manifest.check(config)
-        _stop_left_behind(workdir, manifest)
+        stop_left_behind(workdir, manifest)
     else:
         if (workdir / MANIFEST).exists():
-            _stop_left_behind(workdir, _Manifest.read(workdir))
+            stop_left_behind(workdir, Manifest.read(workdir))
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True)
         streams, history, live = (
@@ -221,96 +183,19 @@ def run_backfill_demo(config: BackfillDemoConfig) -> BackfillDemoResult:
                 (config.streams, config.history, config.live), DEFAULT_SIZES, strict=True
             )
         )
-        manifest = _Manifest(streams, history, live, config.redis_url)
+        manifest = Manifest(streams, history, live, config.redis_url)
     started = time.monotonic()
-    with _server(workdir, manifest) as url:
+    with server(workdir, manifest) as url:
         client = redis.Redis.from_url(url, protocol=2)
         try:
             keys = [f"demo:events:{i}" for i in range(manifest.streams)]
             if not config.resume:
                 client.delete(*keys)
-                _top_up(client, keys, manifest.history, manifest.history)
+                top_up(client, keys, manifest.history, manifest.history)
             anyio.run(_pipeline, config, manifest, url, keys, backend=config.backend)
             return _verify(workdir, client, keys, time.monotonic() - started)
         finally:
             client.close()
-
-
-def _stop_left_behind(workdir: Path, manifest: _Manifest) -> None:
-    """Kill the server a crashed run started and left running (its data is on disk)."""
-    if manifest.server_pid is not None:
-        from barrierflow.testing.redis_server import kill_left_behind
-
-        kill_left_behind(manifest.server_pid, workdir / "valkey")
-
-
-@contextmanager
-def _server(workdir: Path, manifest: _Manifest) -> Iterator[str]:
-    """The run's server: the user's, or one started in ``workdir`` (persistent: a resume
-    restarts it on its append-only file). The manifest is written once it runs."""
-    if manifest.redis_url is not None:
-        manifest.write(workdir)
-        yield manifest.redis_url
-        return
-    from barrierflow.testing.redis_server import RedisServer
-
-    server = RedisServer(workdir / "valkey", persistent=True)
-    server.directory.mkdir(parents=True, exist_ok=True)
-    server.start()
-    try:
-        _Manifest(**{**asdict(manifest), "server_pid": server.pid}).write(workdir)
-        yield server.url
-    finally:
-        server.stop()
-
-
-def _top_up(client: redis.Redis, keys: list[str], goal: int, most: int) -> int:
-    """Append records to every stream holding fewer than ``goal``, at most ``most`` each (one
-    pipeline); returns how many were appended. A stream's ``i``-th record has the key
-    ``i * streams + stream`` and the value ``i``, so a resumed producer continues each stream
-    where it stopped and never writes a record twice."""
-    pipe = client.pipeline(transaction=False)
-    appended = 0
-    for stream, key in enumerate(keys):
-        length = int(client.xlen(key))
-        for i in range(length, min(goal, length + most)):
-            pipe.xadd(key, {"key": i * len(keys) + stream, "value": i})
-            appended += 1
-            if len(pipe) >= 10_000:
-                pipe.execute()
-    pipe.execute()
-    return appended
-
-
-class _Producer:
-    """Appends rounds of records to every stream until each holds the run's total."""
-
-    def __init__(self, url: str, keys: list[str], goal: int) -> None:
-        self._client = redis.Redis.from_url(url, protocol=2)
-        self._keys = keys
-        self._goal = goal
-        self.rounds = 0
-        self.done = anyio.Event()
-        self._round = anyio.Event()
-
-    async def run(self) -> None:
-        try:
-            while await anyio.to_thread.run_sync(
-                functools.partial(_top_up, self._client, self._keys, self._goal, _ROUND)
-            ):
-                self.rounds += 1
-                self._round.set()
-                self._round = anyio.Event()
-                await anyio.sleep(0.01)
-        finally:
-            self._client.close()
-        self.done.set()
-        self._round.set()
-
-    async def wait_rounds(self, rounds: int) -> None:
-        """Until ``rounds`` rounds have been appended (or the producer is done)."""
-        while self.rounds < rounds and not self.done.is_set():
-            await self._round.wait()
 
 
 def _history_job(workdir: Path, log: RedisStreamLog) -> Job:
@@ -326,16 +211,8 @@ def _history_job(workdir: Path, log: RedisStreamLog) -> Job:
     return history
 
 
-async def _durable_jobs(state_path: Path) -> set[str]:
-    """The jobs in the state store's last checkpoint (none without a store)."""
-    if not await anyio.Path(state_path).exists():
-        return set()
-    async with await StateStore.open(state_path) as store:
-        return set(await JobCatalog(store).committed())
-
-
 async def _pipeline(
-    config: BackfillDemoConfig, manifest: _Manifest, url: str, keys: list[str]
+    config: BackfillDemoConfig, manifest: Manifest, url: str, keys: list[str]
 ) -> None:
     """The live job from the start; the history job added mid-run (or declared again on a
     resume after it became durable), while records arrive."""
@@ -343,13 +220,13 @@ async def _pipeline(
     schema = split_log_schema(PAYLOAD)
     log = RedisStreamLog(url, payload=PAYLOAD, splits=keys, block_ms=100)
     state_path = workdir / "state.db"
-    declared = "history" in await _durable_jobs(state_path)
+    declared = "history" in await stored_jobs(state_path)
     rt = Runtime(RuntimeConfig(state_path=state_path, barrier_interval=0.2))
     rt.add_source("events", lambda: SplitSource(log, batch_rows=4096))
     add_sink(rt, "live", lambda: ParquetFileSink(workdir / "live", schema), input="events")
     if declared:
         rt.declare_job(_history_job(workdir, log))
-    producer = _Producer(url, keys, manifest.history + manifest.live)
+    producer = Producer(url, keys, manifest.history + manifest.live)
     async with log, rt:
         async with anyio.create_task_group() as tg:
             tg.start_soon(producer.run)

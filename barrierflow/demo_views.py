@@ -56,8 +56,7 @@ from barrierflow.actors.sources.batch_feed import BatchFeed
 from barrierflow.channels.errors import ConfigError, InvalidArgumentError
 from barrierflow.connectors import ParquetFileSink
 from barrierflow.connectors._staging import STAGING
-from barrierflow.runtime import Job, Runtime, RuntimeConfig, StateStore
-from barrierflow.runtime.job_catalog import JobCatalog
+from barrierflow.runtime import Job, Runtime, RuntimeConfig, stored_jobs
 
 __all__ = ["ViewsDemoConfig", "ViewsDemoResult", "resume_command", "run_views_demo"]
 
@@ -195,17 +194,10 @@ def _copy_job(workdir: Path) -> Job:
     return job
 
 
-async def _durable_jobs(state_path: Path) -> set[str]:
-    if not await anyio.Path(state_path).exists():
-        return set()
-    async with await StateStore.open(state_path) as store:
-        return set(await JobCatalog(store).committed())
-
-
 async def _pipeline(config: ViewsDemoConfig, manifest: _Manifest) -> None:
     workdir = config.workdir
     state_path = workdir / "state.db"
-    declared = "copy" in await _durable_jobs(state_path)
+    declared = "copy" in await stored_jobs(state_path)
     feed = BatchFeed(events(0, 1, 1).schema, chunk_rows=8192)
     rt = Runtime(RuntimeConfig(state_path=state_path, barrier_interval=0.2))
     rt.add_source(_STREAM, feed.source)

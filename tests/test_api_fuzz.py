@@ -336,7 +336,7 @@ EXEMPT = {
 
 
 #: Fuzzed by their own async tests below.
-ASYNC_TESTED = {"StateStore", "StateTable"}
+ASYNC_TESTED = {"StateStore", "StateTable", "stored_jobs"}  # stored_jobs: test_jobs.py
 
 
 def test_every_public_name_is_fuzzed_or_exempt() -> None:

@@ -19,6 +19,7 @@ from barrierflow import (
     ActorFailedError,
     DuplicateJobError,
     GraphError,
+    InvalidArgumentError,
     JobDroppingError,
     JobError,
     JobNotDeclaredError,
@@ -34,6 +35,7 @@ from barrierflow.runtime import (
     Runtime,
     RuntimeConfig,
     StreamActor,
+    stored_jobs,
 )
 
 pytestmark = pytest.mark.anyio
@@ -589,3 +591,23 @@ async def test_a_job_cannot_read_an_actor_of_a_job_being_dropped(tmp_path: Path)
             assert dropping.value.dropping == "leaving"
             release.set()
     assert rt.jobs() == ["main"]
+
+
+async def test_stored_jobs_reads_the_catalog_before_a_runtime_starts(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    assert await stored_jobs(path) == {}
+    assert not path.exists()  # reading created nothing
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    job = Job("stateful")
+    job.add_actor("writer", Writer, inputs=["src"])
+    with anyio.fail_after(scaled(20)):
+        async with rt:
+            handle = await rt.add_job(job)
+            await rt.checkpoint()
+    stored = await stored_jobs(path)
+    assert sorted(stored) == ["main", "stateful"]
+    assert stored["stateful"] == handle.created_epoch
+    with pytest.raises(InvalidArgumentError) as bad:
+        await stored_jobs(b"state.db")  # type: ignore[arg-type]
+    assert bad.value.argument == "path"

@@ -25,7 +25,7 @@ def test_readme_opens_with_the_two_commands() -> None:
 @pytest.mark.spark
 def test_readme_examples_run(tmp_path: Path) -> None:
     examples = re.findall(r"```python\n(.*?)```", README, re.S)
-    assert len(examples) == 7
+    assert len(examples) == 8
     outputs = []
     for example in examples:
         done = subprocess.run(
@@ -42,8 +42,9 @@ def test_readme_examples_run(tmp_path: Path) -> None:
     assert outputs[2] == "1000 rows in one snapshot per epoch"
     assert outputs[3] == "[3, 4, 5] ['clicks.0', 'clicks.1']"
     assert outputs[4] == "2002 rows, each once"
-    assert outputs[5] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
-    assert "Barrier(" in outputs[6]
+    assert outputs[5] == "[(1, 15), (2, 20), (3, 5)]"
+    assert outputs[6] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
+    assert "Barrier(" in outputs[7]
 
 
 def test_readme_links_only_inside_the_repository() -> None:

@@ -193,9 +193,9 @@ class VersionedTableMachine(RuleBasedStateMachine):
                 self.portal.call(self.table.change_log, epoch)
             return
         got = log_of(self.portal.call(self.table.change_log, epoch))
-        # By vnode, then key; a key's writes in the order written.
+        # By vnode, each vnode's writes in the order written.
         order = sorted(range(len(self.logs[epoch])), key=lambda i: (
-            KEY_VNODE[self.logs[epoch][i][0]], self.logs[epoch][i][0], i
+            KEY_VNODE[self.logs[epoch][i][0]], i
         ))  # fmt: skip
         assert got == [(k, v, int(op)) for k, v, op in (self.logs[epoch][i] for i in order)]
 

@@ -20,6 +20,7 @@ from barrierflow.runtime.job import Job as Job
 from barrierflow.runtime.job import JobHandle as JobHandle
 from barrierflow.runtime.job import JobStats as JobStats
 from barrierflow.runtime.job import PushSource as PushSource
+from barrierflow.runtime.job_catalog import stored_jobs as stored_jobs
 from barrierflow.runtime.logging import configure_logging as configure_logging
 from barrierflow.runtime.progress import JobProgress as JobProgress
 from barrierflow.runtime.progress import Progress as Progress
@@ -58,4 +59,5 @@ __all__ = [
     "configure_logging",
     "open_command_actor",
     "serve_commands",
+    "stored_jobs",
 ]

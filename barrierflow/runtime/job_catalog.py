@@ -14,11 +14,15 @@ JobNotDeclaredError`) until it is declared again or forgotten.
 
 from __future__ import annotations
 
+import os
 from typing import Any, final
 
+import anyio
+
+from barrierflow.runtime.state._store_file import check_argument
 from barrierflow.runtime.state.state_store import StateStore, StateTable
 
-__all__ = ["CATALOG_OWNER", "JobCatalog"]
+__all__ = ["CATALOG_OWNER", "JobCatalog", "stored_jobs"]
 
 #: The owner name of the runtime's own tables (not a valid actor of a user's graph).
 CATALOG_OWNER = "__runtime__"
@@ -53,3 +57,21 @@ class JobCatalog:
         for job in dropped:
             self._table.delete(job)
         self._table.seal(epoch)
+
+
+async def stored_jobs(state_path: str | os.PathLike[str]) -> dict[str, int]:
+    """The jobs a state store's last checkpoint holds (name → created epoch), read before a
+    runtime starts on it — to declare again the ones added at run time (``rt.declare_job``), or
+    forget them. A path with no store holds none (and is not created).
+
+    Raises:
+        InvalidArgumentError: ``state_path`` is not a path (``argument="path"``).
+        StateStoreError: as :meth:`StateStore.open` (a store another runtime holds, a
+            damaged or foreign file).
+    """
+    path = check_argument(state_path)
+    if not await anyio.Path(path).exists():
+        return {}
+    async with await StateStore.open(path) as store:
+        committed = await JobCatalog(store).committed()
+    return {name: int(entry["created_epoch"]) for name, entry in committed.items()}

@@ -46,6 +46,7 @@ from barrierflow.channels.chunk import Op
 __all__ = [
     "OP_COLUMN",
     "VNODE_COLUMN",
+    "MemorySegment",
     "Segment",
     "after_key",
     "by_vnode",
@@ -110,6 +111,29 @@ def write_delta(path: Path, schema: pa.Schema, rows: pa.Table) -> int:
     temporary.rename(path)
     fsync_path(path.parent)
     return int(rows.num_rows)
+
+
+@final
+class MemorySegment:
+    """An epoch's rows, sealed and grouped by vnode, in memory until its checkpoint is durable
+    (the same reads as a :class:`Segment`)."""
+
+    __slots__ = ("_bounds", "rows")
+
+    def __init__(self, rows: pa.Table, vnode_count: int) -> None:
+        self.rows = rows
+        vnodes = rows.column(VNODE_COLUMN).to_numpy()
+        self._bounds = np.searchsorted(vnodes, np.arange(vnode_count + 1))
+
+    def vnode(self, vnode: int) -> pa.Table | None:
+        start, end = int(self._bounds[vnode]), int(self._bounds[vnode + 1])
+        return self.rows.slice(start, end - start) if end > start else None
+
+    def vnodes(self) -> list[int]:
+        return [int(v) for v in np.flatnonzero(np.diff(self._bounds))]
+
+    def table(self) -> pa.Table:
+        return self.rows
 
 
 @final

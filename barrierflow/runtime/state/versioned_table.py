@@ -48,7 +48,7 @@ import pyarrow as pa
 from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError, SchemaMismatchError
 from barrierflow.channels.vnode import VnodeBitmap, vnodes_unchecked
 from barrierflow.runtime.state import _segments, _sql
-from barrierflow.runtime.state._segments import OP_COLUMN, VNODE_COLUMN, Segment
+from barrierflow.runtime.state._segments import OP_COLUMN, VNODE_COLUMN, MemorySegment, Segment
 from barrierflow.runtime.state._versioned_checks import op_codes
 from barrierflow.runtime.state.errors import EpochNotSealedError, VersionCompactedError
 
@@ -56,28 +56,6 @@ if TYPE_CHECKING:
     from barrierflow.runtime.state.state_store import StateStore
 
 __all__ = ["VersionedTable"]
-
-
-@final
-class _Sealed:
-    """An epoch's rows, sealed and sorted, in memory until its checkpoint is durable."""
-
-    __slots__ = ("_bounds", "rows")
-
-    def __init__(self, rows: pa.Table, vnode_count: int) -> None:
-        self.rows = rows
-        vnodes = rows.column(VNODE_COLUMN).to_numpy()
-        self._bounds = np.searchsorted(vnodes, np.arange(vnode_count + 1))
-
-    def vnode(self, vnode: int) -> pa.Table | None:
-        start, end = int(self._bounds[vnode]), int(self._bounds[vnode + 1])
-        return self.rows.slice(start, end - start) if end > start else None
-
-    def vnodes(self) -> list[int]:
-        return [int(v) for v in np.flatnonzero(np.diff(self._bounds))]
-
-    def table(self) -> pa.Table:
-        return self.rows
 
 
 @final
@@ -109,7 +87,7 @@ class VersionedTable:
             pa.field(OP_COLUMN, pa.int8(), nullable=False)
         )
         self._buffer: list[pa.RecordBatch] = []
-        self._sealed: dict[int, _Sealed] = {}
+        self._sealed: dict[int, MemorySegment] = {}
         self._deltas: dict[int, Segment] = {}
         self._base: Segment | None = None
         self._base_epoch = 0
@@ -184,7 +162,7 @@ class VersionedTable:
             raise EpochOrderError("epoch", self._last_sealed, epoch)
         if self._buffer:
             rows = pa.Table.from_batches(self._buffer, self._stored)
-            self._sealed[epoch] = _Sealed(_segments.by_vnode(rows), self.vnode_count)
+            self._sealed[epoch] = MemorySegment(_segments.by_vnode(rows), self.vnode_count)
             self._buffer = []
         self._last_sealed = epoch
 
@@ -219,16 +197,16 @@ class VersionedTable:
         if self._base is not None and folded:
             raise VersionCompactedError(self.label, epoch, self._base_epoch)
 
-    def _versions(self, epoch: int) -> list[Segment | _Sealed]:
+    def _versions(self, epoch: int) -> list[Segment | MemorySegment]:
         """The segments a read as of ``epoch`` merges, oldest first (taken on the event loop:
         commits and compactions change the lists, the segments themselves never change)."""
-        found: list[Segment | _Sealed] = [] if self._base is None else [self._base]
+        found: list[Segment | MemorySegment] = [] if self._base is None else [self._base]
         for e in sorted(e for e in (*self._deltas, *self._sealed) if e <= epoch):
             found.append(self._deltas.get(e) or self._sealed[e])
         return found
 
     def _merge(
-        self, versions: Sequence[Segment | _Sealed], vnode: int, after: Sequence[Any] | None
+        self, versions: Sequence[Segment | MemorySegment], vnode: int, after: Sequence[Any] | None
     ) -> pa.Table:
         """One vnode's rows as ``versions`` leave them (on a worker thread)."""
         rows = self._latest(versions, vnode)
@@ -238,7 +216,7 @@ class VersionedTable:
             rows = _segments.after_key(rows, self.primary_key, after)
         return rows.select(self.schema.names)
 
-    def _latest(self, versions: Sequence[Segment | _Sealed], vnode: int) -> pa.Table | None:
+    def _latest(self, versions: Sequence[Segment | MemorySegment], vnode: int) -> pa.Table | None:
         """``vnode``'s rows as ``versions`` (oldest first) leave them, ``_op`` kept; ``None``
         if none of them holds the vnode. A base alone is the answer as it is."""
         parts = [rows for v in versions if (rows := v.vnode(vnode)) is not None]
@@ -356,7 +334,7 @@ class VersionedTable:
         folded = [e for e in self._deltas if e <= through]
         return through if folded and through > self._base_epoch else None
 
-    def _write_base(self, versions: Sequence[Segment | _Sealed], through: int) -> int:
+    def _write_base(self, versions: Sequence[Segment | MemorySegment], through: int) -> int:
         """Fold ``versions`` into the base file of ``through``, one vnode at a time (memory
         holds one vnode's rows); returns its row count."""
         vnodes = sorted({v for version in versions for v in version.vnodes()})
