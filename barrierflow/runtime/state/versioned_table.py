@@ -209,22 +209,27 @@ class VersionedTable:
         self, versions: Sequence[Segment | MemorySegment], vnode: int, after: Sequence[Any] | None
     ) -> pa.Table:
         """One vnode's rows as ``versions`` leave them (on a worker thread)."""
-        rows = self._latest(versions, vnode)
+        rows = self._latest(versions, vnode, self.schema.names)
         if rows is None:
             return self.schema.empty_table()
         if after is not None:
             rows = _segments.after_key(rows, self.primary_key, after)
-        return rows.select(self.schema.names)
+        return rows
 
-    def _latest(self, versions: Sequence[Segment | MemorySegment], vnode: int) -> pa.Table | None:
+    def _latest(
+        self,
+        versions: Sequence[Segment | MemorySegment],
+        vnode: int,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table | None:
         """``vnode``'s rows as ``versions`` (oldest first) leave them, ``_op`` kept; ``None``
         if none of them holds the vnode. A base alone is the answer as it is."""
         parts = [rows for v in versions if (rows := v.vnode(vnode)) is not None]
         if not parts:
             return None
         first = versions[0]
-        alone = len(parts) == 1 and first is self._base and first.vnode(vnode) is not None
-        return _segments.latest_rows(parts, self.primary_key, base=alone)
+        based = first is self._base and first.vnode(vnode) is not None
+        return _segments.latest_rows(parts, self.primary_key, base=based, columns=columns)
 
     async def read_vnode(
         self, vnode: int, epoch: int, *, after: Sequence[Any] | None = None
