@@ -14,7 +14,7 @@ from _timeouts import scaled
 from barrierflow import ActorFailedError, NotAMaterializedViewError, VnodeUpdateDuringBackfillError
 from barrierflow.actors.backfill.materialize import Materialize
 from barrierflow.actors.backfill.snapshot_backfill import SnapshotBackfill
-from barrierflow.channels import Chunk, Message, Op, Throttle, Update
+from barrierflow.channels import Chunk, Message, Op, Pause, Resume, Throttle, Update
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
 
@@ -387,4 +387,49 @@ async def test_a_parallel_view_is_backfilled_by_one_actor_or_a_parallel_group(
             rows = [p.rows for p in handle.progress().actors.values()]
     assert len(rows) == backfills
     assert all(rows)  # each backfill actor read its share
+    assert_exactly_once(driver, seen)
+
+
+async def test_barriers_win_over_snapshot_chunks(tmp_path: Path) -> None:
+    # A slow snapshot (rate limited) of a big view: checkpoints still complete at once, the
+    # snapshot going on across them.
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = runtime(tmp_path, barrier_interval=3600)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(5000)))
+            await rt.checkpoint()
+            handle = await rt.add_job(copy_job(seen, batch_rows=100, rate_limit=20_000))
+            for _ in range(5):
+                await rt.checkpoint()  # each returns while the snapshot is under way
+            progress = handle.progress().actors["backfill"]
+            assert progress.detail["phase"] == "snapshot"
+            assert 0 < progress.rows < 5000
+            await rt.mutate(Throttle({rt.actor_id("backfill"): None}))
+            while not handle.progress().ready:
+                await rt.checkpoint()
+    assert_exactly_once(driver, seen)
+
+
+async def test_pause_stops_the_backfill_and_resume_continues_it(tmp_path: Path) -> None:
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = runtime(tmp_path, barrier_interval=3600)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(500)))
+            await rt.checkpoint()
+            handle = await rt.add_job(copy_job(seen, batch_rows=10))
+            await rt.mutate(Pause())  # its snapshot has hardly begun
+            await rt.checkpoint()
+            paused = handle.progress().actors["backfill"]
+            assert paused.detail["phase"] == "snapshot"
+            await rt.checkpoint()
+            assert handle.progress().actors["backfill"].rows == paused.rows  # not moving
+            await rt.mutate(Resume())
+            while not handle.progress().ready:
+                await rt.checkpoint()
+            await rt.push("src", driver.change(range(490, 510)))
+            await rt.checkpoint()
     assert_exactly_once(driver, seen)
