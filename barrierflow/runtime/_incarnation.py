@@ -52,13 +52,18 @@ def create_actors(nodes: list[Node]) -> dict[str, StreamActor]:
 
 
 def check_wiring(
-    instances: dict[str, StreamActor], wiring: Wiring, services: Mapping[str, Service]
+    instances: dict[str, StreamActor],
+    wiring: Wiring,
+    services: Mapping[str, Service],
+    running: Mapping[str, StreamActor] | None = None,
 ) -> None:
     """Run the actors' startup checks; the siblings of a parallel writer are the other
-    members of its hash group."""
+    members of its hash group; ``running`` are the actors of the running graph a joining job
+    may read."""
     groups = {name: ["|".join(group)] for name, group in wiring.hash_groups.items()}
     hashed = {key for v in groups.values() for key in v}
-    check_actors(instances, groups, services, hashed, wiring.keys, wiring.groups)
+    graph = {**(running or {}), **instances}
+    check_actors(instances, groups, services, hashed, wiring.keys, wiring.groups, graph)
 
 
 class Incarnation:
@@ -69,6 +74,8 @@ class Incarnation:
         self.manager = manager
         self.catalog = JobCatalog(store)
         self.contexts: dict[str, ActorContext] = {}
+        #: Every running actor, by name (what a joining job's startup checks may look at).
+        self.instances: dict[str, StreamActor] = {}
         self.inboxes: dict[str, SendChannel[Message]] = {}
         self.channels: list[SendChannel[Message]] = []
         self.ready = anyio.Event()
@@ -101,7 +108,7 @@ class Incarnation:
         first barrier arrives)."""
         assert self.actors is not None
         for node in nodes:
-            actor = instances[node.name]
+            actor = self.instances[node.name] = instances[node.name]
             receivers = wiring.inputs[node.name]
             ctx = ActorContext(
                 node.actor_id,

@@ -106,7 +106,8 @@ class RunningJobs(Declarations):
                 instances = create_actors(nodes)
                 capacity, rows = self._config.channel_capacity, self._config.channel_rows
                 wiring = wire(nodes, running, capacity=capacity, rows=rows)
-                check_wiring(instances, wiring, self._services() | job.services)
+                services = self._services() | job.services
+                check_wiring(instances, wiring, services, incarnation.instances)
             except BaseException:
                 self._graph.remove([n.name for n in nodes])
                 raise
@@ -180,6 +181,7 @@ class RunningJobs(Declarations):
             scope.cancel()
         for node in nodes:
             incarnation.inboxes.pop(node.name, None)
+            incarnation.instances.pop(node.name, None)
             ctx = incarnation.contexts.pop(node.name, None)
             if ctx is not None:
                 await self._trim(ctx, epoch)

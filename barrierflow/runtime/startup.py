@@ -25,7 +25,7 @@ hanging or losing rows later:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, final, runtime_checkable
 
 import structlog
@@ -50,6 +50,7 @@ class StartupContext:
             is not hash-dispatched).
         peers: every actor of its parallel group, itself included (``(name,)`` for an actor
             declared alone).
+        graph: every actor of the graph it joins, by name (the running ones and the new).
     """
 
     name: str
@@ -57,6 +58,7 @@ class StartupContext:
     siblings: Mapping[str, object]
     input_key: tuple[str, ...] | None = None
     peers: tuple[str, ...] = ()
+    graph: Mapping[str, object] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -76,6 +78,7 @@ def check_actors(
     hashed: set[str],
     keys: Mapping[str, tuple[str, ...]] | None = None,
     groups: Mapping[str, tuple[str, ...]] | None = None,
+    graph: Mapping[str, object] | None = None,
 ) -> None:
     """Run every actor's :class:`StartupCheck`.
 
@@ -86,6 +89,7 @@ def check_actors(
         hashed: the actors whose output is hash-dispatched.
         keys: name → the columns its hash-dispatched input is keyed by.
         groups: name → the actors of its parallel group (grouped actors only).
+        graph: every actor of the graph, by name (default: ``actors``).
     """
     for name, actor in actors.items():
         if not isinstance(actor, StartupCheck):
@@ -98,7 +102,8 @@ def check_actors(
         }
         key = (keys or {}).get(name)
         peers = (groups or {}).get(name, (name,))
-        actor.check_startup(StartupContext(name, services, siblings, key, peers))
+        context = StartupContext(name, services, siblings, key, peers, graph or actors)
+        actor.check_startup(context)
 
 
 async def adopt_sink_positions(

@@ -38,8 +38,10 @@ has emitted, and its change log every later emission, so the new job sees the vi
 stream — whatever its phase.
 
 The upstream is the view (its forwarded output); ``view=`` names the Materialize actor (or its
-parallel group). A parallel view is read by naming its group in a list of inputs
-(``inputs=["view"]`` stands for ``view.0``, ``view.1``, …: merged, barriers aligned). A
+parallel group) — anything else is refused when the job is added
+(:class:`~barrierflow.errors.NotAMaterializedViewError`). A parallel view is read by naming
+its group in a list of inputs (``inputs=["view"]`` stands for ``view.0``, ``view.1``, …:
+merged, barriers aligned). A
 parallel backfill declared with ``parallelism=N, key=<the view's distribution key>`` reads the
 vnodes its input routes to it.
 """
@@ -56,7 +58,7 @@ from barrierflow.actors.backfill.errors import (
     SnapshotBackfillStateError,
     VnodeUpdateDuringBackfillError,
 )
-from barrierflow.actors.backfill.materialize import VIEW_TABLE
+from barrierflow.actors.backfill.materialize import VIEW_TABLE, Materialize
 from barrierflow.actors.backfill.snapshot_progress import BackfillPhase, SnapshotProgress
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
@@ -64,6 +66,7 @@ from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.progress import Progress
+from barrierflow.runtime.startup import StartupContext
 from barrierflow.runtime.state.state_store import StateTable
 from barrierflow.runtime.state.versioned_table import VersionedTable
 
@@ -109,6 +112,20 @@ class SnapshotBackfill(StreamActor):
         self._rows_of: tuple[str, int] | None = None
         self._position = 0
         self._views: list[VersionedTable] = []
+
+    def check_startup(self, ctx: StartupContext) -> None:
+        """Refuse a view that is not a materialized view, before the job is added.
+
+        Raises:
+            NotAMaterializedViewError: no actor (or parallel group) of that name keeps one.
+        """
+        members = [
+            actor
+            for name, actor in ctx.graph.items()
+            if name == self.view or name.rpartition(".")[0] == self.view
+        ]
+        if not members or not all(isinstance(actor, Materialize) for actor in members):
+            raise NotAMaterializedViewError(self.view, VIEW_TABLE)
 
     # The run.
 
