@@ -433,3 +433,29 @@ async def test_pause_stops_the_backfill_and_resume_continues_it(tmp_path: Path) 
             await rt.push("src", driver.change(range(490, 510)))
             await rt.checkpoint()
     assert_exactly_once(driver, seen)
+
+
+async def test_an_epoch_partly_dropped_while_backfilling_is_replayed_whole(
+    tmp_path: Path,
+) -> None:
+    # The snapshot (a few rows) ends mid-epoch, soon after the job's first barrier: the live
+    # chunks of the epochs until then were all dropped, also those after the snapshot's end
+    # in its epoch; those epochs are read whole from the change log, then the job forwards.
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    rt = runtime(tmp_path, barrier_interval=3600)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(3)))
+            await rt.checkpoint()
+            handle = await rt.add_job(copy_job(seen))
+            await rt.push("src", driver.change(range(2, 6)))  # dropped live, then replayed
+            await rt.push("src", driver.delete(range(0, 1)))
+            for _ in range(3):  # the snapshot's end is seen after a barrier; then one epoch
+                await rt.checkpoint()
+                if handle.progress().actors["backfill"].detail["phase"] == "forward":
+                    break
+            assert handle.progress().actors["backfill"].detail["phase"] == "forward"
+            await rt.push("src", driver.change(range(5, 8)))  # forwarded live
+            await rt.checkpoint()
+    assert_exactly_once(driver, seen)

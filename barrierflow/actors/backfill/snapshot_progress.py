@@ -8,10 +8,11 @@ change log. ``pending`` lists them, oldest first.
 
 **The allowed lag only shrinks.** When the snapshot is done, the lag allowed is what is owed
 then. At each later live barrier the actor replays owed epochs (holding the barrier) until no
-more than the allowed lag remain, and the allowed lag becomes the smaller of what remains and
-itself minus half an epoch: for every two live epochs the backfill replays at least three, so
-it catches up even with a busy upstream, and the lag it reports never grows. When nothing is
-owed at a barrier, the epoch that barrier opens is forwarded live: no chunk of it was dropped.
+more than the allowed lag remain — and replays the epoch the barrier closed when it is the only
+one owed — and the allowed lag becomes the smaller of what remains and itself minus half an
+epoch: for every two live epochs the backfill replays at least three, so it catches up even
+with a busy upstream, and the lag it reports never grows. When nothing is owed at a barrier,
+the epoch that barrier opens is forwarded live: no chunk of it was dropped.
 
 The state persisted at every barrier (``progress`` and one ``vnode:<v>`` row per vnode whose
 snapshot moved) is what a restart resumes from: mid-vnode from the last key emitted, or
@@ -154,9 +155,13 @@ class SnapshotProgress:
             self.pending.append(epoch)
 
     def must_replay(self) -> bool:
-        """At a barrier: more epochs are owed than the allowed lag (replay before passing)."""
-        return self.phase is BackfillPhase.CHANGE_LOG and len(self.pending) > math.floor(
-            self.max_lag
+        """At a barrier: replay before passing it — while more epochs are owed than the
+        allowed lag, or when the only one owed is the epoch this barrier closed (replayed at
+        once, the job forwards from the next epoch, as the seed finishes once it consumed the
+        latest upstream epoch: a quiet upstream does not keep it waiting on the lag rule)."""
+        owed = len(self.pending)
+        return self.phase is BackfillPhase.CHANGE_LOG and (
+            owed > math.floor(self.max_lag) or owed == 1
         )
 
     def log_emitted(self, rows: int) -> None:
