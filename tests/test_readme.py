@@ -25,7 +25,7 @@ def test_readme_opens_with_the_two_commands() -> None:
 @pytest.mark.spark
 def test_readme_examples_run(tmp_path: Path) -> None:
     examples = re.findall(r"```python\n(.*?)```", README, re.S)
-    assert len(examples) == 8
+    assert len(examples) == 9
     outputs = []
     for example in examples:
         done = subprocess.run(
@@ -45,6 +45,7 @@ def test_readme_examples_run(tmp_path: Path) -> None:
     assert outputs[5] == "[(1, 15), (2, 20), (3, 5)]"
     assert outputs[6] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
     assert "Barrier(" in outputs[7]
+    assert outputs[8] == "8 rules kept; committed [1, 2] once"
 
 
 def test_readme_links_only_inside_the_repository() -> None:

@@ -11,9 +11,13 @@
   records committed rows per epoch, and a wrapper that fails or hangs any connector's methods
   on cue (:mod:`barrierflow.testing.sinks`).
 * :class:`~barrierflow.testing.split_log.MemorySplitLog` — an in-memory split log.
+* :func:`check_sink_connector` — a conformance suite for a user's own sink connector: the
+  exactly-once contract, rule by rule (:mod:`barrierflow.testing.conformance`).
 """
 
 from barrierflow.testing.clock import FakeClock as FakeClock
+from barrierflow.testing.conformance import ConformanceError as ConformanceError
+from barrierflow.testing.conformance import check_sink_connector as check_sink_connector
 from barrierflow.testing.redis_server import RedisServer as RedisServer
 from barrierflow.testing.sinks import FailingConnector as FailingConnector
 from barrierflow.testing.sinks import InjectedFaultError as InjectedFaultError
@@ -22,11 +26,13 @@ from barrierflow.testing.streams import drain as drain
 from barrierflow.testing.streams import rows_per_epoch as rows_per_epoch
 
 __all__ = [
+    "ConformanceError",
     "FailingConnector",
     "FakeClock",
     "InjectedFaultError",
     "ListSink",
     "RedisServer",
+    "check_sink_connector",
     "drain",
     "rows_per_epoch",
 ]
