@@ -40,8 +40,6 @@ async def test_the_parquet_sink_keeps_the_contract(tmp_path: Path) -> None:
     report.raise_for_failures()
 
 
-
-
 class ReplaysAndKeepsAll:
     """A connector breaking two rules: its commit is not idempotent, and recover commits every
     staged epoch, listed or not."""

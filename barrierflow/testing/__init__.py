@@ -11,8 +11,10 @@
   records committed rows per epoch, and a wrapper that fails or hangs any connector's methods
   on cue (:mod:`barrierflow.testing.sinks`).
 * :class:`~barrierflow.testing.split_log.MemorySplitLog` — an in-memory split log.
-* :func:`check_sink_connector` — a conformance suite for a user's own sink connector: the
-  exactly-once contract, rule by rule (:mod:`barrierflow.testing.conformance`).
+* :func:`check_sink_connector` / :func:`check_split_reader` — conformance suites for a user's
+  own sink connector (the exactly-once contract) and split log (offsets, exclusive starts,
+  following, unknown splits), rule by rule (:mod:`barrierflow.testing.conformance`,
+  :mod:`barrierflow.testing.split_conformance`).
 """
 
 from barrierflow.testing.clock import FakeClock as FakeClock
@@ -22,6 +24,7 @@ from barrierflow.testing.redis_server import RedisServer as RedisServer
 from barrierflow.testing.sinks import FailingConnector as FailingConnector
 from barrierflow.testing.sinks import InjectedFaultError as InjectedFaultError
 from barrierflow.testing.sinks import ListSink as ListSink
+from barrierflow.testing.split_conformance import check_split_reader as check_split_reader
 from barrierflow.testing.streams import drain as drain
 from barrierflow.testing.streams import rows_per_epoch as rows_per_epoch
 
@@ -33,6 +36,7 @@ __all__ = [
     "ListSink",
     "RedisServer",
     "check_sink_connector",
+    "check_split_reader",
     "drain",
     "rows_per_epoch",
 ]
