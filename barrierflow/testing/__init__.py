@@ -11,12 +11,14 @@
   records committed rows per epoch, and a wrapper that fails or hangs any connector's methods
   on cue (:mod:`barrierflow.testing.sinks`).
 * :class:`~barrierflow.testing.split_log.MemorySplitLog` — an in-memory split log.
-* :func:`check_sink_connector` / :func:`check_split_reader` — conformance suites for a user's
-  own sink connector (the exactly-once contract) and split log (offsets, exclusive starts,
-  following, unknown splits), rule by rule (:mod:`barrierflow.testing.conformance`,
-  :mod:`barrierflow.testing.split_conformance`).
+* :func:`check_sink_connector` / :func:`check_split_reader` / :func:`check_stream_actor` —
+  conformance suites for a user's own sink connector (the exactly-once contract), split log
+  (offsets, exclusive starts, following, unknown splits) and stream actor (the same rows with
+  crashes and restarts as without), rule by rule (:mod:`barrierflow.testing.conformance`,
+  :mod:`~barrierflow.testing.split_conformance`, :mod:`~barrierflow.testing.actor_conformance`).
 """
 
+from barrierflow.testing.actor_conformance import check_stream_actor as check_stream_actor
 from barrierflow.testing.clock import FakeClock as FakeClock
 from barrierflow.testing.conformance import ConformanceError as ConformanceError
 from barrierflow.testing.conformance import check_sink_connector as check_sink_connector
@@ -37,6 +39,7 @@ __all__ = [
     "RedisServer",
     "check_sink_connector",
     "check_split_reader",
+    "check_stream_actor",
     "drain",
     "rows_per_epoch",
 ]
