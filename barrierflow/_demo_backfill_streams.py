@@ -17,8 +17,8 @@ import anyio
 import anyio.to_thread
 import redis
 
+from barrierflow._demo_runs import check_sizes, read_manifest
 from barrierflow._fs import write_atomically
-from barrierflow.channels.errors import ConfigError
 
 __all__ = ["MANIFEST", "Manifest", "Producer", "server", "stop_left_behind", "top_up"]
 
@@ -45,24 +45,11 @@ class Manifest:
 
     @classmethod
     def read(cls, workdir: Path) -> Manifest:
-        try:
-            return cls(**json.loads((workdir / MANIFEST).read_text()))
-        except FileNotFoundError:
-            raise ConfigError(
-                "resume", f"a backfill run started in {workdir}", "nothing there"
-            ) from None
-        except (ValueError, TypeError) as exc:
-            raise ConfigError("resume", f"a readable {MANIFEST} in {workdir}", str(exc)) from exc
+        return read_manifest(cls, workdir, MANIFEST, "backfill")
 
     def check(self, config: Any) -> None:
         """Refuse a resume that asks for other sizes than the started run's."""
-        for name in ("streams", "history", "live"):
-            given = getattr(config, name)
-            if given is not None and given != getattr(self, name):
-                started = getattr(self, name)
-                raise ConfigError(
-                    name, f"{started}, as the run being resumed (or leave it out)", given
-                )
+        check_sizes(self, config, ("streams", "history", "live"))
 
 
 def stop_left_behind(workdir: Path, manifest: Manifest) -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shlex
 import shutil
 import signal
 import threading
@@ -50,6 +49,7 @@ import numpy as np
 from barrierflow._demo_faults import CrashingTable, Faults
 from barrierflow._demo_input import SCHEMA, RunManifest, complete_input
 from barrierflow._demo_progress import LiveProgress, RunCounts, batch_line
+from barrierflow._demo_runs import resume_command as resume_words
 from barrierflow.actors import BatchFeed, Coordinator, add_sink
 from barrierflow.channels.errors import ConfigError
 from barrierflow.connectors import IcebergSink, open_local_catalog
@@ -119,12 +119,7 @@ class DemoConfig:
 
 def resume_command(config: DemoConfig) -> str:
     """The command that resumes the run ``config`` describes (for the user to copy)."""
-    words = ["barrierflow", "demo", "--resume"]
-    if config.workdir != Path("demo-data"):
-        words += ["--workdir", str(config.workdir)]
-    if config.backend != "asyncio":
-        words += ["--backend", config.backend]
-    return shlex.join(words)
+    return resume_words(None, config.workdir, config.backend)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ The record each stream ends with is the same either way, and so is the check.
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import time
 from dataclasses import dataclass
@@ -60,6 +59,7 @@ from barrierflow._demo_backfill_streams import (
     top_up,
 )
 from barrierflow._demo_faults import kill_self
+from barrierflow._demo_runs import resume_command as resume_words
 from barrierflow.actors import SourceBackfill, SplitSource, add_sink
 from barrierflow.actors.sources.split_log import (
     OFFSET_MAJOR,
@@ -149,12 +149,7 @@ class BackfillDemoResult:
 
 def resume_command(config: BackfillDemoConfig) -> str:
     """The command that resumes the run ``config`` describes (for the user to copy)."""
-    words = ["barrierflow", "demo", "backfill", "--resume"]
-    if config.workdir != Path("demo-backfill"):
-        words += ["--workdir", str(config.workdir)]
-    if config.backend != "asyncio":
-        words += ["--backend", config.backend]
-    return shlex.join(words)
+    return resume_words("backfill", config.workdir, config.backend)
 
 
 def run_backfill_demo(config: BackfillDemoConfig) -> BackfillDemoResult:

@@ -26,7 +26,6 @@ and the feed continues after the last durable batch.
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -37,6 +36,8 @@ import anyio
 import anyio.to_thread
 
 from barrierflow._demo_faults import kill_self
+from barrierflow._demo_runs import check_sizes, read_manifest
+from barrierflow._demo_runs import resume_command as resume_words
 from barrierflow._demo_views_graph import (
     TOTALS,
     WITH_OPS,
@@ -109,22 +110,10 @@ class _Manifest:
 
     @classmethod
     def read(cls, workdir: Path) -> _Manifest:
-        try:
-            return cls(**json.loads((workdir / MANIFEST).read_text()))
-        except FileNotFoundError:
-            raise ConfigError(
-                "resume", f"a views run started in {workdir}", "nothing there"
-            ) from None
-        except (ValueError, TypeError) as exc:
-            raise ConfigError("resume", f"a readable {MANIFEST} in {workdir}", str(exc)) from exc
+        return read_manifest(cls, workdir, MANIFEST, "views")
 
     def check(self, config: ViewsDemoConfig) -> None:
-        for name in ("batches", "rows", "keys"):
-            given, started = getattr(config, name), getattr(self, name)
-            if given is not None and given != started:
-                raise ConfigError(
-                    name, f"{started}, as the run being resumed (or leave it out)", given
-                )
+        check_sizes(self, config, ("batches", "rows", "keys"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,12 +135,7 @@ class ViewsDemoResult:
 
 def resume_command(config: ViewsDemoConfig) -> str:
     """The command that resumes the run ``config`` describes."""
-    words = ["barrierflow", "demo", "views", "--resume"]
-    if config.workdir != Path("demo-views"):
-        words += ["--workdir", str(config.workdir)]
-    if config.backend != "asyncio":
-        words += ["--backend", config.backend]
-    return shlex.join(words)
+    return resume_words("views", config.workdir, config.backend)
 
 
 def run_views_demo(config: ViewsDemoConfig) -> ViewsDemoResult:

@@ -182,15 +182,23 @@ class Throttle:
     def __post_init__(self) -> None:
         rates = _frozen_mapping("Throttle.rates", self.rates)
         for rate in rates.values():
-            if rate is not None and (
-                isinstance(rate, bool)
-                or not isinstance(rate, int | float)
-                or not 0 <= rate < math.inf  # also refuses NaN
-            ):
-                raise InvalidArgumentError(
-                    "Throttle.rates", "None or a finite rate >= 0 (rows per second)", rate
-                )
+            check_rate("Throttle.rates", rate)
         object.__setattr__(self, "rates", rates)
+
+
+def check_rate(argument: str, rate: object) -> None:
+    """``rate`` is a rate limit: ``None`` (unlimited) or a finite number of rows per second
+    >= 0 (0: paused) — what ``Throttle`` carries and a rate-limited actor is built with.
+
+    Raises:
+        InvalidArgumentError: anything else (NaN and infinity too), naming ``argument``.
+    """
+    if rate is not None and (
+        isinstance(rate, bool)
+        or not isinstance(rate, int | float)
+        or not 0 <= rate < math.inf  # also refuses NaN
+    ):
+        raise InvalidArgumentError(argument, "None or a finite rate >= 0 (rows per second)", rate)
 
 
 @final

@@ -64,6 +64,7 @@ from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message
+from barrierflow.channels.mutation import check_rate
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.startup import StartupContext
@@ -101,7 +102,7 @@ class SnapshotBackfill(StreamActor):
             raise InvalidArgumentError("view", "the name of a Materialize actor", view)
         if type(batch_rows) is not int or batch_rows < 1:
             raise InvalidArgumentError("batch_rows", "a positive int", batch_rows)
-        _check_rate(rate_limit)
+        check_rate("rate_limit", rate_limit)
         self.view = view
         self._batch_rows = batch_rows
         self._rate = rate_limit
@@ -299,7 +300,6 @@ class SnapshotBackfill(StreamActor):
             self._paused = False
         changed, rate = message.throttle_for(ctx.actor_id)
         if changed:
-            _check_rate(rate)
             self._rate = rate
         progress.on_closed(message.epoch.prev)
         if not self._paused:
@@ -342,10 +342,3 @@ class SnapshotBackfill(StreamActor):
             except anyio.EndOfStream:
                 return
             await ctx.emit(message)
-
-
-def _check_rate(rate: object) -> None:
-    if rate is not None and (
-        isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < float("inf")
-    ):
-        raise InvalidArgumentError("rate_limit", "None or a finite rate >= 0 (rows/s)", rate)

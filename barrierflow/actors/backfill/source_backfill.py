@@ -54,7 +54,6 @@ from collections.abc import Sequence
 from typing import Any, final
 
 import anyio
-import numpy as np
 import pyarrow as pa
 
 from barrierflow.actors.backfill._backfill_stage import UPSTREAM, BackfillStage
@@ -67,7 +66,7 @@ from barrierflow.actors.sources.split_log import SPLIT_COLUMN, SplitLog
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message
-from barrierflow.channels.mutation import SourceChangeSplit
+from barrierflow.channels.mutation import SourceChangeSplit, check_rate
 from barrierflow.channels.vnode import compute_vnodes
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.errors import GraphError
@@ -127,7 +126,7 @@ class SourceBackfill(StreamActor):
         ):
             if type(value) is not int or value < 1:
                 raise InvalidArgumentError(name, "a positive int", value)
-        _check_rate(rate_limit)
+        check_rate("rate_limit", rate_limit)
         if isinstance(retry_delay, bool) or not isinstance(retry_delay, int | float):
             raise InvalidArgumentError("retry_delay", "seconds (a number > 0)", retry_delay)
         if not 0 < retry_delay < 3600:
@@ -252,10 +251,3 @@ def _routed_here(ctx: ActorContext, splits: list[str]) -> list[str]:
     names = pa.table({SPLIT_COLUMN: pa.array(splits, pa.string())})
     vnodes = compute_vnodes(names, [SPLIT_COLUMN], bitmap.vnode_count)
     return [split for split, mine in zip(splits, bitmap.mask[vnodes], strict=True) if mine]
-
-
-def _check_rate(rate: object) -> None:
-    if rate is not None and (
-        isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < np.inf
-    ):
-        raise InvalidArgumentError("rate_limit", "None or a finite rate >= 0 (rows/s)", rate)

@@ -140,7 +140,7 @@ class MemorySegment:
 class Segment:
     """One segment file, memory-mapped once, read one vnode (batch) at a time."""
 
-    __slots__ = ("_bounds", "_index", "_reader", "_single", "epoch", "path", "rows")
+    __slots__ = ("_bounds", "_index", "_reader", "_single", "epoch", "path")
 
     def __init__(self, path: Path, epoch: int) -> None:
         self.path = path
@@ -153,9 +153,6 @@ class Segment:
         # A delta: one batch, sliced by the row offsets of its vnodes; a base: a batch each.
         self._bounds = None if bounds is None else [int(b) for b in bounds.decode().split(",")]
         self._single = self._reader.get_batch(0) if self._bounds is not None else None
-        self.rows = sum(
-            self._reader.get_batch(i).num_rows for i in range(self._reader.num_record_batches)
-        )
 
     @property
     def schema(self) -> pa.Schema:
