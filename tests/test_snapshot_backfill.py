@@ -11,12 +11,24 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
-from barrierflow import ActorFailedError, NotAMaterializedViewError, VnodeUpdateDuringBackfillError
+from barrierflow import (
+    ActorFailedError,
+    NotAMaterializedViewError,
+    SnapshotBackfillStateError,
+    VnodeUpdateDuringBackfillError,
+)
 from barrierflow.actors.backfill.materialize import Materialize
 from barrierflow.actors.backfill.snapshot_backfill import SnapshotBackfill
 from barrierflow.channels import Chunk, Message, Op, Pause, Resume, Throttle, Update
 from barrierflow.channels.vnode import VnodeBitmap
-from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
+from barrierflow.runtime import (
+    ActorContext,
+    Job,
+    Runtime,
+    RuntimeConfig,
+    StateStore,
+    StreamActor,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -459,3 +471,31 @@ async def test_an_epoch_partly_dropped_while_backfilling_is_replayed_whole(
             await rt.push("src", driver.change(range(5, 8)))  # forwarded live
             await rt.checkpoint()
     assert_exactly_once(driver, seen)
+
+
+async def test_a_finished_job_whose_state_says_a_vnode_is_undone_is_refused(
+    tmp_path: Path,
+) -> None:
+    # The seed's "skip backfill" assertions, as a typed error: a job restarted in phase forward
+    # must have every vnode's snapshot done.
+    driver = Upserts()
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(10)))
+            await rt.checkpoint()
+            await until_forwarding(rt, await rt.add_job(copy_job({})))
+    async with await StateStore.open(tmp_path / "state.db") as store:  # a damaged state
+        table = store.table("backfill", "snapshot_backfill")
+        table.put("vnode:7", {"after": [3], "rows": 1, "done": False})
+        epoch = store.committed_epoch + 1
+        table.seal(epoch)
+        await store.commit(epoch)
+    rt = runtime(tmp_path)
+    rt.declare_job(copy_job({}))
+    with anyio.fail_after(scaled(30)), pytest.raises(ActorFailedError) as failed:
+        async with rt:
+            await rt.checkpoint()
+    error = failed.value.__cause__
+    assert isinstance(error, SnapshotBackfillStateError)
+    assert (error.actor, error.found) == ("backfill", "vnodes [7]")
