@@ -15,13 +15,12 @@ what the job emitted with every change the driver made.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from _killed_child import run_killed_child
 from _snapshot_child import BACKFILL, BATCH_ROWS, POINTS, load_driver
 from _timeouts import scaled
 from test_snapshot_backfill import Upserts, assert_exactly_once, copy_job, runtime
@@ -31,7 +30,6 @@ from barrierflow.runtime import Runtime, StateStore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).with_name("_snapshot_child.py")
 
 #: The kill points right after a checkpoint (the only barriers are the child's own): that
@@ -41,20 +39,7 @@ AFTER_CHECKPOINT = tuple(p for p in POINTS if p != "between_barrier_and_checkpoi
 
 async def run_child(state_dir: Path, backend: str, point: str) -> tuple[dict[str, Any], Any]:
     """Run the child until it kills itself; its markers, and the kill point's facts."""
-    command = [sys.executable, str(CHILD), str(state_dir), backend, point]
-    with anyio.fail_after(scaled(60)):  # run_process kills the child when cancelled
-        done = await anyio.run_process(command, cwd=ROOT, check=False)
-    out, err = done.stdout.decode(), done.stderr.decode()
-    assert done.returncode == -9, (done.returncode, out[-3000:], err[-3000:])
-    markers: dict[str, list[str]] = {}
-    for line in out.splitlines():
-        if line.startswith("@ "):
-            marker, *values = line[2:].split(maxsplit=1)
-            markers.setdefault(marker, []).extend(values)
-    (killing,) = markers["KILLING"]  # killed itself where it meant to, not by anything else
-    killed_at, facts = killing.split(maxsplit=1)
-    assert killed_at == point
-    return markers, json.loads(facts)
+    return await run_killed_child(CHILD, [str(state_dir), backend, point], point)
 
 
 async def durable(state_dir: Path) -> tuple[int, dict[str, Any], dict[str, Any]]:

@@ -15,7 +15,6 @@ record, and compares the table with ``XRANGE`` of every stream.
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter as Tally
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from _backfill_child import (
     runtime,
     stream_keys,
 )
+from _killed_child import run_killed_child
 from _timeouts import scaled
 
 from barrierflow.actors.sinks.sink_writer import SinkWriter
@@ -56,7 +56,6 @@ from barrierflow.testing.redis_server import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).with_name("_backfill_child.py")
 #: Records per stream the restarted pipeline appends before waiting for the job to be ready.
 RESTART_APPENDS = 20
@@ -136,20 +135,8 @@ async def run_child(
     tmp_path: Path, server: RedisServer, prefix: str, backend: str, point: str
 ) -> tuple[dict[str, list[str]], dict[str, Any]]:
     """Run the child until it kills itself; its markers, and the kill point's facts."""
-    command = [sys.executable, str(CHILD), str(tmp_path), server.url, prefix, backend, point]
-    with anyio.fail_after(scaled(60)):  # run_process kills the child when cancelled
-        done = await anyio.run_process(command, cwd=ROOT, check=False)
-    out, err = done.stdout.decode(), done.stderr.decode()
-    assert done.returncode == -9, (done.returncode, out[-3000:], err[-3000:])
-    markers: dict[str, list[str]] = {}
-    for line in out.splitlines():
-        if line.startswith("@ "):
-            marker, *values = line[2:].split(maxsplit=1)
-            markers.setdefault(marker, []).extend(values)
-    (killing,) = markers["KILLING"]  # killed itself where it meant to, not by anything else
-    killed_at, facts = killing.split(maxsplit=1)
-    assert killed_at == point
-    return markers, json.loads(facts)
+    args = [str(tmp_path), server.url, prefix, backend, point]
+    return await run_killed_child(CHILD, args, point)
 
 
 async def durable(tmp_path: Path) -> tuple[int, dict[str, Any], dict[str, str]]:

@@ -15,8 +15,9 @@ from typing import Any
 import anyio
 import pyarrow as pa
 import pytest
+from _portals import portal_case
 from _timeouts import scaled
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -47,7 +48,7 @@ class StateStoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.TemporaryDirectory()
         self.path = os.path.join(self.dir.name, "state.db")
-        assert self.shared_portal is not None, "run through a _PortalCase"
+        assert self.shared_portal is not None, "run through portal_case"
         self.portal: BlockingPortal = self.shared_portal
         self.committed: dict[str, dict[str, Any]] = {"t1": {}, "t2": {}}
         self.sealed: list[tuple[int, dict[str, dict[str, Any]]]] = []
@@ -126,34 +127,12 @@ class StateStoreOnTrio(StateStoreMachine):
     backend = "trio"
 
 
-def _portal_case(machine: type[StateStoreMachine]) -> Any:
-    """The machine's test case, with one blocking portal (event loop thread) for all of its
-    examples, started and stopped around the run."""
-
-    class Case(machine.TestCase):  # type: ignore[name-defined,misc]
-        _portal_cm: Any = None
-
-        @classmethod
-        def setUpClass(cls) -> None:
-            super().setUpClass()
-            cls._portal_cm = start_blocking_portal(machine.backend)
-            machine.shared_portal = cls._portal_cm.__enter__()
-
-        @classmethod
-        def tearDownClass(cls) -> None:
-            machine.shared_portal = None
-            cls._portal_cm.__exit__(None, None, None)
-            super().tearDownClass()
-
-    return Case
-
-
 # Every example opens a store (a new file, fsynced) and every crash reopens it: 12 examples of
 # 20 steps run each of the five rules many times, in many orders, on each backend.
 SETTINGS = settings(max_examples=12, stateful_step_count=20, deadline=None)
-TestStateStoreAsyncio = _portal_case(StateStoreMachine)
+TestStateStoreAsyncio = portal_case(StateStoreMachine)
 TestStateStoreAsyncio.settings = SETTINGS
-TestStateStoreTrio = _portal_case(StateStoreOnTrio)
+TestStateStoreTrio = portal_case(StateStoreOnTrio)
 TestStateStoreTrio.settings = SETTINGS
 
 

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from _portals import portal_case
+from anyio.from_thread import BlockingPortal
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -85,7 +86,7 @@ class VersionedTableMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.TemporaryDirectory()
         self.path = os.path.join(self.dir.name, "state.db")
-        assert self.shared_portal is not None, "run through _portal_case"
+        assert self.shared_portal is not None, "run through portal_case"
         self.portal: BlockingPortal = self.shared_portal
         self.versions: dict[int, dict[int, int]] = {0: {}}  # sealed epoch → contents
         self.logs: dict[int, list[tuple[int, int, int]]] = {}  # sealed epoch → its writes
@@ -225,29 +226,10 @@ class VersionedTableOnTrio(VersionedTableMachine):
     backend = "trio"
 
 
-def _portal_case(machine: type[VersionedTableMachine]) -> Any:
-    class Case(machine.TestCase):  # type: ignore[name-defined,misc]
-        _portal_cm: Any = None
-
-        @classmethod
-        def setUpClass(cls) -> None:
-            super().setUpClass()
-            cls._portal_cm = start_blocking_portal(machine.backend)
-            machine.shared_portal = cls._portal_cm.__enter__()
-
-        @classmethod
-        def tearDownClass(cls) -> None:
-            machine.shared_portal = None
-            cls._portal_cm.__exit__(None, None, None)
-            super().tearDownClass()
-
-    return Case
-
-
 SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None)
-TestVersionedTableAsyncio = _portal_case(VersionedTableMachine)
+TestVersionedTableAsyncio = portal_case(VersionedTableMachine)
 TestVersionedTableAsyncio.settings = SETTINGS
-TestVersionedTableTrio = _portal_case(VersionedTableOnTrio)
+TestVersionedTableTrio = portal_case(VersionedTableOnTrio)
 TestVersionedTableTrio.settings = SETTINGS
 
 
