@@ -19,8 +19,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from barrierflow import __version__
 from barrierflow._interrupt import QuietInterrupt as _QuietInterrupt
@@ -60,6 +61,23 @@ def _spark_conf(items: Sequence[str]) -> dict[str, str]:
     return conf
 
 
+C = TypeVar("C")
+R = TypeVar("R")
+
+
+def _interruptible(
+    what: str, run: Callable[[C], R], config: C, resume: Callable[[C], str]
+) -> R | None:
+    """``run(config)``; on Ctrl-C, quietly, one line saying how to resume and ``None``."""
+    with _QuietInterrupt() as interrupt:
+        try:
+            return run(config)
+        except KeyboardInterrupt:
+            interrupt.quiet()
+            interrupt.say(f"{PROG} {what}: interrupted; resume with: {resume(config)}")
+            return None
+
+
 def _demo_backfill(args: argparse.Namespace) -> int:
     config = BackfillDemoConfig(
         workdir=Path(args.workdir or "demo-backfill"),
@@ -71,15 +89,9 @@ def _demo_backfill(args: argparse.Namespace) -> int:
         crash_after=args.crash_after,
         resume=args.resume,
     )
-    with _QuietInterrupt() as interrupt:
-        try:
-            result = run_backfill_demo(config)
-        except KeyboardInterrupt:
-            interrupt.quiet()
-            interrupt.say(
-                f"{PROG} demo backfill: interrupted; resume with: {backfill_resume(config)}"
-            )
-            return EXIT_INTERRUPTED
+    result = _interruptible("demo backfill", run_backfill_demo, config, backfill_resume)
+    if result is None:
+        return EXIT_INTERRUPTED
     print(
         f"{result.rows:,} rows in the history job's table for {result.records:,} records of "
         f"{result.streams} streams (history and live), in {result.seconds:.1f} s; "
@@ -99,13 +111,9 @@ def _demo_views(args: argparse.Namespace) -> int:
         crash_after=args.crash_after,
         resume=args.resume,
     )
-    with _QuietInterrupt() as interrupt:
-        try:
-            result = run_views_demo(config)
-        except KeyboardInterrupt:
-            interrupt.quiet()
-            interrupt.say(f"{PROG} demo views: interrupted; resume with: {views_resume(config)}")
-            return EXIT_INTERRUPTED
+    result = _interruptible("demo views", run_views_demo, config, views_resume)
+    if result is None:
+        return EXIT_INTERRUPTED
     check = result.check
     print(
         f"{check.rows:,} changes in the copy job's table, replayed: {check.keys:,} keys of "
@@ -134,13 +142,9 @@ def _demo(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         adopt_sink_positions=args.adopt_sink_positions,
     )
-    with _QuietInterrupt() as interrupt:
-        try:
-            result = run_demo(config)
-        except KeyboardInterrupt:
-            interrupt.quiet()
-            interrupt.say(f"{PROG} demo: interrupted; resume with: {resume_command(config)}")
-            return EXIT_INTERRUPTED
+    result = _interruptible("demo", run_demo, config, resume_command)
+    if result is None:
+        return EXIT_INTERRUPTED
     rate = result.rows_this_run / result.seconds if result.seconds > 0 else 0.0
     print(
         f"{result.rows_out:,} of {result.rows_in:,} rows asked are in the Iceberg table, "
