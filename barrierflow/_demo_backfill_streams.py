@@ -19,6 +19,7 @@ import redis
 
 from barrierflow._demo_runs import check_sizes, read_manifest
 from barrierflow._fs import write_atomically
+from barrierflow._trace import trace
 
 __all__ = ["MANIFEST", "Manifest", "Producer", "server", "stop_left_behind", "top_up"]
 
@@ -115,6 +116,7 @@ class Producer:
                 functools.partial(top_up, self._client, self._keys, self._goal, ROUND)
             ):
                 self.rounds += 1
+                trace("producer-round", self.rounds)
                 self._round.set()
                 self._round = anyio.Event()
                 await anyio.sleep(0.01)

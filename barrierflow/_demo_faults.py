@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from barrierflow._trace import trace
 from barrierflow.actors import CommitCoordinator, CommitMetadata, SchemaChange
 from barrierflow.runtime.positions import SinkCommits
 
@@ -65,6 +66,7 @@ class CrashingWriter:
         return getattr(self._inner, name)
 
     async def write_batch(self, batch: pa.RecordBatch) -> None:
+        trace("write", batch.num_rows)
         await self._inner.write_batch(batch)
         if self._faults.armed and self._faults.point == "mid-batch":
             kill_self("mid-batch, rows written but not committed", self._faults.resume)
@@ -93,12 +95,15 @@ class CrashingCommitter:
     async def pre_commit(
         self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: SchemaChange | None
     ) -> CommitMetadata | None:
+        trace("pre-commit", epoch)
         return await self._inner.pre_commit(epoch, metadatas, schema_change)
 
     async def commit(
         self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None
     ) -> None:
+        trace("commit-begin", epoch)
         await self._inner.commit(epoch, metadata, schema_change)
+        trace("commit-done", epoch)
         if self._faults.armed and self._faults.point == "mid-commit" and metadata is not None:
             kill_self(
                 "mid-commit, Iceberg committed, the commit not yet recorded", self._faults.resume

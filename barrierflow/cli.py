@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from barrierflow import __version__
 from barrierflow._interrupt import QuietInterrupt as _QuietInterrupt
+from barrierflow._trace import trace
 from barrierflow.channels.errors import BarrierflowError, ConfigError, InvalidArgumentError
 from barrierflow.demo import (
     CRASH_POINTS,
@@ -157,6 +158,21 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"{PROG} demo: FAILED: {result.error}", file=sys.stderr)
     print(result.summary_line())
     return 0 if result.verified else 1
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    from barrierflow.chaos import ChaosConfig, run_chaos
+
+    config = ChaosConfig(
+        workdir=Path(args.workdir or "chaos-data"),
+        kills=args.kills,
+        seed=args.seed,
+        acts=tuple(a for a in args.acts.split(",") if a),
+        max_kills_per_round=args.max_kills_per_round,
+        keep=args.keep,
+    )
+    report = run_chaos(config, say=lambda line: print(line, flush=True))
+    return 0 if report.clean else 1
 
 
 def _bench(forwarded: list[str]) -> int:
@@ -300,6 +316,34 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no live progress table on stderr (default: shown)",
     )
+    chaos = commands.add_parser(
+        "chaos",
+        help="kill the demo's live pipelines at random, resume them, audit their tables",
+        description="Runs the demo's acts as their own process groups, SIGKILLs each whole "
+        "group (driver, Spark JVM, Valkey) at seeded random moments, resumes, repeats, and "
+        "audits the tables with pyiceberg/pyarrow against the generated input. Exit 0 when "
+        "no audit found anything, 1 otherwise.",
+    )
+    chaos.add_argument("--kills", type=int, default=3, help="kills to land (default: 3)")
+    chaos.add_argument("--seed", type=int, default=0, help="the plan's seed (default: 0)")
+    chaos.add_argument(
+        "--acts",
+        default="spark,backfill,views",
+        help="the acts to play, in rotation (default: %(default)s)",
+    )
+    chaos.add_argument(
+        "--max-kills-per-round",
+        type=int,
+        default=3,
+        help="kills per round (one run of an act, resumed after each) at most "
+        "(default: %(default)s)",
+    )
+    chaos.add_argument(
+        "--workdir", default=None, help="where rounds and the report go (default: chaos-data)"
+    )
+    chaos.add_argument(
+        "--keep", action="store_true", help="keep clean rounds' work directories (default: off)"
+    )
     commands.add_parser(
         "bench",
         add_help=False,  # its --help is the harness's
@@ -318,6 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _bench(rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        if args.command == "chaos":
+            return _chaos(args)
+        trace("start", args.act)
         return _demo(args)
     except InvalidArgumentError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -50,6 +50,7 @@ from barrierflow._demo_faults import CrashingTable, Faults
 from barrierflow._demo_input import SCHEMA, RunManifest, complete_input
 from barrierflow._demo_progress import LiveProgress, RunCounts, batch_line
 from barrierflow._demo_runs import resume_command as resume_words
+from barrierflow._trace import trace
 from barrierflow.actors import BatchFeed, Coordinator, add_sink
 from barrierflow.channels.errors import ConfigError
 from barrierflow.connectors import IcebergSink, open_local_catalog
@@ -252,6 +253,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
     started = time.perf_counter()
     workdir = config.workdir.resolve()
     input_dir = workdir / "input"
+    trace("input")
     manifest = _prepare_input(config, workdir)
     # pyspark replaces Ctrl-C handling with its own when the SparkContext starts; keep the
     # caller's (the CLI's quiet interrupt).
@@ -259,6 +261,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
     spark = spark_session("barrierflow-demo", master=config.spark_master, conf=config.spark_conf)
     if threading.current_thread() is threading.main_thread() and on_interrupt is not None:
         signal.signal(signal.SIGINT, on_interrupt)
+    trace("spark-ready")
     faults = Faults(config.crash_after, config.crash_point, resume_command(config))
     rt, feed, coordinator, sink = build_runtime(
         workdir, faults, adopt_sink_positions=config.adopt_sink_positions
@@ -278,8 +281,10 @@ def run_demo(config: DemoConfig) -> DemoResult:
 
             def callback(df: Any, batch_id: int) -> None:
                 try:
+                    trace("batch-begin", batch_id)
                     faults.begin_batch()
                     bridge.callback(df, batch_id)
+                    trace("batch-checkpointed", batch_id)
                     if not config.progress:  # a plain line per micro-batch instead of the table
                         print(batch_line(batch_id, counts()), flush=True)
                     faults.end_batch()
@@ -317,6 +322,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
                 error = "the streaming query failed: " + _describe(cause)
     except Exception as exc:  # the runtime failed: still read back what the table holds
         error = error or _describe(exc)
+    trace("verify")
     result = verify(sink, manifest.rows, faults.batches, time.perf_counter() - started)
     return dataclasses.replace(result, error=error, rows_this_run=rows_this_run)
 

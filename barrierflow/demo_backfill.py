@@ -60,6 +60,7 @@ from barrierflow._demo_backfill_streams import (
 )
 from barrierflow._demo_faults import kill_self
 from barrierflow._demo_runs import resume_command as resume_words
+from barrierflow._trace import TracedConnector, follow_job, trace, tracing
 from barrierflow.actors import SourceBackfill, SplitSource, add_sink
 from barrierflow.actors.sources.split_log import (
     OFFSET_MAJOR,
@@ -181,6 +182,7 @@ def run_backfill_demo(config: BackfillDemoConfig) -> BackfillDemoResult:
         manifest = Manifest(streams, history, live, config.redis_url)
     started = time.monotonic()
     with server(workdir, manifest) as url:
+        trace("server-ready")
         client = redis.Redis.from_url(url, protocol=2)
         try:
             keys = [f"demo:events:{i}" for i in range(manifest.streams)]
@@ -188,6 +190,7 @@ def run_backfill_demo(config: BackfillDemoConfig) -> BackfillDemoResult:
                 client.delete(*keys)
                 top_up(client, keys, manifest.history, manifest.history)
             anyio.run(_pipeline, config, manifest, url, keys, backend=config.backend)
+            trace("verify")
             return _verify(workdir, client, keys, time.monotonic() - started)
         finally:
             client.close()
@@ -200,7 +203,7 @@ def _history_job(workdir: Path, log: RedisStreamLog) -> Job:
     add_sink(
         history,
         "history_out",
-        lambda: ParquetFileSink(workdir / "history", schema),
+        lambda: TracedConnector(ParquetFileSink(workdir / "history", schema)),
         input="backfill",
     )
     return history
@@ -229,8 +232,12 @@ async def _pipeline(
                 handle = rt.job("history")
             else:
                 await rt.checkpoint()  # the live job is under way
+                trace("job-add")
                 handle = await rt.add_job(_history_job(workdir, log))
                 await rt.checkpoint()  # the job is durable: a crash from here resumes it
+                trace("job-durable")
+            if tracing():
+                tg.start_soon(follow_job, handle)
             if config.crash_after is not None:
                 await producer.wait_rounds(producer.rounds + config.crash_after)
                 state = "ready" if handle.progress().ready else "backfilling"
@@ -242,6 +249,7 @@ async def _pipeline(
             await handle.wait_ready()
             await producer.done.wait()
         records = manifest.streams * (manifest.history + manifest.live)
+        trace("drain")
         await _until_complete(rt, workdir / "history", records)
 
 

@@ -50,6 +50,7 @@ from barrierflow._demo_views_graph import (
     read_changes,
 )
 from barrierflow._fs import write_atomically
+from barrierflow._trace import TracedConnector, follow_job, trace, tracing
 from barrierflow.actors import add_sink
 from barrierflow.actors.backfill.materialize import Materialize
 from barrierflow.actors.backfill.snapshot_backfill import SnapshotBackfill
@@ -165,6 +166,7 @@ def run_views_demo(config: ViewsDemoConfig) -> ViewsDemoResult:
         write_atomically(workdir / MANIFEST, json.dumps(asdict(manifest)).encode())
     started = time.monotonic()
     anyio.run(_pipeline, config, manifest, backend=config.backend)
+    trace("verify")
     changes = read_changes(workdir / "copy")
     expected = expected_totals(manifest.batches, manifest.per_batch, manifest.keys)
     return ViewsDemoResult(check_changes(changes, expected), time.monotonic() - started)
@@ -174,7 +176,12 @@ def _copy_job(workdir: Path) -> Job:
     job = Job("copy")
     job.add_actor("backfill", lambda: SnapshotBackfill("view", batch_rows=8192), inputs=["view"])
     job.add_actor("changes", OpsColumn, inputs=["backfill"])
-    add_sink(job, "copy_out", lambda: ParquetFileSink(workdir / "copy", WITH_OPS), input="changes")
+    add_sink(
+        job,
+        "copy_out",
+        lambda: TracedConnector(ParquetFileSink(workdir / "copy", WITH_OPS)),
+        input="changes",
+    )
     return job
 
 
@@ -189,17 +196,23 @@ async def _pipeline(config: ViewsDemoConfig, manifest: _Manifest) -> None:
     rt.add_actor("view", lambda: Materialize(TOTALS, ["key"]), inputs=["totals"])
     if declared:
         rt.declare_job(_copy_job(workdir))
-    async with rt:
+    async with rt, anyio.create_task_group() as tg:
         last = await feed.last_batch(_STREAM, rt)
         next_batch = 0 if last is None else last + 1
         join_at = manifest.batches // 3
         handle = rt.job("copy") if declared else None
         durable_at: int | None = next_batch if declared else None
+        if handle is not None and tracing():
+            tg.start_soon(follow_job, handle)
         for batch in range(next_batch, manifest.batches):
             if handle is None and batch >= join_at:
+                trace("job-add")
                 handle = await rt.add_job(_copy_job(workdir))
                 await rt.checkpoint()  # the job is durable: a crash from here resumes it
+                trace("job-durable")
                 durable_at = batch
+                if tracing():
+                    tg.start_soon(follow_job, handle)
             if (
                 config.crash_after is not None
                 and durable_at is not None
@@ -211,9 +224,11 @@ async def _pipeline(config: ViewsDemoConfig, manifest: _Manifest) -> None:
                 )
             rows = events(batch, manifest.per_batch, manifest.keys)
             await feed.deliver(rt, _STREAM, batch, rows)
+            trace("batch-delivered", batch)
         if handle is None:
             handle = await rt.add_job(_copy_job(workdir))
         await handle.wait_ready()
+        trace("drain")
         epoch = await rt.checkpoint()
         await _until_committed(rt, workdir / "copy", epoch)
 

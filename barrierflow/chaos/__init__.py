@@ -1,0 +1,9 @@
+"""The crash harness (``barrierflow chaos``): kills the demo's live pipelines — driver, Spark
+JVM and all — at seeded random moments, resumes them, and audits their tables independently of
+the pipeline's code (:mod:`.harness`)."""
+
+from barrierflow.chaos.harness import ChaosConfig as ChaosConfig
+from barrierflow.chaos.harness import ChaosReport as ChaosReport
+from barrierflow.chaos.harness import run_chaos as run_chaos
+
+__all__ = ["ChaosConfig", "ChaosReport", "run_chaos"]

@@ -1,0 +1,240 @@
+"""One run of a demo act as its own process group, killed at a chosen event of its trace.
+
+The run is started in a new session (``start_new_session``), so the driver and everything it
+starts — the Spark JVM, the Valkey server — share one process group, and ``killpg(SIGKILL)``
+takes them all down at once, as a power cut or an OOM kill of a container would. The run's
+trace file (:mod:`barrierflow._trace`) tells the harness when the chosen event has happened;
+after the kill its last line tells where the run was.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import final
+
+from barrierflow._trace import ENV as TRACE_ENV
+
+__all__ = ["KillAt", "RunOutcome", "escaped", "group_members", "run_until"]
+
+#: How often the trace file is polled for new lines.
+_POLL_SECONDS = 0.002
+#: How long the members of a killed group may take to disappear from ``/proc``.
+_REAP_SECONDS = 10.0
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class KillAt:
+    """Kill the run ``delay`` seconds after the ``occurrence``-th ``event`` line of its trace
+    (whose detail contains ``detail``, if given)."""
+
+    event: str
+    occurrence: int = 1
+    delay: float = 0.0
+    detail: str = ""
+
+    def matches(self, event: str, detail: str) -> bool:
+        return event == self.event and self.detail in detail
+
+    def describe(self) -> str:
+        what = f"{self.event}[{self.detail}]" if self.detail else self.event
+        return f"{what}#{self.occurrence}+{self.delay * 1000:.0f}ms"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """How a run ended.
+
+    Attributes:
+        killed: the harness killed it (else it exited by itself with ``returncode``).
+        returncode: the driver's exit status (``-9`` when killed).
+        seconds: from start to the end of the run.
+        where: the last trace line before the kill or exit (event and detail), ``""`` if none.
+        events: trace lines seen in this run.
+        survivors: pids of the group still alive after the kill, descendants of the driver
+            that had left its group, or processes left running after the driver exited
+            (should be none).
+        timed_out: the run passed its time limit and was killed for it.
+    """
+
+    killed: bool
+    returncode: int
+    seconds: float
+    where: str
+    events: int
+    survivors: tuple[int, ...] = ()
+    timed_out: bool = False
+    #: Processes in the group when it was killed (the driver, the Spark JVM, a server...).
+    members: int = 0
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """Every live (not zombie) process: pid → (parent pid, process group), from ``/proc``."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name (field 2) is in parentheses and may hold spaces.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z":
+            table[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live processes of process group ``pgid``."""
+    return [pid for pid, (_, group) in _processes().items() if group == pgid]
+
+
+def escaped(pid: int) -> list[int]:
+    """Descendants of ``pid`` that left its process group (a ``killpg`` would miss them)."""
+    table = _processes()
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, stack = [], list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        if table[child][1] != pid:
+            found.append(child)
+        stack.extend(children.get(child, []))
+    return found
+
+
+def _kill_group(pgid: int) -> tuple[int, ...]:
+    """SIGKILL the group; the pids still alive after :data:`_REAP_SECONDS`."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return ()
+    deadline = time.monotonic() + _REAP_SECONDS
+    while (alive := group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return tuple(alive)
+
+
+def _left_running(pgid: int) -> tuple[int, ...]:
+    deadline = time.monotonic() + _REAP_SECONDS
+    while (alive := group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return tuple(alive)
+
+
+def _event_of(line: str) -> tuple[str, str]:
+    """``(event, detail)`` of a trace line ``<seconds> <event> [detail]``."""
+    parts = line.split(maxsplit=2)
+    if len(parts) < 2:
+        return "", ""
+    return parts[1], parts[2] if len(parts) > 2 else ""
+
+
+def run_until(
+    command: Sequence[str],
+    *,
+    trace: Path,
+    log: Path,
+    kill: KillAt | None,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> RunOutcome:
+    """Run ``command`` in its own process group until it exits, or kill the whole group at
+    ``kill`` (or when ``timeout`` seconds have passed). Its output goes to ``log``."""
+    trace.unlink(missing_ok=True)
+    environment = {**os.environ, **(env or {}), TRACE_ENV: str(trace)}
+    started = time.monotonic()
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    seen = 0
+    last = ""
+    pending = b""
+    fire_at: float | None = None
+    offset = 0
+    try:
+        while True:
+            now = time.monotonic()
+            chunk = _read_from(trace, offset)
+            offset += len(chunk)
+            pending += chunk
+            *lines, rest = pending.split(b"\n")
+            pending = rest
+            for raw in lines:
+                line = raw.decode(errors="replace")
+                event, detail = _event_of(line)
+                last = f"{event} {detail}".strip()
+                if kill is not None and fire_at is None and kill.matches(event, detail):
+                    seen += 1
+                    if seen == kill.occurrence:
+                        fire_at = now + kill.delay
+            if (fire_at is not None and now >= fire_at) or now - started > timeout:
+                timed_out = fire_at is None or now < fire_at
+                where = _last_line(trace) or last
+                members = len(group_members(process.pid))
+                outside = escaped(process.pid)
+                survivors = _kill_group(process.pid) + tuple(outside)
+                process.wait()
+                return RunOutcome(
+                    True, process.returncode, now - started, where, _count(trace), survivors,
+                    timed_out, members,
+                )  # fmt: skip
+            if process.poll() is not None:
+                # What the driver left running in its group (after a grace period for the
+                # JVM to notice its driver is gone) is reported, then killed.
+                survivors = _left_running(process.pid)
+                _kill_group(process.pid)
+                return RunOutcome(
+                    False, process.returncode, now - started, _last_line(trace) or last,
+                    _count(trace), survivors,
+                )  # fmt: skip
+            time.sleep(_POLL_SECONDS)
+    finally:
+        if process.poll() is None:
+            _kill_group(process.pid)
+            process.wait()
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return [line for line in path.read_text(errors="replace").splitlines() if line]
+    except FileNotFoundError:
+        return []
+
+
+def _last_line(path: Path) -> str:
+    lines = _lines(path)
+    if not lines:
+        return ""
+    event, detail = _event_of(lines[-1])
+    return f"{event} {detail}".strip()
+
+
+def _count(path: Path) -> int:
+    return len(_lines(path))
