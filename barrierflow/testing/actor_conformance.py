@@ -5,8 +5,9 @@ input — ``push source → actor → exactly-once sink`` — and compares what 
 
 1. **undisturbed**: every chunk pushed, a checkpoint every few chunks;
 2. **with crashes**: the same, but at seeded random moments the graph fails mid-epoch (a
-   fault injected after the source) and the runtime rebuilds it from the last checkpoint; the
-   driver pushes again the chunks after that checkpoint (a push source's rows since the last
+   scripted ``CRASH`` of its :class:`~barrierflow.testing.scripted.ScriptedSource`) and the
+   runtime rebuilds it from the last checkpoint; :func:`~barrierflow.testing.scripted.play`
+   pushes again the chunks after that checkpoint (a push source's rows since the last
    checkpoint are lost with the crash, as a real upstream would replay them).
 
 If the actor keeps its state in its state tables (restored in ``restore``), both runs commit
@@ -29,30 +30,14 @@ import pyarrow as pa
 from barrierflow.actors.sinks.add_sink import add_sink
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.channels.messages import Message
-from barrierflow.errors import ActorFailedError
-from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.config import RuntimeConfig
 from barrierflow.runtime.runtime import Runtime
 from barrierflow.testing.conformance import ConformanceReport, RuleResult
+from barrierflow.testing.scripted import CHECKPOINT, CRASH, Item, ScriptedSource, play
 from barrierflow.testing.sinks import ListSink
 
 __all__ = ["check_stream_actor"]
-
-
-class _Crash(StreamActor):
-    """Fails the graph on the poison chunk (an empty batch with ``crash`` metadata)."""
-
-    async def process(self, message: Message, ctx: ActorContext) -> None:
-        if isinstance(message, Chunk) and (message.batch.schema.metadata or {}).get(b"crash"):
-            raise RuntimeError("injected crash (check_stream_actor)")
-        await ctx.emit(message)
-
-
-def _poison(schema: pa.Schema) -> Chunk:
-    empty = [pa.array([], field.type) for field in schema]
-    batch = pa.record_batch(empty, schema=schema.with_metadata({b"crash": b"1"}))
-    return Chunk(batch)
 
 
 async def check_stream_actor(
@@ -127,29 +112,18 @@ async def _run(
         restart_backoff=0.001,
     )
     rt = Runtime(config)
-    rt.add_source("input")
-    rt.add_actor("crash", _Crash, inputs=["input"])
-    rt.add_actor("actor", factory, inputs=["crash"])
+    rt.add_source("input", ScriptedSource)  # raises on the CRASH poison play() pushes
+    rt.add_actor("actor", factory, inputs=["input"])
     add_sink(rt, "output", lambda: sink, input="actor")
-    schema = chunks[0].batch.schema
+    script: list[Item] = []
+    for i, chunk in enumerate(chunks):
+        script.append(chunk)
+        if i in crash_at:
+            script.append(CRASH)  # play() pushes again what followed the last checkpoint
+        if (i + 1) % every == 0 or i + 1 == len(chunks):
+            script.append(CHECKPOINT)
     async with rt:
-        durable = 0  # chunks before the last checkpoint
-        i = 0
-        while i < len(chunks):
-            await rt.push("input", chunks[i])
-            i += 1
-            if i - 1 in crash_at:
-                crash_at.discard(i - 1)
-                await rt.push("input", _poison(schema))
-                try:
-                    await rt.checkpoint()
-                except ActorFailedError:
-                    await rt.wait_running()
-                    i = durable  # the rows since the last checkpoint are gone: push again
-                    continue
-            if i % every == 0 or i == len(chunks):
-                await rt.checkpoint()
-                durable = i
+        await play(rt, "input", script)
         await rt.checkpoint()
         await rt.checkpoint()  # the sink commits what the last checkpoint made durable
     return sink
