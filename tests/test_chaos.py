@@ -1,0 +1,180 @@
+"""The crash harness: runs are killed as whole process groups at the traced event planned, a
+child that escaped its group is reported, the harness resumes and audits, its plan follows the
+seed, and ``barrierflow chaos`` exits non-zero on any finding — plus the short harness on the
+real acts (Spark, Valkey), as CI runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _timeouts import scaled
+
+from barrierflow import InvalidArgumentError
+from barrierflow.chaos import ChaosConfig
+from barrierflow.chaos.acts import ACTS, Act, Target
+from barrierflow.chaos.audit import Audit
+from barrierflow.chaos.harness import _plan
+from barrierflow.chaos.process import KillAt, run_until
+from barrierflow.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = """
+import subprocess, sys, time
+from barrierflow._trace import trace
+mode = sys.argv[1]
+if mode != "exit":
+    # A helper process, as the Spark JVM is to the driver ("escape": it leaves the group).
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                     start_new_session=mode == "escape")
+for i in range(3 if mode == "exit" else 100000):
+    trace("tick", i)
+    time.sleep(0.01)
+"""
+
+
+def child(tmp_path: Path, mode: str) -> list[str]:
+    return [sys.executable, "-c", CHILD, mode]
+
+
+def test_a_run_is_killed_whole_group_after_the_planned_event(tmp_path: Path) -> None:
+    outcome = run_until(
+        child(tmp_path, "group"),
+        trace=tmp_path / "t",
+        log=tmp_path / "log",
+        kill=KillAt("tick", occurrence=5),
+        timeout=scaled(60),
+    )
+    assert outcome.killed
+    assert not outcome.timed_out
+    assert outcome.returncode == -signal.SIGKILL
+    assert outcome.members == 2
+    assert outcome.survivors == ()
+    assert outcome.where.startswith("tick ")
+    assert int(outcome.where.split()[1]) >= 4
+
+
+def test_a_helper_that_left_the_group_is_reported_as_a_survivor(tmp_path: Path) -> None:
+    outcome = run_until(
+        child(tmp_path, "escape"),
+        trace=tmp_path / "t",
+        log=tmp_path / "log",
+        kill=KillAt("tick", occurrence=3),
+        timeout=scaled(60),
+    )
+    try:
+        assert outcome.killed
+        assert len(outcome.survivors) == 1
+    finally:
+        for pid in outcome.survivors:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_run_that_ends_first_is_not_killed_and_a_hung_one_times_out(tmp_path: Path) -> None:
+    ended = run_until(
+        child(tmp_path, "exit"), trace=tmp_path / "t", log=tmp_path / "log",
+        kill=KillAt("tick", occurrence=50), timeout=scaled(60),
+    )  # fmt: skip
+    assert not ended.killed
+    assert ended.returncode == 0
+    assert ended.where == "tick 2"
+    hung = run_until(
+        child(tmp_path, "group"), trace=tmp_path / "t", log=tmp_path / "log",
+        kill=KillAt("never"), timeout=1.0,
+    )  # fmt: skip
+    assert hung.killed
+    assert hung.timed_out
+
+
+def test_the_plan_follows_the_seed() -> None:
+    act = ACTS["views"]
+    plans = [_plan(act, random.Random(f"7:{r}:0")) for r in range(20)]
+    assert plans == [_plan(act, random.Random(f"7:{r}:0")) for r in range(20)]
+    assert len({kill.event for kill, _ in plans}) > 3  # spread over the act's targets
+
+
+def test_bad_configs_are_refused(tmp_path: Path) -> None:
+    for kwargs in ({"kills": 0}, {"seed": "x"}, {"acts": ("nope",)}, {"max_kills_per_round": 0}):
+        with pytest.raises(InvalidArgumentError):
+            ChaosConfig(tmp_path, **kwargs)  # type: ignore[arg-type]
+    assert main(["chaos", "--kills", "0", "--workdir", str(tmp_path)]) == 2
+
+
+# A fake act: five steps, each recorded in a file; a resume continues where it stopped.
+FAKE = """
+import pathlib, sys, time
+from barrierflow._trace import trace
+workdir = pathlib.Path(sys.argv[1])
+workdir.mkdir(parents=True, exist_ok=True)
+(workdir / "fake.json").write_text("{}")
+done = workdir / "done.txt"
+for i in range(int(done.read_text()) if done.exists() else 0, 5):
+    trace("step", i)
+    time.sleep(0.05)
+    done.write_text(str(i + 1))
+trace("verify")
+"""
+
+
+def fake_act(findings: bool) -> Act:
+    def audit(workdir: Path, *, complete: bool) -> Audit:
+        result = Audit(complete)
+        steps = int((workdir / "done.txt").read_text()) if (workdir / "done.txt").exists() else 0
+        result.rows_in, result.rows_out = 5, steps
+        if complete and (steps != 5 or findings):
+            result.add("fake", f"{steps} steps")
+        return result
+
+    return Act("fake", (), "fake.json", (Target("step", "mid-step", 3, 0.01),), audit, 60.0)
+
+
+@pytest.mark.parametrize("findings", [False, True])
+def test_the_harness_kills_resumes_audits_and_exits_by_its_findings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, findings: bool
+) -> None:
+    monkeypatch.setitem(ACTS, "fake", fake_act(findings))
+    resumes: list[bool] = []
+
+    def command(self: Act, python: str, workdir: Path, backend: str, resume: bool) -> list[str]:
+        resumes.append(resume)
+        return [python, "-c", FAKE, str(workdir)]
+
+    monkeypatch.setattr(Act, "command", command)
+    argv = ["chaos", "--acts", "fake", "--kills", "3", "--seed", "5", "--workdir", str(tmp_path)]
+    assert main(argv) == (1 if findings else 0)
+    report = json.loads((tmp_path / "chaos-report.json").read_text())
+    assert report["totals"]["kills"] == 3
+    assert all(k["landed"].startswith("step") for k in report["kills"])
+    assert [r["exit"] for r in report["rounds"]] == [0] * len(report["rounds"])
+    assert resumes[0] is False
+    assert True in resumes
+    assert report["totals"]["findings"] == (len(report["rounds"]) if findings else 0)
+
+
+@pytest.mark.spark
+@pytest.mark.redis
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_short_harness_on_the_real_acts_finds_nothing(tmp_path: Path) -> None:
+    """``barrierflow chaos --kills 3``, one kill in each act (Spark, backfill, views)."""
+    command = [sys.executable, "-m", "barrierflow", "chaos", "--kills", "3", "--seed", "16"]
+    command += ["--max-kills-per-round", "1", "--workdir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(800), cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "chaos-report.json").read_text())
+    totals = report["totals"]
+    assert totals["kills"] == 3
+    assert totals["rounds"] >= 3
+    assert (totals["lost"], totals["duplicated"], totals["foreign"], totals["findings"]) == (
+        0, 0, 0, 0
+    )  # fmt: skip
+    assert {r["act"] for r in report["rounds"]} == {"spark", "backfill", "views"}
+    spark_kill = next(k for k in report["kills"] if k["act"] == "spark")
+    assert spark_kill["processes"] >= 2  # the driver and the Spark JVM went down together

@@ -1,0 +1,197 @@
+"""The crash harness's audits find what they promise: each rule is broken on purpose in a table
+that passes, and the audit names it (and counts lost, duplicated and foreign rows)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from barrierflow._demo_input import RunManifest, complete_input
+from barrierflow.chaos.audit import compare_rows
+from barrierflow.chaos.audit_iceberg import TABLE, audit_iceberg
+from barrierflow.chaos.audit_parquet import audit_backfill, audit_views
+from barrierflow.demo_backfill import BackfillDemoConfig, run_backfill_demo
+from barrierflow.demo_views import ViewsDemoConfig, run_views_demo
+
+BACKENDS = ["asyncio", "trio"]
+
+
+def rules(audit: object) -> set[str]:
+    return {f.rule for f in audit.findings}  # type: ignore[attr-defined]
+
+
+def test_rows_are_compared_as_multisets() -> None:
+    expected = pa.table({"k": [1, 2, 3, 4], "v": [1.0, 2.0, 3.0, 4.0]})
+    got = pa.table({"k": [1, 1, 2, 5, 3], "v": [1.0, 1.0, 2.0, 5.0, 3.5]})
+    # lost: (3, 3.0) and (4, 4.0); duplicated: (1, 1.0) once more; foreign: (5, 5.0), (3, 3.5)
+    assert compare_rows(expected, got, ["k", "v"]) == (2, 1, 2)
+    assert compare_rows(expected, expected, ["k", "v"]) == (0, 0, 0)
+
+
+# -- the Spark act's Iceberg table ------------------------------------------------------------
+
+
+def iceberg_run(workdir: Path, epochs: int = 3) -> object:
+    """A work directory as the Spark act leaves it: input files, and the table holding them,
+    one snapshot per epoch (written with pyiceberg, as the sink's commit does)."""
+    from barrierflow.connectors import open_local_catalog
+
+    manifest = RunManifest(rows=300, batches=epochs)
+    manifest.write(workdir)
+    complete_input(workdir / "input", manifest)
+    catalog = open_local_catalog(workdir / "warehouse")
+    catalog.create_namespace("demo")
+    inputs = sorted((workdir / "input").glob("part-*.parquet"))
+    table = catalog.create_table(TABLE, schema=pq.read_schema(inputs[0]))
+    for epoch, path in enumerate(inputs, start=1):
+        with table.transaction() as tx:
+            tx.append(pq.read_table(path), snapshot_properties={"barrierflow.epoch": str(epoch)})
+            tx.set_properties({"barrierflow.committed-epoch": str(epoch)})
+    return table
+
+
+def test_a_whole_iceberg_table_is_clean(tmp_path: Path) -> None:
+    iceberg_run(tmp_path)
+    audit = audit_iceberg(tmp_path, complete=True)
+    assert audit.clean, audit.summary()
+    assert (audit.rows_in, audit.rows_out, audit.facts["snapshots"]) == (300, 300, 3)
+
+
+def test_an_epoch_committed_twice_is_duplicated_rows_and_a_non_increasing_epoch(
+    tmp_path: Path,
+) -> None:
+    table = iceberg_run(tmp_path)
+    first = pq.read_table(sorted((tmp_path / "input").glob("part-*.parquet"))[0])
+    table.append(first, snapshot_properties={"barrierflow.epoch": "2"})  # type: ignore[attr-defined]
+    audit = audit_iceberg(tmp_path, complete=True)
+    assert audit.duplicated == first.num_rows
+    assert "epochs_not_increasing" in rules(audit)
+
+
+def test_a_data_file_referenced_twice_is_found(tmp_path: Path) -> None:
+    table = iceberg_run(tmp_path)
+    path = table.inspect.files()["file_path"][0].as_py()  # type: ignore[attr-defined]
+    table.add_files(  # type: ignore[attr-defined]
+        [path], snapshot_properties={"barrierflow.epoch": "4"}, check_duplicate_files=False
+    )
+    audit = audit_iceberg(tmp_path, complete=True)
+    assert "file_referenced_twice" in rules(audit)
+    assert audit.duplicated > 0
+
+
+def test_rows_missing_from_a_finished_run_are_lost_but_not_mid_run(tmp_path: Path) -> None:
+    iceberg_run(tmp_path)
+    extra = pa.table({"key": pa.array([10**9], pa.int64()), "value": [0.5]})
+    pq.write_table(extra, tmp_path / "input" / "part-99999.parquet")  # an input row never sent
+    assert audit_iceberg(tmp_path, complete=True).lost == 1
+    assert audit_iceberg(tmp_path, complete=False).clean
+
+
+def test_stray_and_staged_files_are_leftovers_once_finished(tmp_path: Path) -> None:
+    table = iceberg_run(tmp_path)
+    data = Path(table.location().removeprefix("file://")) / "data"  # type: ignore[attr-defined]
+    pq.write_table(pa.table({"key": [1]}), data / "stray.parquet")
+    (data / ".staging" / "7" / "w0").mkdir(parents=True)
+    (data / ".staging" / "7" / "w0" / "part.parquet").write_bytes(b"x")
+    assert {"unreferenced_data_file", "staged_leftover"} <= rules(
+        audit_iceberg(tmp_path, complete=True)
+    )
+    assert audit_iceberg(tmp_path, complete=False).clean
+
+
+def test_no_table_is_a_finding_only_for_a_finished_run(tmp_path: Path) -> None:
+    assert audit_iceberg(tmp_path, complete=False).clean
+    assert rules(audit_iceberg(tmp_path, complete=True)) == {"no_table"}
+
+
+# -- the views act's change log ---------------------------------------------------------------
+
+
+@pytest.fixture(params=BACKENDS)
+def views_run(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    config = ViewsDemoConfig(tmp_path, batches=6, rows=6000, keys=200, backend=request.param)
+    assert run_views_demo(config).verified
+    return tmp_path
+
+
+def epoch_dirs(table: Path) -> list[Path]:
+    return sorted(table.glob("epoch=*"))
+
+
+def test_a_finished_views_run_is_clean(views_run: Path) -> None:
+    audit = audit_views(views_run, complete=True)
+    assert audit.clean, audit.summary()
+    assert audit.rows_in == audit.rows_out == 200
+
+
+def test_an_epoch_replayed_into_the_change_log_is_duplicated_keys(views_run: Path) -> None:
+    last = epoch_dirs(views_run / "copy")[-1]
+    again = last.with_name(f"epoch={int(last.name.removeprefix('epoch=')) + 1:020d}")
+    shutil.copytree(last, again)
+    audit = audit_views(views_run, complete=True)
+    assert audit.duplicated > 0
+    assert {"broken_chain", "epoch_not_recorded", "manifest_mismatch"} <= rules(audit)
+
+
+def test_an_epoch_missing_from_the_change_log_is_lost_keys(views_run: Path) -> None:
+    shutil.rmtree(epoch_dirs(views_run / "copy")[-1])
+    audit = audit_views(views_run, complete=True)
+    assert audit.lost > 0
+    assert "manifest_mismatch" in rules(audit)
+    assert audit_views(views_run, complete=False).lost == 0  # mid-run: not there yet
+
+
+def test_a_file_no_commit_record_lists_is_found(views_run: Path) -> None:
+    directory = epoch_dirs(views_run / "copy")[0]
+    shutil.copy(next(directory.glob("*.parquet")), directory / "part-extra.parquet")
+    audit = audit_views(views_run, complete=True)
+    assert {"files_not_as_recorded", "rows_not_as_recorded"} <= rules(audit)
+
+
+def test_a_stray_file_a_reader_sees_is_found(views_run: Path) -> None:
+    (views_run / "copy" / "part-0.parquet.tmp").write_bytes(b"half a file")
+    assert "stray_visible_file" in rules(audit_views(views_run, complete=False))
+
+
+def test_a_staged_leftover_of_a_finished_run_is_found(views_run: Path) -> None:
+    staged = views_run / "copy" / ".staging" / "00000000000000000009"
+    staged.mkdir(parents=True)
+    (staged / "part-00000.parquet").write_bytes(b"x")
+    assert "staged_leftover" in rules(audit_views(views_run, complete=True))
+    assert audit_views(views_run, complete=False).clean
+
+
+# -- the backfill act's two tables ------------------------------------------------------------
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_backfill_tables_are_clean_then_a_row_too_many_is_found(
+    tmp_path: Path, backend: str
+) -> None:
+    config = BackfillDemoConfig(tmp_path, streams=2, history=500, live=1000, backend=backend)
+    assert run_backfill_demo(config).verified
+    audit = audit_backfill(tmp_path, complete=True)
+    assert audit.clean, audit.summary()
+    assert audit.rows_in == audit.rows_out == 2 * 2 * 1500
+    directory = epoch_dirs(tmp_path / "history")[0]
+    rows = pq.read_table(next(directory.glob("*.parquet")))
+    foreign = rows.set_column(rows.schema.get_field_index("value"), "value", pa.array(
+        [-1] * rows.num_rows, pa.int64()
+    ))  # fmt: skip
+    pq.write_table(foreign, directory / "part-foreign.parquet")
+    audit = audit_backfill(tmp_path, complete=True)
+    assert audit.foreign == rows.num_rows
+    assert "history.files_not_as_recorded" in rules(audit)
+
+
+def test_manifests_are_read_as_plain_json(tmp_path: Path) -> None:
+    """No run started: nothing to audit mid-run, and a finished run without tables is found."""
+    (tmp_path / "demo-views.json").write_text(json.dumps({"batches": 1, "rows": 1, "keys": 1}))
+    assert audit_views(tmp_path, complete=False).clean
+    assert "no_table" in rules(audit_views(tmp_path, complete=True))
