@@ -13,31 +13,9 @@ a test must pass on a slow machine once its deadlines are scaled.
 
 from __future__ import annotations
 
-import os
+from barrierflow._timeout_scale import ENV, timeout_scale
 
 __all__ = ["ENV", "scaled", "timeout_scale"]
-
-#: The environment variable that multiplies every test deadline.
-ENV = "BARRIERFLOW_TEST_TIMEOUT_SCALE"
-
-
-def timeout_scale() -> float:
-    """The factor from :data:`ENV` (default 1).
-
-    Raises:
-        ValueError: the variable is set to something other than a positive finite number
-            (a typo must not silently leave the deadlines short).
-    """
-    text = os.environ.get(ENV, "").strip()
-    if not text:
-        return 1.0
-    try:
-        scale = float(text)
-    except ValueError:
-        scale = float("nan")
-    if not (0 < scale < float("inf")):
-        raise ValueError(f"{ENV}: expected a positive number such as 1 or 4, got {text!r}")
-    return scale
 
 
 def scaled(seconds: float) -> float:

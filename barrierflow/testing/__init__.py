@@ -23,7 +23,10 @@
   conformance suites for a user's own sink connector (the exactly-once contract), split log
   (offsets, exclusive starts, following, unknown splits) and stream actor (the same rows with
   crashes and restarts as without), rule by rule (:mod:`barrierflow.testing.conformance`,
-  :mod:`~barrierflow.testing.split_conformance`, :mod:`~barrierflow.testing.actor_conformance`).
+  :mod:`~barrierflow.testing.split_conformance`, :mod:`~barrierflow.testing.actor_conformance`);
+  with ``crash_steps=True`` the sink suite also SIGKILLs a child process driving the connector
+  at every step of its lifecycle and checks what a new one recovers
+  (:mod:`~barrierflow.testing.crash_conformance`).
 """
 
 from barrierflow.testing.actor_conformance import check_stream_actor as check_stream_actor

@@ -23,6 +23,12 @@ It returns a :class:`ConformanceReport` (every rule, passed or not, with what wa
 rows are a single ``int64`` column ``id`` unless the connector's schema says otherwise: then
 ``rows(ids)`` must build a batch of the connector's schema from ids, and ``read`` return the
 ids it sees (any order).
+
+With ``crash_steps=True`` it then kills a child process driving a connector with SIGKILL at
+every step of the lifecycle and recovers in this process, adding the crash rules
+(``crash_after_pre_commit_recovers``, ..., ``recover_is_idempotent``) to the same report —
+see :mod:`barrierflow.testing.crash_conformance` for the rules and for what that asks of
+``factory``: importable by name, reaching the same durable storage in every process.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import pyarrow as pa
 
 from barrierflow.actors.sinks.protocol import PendingCommit, SinkConnector
 from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
+from barrierflow.testing.crash_conformance import check_crash_arguments, check_crashes
 
 __all__ = ["ConformanceError", "ConformanceReport", "RuleResult", "check_sink_connector"]
 
@@ -92,12 +99,27 @@ async def check_sink_connector(
     read: Read,
     *,
     rows: Callable[[list[int]], pa.RecordBatch] | None = None,
+    crash_steps: bool = False,
 ) -> ConformanceReport:
     """Check the exactly-once contract of the connectors ``factory`` makes (see the module).
 
+    Args:
+        factory: makes a new connector over the same storage at each call (as after a
+            restart); the storage starts empty.
+        read: the ids a reader of the sink sees now (sync or async; a list or a Table).
+        rows: builds a batch of the connector's schema from ids, if that schema is not a
+            single integer column ``id``.
+        crash_steps: also SIGKILL child processes at every lifecycle step and check the
+            recovery (:mod:`barrierflow.testing.crash_conformance`; a few seconds).
+
+    Returns:
+        Every rule, passed or not: the 8 in-process rules, then the crash rules if asked.
+
     Raises:
-        InvalidArgumentError: ``factory`` or ``read`` is not callable, or the first connector
-            is not a SinkConnector or not exactly-once.
+        InvalidArgumentError: ``factory`` or ``read`` is not callable, the first connector
+            is not a SinkConnector or not exactly-once, ``rows`` is needed and missing; with
+            ``crash_steps``: ``factory`` or ``rows`` is not importable by name, the connector
+            is a ListSink (in memory), or ``BARRIERFLOW_TEST_TIMEOUT_SCALE`` is malformed.
     """
     if not callable(factory) or not callable(read):
         raise InvalidArgumentError("factory/read", "callables", (factory, read))
@@ -107,6 +129,10 @@ async def check_sink_connector(
             "factory", "a factory of exactly-once SinkConnectors", type(probe).__name__
         )
     make = rows or _id_rows(probe.schema)
+    if type(crash_steps) is not bool:
+        raise InvalidArgumentError("crash_steps", "True or False", crash_steps)
+    # Refused before anything runs, so a check that cannot run is never reported as passed.
+    names = check_crash_arguments(factory, rows, probe) if crash_steps else None
     report = ConformanceReport()
 
     async def seen() -> list[int]:
@@ -164,6 +190,12 @@ async def check_sink_connector(
     check("recover_commits_pending", [i for i in after if i == 6], [6])
     check("recover_drops_the_rest", [i for i in after if i in (7, 8)], [])
     await recovered.close()
+    if names is not None:
+
+        def record(rule: str, passed: bool, detail: str) -> None:
+            report.results.append(RuleResult(rule, passed, detail))
+
+        await check_crashes(factory, names, seen, record)
     return report
 
 
