@@ -22,7 +22,6 @@ Exit status of the command: 0 when no audit found anything, 1 otherwise. Timeout
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import sys
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import final
 
+from barrierflow._timeout_scale import timeout_scale
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.chaos.acts import ACTS, Act
 from barrierflow.chaos.audit import Audit
@@ -40,13 +40,6 @@ __all__ = ["ChaosConfig", "ChaosReport", "run_chaos"]
 
 BACKENDS = ("asyncio", "trio")
 REPORT = "chaos-report.json"
-
-
-def _scale() -> float:
-    try:
-        return max(1.0, float(os.environ.get("BARRIERFLOW_TEST_TIMEOUT_SCALE", "1")))
-    except ValueError:
-        return 1.0
 
 
 @final
@@ -174,6 +167,8 @@ def run_chaos(config: ChaosConfig, say: Callable[[str], None] = print) -> ChaosR
         report.write(root / REPORT)
         number += 1
     totals = report.totals()
+    for (name, aimed), count in summarize(report):
+        say(f"{count:>5} kills  {name:<8} {aimed}")
     say(
         f"chaos: {totals['kills']} kills in {totals['rounds']} rounds (seed {config.seed}); "
         f"lost {totals['lost']}, duplicated {totals['duplicated']}, foreign {totals['foreign']}; "
@@ -214,7 +209,7 @@ def _round(
             trace=logs / f"round-{number:03d}-run-{run}.trace",
             log=log,
             kill=kill,
-            timeout=act.timeout * _scale(),
+            timeout=act.timeout * timeout_scale(),
             env={"SPARK_LOCAL_IP": "127.0.0.1", "PYTHONUNBUFFERED": "1"},
         )
         run += 1
@@ -290,9 +285,9 @@ def _tail(log: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:])
 
 
-def summarize(report: ChaosReport) -> Sequence[tuple[str, int]]:
-    """Kills per part of the pipeline they were aimed at, most first."""
-    counts: dict[str, int] = {}
+def summarize(report: ChaosReport) -> Sequence[tuple[tuple[str, str], int]]:
+    """Kills per act and part of the pipeline they were aimed at, in act order."""
+    counts: dict[tuple[str, str], int] = {}
     for kill in report.kills:
-        counts[kill.aimed] = counts.get(kill.aimed, 0) + 1
-    return sorted(counts.items(), key=lambda item: -item[1])
+        counts[kill.act, kill.aimed] = counts.get((kill.act, kill.aimed), 0) + 1
+    return sorted(counts.items(), key=lambda item: (item[0][0], -item[1]))
