@@ -57,31 +57,31 @@ def read_table_dir(path: Path, audit: Audit, *, complete: bool) -> pa.Table | No
         if complete:
             audit.add("no_table", f"{path} does not exist")
         return None
-    parts = []
-    epochs = []
     for file in _visible(path):
-        parent = file.relative_to(path).parts
-        if len(parent) != 2 or not parent[0].startswith("epoch=") or file.suffix != ".parquet":
+        where = file.relative_to(path).parts
+        if len(where) != 2 or not _epoch_dir(where[0]) or file.suffix != ".parquet":
             audit.add("stray_visible_file", str(file.relative_to(path)))
-            continue
-    for directory in sorted(path.glob("epoch=*")):
+    parts: list[pa.Table] = []
+    epochs: list[int] = []
+    files_seen = 0
+    for directory in sorted(d for d in path.iterdir() if _epoch_dir(d.name)):
         epoch = int(directory.name.removeprefix("epoch="))
         epochs.append(epoch)
         files = sorted(directory.glob("*.parquet"))
         tables = [pq.read_table(f) for f in files]
         _check_record(directory, epoch, files, tables, audit)
         parts.extend(tables)
+        files_seen += len(files)
     audit.facts["epochs"] = len(epochs)
     rows = pa.concat_tables(parts) if parts else None
     if complete:
-        _check_manifest(
-            path, epochs, sum(len(_parquet(d)) for d in path.glob("epoch=*")), rows, audit
-        )
+        _check_manifest(path, epochs, files_seen, rows, audit)
     return rows
 
 
-def _parquet(directory: Path) -> list[Path]:
-    return list(directory.glob("*.parquet"))
+def _epoch_dir(name: str) -> bool:
+    """``epoch=<digits>``: a committed epoch's directory."""
+    return name.startswith("epoch=") and name.removeprefix("epoch=").isdigit()
 
 
 def _check_record(
