@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from barrierflow import InvalidArgumentError
 from barrierflow.chaos import ChaosConfig
 from barrierflow.chaos.acts import ACTS, Act, Target
 from barrierflow.chaos.audit import Audit
-from barrierflow.chaos.harness import _plan
+from barrierflow.chaos.harness import _plan, _rng
 from barrierflow.chaos.process import KillAt, run_until
 from barrierflow.cli import main
 
@@ -95,9 +94,11 @@ def test_a_run_that_ends_first_is_not_killed_and_a_hung_one_times_out(tmp_path: 
 
 def test_the_plan_follows_the_seed() -> None:
     act = ACTS["views"]
-    plans = [_plan(act, random.Random(f"7:{r}:0")) for r in range(20)]
-    assert plans == [_plan(act, random.Random(f"7:{r}:0")) for r in range(20)]
+    plans = [_plan(act, _rng(7, r, 0)) for r in range(20)]
+    assert plans == [_plan(act, _rng(7, r, 0)) for r in range(20)]
     assert len({kill.event for kill, _ in plans}) > 3  # spread over the act's targets
+    # The runs of one round (resumes after a kill) draw their own targets too.
+    assert len({_plan(act, _rng(7, 0, run)) for run in range(6)}) > 3
 
 
 def test_bad_configs_are_refused(tmp_path: Path) -> None:
