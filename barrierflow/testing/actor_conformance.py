@@ -3,7 +3,8 @@
 ``await check_stream_actor(factory, chunks, state_dir=...)`` runs the actor twice over the same
 input — ``push source → actor → exactly-once sink`` — and compares what the sink committed:
 
-1. **undisturbed**: every chunk pushed, a checkpoint every few chunks;
+1. **undisturbed**: every chunk pushed, checkpoints at seeded random points (after each chunk
+   with probability ``1 / checkpoint_every``, and after the last);
 2. **with crashes**: the same, but at seeded random moments the graph fails mid-epoch (a
    scripted ``CRASH`` of its :class:`~barrierflow.testing.scripted.ScriptedSource`) and the
    runtime rebuilds it from the last checkpoint; :func:`~barrierflow.testing.scripted.play`
@@ -57,9 +58,10 @@ async def check_stream_actor(
         chunks: its input, in order (one schema).
         output: the schema of the chunks the actor emits.
         state_dir: a directory for the two runs' state stores (created if missing).
-        checkpoint_every: chunks between checkpoints.
+        checkpoint_every: chunks between checkpoints, on average (where they fall is drawn
+            from ``seed``; both runs checkpoint at the same points).
         crashes: crashes injected in the second run.
-        seed: picks the moments of the crashes.
+        seed: picks the moments of the crashes and of the checkpoints.
 
     Raises:
         InvalidArgumentError: no chunks, chunks of several schemas, or a bad count.
@@ -75,10 +77,10 @@ async def check_stream_actor(
     await anyio.Path(directory).mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     crash_at = set(rng.sample(range(len(chunks)), min(crashes, len(chunks))))
-    calm = await _run(factory, chunks, output, directory / "calm.db", checkpoint_every, set())
-    shaken = await _run(
-        factory, chunks, output, directory / "crashes.db", checkpoint_every, crash_at
-    )
+    checkpoints = {i for i in range(len(chunks)) if rng.random() < 1 / checkpoint_every}
+    checkpoints.add(len(chunks) - 1)
+    calm = await _run(factory, chunks, output, directory / "calm.db", checkpoints, set())
+    shaken = await _run(factory, chunks, output, directory / "crashes.db", checkpoints, crash_at)
     report = ConformanceReport()
     same = sorted(_rows(calm)) == sorted(_rows(shaken))
     report.results.append(
@@ -100,7 +102,7 @@ async def _run(
     chunks: Sequence[Chunk],
     output: pa.Schema,
     path: Path,
-    every: int,
+    checkpoints: set[int],
     crash_at: set[int],
 ) -> ListSink:
     sink = ListSink(output)
@@ -120,7 +122,7 @@ async def _run(
         script.append(chunk)
         if i in crash_at:
             script.append(CRASH)  # play() pushes again what followed the last checkpoint
-        if (i + 1) % every == 0 or i + 1 == len(chunks):
+        if i in checkpoints:
             script.append(CHECKPOINT)
     async with rt:
         await play(rt, "input", script)
