@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from barrierflow.chaos.audit import Audit
+from barrierflow.chaos.audit import Audit, Finding
 
 __all__ = ["audit_backfill", "audit_views", "read_table_dir"]
 
@@ -160,7 +160,7 @@ def audit_backfill(workdir: Path, *, complete: bool) -> Audit:
         audit.lost += part.lost
         audit.duplicated += part.duplicated
         audit.foreign += part.foreign
-        audit.findings += [type(f)(f"{name}.{f.rule}", f.detail) for f in part.findings]
+        audit.findings += [Finding(f"{name}.{f.rule}", f.detail) for f in part.findings]
         audit.facts[f"{name}_epochs"] = part.facts.get("epochs", 0)
     return audit
 
@@ -181,6 +181,8 @@ def audit_views(workdir: Path, *, complete: bool) -> Audit:
         return audit
     batches, keys = int(asked["batches"]), int(asked["keys"])
     per_batch = int(asked["rows"]) // batches
+    # Summed here from the input, not by the demo's own check (expected_totals), so that a
+    # mistake there cannot hide one in the table.
     totals = np.zeros(keys, dtype=np.int64)
     for batch in range(batches):
         table = events(batch, per_batch, keys)

@@ -118,17 +118,43 @@ def _kill_group(pgid: int) -> tuple[int, ...]:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         return ()
+    return _still_running(pgid)
+
+
+def _still_running(pgid: int) -> tuple[int, ...]:
+    """The group's members that have not gone within :data:`_REAP_SECONDS`."""
     deadline = time.monotonic() + _REAP_SECONDS
     while (alive := group_members(pgid)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return tuple(alive)
 
 
-def _left_running(pgid: int) -> tuple[int, ...]:
-    deadline = time.monotonic() + _REAP_SECONDS
-    while (alive := group_members(pgid)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return tuple(alive)
+class _Tail:
+    """The lines a run has appended to its trace file since the last :meth:`read`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.pending = b""
+        self.lines = 0
+        #: The last line read, as ``event detail``.
+        self.last = ""
+
+    def read(self) -> list[tuple[str, str]]:
+        """The new whole lines, as ``(event, detail)``."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        *whole, self.pending = (self.pending + chunk).split(b"\n")
+        events = [_event_of(raw.decode(errors="replace")) for raw in whole]
+        self.lines += len(events)
+        if events:
+            self.last = " ".join(events[-1]).strip()
+        return events
 
 
 def _event_of(line: str) -> tuple[str, str]:
@@ -164,77 +190,39 @@ def run_until(
             cwd=cwd,
             start_new_session=True,
         )
+    tail = _Tail(trace)
     seen = 0
-    last = ""
-    pending = b""
     fire_at: float | None = None
-    offset = 0
     try:
         while True:
             now = time.monotonic()
-            chunk = _read_from(trace, offset)
-            offset += len(chunk)
-            pending += chunk
-            *lines, rest = pending.split(b"\n")
-            pending = rest
-            for raw in lines:
-                line = raw.decode(errors="replace")
-                event, detail = _event_of(line)
-                last = f"{event} {detail}".strip()
+            for event, detail in tail.read():
                 if kill is not None and fire_at is None and kill.matches(event, detail):
                     seen += 1
                     if seen == kill.occurrence:
                         fire_at = now + kill.delay
             if (fire_at is not None and now >= fire_at) or now - started > timeout:
                 timed_out = fire_at is None or now < fire_at
-                where = _last_line(trace) or last
                 members = len(group_members(process.pid))
                 outside = escaped(process.pid)
                 survivors = _kill_group(process.pid) + tuple(outside)
                 process.wait()
+                tail.read()  # what it traced between the last poll and the kill
                 return RunOutcome(
-                    True, process.returncode, now - started, where, _count(trace), survivors,
+                    True, process.returncode, now - started, tail.last, tail.lines, survivors,
                     timed_out, members,
                 )  # fmt: skip
             if process.poll() is not None:
                 # What the driver left running in its group (after a grace period for the
                 # JVM to notice its driver is gone) is reported, then killed.
-                survivors = _left_running(process.pid)
+                survivors = _still_running(process.pid)
                 _kill_group(process.pid)
+                tail.read()
                 return RunOutcome(
-                    False, process.returncode, now - started, _last_line(trace) or last,
-                    _count(trace), survivors,
-                )  # fmt: skip
+                    False, process.returncode, now - started, tail.last, tail.lines, survivors
+                )
             time.sleep(_POLL_SECONDS)
     finally:
         if process.poll() is None:
             _kill_group(process.pid)
             process.wait()
-
-
-def _read_from(path: Path, offset: int) -> bytes:
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read()
-    except FileNotFoundError:
-        return b""
-
-
-def _lines(path: Path) -> list[str]:
-    try:
-        return [line for line in path.read_text(errors="replace").splitlines() if line]
-    except FileNotFoundError:
-        return []
-
-
-def _last_line(path: Path) -> str:
-    lines = _lines(path)
-    if not lines:
-        return ""
-    event, detail = _event_of(lines[-1])
-    return f"{event} {detail}".strip()
-
-
-def _count(path: Path) -> int:
-    return len(_lines(path))
