@@ -10,32 +10,39 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
+import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
 from barrierflow import InvalidArgumentError
-from barrierflow.chaos import ChaosConfig
+from barrierflow._trace import TracedConnector, follow_job
+from barrierflow.chaos import ChaosConfig, harness
 from barrierflow.chaos.acts import ACTS, Act, Target
 from barrierflow.chaos.audit import Audit
 from barrierflow.chaos.harness import _plan, _rng
-from barrierflow.chaos.process import KillAt, run_until
+from barrierflow.chaos.process import KillAt, RunOutcome, run_until
 from barrierflow.cli import main
+from barrierflow.runtime.progress import JobProgress, Progress
+from barrierflow.testing import ListSink
 
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = """
-import subprocess, sys, time
+import signal, subprocess, sys
 from barrierflow._trace import trace
 mode = sys.argv[1]
 if mode != "exit":
     # A helper process, as the Spark JVM is to the driver ("escape": it leaves the group).
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+    subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"],
                      start_new_session=mode == "escape")
-for i in range(3 if mode == "exit" else 100000):
+for i in range(3 if mode == "exit" else 10):
     trace("tick", i)
-    time.sleep(0.01)
+if mode != "exit":
+    signal.pause()  # until the harness kills the group
 """
 
 
@@ -108,20 +115,19 @@ def test_bad_configs_are_refused(tmp_path: Path) -> None:
     assert main(["chaos", "--kills", "0", "--workdir", str(tmp_path)]) == 2
 
 
-# A fake act: five steps, each recorded in a file; a resume continues where it stopped.
-FAKE = """
-import pathlib, sys, time
-from barrierflow._trace import trace
-workdir = pathlib.Path(sys.argv[1])
-workdir.mkdir(parents=True, exist_ok=True)
-(workdir / "fake.json").write_text("{}")
-done = workdir / "done.txt"
-for i in range(int(done.read_text()) if done.exists() else 0, 5):
-    trace("step", i)
-    time.sleep(0.05)
-    done.write_text(str(i + 1))
-trace("verify")
-"""
+def fake_run(command: list[str], *, kill: KillAt | None, **_: object) -> RunOutcome:
+    """``run_until`` for a fake act of five steps (``done.txt`` counts them): killed
+    ``kill.occurrence`` steps into the run, else run to the end — no process, no clock."""
+    workdir = Path(command[-1])
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "fake.json").write_text("{}")
+    done = workdir / "done.txt"
+    steps = int(done.read_text()) if done.exists() else 0
+    if kill is not None and steps + kill.occurrence <= 5:
+        done.write_text(str(steps + kill.occurrence - 1))  # killed mid-step
+        return RunOutcome(True, -signal.SIGKILL, 0.1, f"step {steps + kill.occurrence - 1}", 1)
+    done.write_text("5")
+    return RunOutcome(False, 0, 0.1, "verify", 1)
 
 
 def fake_act(findings: bool) -> Act:
@@ -145,9 +151,10 @@ def test_the_harness_kills_resumes_audits_and_exits_by_its_findings(
 
     def command(self: Act, python: str, workdir: Path, backend: str, resume: bool) -> list[str]:
         resumes.append(resume)
-        return [python, "-c", FAKE, str(workdir)]
+        return [python, str(workdir)]
 
     monkeypatch.setattr(Act, "command", command)
+    monkeypatch.setattr(harness, "run_until", fake_run)
     argv = ["chaos", "--acts", "fake", "--kills", "3", "--seed", "5", "--workdir", str(tmp_path)]
     assert main(argv) == (1 if findings else 0)
     report = json.loads((tmp_path / "chaos-report.json").read_text())
@@ -179,3 +186,94 @@ def test_the_short_harness_on_the_real_acts_finds_nothing(tmp_path: Path) -> Non
     assert {r["act"] for r in report["rounds"]} == {"spark", "backfill", "views"}
     spark_kill = next(k for k in report["kills"] if k["act"] == "spark")
     assert spark_kill["processes"] >= 2  # the driver and the Spark JVM went down together
+
+
+@pytest.fixture
+def traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """This process traces into a file (as a demo run by the harness does)."""
+    from barrierflow import _trace
+
+    path = tmp_path / "trace"
+    monkeypatch.setattr(_trace, "_path", str(path))
+    monkeypatch.setattr(_trace, "_fd", None)
+    yield path
+    if _trace._fd is not None:
+        os.close(_trace._fd)
+
+
+def events(path: Path) -> list[str]:
+    return [" ".join(line.split()[1:]) for line in path.read_text().splitlines()]
+
+
+class _Job:
+    """A job handle whose backfill moves through phases as the test says."""
+
+    def __init__(self) -> None:
+        self.phases: list[dict[str, str]] = []
+
+    def progress(self) -> JobProgress:
+        detail = self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
+        done = set(detail.values()) == {"finished"}
+        return JobProgress("j", 1, {"backfill": Progress(done, 0, detail)}, done)
+
+
+@pytest.mark.anyio
+async def test_a_job_s_phases_are_traced_as_they_change_then_ready(traced: Path) -> None:
+    job = _Job()
+    job.phases = [
+        {"a": "backfilling", "b": "backfilling"},
+        {"a": "backfilling", "b": "backfilling"},
+        {"a": "caching_up", "b": "backfilling"},
+        {"a": "finished", "b": "finished"},
+    ]
+    with anyio.fail_after(scaled(10)):
+        await follow_job(job, every=0)
+    assert events(traced) == [
+        "backfill-phase backfilling",
+        "backfill-phase backfilling+caching_up",
+        "backfill-phase finished",
+        "job-ready",
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_traced_connector_traces_its_two_phases_and_stays_the_connector(
+    traced: Path,
+) -> None:
+    inner = ListSink(pa.schema([("id", pa.int64())]))
+    sink = TracedConnector(inner)
+    await sink.open()
+    await sink.recover([])
+    await sink.begin_epoch(7)
+    await sink.write_batch(pa.record_batch({"id": [1]}, schema=inner.schema))
+    await sink.pre_commit(7)
+    await sink.commit_epoch(7)
+    assert events(traced) == ["pre-commit 7", "commit-begin 7", "commit-done 7"]
+    assert inner.rows().column("id").to_pylist() == [1]
+
+
+def traced_events(act: str, tmp_path: Path, *args: str) -> set[str]:
+    """The event names a run of ``act`` traced, run as the harness runs it."""
+    trace = tmp_path / "trace"
+    command = [sys.executable, "-m", "barrierflow", "demo", act, "--workdir", str(tmp_path / "w")]
+    env = {**os.environ, "BARRIERFLOW_CHAOS_TRACE": str(trace)}
+    done = subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=scaled(180), env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {line.split()[1] for line in trace.read_text().splitlines()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_views_act_traces_every_event_its_targets_name(tmp_path: Path, backend: str) -> None:
+    seen = traced_events("views", tmp_path, *ACTS["views"].sizes, "--backend", backend)
+    assert {t.event for t in ACTS["views"].targets} <= seen
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_backfill_act_traces_every_event_its_targets_name(tmp_path: Path, backend: str) -> None:
+    seen = traced_events("backfill", tmp_path, *ACTS["backfill"].sizes, "--backend", backend)
+    assert {t.event for t in ACTS["backfill"].targets} <= seen
