@@ -19,6 +19,7 @@ from _timeouts import scaled
 
 from barrierflow._demo_input import RunManifest, complete_input, file_name
 from barrierflow._demo_progress import RunCounts
+from barrierflow.chaos.acts import ACTS
 from barrierflow.cli import main
 from barrierflow.demo import DemoConfig, run_demo
 from barrierflow.errors import ConfigError, NotRunningError
@@ -54,10 +55,17 @@ def demo(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_the_demo_ends_with_a_verified_line(tmp_path: Path) -> None:
-    done = demo(tmp_path / "d", "--rows", "30000", "--batches", "3")
+    trace = tmp_path / "trace"  # traced as the crash harness runs it
+    done = subprocess.run(
+        command(tmp_path / "d", "--rows", "30000", "--batches", "3"), cwd=ROOT,
+        capture_output=True, text=True, timeout=scaled(300),
+        env={**ENV, "BARRIERFLOW_CHAOS_TRACE": str(trace)},
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     assert lines[-1] == "VERIFIED rows_in=30000 rows_out=30000 duplicates=0 epochs=3"
+    seen = {line.split()[1] for line in trace.read_text().splitlines()}
+    assert {t.event for t in ACTS["spark"].targets} <= seen  # every kill point it offers
 
 
 @pytest.mark.spark
