@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench mutate lint clean
 
 $(STAMP): pyproject.toml requirements/test.lock
 	$(PYTHON) -m venv $(VENV)
@@ -17,12 +17,16 @@ demo: $(STAMP)
 	$(BIN)/python -m barrierflow demo
 
 test: $(STAMP)
-	$(BIN)/ruff check barrierflow tests benchmarks
+	$(BIN)/ruff check barrierflow tests benchmarks tools
 	$(BIN)/mypy --strict barrierflow
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# Mutation testing of the seed actors (not part of `make test`, not run by CI): see tools/mutate.py.
+mutate: $(STAMP)
+	$(BIN)/python tools/mutate.py $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV)
