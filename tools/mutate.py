@@ -19,11 +19,12 @@ tests are kept where the rule needs the real server (the split source, the backf
 The report (``build/mutate/report.md`` and ``report.json``) gives, per module, the mutants
 generated / killed / survived / timed out / with no test, and the score
 
-    score = (killed + timed out) / (generated - listed equivalents)
+    score = (killed + timed out) / (generated - equivalents)
 
-where a listed equivalent is a survivor named in ``tests/MUTANTS.md`` (a mutant that cannot
-change behaviour, with its reason). Every other survivor is listed with its location and
-diff. A run resumes where it stopped (mutmut remembers results); ``--fresh`` starts over.
+where an equivalent is a survivor that cannot change behaviour: one named in
+``tests/MUTANTS.md`` with its reason, or one of the class that file describes (a mutant that
+only changes a log line). Every other survivor is listed with its location and diff. A run
+resumes where it stopped (mutmut remembers results); ``--fresh`` starts over.
 
 Usage: ``python tools/mutate.py [--groups coordinator,sink_task] [--fresh] [--jobs N]``.
 """
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report: {BUILD / 'report.md'} ({elapsed / 60:.1f} min)")
     for r in reports:
         print(f"  {r.module}: {r.generated} mutants, {r.killed} killed, {r.timed_out} timed out, "
-              f"{r.survived} survived ({r.equivalent} listed equivalent), {r.no_tests} no test, "
+              f"{r.survived} survived ({r.equivalent} equivalent), {r.no_tests} no test, "
               f"score {r.score:.1%}")
     return 1 if low else 0
 
@@ -255,12 +256,17 @@ def _group_reports(group: Group) -> Iterator[ModuleReport]:
             else:
                 report.other += 1
             if status in ("survived", "no tests", "suspicious", "not checked"):
-                equivalent = key in equivalents
-                report.equivalent += equivalent
-                report.survivors.append({
-                    "key": key, "status": status, "equivalent": equivalent,
-                    **_locate(work, module, key),
-                })
+                where = _locate(work, module, key)
+                if key in equivalents:
+                    reason = "listed"
+                elif _in_log_call(work / module, int(str(where["line"]))):
+                    reason = "log call"
+                else:
+                    reason = ""
+                report.equivalent += bool(reason)
+                report.survivors.append(
+                    {"key": key, "status": status, "equivalent": reason, **where}
+                )
         yield report
 
 
@@ -330,6 +336,32 @@ def _line_of(path: Path, key: str, removed: str) -> int:
     return 0
 
 
+#: Methods whose call is a log line: a mutant that changes only what a log line says (or the
+#: logger it goes to) cannot change behaviour, as ``tests/MUTANTS.md`` says.
+LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical"})
+
+
+def _in_log_call(path: Path, line: int) -> bool:
+    """Whether ``line`` of ``path`` lies in a statement that only logs (``log.warning(...)``,
+    ``self._log.info(...)``, ``structlog.get_logger(...).warning(...)``)."""
+    if line <= 0:
+        return False
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Expr) or not (node.lineno <= line <= (node.end_lineno or 0)):
+            continue
+        call = node.value
+        if isinstance(call, ast.Await):
+            call = call.value
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in LOG_METHODS
+            and "log" in ast.unparse(call.func.value).lower()
+        ):
+            return True
+    return False
+
+
 def _write_report(reports: list[ModuleReport], elapsed: float) -> None:
     BUILD.mkdir(parents=True, exist_ok=True)
     (BUILD / "report.json").write_text(json.dumps(
@@ -339,10 +371,10 @@ def _write_report(reports: list[ModuleReport], elapsed: float) -> None:
         "# Mutation report (`make mutate`)",
         "",
         f"Run time: {elapsed / 60:.1f} min. Score = (killed + timed out) / "
-        "(generated - listed equivalents).",
+        "(generated - equivalents).",
         "",
         "| group | module | generated | killed | timed out | survived | no test | "
-        "equivalent (listed) | score |",
+        "equivalent | score |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in reports:
@@ -350,7 +382,7 @@ def _write_report(reports: list[ModuleReport], elapsed: float) -> None:
             f"| {r.group} | `{r.module}` | {r.generated} | {r.killed} | {r.timed_out} | "
             f"{r.survived} | {r.no_tests} | {r.equivalent} | {r.score:.1%} |"
         )
-    out += ["", "## Survivors not listed in tests/MUTANTS.md", ""]
+    out += ["", "## Survivors that are not equivalent", ""]
     for r in reports:
         for s in r.survivors:
             if s["equivalent"]:
