@@ -19,7 +19,16 @@ from barrierflow.actors.backfill.errors import (
     SnapshotBackfillStateError as SnapshotBackfillStateError,
 )
 from barrierflow.actors.backfill.errors import (
+    UnfinishedSplitMigratedError as UnfinishedSplitMigratedError,
+)
+from barrierflow.actors.backfill.errors import (
+    UpstreamEndedDuringBackfillError as UpstreamEndedDuringBackfillError,
+)
+from barrierflow.actors.backfill.errors import (
     VnodeUpdateDuringBackfillError as VnodeUpdateDuringBackfillError,
+)
+from barrierflow.actors.sinks.errors import (
+    CommittedEpochsEndedError as CommittedEpochsEndedError,
 )
 from barrierflow.actors.sinks.errors import CoordinatorAbortedError as CoordinatorAbortedError
 from barrierflow.actors.sinks.errors import CoordinatorMissingError as CoordinatorMissingError
@@ -155,6 +164,9 @@ __all__ = [
     "NotAMaterializedViewError",
     "SnapshotBackfillStateError",
     "VnodeUpdateDuringBackfillError",
+    "UnfinishedSplitMigratedError",
+    "UpstreamEndedDuringBackfillError",
+    "CommittedEpochsEndedError",
     "VersionCompactedError",
     "VnodeOwnershipError",
     "WatermarkTypeMismatchError",

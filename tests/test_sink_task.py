@@ -7,7 +7,10 @@ connector calls, the task's counters and the typed fields of its errors.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
+import selectors
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
@@ -40,6 +43,7 @@ from barrierflow.actors import (
     SinkTaskHandle,
     start_sink_task,
 )
+from barrierflow.actors.sinks import sink_task
 
 pytestmark = pytest.mark.anyio
 
@@ -1125,3 +1129,165 @@ def test_epoch_state_machine_matches_model(backend: str, exactly_once: bool) -> 
         lambda: SinkTaskMachine(backend, exactly_once),  # type: ignore[arg-type]
         settings=settings(max_examples=20, stateful_step_count=20, deadline=None),
     )
+
+
+# --- the seed's defaults: a 5 s periodic flush, a 30 s close -----------------------------------
+
+
+class _AutojumpSelector(selectors.BaseSelector):
+    """A selector that, when the loop would sleep until its next timer and no file is ready,
+    moves the loop's virtual clock to that timer instead (trio's ``MockClock(autojump_
+    threshold=0)`` for asyncio)."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self._inner = selectors.DefaultSelector()
+        self._clock = clock
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.modify(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = self._inner.select(0)
+        if ready or timeout == 0:
+            return ready
+        if timeout is None:  # no timer at all: only a file (another thread) can wake it
+            return self._inner.select(None)
+        self._clock[0] += timeout
+        return []
+
+    def get_map(self) -> Any:
+        return self._inner.get_map()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class AutojumpLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop on a virtual clock that jumps to the next timer whenever every task
+    is blocked: ``anyio.current_time()``, sleeps and timeouts all read it."""
+
+    def __init__(self) -> None:
+        self._virtual = [0.0]
+        super().__init__(_AutojumpSelector(self._virtual))
+
+    def time(self) -> float:
+        return self._virtual[0]
+
+
+def virtual_clocks() -> Any:
+    """Both backends on a virtual clock that jumps when every task is blocked: a default of
+    seconds is then checked to the exact instant, without waiting for it."""
+    return pytest.mark.parametrize(
+        "anyio_backend",
+        [
+            pytest.param(("asyncio", {"loop_factory": AutojumpLoop}), id="asyncio-autojump"),
+            pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-autojump"),
+        ],
+    )
+
+
+#: A flush interval or timeout that the defaults tested here never reach.
+LONGER = 1000.0
+
+
+def test_seed_defaults_are_a_5s_flush_a_30s_close_and_128_commands() -> None:
+    # sink_task.rs: DEFAULT_FLUSH_INTERVAL = 5 s, close() waits 30 s, DEFAULT_CHANNEL_CAPACITY
+    # = 128; and every entry point defaults to them.
+    assert sink_task.DEFAULT_FLUSH_INTERVAL == 5.0
+    assert sink_task.DEFAULT_SHUTDOWN_TIMEOUT == 30.0
+    assert sink_task.DEFAULT_CAPACITY == 128
+    for entry in (start_sink_task, SinkTask.__init__):
+        parameters = inspect.signature(entry).parameters
+        assert parameters["flush_interval"].default == 5.0
+        assert parameters["shutdown_timeout"].default == 30.0
+        assert parameters["capacity"].default == 128
+    assert inspect.signature(SinkTaskHandle.close).parameters["timeout"].default == 30.0
+
+
+@virtual_clocks()
+async def test_default_periodic_flush_fires_at_5s_not_before() -> None:
+    fake = FakeConnector()
+    async with SinkTask(fake, name="orders") as handle:  # the default interval
+        started = anyio.current_time()
+        with anyio.move_on_after(4.999):
+            await fake.entered_event("flush").wait()
+        assert "flush" not in fake.names()  # not before 5 s
+        with anyio.fail_after(1.0):
+            await fake.entered_event("flush").wait()
+        assert anyio.current_time() - started == pytest.approx(5.0, abs=1e-6)
+        fake.entered.pop("flush")
+        with anyio.fail_after(5.001):  # every 5 s after that
+            await fake.entered_event("flush").wait()
+        assert anyio.current_time() - started == pytest.approx(10.0, abs=1e-6)
+        flushes = handle.stats().flushes
+    assert flushes == 2
+
+
+@virtual_clocks()
+async def test_default_periodic_flush_is_cut_after_5s_as_a_stuck_sink() -> None:
+    # sink_task.rs bounds each periodic flush by the interval: a stuck sink is reported.
+    fake = FakeConnector()
+    fake.hang["flush"] = anyio.Event()
+    with structlog.testing.capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            handle = await start_sink_task(tg, fake, name="orders")
+            started = anyio.current_time()
+            await fake.entered_event("flush").wait()  # at 5 s
+            tg.start_soon(handle.begin_epoch, 1)  # queued behind the stuck flush
+            await fake.entered_event("begin_epoch").wait()  # served once the flush was cut
+            assert anyio.current_time() - started == pytest.approx(10.0, abs=1e-6)
+            assert handle.stats().stuck_flushes == 1
+            tg.cancel_scope.cancel()
+    stuck = warnings_of(logs, "periodic sink flush timed out; the sink may be stuck")
+    assert stuck[0]["timeout_s"] == 5.0
+
+
+@virtual_clocks()
+async def test_default_close_gives_up_after_30s() -> None:
+    # sink_task.rs: close() waits 30 s for the task, then gives up (here: returns False and
+    # warns, naming the sink; the task goes on closing in the background).
+    fake = FakeConnector()
+    fake.hang["close"] = anyio.Event()  # a connector that never closes
+    with structlog.testing.capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            handle = await start_sink_task(
+                tg, fake, name="orders", flush_interval=LONGER, shutdown_timeout=LONGER
+            )
+            started = anyio.current_time()
+            assert not await handle.close()  # the default timeout
+            assert anyio.current_time() - started == pytest.approx(30.0, abs=1e-6)
+            assert fake.names() == ["open", "flush", "close"]
+            tg.cancel_scope.cancel()
+    given_up = warnings_of(logs, "sink did not close in time")
+    assert [(w["sink"], w["timeout_s"]) for w in given_up] == [("orders", 30.0)]
+
+
+@virtual_clocks()
+async def test_default_shutdown_timeout_bounds_the_final_flush_and_close_at_30s_each() -> None:
+    fake = FakeConnector()
+    fake.hang["flush"] = anyio.Event()
+    fake.hang["close"] = anyio.Event()
+    with structlog.testing.capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            handle = await start_sink_task(tg, fake, name="orders", flush_interval=LONGER)
+            started = anyio.current_time()
+            handle.release()  # the last handle: flush, then close
+            await fake.entered_event("close").wait()
+            assert anyio.current_time() - started == pytest.approx(30.0, abs=1e-6)
+        # The task ended (its group with it) once the close was cut too.
+        assert anyio.current_time() - started == pytest.approx(60.0, abs=1e-6)
+    assert fake.calls == [
+        ("open",),
+        ("flush",),
+        ("flush cancelled",),
+        ("close",),
+        ("close cancelled",),
+    ]
+    assert warnings_of(logs, "sink flush timed out at shutdown")[0]["timeout_s"] == 30.0
+    assert warnings_of(logs, "sink close timed out")[0]["timeout_s"] == 30.0

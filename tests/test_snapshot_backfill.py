@@ -17,6 +17,7 @@ from barrierflow import (
     SnapshotBackfillStateError,
     VnodeUpdateDuringBackfillError,
 )
+from barrierflow.actors.backfill.errors import UpstreamEndedDuringBackfillError
 from barrierflow.actors.backfill.materialize import Materialize
 from barrierflow.actors.backfill.snapshot_backfill import SnapshotBackfill
 from barrierflow.channels import Chunk, Message, Op, Pause, Resume, Throttle, Update
@@ -499,3 +500,187 @@ async def test_a_finished_job_whose_state_says_a_vnode_is_undone_is_refused(
     error = failed.value.__cause__
     assert isinstance(error, SnapshotBackfillStateError)
     assert (error.actor, error.found) == ("backfill", "vnodes [7]")
+
+
+#: The key that makes :class:`EndsOnPoison` end its stream (the driver never sends it again).
+END = -1
+
+
+class EndsOnPoison(StreamActor):
+    """Passes its input on until a chunk holds the key :data:`END`, then returns: its output
+    closes, so the view behind it ends, and the backfill's upstream with it."""
+
+    async def run(self, ctx: ActorContext) -> None:
+        async for message in ctx.messages():
+            if isinstance(message, Chunk) and END in message.batch.column("k").to_pylist():
+                return
+            await ctx.emit(message)
+
+
+class SeesTheEnd(Replay):
+    """:class:`Replay` that tells when its input (the backfill's output) ended cleanly."""
+
+    def __init__(self, seen: dict[int, list[Change]], ended: anyio.Event) -> None:
+        super().__init__(seen)
+        self.ended = ended
+
+    async def run(self, ctx: ActorContext) -> None:
+        await super().run(ctx)
+        self.ended.set()
+
+
+def endable_runtime(tmp_path: Path) -> Runtime:
+    """``src -> gate -> view``: pushing the key :data:`END` ends the view's output stream."""
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600))
+    rt.add_source("src")
+    rt.add_actor("gate", EndsOnPoison, inputs=["src"])
+    rt.add_actor("view", lambda: Materialize(SCHEMA, ["k"]), inputs=["gate"])
+    return rt
+
+
+def end_of_stream() -> Chunk:
+    return Chunk(pa.record_batch({"k": [END], "v": [0]}, SCHEMA))
+
+
+def endable_job(ended: anyio.Event, **options: Any) -> Job:
+    """:func:`copy_job` whose output actor sets ``ended`` when the backfill's output ends
+    (whether the backfill returned or failed): a silent end shows at once, no timeout."""
+    job = Job("copy")
+    job.add_actor(
+        "backfill", lambda: SnapshotBackfill("view", **options), inputs={"upstream": "view"}
+    )
+    job.add_actor("replay", lambda: SeesTheEnd({}, ended), inputs=["backfill"])
+    return job
+
+
+async def test_upstream_ending_mid_snapshot_fails_with_the_epochs_owed(tmp_path: Path) -> None:
+    # The seed's `anyhow!("end of upstream")`: the live chunks dropped while backfilling are
+    # owed; an upstream that ends before they are replayed is an error, not a silent end.
+    driver = Upserts()
+    rt = endable_runtime(tmp_path)
+    with anyio.fail_after(scaled(30)), pytest.raises(ActorFailedError) as failed:
+        async with rt:
+            await rt.push("src", driver.change(range(50)))
+            await rt.checkpoint()
+            ended = anyio.Event()
+            handle = await rt.add_job(endable_job(ended, rate_limit=0))  # the snapshot waits
+            closed = []
+            for round_ in range(3):  # live epochs, dropped: owed
+                await rt.push("src", driver.change(range(round_ * 10, round_ * 10 + 20)))
+                closed.append(await rt.checkpoint())
+            detail = handle.progress().actors["backfill"].detail
+            assert (detail["phase"], detail["epochs_owed"]) == ("snapshot", 4)  # and Add's
+            await rt.push("src", end_of_stream())
+            await ended.wait()  # the backfill's output closed
+            await rt.checkpoint()  # fails (after a silent end, it would complete)
+    assert failed.value.actor == "backfill"
+    error = failed.value.__cause__
+    assert isinstance(error, UpstreamEndedDuringBackfillError)
+    assert (error.actor, error.phase) == ("backfill", "snapshot")
+    assert len(error.epochs_owed) == 4
+    assert error.epochs_owed[1:] == closed
+    assert error.vnodes_left  # the snapshot had not begun
+    assert "end of the upstream" in str(error)
+    assert "expected" in str(error)
+
+
+class HeldBack(SeesTheEnd):
+    """:class:`SeesTheEnd` that holds the first chunk until ``release`` is set: the backfill,
+    which emits without waiting (no rate limit), blocks on a full output meanwhile."""
+
+    def __init__(self, ended: anyio.Event, reached: anyio.Event, release: anyio.Event) -> None:
+        super().__init__({}, ended)
+        self.reached, self.release = reached, release
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk) and not self.release.is_set():
+            self.reached.set()
+            await self.release.wait()
+        await super().process(message, ctx)
+
+
+async def test_upstream_ending_while_the_backfill_emits_without_waiting_fails_too(
+    tmp_path: Path,
+) -> None:
+    # Between two chunks the backfill only polls its upstream (barriers first): the end of
+    # the upstream seen there is the same error as when it waits for a barrier.
+    driver = Upserts()
+    ended, reached, release = anyio.Event(), anyio.Event(), anyio.Event()
+    rt = endable_runtime(tmp_path)
+    job = Job("copy")
+    job.add_actor(
+        "backfill", lambda: SnapshotBackfill("view", batch_rows=10), inputs={"upstream": "view"}
+    )
+    job.add_actor("replay", lambda: HeldBack(ended, reached, release), inputs=["backfill"])
+    with anyio.fail_after(scaled(30)), pytest.raises(ActorFailedError) as failed:
+        async with rt:
+            await rt.push("src", driver.change(range(2000)))
+            await rt.checkpoint()
+            await rt.add_job(job)
+            await reached.wait()  # the snapshot is under way, its output full soon
+            await rt.push("src", end_of_stream())
+            await anyio.wait_all_tasks_blocked()  # the gate and the view have ended
+            release.set()  # the backfill goes on emitting, polls, finds the end
+            await ended.wait()
+            await rt.checkpoint()  # fails (after a silent end, it would complete)
+    error = failed.value.__cause__
+    assert isinstance(error, UpstreamEndedDuringBackfillError)
+    assert (error.actor, error.phase) == ("backfill", "snapshot")
+    assert error.vnodes_left
+
+
+async def test_upstream_ending_mid_change_log_fails_with_the_epochs_owed(
+    tmp_path: Path,
+) -> None:
+    driver = Upserts()
+    rt = endable_runtime(tmp_path)
+    with anyio.fail_after(scaled(30)), pytest.raises(ActorFailedError) as failed:
+        async with rt:
+            await rt.checkpoint()  # the snapshot epoch: an empty view
+            ended = anyio.Event()
+            handle = await rt.add_job(endable_job(ended, batch_rows=10, rate_limit=0))
+            for round_ in range(3):  # owed epochs of 300 changes each
+                await rt.push("src", driver.change(range(round_ * 100, round_ * 100 + 300)))
+                await rt.checkpoint()
+            # 10 rows/s: the snapshot (empty) ends at once, the replay between barriers
+            # crawls; each barrier replays whole epochs but owes one more.
+            await rt.mutate(Throttle({rt.actor_id("backfill"): 10}))
+            detail = handle.progress().actors["backfill"].detail
+            while detail["phase"] == "snapshot":
+                await rt.checkpoint()
+                detail = handle.progress().actors["backfill"].detail
+            assert detail["phase"] == "change_log"
+            assert detail["epochs_owed"] > 0
+            await rt.push("src", end_of_stream())
+            await ended.wait()  # the backfill's output closed
+            await rt.checkpoint()  # fails (after a silent end, it would complete)
+    error = failed.value.__cause__
+    assert isinstance(error, UpstreamEndedDuringBackfillError)
+    assert (error.actor, error.phase, error.vnodes_left) == ("backfill", "change_log", [])
+    assert len(error.epochs_owed) == detail["epochs_owed"]
+
+
+async def test_upstream_ending_after_the_backfill_forwards_ends_it_cleanly(
+    tmp_path: Path,
+) -> None:
+    driver = Upserts()
+    seen: dict[int, list[Change]] = {}
+    ended = anyio.Event()
+    rt = endable_runtime(tmp_path)
+    job = Job("copy")
+    job.add_actor("backfill", lambda: SnapshotBackfill("view"), inputs={"upstream": "view"})
+    job.add_actor("replay", lambda: SeesTheEnd(seen, ended), inputs=["backfill"])
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            await rt.push("src", driver.change(range(20)))
+            await rt.checkpoint()
+            handle = await rt.add_job(job)
+            while not handle.progress().ready:  # the test's own barriers
+                await rt.checkpoint()
+            await rt.checkpoint()
+            assert handle.progress().actors["backfill"].detail["phase"] == "forward"
+            await rt.push("src", driver.change(range(10, 30)))  # forwarded live
+            await rt.checkpoint()
+            await rt.push("src", end_of_stream())
+            await ended.wait()  # the backfill returned, its output closed: no error
+    assert_exactly_once(driver, seen)

@@ -382,6 +382,7 @@ def test_bad_arguments_are_refused_with_what_was_expected() -> None:
         ({"rate_limit": -1}, "rate_limit"),
         ({"wait_barrier_intervals": 0}, "wait_barrier_intervals"),
         ({"retry_delay": 0}, "retry_delay"),
+        ({"clock": 5}, "clock"),
     ):
         arguments: dict[str, object] = {"log": log, **kwargs}
         with pytest.raises(InvalidArgumentError) as bad:

@@ -63,7 +63,8 @@ class BackfillStage:
         self.ready_reported = False
         self.state_table_initialized = False
         self.failures = 0
-        self.last_barrier = anyio.current_time()
+        # The seed starts its "last barrier" clock when the loop starts, not at the first barrier.
+        self.last_barrier = actor._clock()
         self._reader_scope: anyio.CancelScope | None = None
         self._send: SendChannel[Any] | None = None
         self._generation = 0
@@ -80,6 +81,8 @@ class BackfillStage:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._restart_reader(delay=0.0)
+                # The seed's pause on startup: a job added to a paused graph (its first
+                # barrier's Add carries pause=True) reads no history until a Resume.
                 self._apply_pause()
                 left = await self._loop(select)
                 tg.cancel_scope.cancel()
@@ -169,11 +172,19 @@ class BackfillStage:
             await self.ctx.emit(Chunk(chunk.batch, ops=chunk.ops, visibility=pa.array(visible)))
 
     async def _on_backfill_batch(self, batch: pa.RecordBatch) -> None:
+        # The seed's self-pause: a history batch arriving more than N barrier intervals after
+        # the last barrier means barriers are late (the graph is backpressured or the meta
+        # service is slow); reading on would let the backfill run away from the live stream
+        # and the checkpoints. This batch is still handled; the reader then waits for the next
+        # barrier, which resumes it (unless a Pause command holds it).
         interval = self.ctx.barrier_interval
-        if anyio.current_time() - self.last_barrier > self.actor._wait_intervals * interval:
-            self.self_paused = True  # barriers are late: read no further until the next one
+        waited = self.actor._clock() - self.last_barrier
+        if waited > self.actor._wait_intervals * interval:
+            self.self_paused = True
             self._apply_pause()
-            self.ctx.log.warning("source backfill paused itself: no barrier for a while")
+            self.ctx.log.warning(
+                "source backfill paused itself: no barrier for a while", seconds=waited
+            )
         visible = self.states.on_backfill(batch)
         if visible.any():
             await self.ctx.emit(Chunk(batch, visibility=pa.array(visible)))
@@ -194,8 +205,9 @@ class BackfillStage:
     async def _on_barrier(self, barrier: Barrier) -> bool:
         """Handle one upstream barrier; returns whether the backfill stage is over."""
         ctx = self.ctx
-        self.last_barrier = anyio.current_time()
+        self.last_barrier = self.actor._clock()
         if self.self_paused:
+            # A barrier came: the self-pause ends (a Pause command still holds the reader).
             self.self_paused = False
             self._apply_pause()
         if barrier.is_pause():
@@ -237,8 +249,10 @@ class BackfillStage:
             return False
         if not self.state_table_initialized:
             if barrier.is_checkpoint:
-                # Every peer's state, as of this checkpoint, must be readable before their
-                # committed states can tell whether the whole job finished.
+                # The seed waits for this first checkpoint's prev epoch to be committed before
+                # it ever reads the peers' split states: until then it may read only what it
+                # wrote itself (a peer's state, unfinished splits included, may be missing),
+                # and would leave the backfill stage on a stale "all finished".
                 await ctx.wait_committed(barrier.epoch.prev)
                 self.state_table_initialized = True
             return False

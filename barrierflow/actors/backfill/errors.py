@@ -1,4 +1,4 @@
-"""Errors of the snapshot backfill and the materialize actor.
+"""Errors of the snapshot backfill, the source backfill and the materialize actor.
 
 Every public name is re-exported from :mod:`barrierflow.errors`.
 """
@@ -13,6 +13,8 @@ from barrierflow.runtime.errors import GraphError
 __all__ = [
     "NotAMaterializedViewError",
     "SnapshotBackfillStateError",
+    "UnfinishedSplitMigratedError",
+    "UpstreamEndedDuringBackfillError",
     "VnodeUpdateDuringBackfillError",
 ]
 
@@ -70,3 +72,56 @@ class SnapshotBackfillStateError(ProtocolError):
         super().__init__(f"snapshot backfill {actor}: expected {expected}, got {found}")
         self.actor = actor
         self.found = found
+
+
+@final
+class UpstreamEndedDuringBackfillError(ProtocolError):
+    """A snapshot backfill's upstream ended before the backfill forwarded it: the live chunks
+    it dropped while backfilling (the snapshot unfinished, or closed epochs whose change log
+    it has not replayed yet) would be lost without a word. The seed fails the same way
+    (``anyhow!("end of upstream")``); only a backfill already forwarding may see its upstream
+    end.
+
+    Attributes:
+        actor: the backfill actor.
+        phase: the phase it was in (``"snapshot"`` or ``"change_log"``).
+        epochs_owed: the closed epochs whose change log it still owed, oldest first (the
+            epoch in progress is owed too: its live chunks were dropped).
+        vnodes_left: the vnodes whose snapshot was unfinished.
+    """
+
+    def __init__(
+        self, actor: str, phase: str, epochs_owed: list[int], vnodes_left: list[int]
+    ) -> None:
+        super().__init__(
+            f"snapshot backfill {actor}: expected its upstream to go on until the backfill "
+            f"forwards it, got the end of the upstream in phase {phase} with "
+            f"{len(vnodes_left)} vnodes of the snapshot unfinished and the change log of "
+            f"epochs {epochs_owed} (and of the epoch in progress) owed"
+        )
+        self.actor = actor
+        self.phase = phase
+        self.epochs_owed = list(epochs_owed)
+        self.vnodes_left = list(vnodes_left)
+
+
+@final
+class UnfinishedSplitMigratedError(ProtocolError):
+    """A split whose backfill is not finished was moved to a source backfill that already
+    forwards the live source only (as in the seed, an error: that stage reads no history, so
+    adopting the split would skip the rest of it).
+
+    Attributes:
+        actor: the source backfill actor the split moved to.
+        split: the migrated split.
+        phase: the split's committed backfill phase (``"backfilling"`` or ``"caching_up"``).
+    """
+
+    def __init__(self, actor: str, split: str, phase: str) -> None:
+        super().__init__(
+            f"source backfill {actor}: expected split {split!r}, migrated to it after its "
+            f"backfill stage, to be finished, got one in phase {phase}"
+        )
+        self.actor = actor
+        self.split = split
+        self.phase = phase

@@ -31,7 +31,10 @@ upstream messages are taken before every snapshot or change-log chunk. ``Throttl
 pauses) and ``Pause``/``Resume`` apply to the snapshot and to the replay between barriers;
 while paused the allowed lag does not shrink, and a replay a barrier waits on is never rate
 limited (a barrier must not wait on the rate). Progress (rows, phase, epochs owed) is reported
-with every barrier. A dropped job releases its pin with its last barrier.
+with every barrier. A dropped job releases its pin with its last barrier. The upstream ending
+before the job forwards is an :class:`~barrierflow.actors.backfill.errors.
+UpstreamEndedDuringBackfillError` (the epochs owed would be lost, as the seed's "end of
+upstream" error says); once forwarding, it ends the actor cleanly.
 
 **A view that is itself still backfilling** is a safe upstream: its table holds exactly what it
 has emitted, and its change log every later emission, so the new job sees the view's own output
@@ -56,6 +59,7 @@ import pyarrow as pa
 from barrierflow.actors.backfill.errors import (
     NotAMaterializedViewError,
     SnapshotBackfillStateError,
+    UpstreamEndedDuringBackfillError,
     VnodeUpdateDuringBackfillError,
 )
 from barrierflow.actors.backfill.materialize import VIEW_TABLE, Materialize
@@ -186,7 +190,7 @@ class SnapshotBackfill(StreamActor):
             try:
                 message = upstream.receive_nowait()
             except anyio.EndOfStream:
-                return
+                raise self._ended(ctx) from None
             if message is not None:
                 await self._on_upstream(ctx, table, message)
                 continue
@@ -202,9 +206,18 @@ class SnapshotBackfill(StreamActor):
                 try:
                     message = await upstream.receive()
                 except anyio.EndOfStream:
-                    return
+                    raise self._ended(ctx) from None
             if message is not None:
                 await self._on_upstream(ctx, table, message)
+
+    def _ended(self, ctx: ActorContext) -> UpstreamEndedDuringBackfillError:
+        """The upstream ended while backfilling (the loop stops at a stop barrier, so this is
+        the input's end): a typed error, not a silent end — the chunks dropped for the epochs
+        still owed would be lost (the seed's ``anyhow!("end of upstream")``)."""
+        progress = self.progress
+        return UpstreamEndedDuringBackfillError(
+            ctx.name, progress.phase.value, list(progress.pending), progress.unfinished_vnodes()
+        )
 
     def _wait_before_emitting(self) -> float | None:
         """Seconds to wait before the next chunk may go (``None``: now)."""
@@ -336,6 +349,8 @@ class SnapshotBackfill(StreamActor):
     # Phase 3.
 
     async def _forward(self, ctx: ActorContext, upstream: Any) -> None:
+        """Forward the upstream as is until a stop barrier or its end: nothing is owed any
+        more, so its end is a clean end (unlike while backfilling)."""
         while not ctx.finished:
             try:
                 message = await upstream.receive()

@@ -20,8 +20,9 @@ drives it:
   reported with the barrier; a split change (``SourceChangeSplit`` trims the dropped splits'
   states, ``Update`` keeps them) applies *after* the barrier is passed, and rebuilds the reader.
 * **Watermarks** from upstream are dropped while backfilling.
-* **Self-pause.** A backfill batch arriving ``wait_barrier_intervals`` barrier intervals after
-  the last barrier pauses the reader until the next barrier.
+* **Self-pause.** A backfill batch arriving more than ``wait_barrier_intervals`` barrier
+  intervals after the last barrier (on the actor's ``clock``) is still handled, then pauses the
+  reader until the next barrier, so the backfill does not run away from the live stream.
 * **A target never delivered.** A split whose backfill did not move between two barriers is
   checked against the log's latest offset: if the backfill has read everything there is, its
   history is done (the record it waited for was deleted) and it waits for the upstream.
@@ -35,7 +36,9 @@ drives it:
   migrates from a peer may still need backfilling.
 * **Forwarding stage.** Afterwards it forwards the upstream as is (watermarks too) and still
   applies split changes: a new split is ``FINISHED`` (the live source has all of it), a split
-  migrated from a peer must be ``FINISHED`` too.
+  migrated from a peer must be ``FINISHED`` too
+  (:class:`~barrierflow.actors.backfill.errors.UnfinishedSplitMigratedError` otherwise: this
+  stage reads no history).
 
 **Parallelism.** Several actors backfill one source when the job declares them with
 ``parallelism=N, key=["_split"]``: the live source's records are hash-dispatched by split, so
@@ -50,13 +53,14 @@ The upstream must carry the split log's columns (``_split``, ``_offset_major``,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, final
 
 import anyio
 import pyarrow as pa
 
 from barrierflow.actors.backfill._backfill_stage import UPSTREAM, BackfillStage
+from barrierflow.actors.backfill.errors import UnfinishedSplitMigratedError
 from barrierflow.actors.backfill.source_backfill_state import (
     BackfillPhase,
     SplitBackfill,
@@ -91,9 +95,12 @@ class SourceBackfill(StreamActor):
         batch_rows: rows per batch of the backfill reader.
         rate_limit: rows per second of the backfill reader (``None``: unlimited; 0: paused).
         wait_barrier_intervals: barrier intervals without a barrier after which the reader
-            pauses itself.
+            pauses itself (the seed's ``WAIT_BARRIER_MULTIPLE_TIMES``, 5).
         max_reader_retries: reader failures in a row before the actor fails.
         retry_delay: the first backoff delay after a reader failure (doubling).
+        clock: the monotonic clock (seconds) the self-pause measures the time since the last
+            barrier with (default: the event loop's, :func:`anyio.current_time`); a test passes
+            a :class:`~barrierflow.testing.FakeClock` to move time without sleeping.
 
     Raises:
         InvalidArgumentError: a bad argument.
@@ -112,6 +119,7 @@ class SourceBackfill(StreamActor):
         wait_barrier_intervals: int = 5,
         max_reader_retries: int = 5,
         retry_delay: float = 0.05,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if not isinstance(log, SplitLog):
             raise InvalidArgumentError("log", "a SplitLog", type(log).__name__)
@@ -131,6 +139,8 @@ class SourceBackfill(StreamActor):
             raise InvalidArgumentError("retry_delay", "seconds (a number > 0)", retry_delay)
         if not 0 < retry_delay < 3600:
             raise InvalidArgumentError("retry_delay", "seconds in (0, 3600)", retry_delay)
+        if clock is not None and not callable(clock):
+            raise InvalidArgumentError("clock", "None or a callable returning seconds", clock)
         self._log = log
         self._splits = None if splits is None else list(splits)
         self._batch_rows = batch_rows
@@ -138,6 +148,7 @@ class SourceBackfill(StreamActor):
         self._wait_intervals = wait_barrier_intervals
         self._max_retries = max_reader_retries
         self._retry_delay = float(retry_delay)
+        self._clock: Callable[[], float] = anyio.current_time if clock is None else clock
 
     # The run.
 
@@ -215,11 +226,16 @@ class SourceBackfill(StreamActor):
                 committed = await self._committed_states(ctx)
                 for split in (s.split_id for s in new):
                     state = committed.get(split)
-                    if state is not None and state.phase is not BackfillPhase.FINISHED:
-                        raise ProtocolError(
-                            f"source backfill {ctx.name}: expected split {split!r} migrated "
-                            f"after the backfill stage to be finished, got {state.phase.value}"
-                        )
+                    # The seed: a split migrated here in the forwarding stage must be finished
+                    # — this stage reads no history, so adopting an unfinished one would skip
+                    # the rest of its history (a split new to the job has no state and is
+                    # FINISHED: the live source has all of it).
+                    if (
+                        split not in states.states
+                        and state is not None
+                        and state.phase is not BackfillPhase.FINISHED
+                    ):
+                        raise UnfinishedSplitMigratedError(ctx.name, split, state.phase.value)
                 changed, dropped = states.reassign((s.split_id for s in new), committed)
                 if changed:
                     self._apply_change(table, states, dropped, message)

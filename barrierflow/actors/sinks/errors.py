@@ -24,6 +24,7 @@ __all__ = [
     "UnexpectedWriterRequestError",
     "SinkRecordsOrderError",
     "SinkWriterInputError",
+    "CommittedEpochsEndedError",
 ]
 
 
@@ -273,3 +274,30 @@ class SinkWriterInputError(ProtocolError):
         self.expected = expected
         self.got = got
         super().__init__(f"sink writer {writer!r}: expected {expected}, got {got}")
+
+
+@final
+class CommittedEpochsEndedError(SinkError):
+    """The runtime's stream of committed epochs ended while a sink's coordinator still ran.
+
+    A two-phase coordinator commits an epoch only once the runtime's committed epoch reached
+    it; without the stream no pre-committed epoch would ever commit again, and the sink would
+    stop committing without a word. The seed fails its coordinator likewise ("Hummock
+    committed epoch sender closed unexpectedly").
+
+    Attributes:
+        sink: the sink's name.
+        last_epoch: the last committed epoch the stream delivered (``None``: none).
+        waiting: the pre-committed epochs still waiting for their commit, in epoch order.
+    """
+
+    def __init__(self, sink: str, last_epoch: int | None, waiting: Iterable[int]) -> None:
+        self.sink = sink
+        self.last_epoch = last_epoch
+        self.waiting = tuple(waiting)
+        after = "before its first epoch" if last_epoch is None else f"after epoch {last_epoch}"
+        super().__init__(
+            f"sink {sink!r}: expected the runtime's committed epochs to continue while the "
+            f"coordinator runs, got the end of the stream {after}; epochs "
+            f"{_short(list(self.waiting))} wait for their commit"
+        )

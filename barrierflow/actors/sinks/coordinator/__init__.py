@@ -15,8 +15,10 @@ After RisingWave's ``coordinator_worker.rs``. The rules:
   persisted as *pending* (metadata and schema change) in the meta store (:mod:`.meta_store`),
   the writers are acknowledged — a writer passes its checkpoint barrier only after that, so no
   checkpoint can be durable without its pending record — and the commit runs only once the
-  runtime's committed epoch has reached the epoch, in epoch order, retried after a backoff
-  (:mod:`.commit_queue`).
+  runtime's committed epoch has reached the epoch, in epoch order, retried after the seed's
+  backoff (10^n ms, capped at 60 s, full jitter) and marked *committed* in the meta store at
+  once (:mod:`.commit_queue`). The end of the runtime's committed epochs is
+  :class:`~barrierflow.actors.sinks.errors.CommittedEpochsEndedError`.
 * **Schema change.** New writers are not started while an uncommitted schema change is pending;
   they start once every pending commit has been flushed.
 * **Rescaling.** Writers may join, leave (``stop``) or change bitmaps; the coordinator realigns

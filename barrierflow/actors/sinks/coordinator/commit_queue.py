@@ -2,9 +2,13 @@
 committed epoch, then committed in epoch order, a failed commit retried after a backoff.
 
 An epoch is *pending* while its checkpoint is not durable, then *prepared* (due). A commit that
-fails is retried after an exponential backoff (``base_delay`` doubling to ``max_delay``, full
-jitter) while the coordinator keeps serving writers; a commit running long logs a warning
-every ``warn_interval`` seconds.
+fails is retried after the seed's exponential backoff (tokio-retry's
+``ExponentialBackoff::from_millis(10)``: the n-th retry waits 10^n ms — 10 ms, 100 ms, 1 s,
+10 s — base^n, not doubling, capped at ``max_delay``, full jitter) while the coordinator keeps
+serving writers; the next epoch's retries start again from the first delay. A commit running
+long logs a warning every ``warn_interval`` seconds. A commit that went through is marked
+*committed* in the meta store at once (:meth:`CommitQueue.write_marks`), so a restart does not
+run it again.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +28,9 @@ from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
 from barrierflow.actors.sinks.protocol import CommitMetadata
 
 __all__ = ["RECENT_DELAYS", "CommitItem", "CommitQueue", "RetryBackoff", "run_with_warnings"]
+
+#: One millisecond: the unit of the seed's backoff (tokio-retry's ``from_millis``).
+MILLISECOND = 0.001
 
 #: How many of the latest retry delays a coordinator keeps for its stats: a sink whose commits
 #: fail for days must not grow a list for ever.
@@ -51,6 +58,7 @@ class CommitQueue:
         backoff: the retry schedule of failed commits.
         warn_interval: seconds between warnings while one commit runs.
         log: where warnings go.
+        on_marked: called once a committed mark is written (the epoch now counts as committed).
     """
 
     def __init__(
@@ -62,6 +70,7 @@ class CommitQueue:
         backoff: RetryBackoff,
         warn_interval: float,
         log: Any,
+        on_marked: Callable[[], None] = lambda: None,
     ) -> None:
         self.committer = committer
         self.states = states
@@ -76,7 +85,13 @@ class CommitQueue:
         self._backoff = backoff
         self._warn_interval = warn_interval
         self._log = log
-        self._unmarked: list[int] = []  # committed, mark not written yet
+        self._on_marked = on_marked
+        #: The epoch committed whose committed mark is not written yet (at most one: the next
+        #: commit waits for it).
+        self.unmarked: int | None = None
+        self._mark_wanted = anyio.Event()
+        self._mark_written = anyio.Event()
+        self._mark_written.set()
 
     def push(self, item: CommitItem) -> None:
         """Queue a pre-committed epoch (due at once if its checkpoint is already durable)."""
@@ -107,7 +122,9 @@ class CommitQueue:
         return not self.pending and not self.prepared
 
     def holds_through(self, epoch: int) -> bool:
-        """Whether an epoch up to ``epoch`` still waits for its commit."""
+        """Whether an epoch up to ``epoch`` still waits for its commit or its committed mark."""
+        if self.unmarked is not None and self.unmarked <= epoch:
+            return True
         return any(item.epoch <= epoch for item in (*self.prepared, *self.pending))
 
     def has_uncommitted_schema_change(self) -> bool:
@@ -135,14 +152,19 @@ class CommitQueue:
 
     async def commit(self, item: CommitItem) -> bool:
         """Commit ``item`` (the due head); returns whether it went through. On failure, log
-        it and schedule the retry."""
+        it and schedule the retry. The previous commit's mark is written first: marks are
+        written in commit order, so at most the last commit is ever unmarked."""
+        if self.unmarked is not None:
+            await self._mark_written.wait()
         try:
             await run_with_warnings(
                 self.committer.commit(item.epoch, item.metadata, item.schema_change),
                 self._warn_interval, self._log, item.epoch,
             )  # fmt: skip
         except Exception as exc:
-            delay = self._backoff.failed(self)
+            delay = self._backoff.failed()
+            self.retries += 1
+            self.retry_at = anyio.current_time() + delay
             self._log.error(
                 "commit failed; retrying after backoff",
                 epoch=item.epoch,
@@ -153,62 +175,96 @@ class CommitQueue:
         self.prepared.popleft()
         self.retry_at = None
         self.retries = 0
-        # The committed mark rides on the next pending record's transaction (one fsync per
-        # epoch, not two). A mark lost in a crash only makes recovery commit the epoch again,
-        # which every committer skips (commits are idempotent).
-        self._unmarked.append(item.epoch)
+        # The seed drops its backoff state on success (``ack_committed``): the next epoch's
+        # retries start again from the first delay.
+        self._backoff.succeeded()
+        # The seed marks the epoch committed at once (``commit_and_prune_epoch`` in
+        # ``ack_committed``), so a restart does not commit it again. The mark is written by
+        # :meth:`write_marks` beside the coordinator's loop: writers' requests are not held up
+        # by the transaction, and the next commit waits for it (above).
+        self.unmarked = item.epoch
+        self._mark_written = anyio.Event()
+        self._mark_wanted.set()
         self.last_committed = item.epoch
         self.commits += 1
         return True
 
+    async def write_marks(self) -> None:
+        """Write each committed mark (one small transaction: mark the epoch committed, prune
+        the committed records before it) as soon as its commit went through. Runs for the
+        coordinator's run, beside its loop; a failed write fails the run, as in the seed."""
+        while True:
+            await self._mark_wanted.wait()
+            self._mark_wanted = anyio.Event()
+            epoch = self.unmarked
+            if epoch is None:
+                continue
+            await self.states.commit_and_prune(epoch)
+            self.unmarked = None
+            self._mark_written.set()
+            self._on_marked()
+
     async def _persist_pending(self, item: CommitItem) -> None:
-        marks, self._unmarked = self._unmarked, []
-        await self.states.persist_pending(
-            item.epoch, item.metadata, item.schema_change, committed=marks[-1] if marks else None
-        )
-        await self._delete_covered(marks)
+        await self.states.persist_pending(item.epoch, item.metadata, item.schema_change)
         self.push(item)
 
-    async def _delete_covered(self, marks: list[int]) -> None:
-        """Epochs committed back to back get one mark, the last one's (pruning only deletes
-        *committed* records): delete the records of the others, which it covers."""
-        if len(marks) > 1:
-            await self.states.delete(marks[:-1])
-
     async def mark_committed(self) -> None:
-        """Write a committed mark that no pending record carried yet (at the end of a run).
+        """Write the committed mark still unwritten when the run ends (its writer was
+        cancelled); writing it twice is harmless.
 
         Cancellation: shielded, for at most 2 seconds.
         """
-        marks, self._unmarked = self._unmarked, []
-        if marks:
+        epoch, self.unmarked = self.unmarked, None
+        if epoch is not None:
             with anyio.move_on_after(2, shield=True):
-                await self.states.commit_and_prune(marks[-1])
-                await self._delete_covered(marks)
+                await self.states.commit_and_prune(epoch)
 
 
 class RetryBackoff:
-    """Exponential backoff with full jitter, and the counters a coordinator reports: every
-    failure is counted; only the latest :data:`RECENT_DELAYS` delays are kept."""
+    """The seed's retry schedule of failed commits, and the counters a coordinator reports.
+
+    tokio-retry's ``ExponentialBackoff::from_millis(base).max_delay(max)`` mapped through
+    ``jitter``: with ``base_delay`` = *b* ms, the n-th retry (n = 1, 2, ...) of one commit
+    waits *b*^n ms — 10 ms, 100 ms, 1 s, 10 s, ... for the default 10 ms, base^n and not a
+    doubling — capped at ``max_delay``, times one uniform draw in [0, 1) (full jitter). A
+    success starts the schedule over. Every failure is counted; only the latest
+    :data:`RECENT_DELAYS` delays are kept.
+
+    Args:
+        base_delay: the first delay, in seconds (at least 1 ms: its number of milliseconds is
+            the growth factor).
+        max_delay: the cap, in seconds.
+        rng: the jitter's random source.
+    """
 
     def __init__(self, base_delay: float, max_delay: float, rng: random.Random) -> None:
-        self._base = base_delay
+        self._base_ms = base_delay / MILLISECOND
         self._max = max_delay
         self._rng = rng
+        self._current_ms = self._base_ms
         #: Failed commit attempts in this run.
         self.failures = 0
         #: The latest backoff delays waited (seconds), oldest first.
         self.recent: deque[float] = deque(maxlen=RECENT_DELAYS)
 
-    def failed(self, queue: CommitQueue) -> float:
-        """A commit of ``queue``'s head failed: schedule its retry; returns the delay."""
+    def next_delay(self) -> float:
+        """The un-jittered delay of the next retry (seconds), and step the schedule."""
+        delay = min(self._max, self._current_ms * MILLISECOND)
+        # Saturate like tokio-retry's checked multiplication: once past the cap it stays there.
+        if self._current_ms * MILLISECOND < self._max:
+            self._current_ms *= self._base_ms
+        return delay
+
+    def failed(self) -> float:
+        """A commit failed: returns the (jittered) delay before its retry."""
         self.failures += 1
-        delay = min(self._max, self._base * 2.0**queue.retries)
-        jittered = delay * self._rng.random()  # full jitter, as the seed's backoff
-        queue.retries += 1
-        queue.retry_at = anyio.current_time() + jittered
+        jittered = self.next_delay() * self._rng.random()  # full jitter, as the seed's backoff
         self.recent.append(jittered)
         return jittered
+
+    def succeeded(self) -> None:
+        """A commit went through: the next failure waits the first delay again."""
+        self._current_ms = self._base_ms
 
 
 async def run_with_warnings(

@@ -5,7 +5,9 @@ After RisingWave's ``coordinator_worker.rs``. One coordinator per sink runs as a
 service (:func:`~barrierflow.actors.sinks.add_sink.add_sink` declares it with the writers);
 each parallel sink writer registers with its vnode bitmap and gets a
 :class:`~.handles.WriterHandle`. One task owns all state: it reads events (registrations,
-commit requests, committed epochs) from one inbox, in order.
+commit requests, committed epochs) from one inbox, in order. Beside it run the follower of the
+runtime's committed epochs (whose end is an error: no commit could ever run again) and the
+writer of committed marks (:meth:`~.commit_queue.CommitQueue.write_marks`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import random
 from typing import Any, final
 
 import anyio
+import anyio.abc
 import structlog
 
 from barrierflow._sync import Notifier
 from barrierflow._taskgroups import single_error
 from barrierflow.actors.sinks.coordinator.commit_queue import (
+    MILLISECOND,
     CommitQueue,
     RetryBackoff,
 )
@@ -48,6 +52,7 @@ from barrierflow.actors.sinks.coordinator.recovery import recover
 from barrierflow.actors.sinks.coordinator.replies import OpenReplies, abort_run, refuse
 from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats
 from barrierflow.actors.sinks.errors import (
+    CommittedEpochsEndedError,
     SchemaChangeMismatchError,
     UnexpectedWriterRequestError,
 )
@@ -68,8 +73,13 @@ class Coordinator:
         sink: the sink's name (also its key in the meta store).
         committer: the sink side that commits.
         vnode_count: vnodes the writers' bitmaps partition.
-        base_delay, max_delay: the retry backoff (doubling, full jitter).
-        warn_interval: seconds between warnings while one commit runs.
+        base_delay, max_delay: the retry backoff of failed commits, the seed's (tokio-retry's
+            ``ExponentialBackoff::from_millis(10)``, ``max_delay(60 s)``, full jitter): with
+            ``base_delay`` = *b* ms the n-th retry waits *b*^n ms — 10 ms, 100 ms, 1 s, 10 s,
+            ... (base^n, not doubling) — capped at ``max_delay``, times a uniform draw in
+            [0, 1); a successful commit starts it over (see
+            :class:`~.commit_queue.RetryBackoff`). ``base_delay`` is at least 1 ms.
+        warn_interval: seconds between warnings while one commit runs (the seed's 5 s).
         rng: the jitter's random source (a test may pass a seeded one).
     """
 
@@ -99,6 +109,10 @@ class Coordinator:
                 or not 0 < value < math.inf
             ):
                 raise InvalidArgumentError(name, "a positive finite number of seconds", value)
+        if base_delay < MILLISECOND:
+            # Its number of milliseconds is the backoff's growth factor (tokio-retry's
+            # from_millis): below 1 ms the delays would shrink.
+            raise InvalidArgumentError("base_delay", "at least 0.001 seconds (1 ms)", base_delay)
         if type(vnode_count) is not int or not 1 <= vnode_count <= 1 << 15:
             raise InvalidArgumentError("vnode_count", "an int in 1..32768", vnode_count)
         if rng is not None and not isinstance(rng, random.Random):
@@ -231,7 +245,7 @@ class Coordinator:
             with single_error():
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._follow_committed_epochs, ctx, send.clone())
-                    await self._coordinate(ctx, receive)
+                    await self._coordinate(ctx, receive, tg)
         except BaseException as exc:
             abort_run(self.sink, exc, receive, self._writers, self._replies)
             raise
@@ -243,11 +257,25 @@ class Coordinator:
             receive.close()
 
     async def _follow_committed_epochs(self, ctx: ServiceContext, send: SendChannel[Event]) -> None:
+        """Post each committed epoch to the inbox.
+
+        Raises:
+            CommittedEpochsEndedError: the stream ended while the run goes on (the runtime
+                cancels its services before it closes the store). Commits wait for it, so the
+                seed fails its coordinator then instead of silently stopping every commit.
+        """
+        last: int | None = None
         with send:
             async for epoch in ctx.committed_epochs():
+                last = epoch
                 await send.send(CommittedEpoch(epoch))
+        queue = self._queue
+        waiting = [] if queue is None else [i.epoch for i in (*queue.prepared, *queue.pending)]
+        raise CommittedEpochsEndedError(self.sink, last, waiting)
 
-    async def _coordinate(self, ctx: ServiceContext, inbox: ReceiveChannel[Event]) -> None:
+    async def _coordinate(
+        self, ctx: ServiceContext, inbox: ReceiveChannel[Event], tg: anyio.abc.TaskGroup
+    ) -> None:
         self._inbox_rx = inbox
         states = SinkStates(ctx.store, self.sink)
         recovered = await recover(self.sink, states, self._committer, self._log)
@@ -256,8 +284,9 @@ class Coordinator:
         last_committed = recovered.last_committed or 0
         queue = self._queue = CommitQueue(
             self._committer, states, ctx.committed_epoch, last_committed, self._backoff,
-            self._warn_interval, self._log,
+            self._warn_interval, self._log, self._made_progress,
         )  # fmt: skip
+        tg.start_soon(queue.write_marks)
         for item in recovered.pending:
             queue.push(item)
         await self._committer.init({item.epoch: item.metadata for item in recovered.pending})

@@ -107,6 +107,19 @@ class CoverageRound(Generic[R]):
             )
 
 
+def _unexpected(sink: str, stage: str, expected: str, event: Event) -> UnexpectedWriterRequestError:
+    """The error for ``event`` arriving when only ``expected`` may (a commit request's writer
+    gets it too: it would otherwise wait for an answer until the run's abort)."""
+    handle = getattr(event, "handle", None)
+    error = UnexpectedWriterRequestError(
+        sink, stage, expected, event_name(event),
+        None if handle is None else handle.handle_id, getattr(event, "epoch", None),
+    )  # fmt: skip
+    if isinstance(event, Commit):
+        event.reply.fail(error)
+    return error
+
+
 #: Waits for the next writer event of a round (warning while vnodes stay uncovered).
 NextEvent = Callable[["CoverageRound[Any]"], Awaitable[Event]]
 
@@ -123,9 +136,8 @@ async def register_all(
     while not round_.aligned:
         event = await next_event(round_)
         if not isinstance(event, NewHandle):
-            raise UnexpectedWriterRequestError(
-                sink, "init", "writers to register", event_name(event)
-            )
+            # The seed's wait_init_handles: "expect new handle during init, but got ...".
+            raise _unexpected(sink, "init", "writers to register", event)
         writers.admit(event.handle)
         round_.add(event.handle, None)
     return round_.handle_ids()
@@ -187,10 +199,10 @@ async def align_initial(sink: str, vnode_count: int, next_event: NextEvent) -> l
     while not round_.aligned:
         event = await next_event(round_)
         if not isinstance(event, AlignInitial):
-            raise UnexpectedWriterRequestError(
-                sink, "initial epoch alignment", "AlignInitial from every writer",
-                event_name(event),
-            )  # fmt: skip
+            # The seed's handle_init_requests_impl: "expect AlignInitialEpoch but got ...".
+            raise _unexpected(
+                sink, "initial epoch alignment", "AlignInitial from every writer", event
+            )
         round_.add(event.handle, event)
     return round_.requests
 

@@ -55,9 +55,9 @@ async def recover(
     committed = [i for i, r in enumerate(records) if r.state is SinkState.COMMITTED]
     if committed:
         # Commits run in epoch order, so a committed mark covers every record before it:
-        # pending ones there were committed too, only their marks were never written (a mark
-        # rides on the next pending record; epochs committed back to back leave all but the
-        # last unmarked).
+        # pending ones there were committed too, only their marks were never written (each
+        # commit is marked at once now, but an older run let a mark ride on the next pending
+        # record, leaving epochs committed back to back unmarked).
         index = committed[-1] + 1
         last_committed = records[index - 1].epoch
         if any(records[i].state is SinkState.ABORTED for i in range(index - 1)):
