@@ -26,7 +26,9 @@ where an equivalent is a survivor that cannot change behaviour: one named in
 only changes a log line). Every other survivor is listed with its location and diff. A run
 resumes where it stopped (mutmut remembers results); ``--fresh`` starts over.
 
-Usage: ``python tools/mutate.py [--groups coordinator,sink_task] [--fresh] [--jobs N]``.
+Usage: ``python tools/mutate.py [--groups coordinator,sink_task] [--fresh] [--jobs N]``;
+after adding tests, ``--groups G --survivors`` re-tests only G's survivors (``make mutate
+MUTATE_ARGS="--groups sink_task --survivors"``).
 """
 
 from __future__ import annotations
@@ -43,10 +45,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mutate"
-SNAPSHOT = BUILD / "_source"
+#: This run's copy of the package and the tests (one per run: runs of other groups may go on
+#: beside it).
+SNAPSHOT = BUILD / f"_source-{os.getpid()}"
 EQUIVALENTS = ROOT / "tests" / "MUTANTS.md"
 
 
@@ -154,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="forget earlier results")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
+    parser.add_argument(
+        "--survivors", action="store_true",
+        help="re-test only each group's survivors that are not equivalent, against the "
+        "current work tree (after adding tests: quick)",
+    )
     args = parser.parse_args(argv)
     wanted = {g for g in args.groups.split(",") if g}
     unknown = wanted - {g.name for g in GROUPS}
@@ -164,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     if not args.report_only:
         _snapshot_sources()
-    for group in groups:
-        if not args.report_only:
-            _run_group(group, fresh=args.fresh, jobs=args.jobs)
+    try:
+        _run_groups(groups, args)
+    finally:
+        shutil.rmtree(SNAPSHOT, ignore_errors=True)
     reports = [r for g in GROUPS for r in _group_reports(g)]
     elapsed = time.monotonic() - started
     _write_report(reports, elapsed)
@@ -177,6 +188,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{r.survived} survived ({r.equivalent} equivalent), {r.no_tests} no test, "
               f"score {r.score:.1%}")
     return 1 if low else 0
+
+
+def _run_groups(groups: list[Group], args: argparse.Namespace) -> None:
+    for group in groups:
+        if args.survivors:
+            names = [str(s["key"]) for r in _group_reports(group) for s in r.survivors
+                     if not s["equivalent"]]
+            _run_group(group, fresh=False, jobs=args.jobs, names=names)
+        elif not args.report_only:
+            _run_group(group, fresh=args.fresh, jobs=args.jobs)
 
 
 def _unexplained(report: ModuleReport) -> int:
@@ -197,7 +218,9 @@ def _snapshot_sources() -> None:
         shutil.copytree(ROOT / name, target, ignore=shutil.ignore_patterns("__pycache__"))
 
 
-def _run_group(group: Group, *, fresh: bool, jobs: int) -> None:
+def _run_group(
+    group: Group, *, fresh: bool, jobs: int, names: list[str] | None = None
+) -> None:
     """Copy the run's snapshot into the group's working directory and run mutmut there."""
     work = _workdir(group)
     if fresh and work.exists():
@@ -215,7 +238,7 @@ def _run_group(group: Group, *, fresh: bool, jobs: int) -> None:
     mutmut = Path(sys.executable).with_name("mutmut")
     with (work / "mutmut.log").open("w") as log:
         subprocess.run(
-            [str(mutmut), "run", "--max-children", str(jobs)],
+            [str(mutmut), "run", "--max-children", str(jobs), *(names or [])],
             cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False,
         )
 
@@ -255,7 +278,7 @@ def _group_reports(group: Group) -> Iterator[ModuleReport]:
                 report.survived += 1
             else:
                 report.other += 1
-            if status in ("survived", "no tests", "suspicious", "not checked"):
+            if status in ("survived", "no tests", "suspicious"):
                 where = _locate(work, module, key)
                 if key in equivalents:
                     reason = "listed"
@@ -289,15 +312,24 @@ def _listed_equivalents() -> set[str]:
 
 
 def _locate(work: Path, module: str, key: str) -> dict[str, object]:
-    """The survivor's diff (from ``mutmut show``) and the line it changes in the module."""
-    mutmut = Path(sys.executable).with_name("mutmut")
-    shown = subprocess.run(
-        [str(mutmut), "show", key], cwd=work, capture_output=True, text=True, check=False
-    ).stdout
-    removed = [ln[1:] for ln in shown.splitlines() if ln.startswith("-") and not
-               ln.startswith("---")]
-    added = [ln[1:] for ln in shown.splitlines() if ln.startswith("+") and not
-             ln.startswith("+++")]
+    """The survivor's diff (as ``mutmut show`` prints it) and the line it changes."""
+    from difflib import unified_diff
+
+    import libcst as cst
+    from mutmut.mutation.diff_apply import read_mutant_function, read_original_function
+
+    parsed = _MUTANTS_MODULES.get((work, module))
+    if parsed is None:
+        parsed = _MUTANTS_MODULES[(work, module)] = cst.parse_module(
+            (work / "mutants" / module).read_text()
+        )
+    before, after = (
+        cst.Module([fn]).code.strip().splitlines()
+        for fn in (read_original_function(parsed, key), read_mutant_function(parsed, key))
+    )
+    diff = list(unified_diff(before, after, lineterm=""))
+    removed = [ln[1:] for ln in diff if ln.startswith("-") and not ln.startswith("---")]
+    added = [ln[1:] for ln in diff if ln.startswith("+") and not ln.startswith("+++")]
     line = _line_of(work / module, key, removed[0] if removed else "")
     return {
         "line": line,
@@ -305,6 +337,10 @@ def _locate(work: Path, module: str, key: str) -> dict[str, object]:
         "before": "\n".join(s.strip() for s in removed),
         "after": "\n".join(s.strip() for s in added),
     }
+
+
+#: Parsed ``mutants/<module>`` files, by (working directory, module): parsed once per report.
+_MUTANTS_MODULES: dict[tuple[Path, str], Any] = {}
 
 
 def _function_of(key: str) -> str:
