@@ -193,9 +193,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run_groups(groups: list[Group], args: argparse.Namespace) -> None:
     for group in groups:
         if args.survivors:
+            # First the mutants of functions changed since the last run (mutmut re-tests
+            # those by itself), then every survivor named (mutmut lets other results stand).
+            _run_group(group, fresh=False, jobs=args.jobs)
             names = [str(s["key"]) for r in _group_reports(group) for s in r.survivors
                      if not s["equivalent"]]
-            _run_group(group, fresh=False, jobs=args.jobs, names=names)
+            if names:
+                _run_group(group, fresh=False, jobs=args.jobs, names=names)
         elif not args.report_only:
             _run_group(group, fresh=args.fresh, jobs=args.jobs)
 
