@@ -12,10 +12,12 @@ import inspect
 import math
 import selectors
 from collections import deque
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pyarrow as pa
 import pytest
 import structlog.testing
@@ -44,6 +46,7 @@ from barrierflow.actors import (
     start_sink_task,
 )
 from barrierflow.actors.sinks import sink_task
+from barrierflow.actors.sinks.protocol import PositionRecorder
 
 pytestmark = pytest.mark.anyio
 
@@ -263,8 +266,11 @@ async def test_schema_mismatch_raises_naming_both_schemas_and_poisons_epoch() ->
         stats = handle.stats()
         with pytest.raises(EpochPoisonedError):
             await handle.pre_commit(1)
+    assert info.value.argument == "batch for sink 'orders'"
     assert info.value.expected_schema == SCHEMA
     assert info.value.actual_schema == OTHER_SCHEMA
+    assert info.value.got == OTHER_SCHEMA
+    assert info.value.null_field is None
     assert (stats.write_errors, stats.epoch_poisoned, stats.batches_written) == (1, True, 0)
     assert "write_batch" not in fake.names()  # the connector never saw the wrong batch
 
@@ -646,6 +652,7 @@ async def test_connector_close_error_surfaces_as_sink_connector_error() -> None:
         None,
     )
     assert caught.value.__cause__ is fake.raised[0]
+    assert caught.value.cause is fake.raised[0]
     assert handle.stats().finished
     assert fake.calls == [("open",), ("flush",), ("close",)]
     assert [e["sink"] for e in warnings_of(logs, "sink close failed")] == ["orders"]
@@ -670,6 +677,21 @@ async def test_cancelled_task_closes_connector_without_flushing() -> None:
             raise ConnectorFailedError("the runtime failed")
     assert fake.calls == [("open",), ("begin_epoch", 1), ("close",)]
     assert handle.stats().finished
+
+
+async def test_an_outer_cancellation_passes_through_sink_task() -> None:
+    """``SinkTask`` never swallows a cancellation of its surroundings: the code after the
+    block does not run, and the connector is closed without a flush."""
+    fake = FakeConnector()
+    after: list[str] = []
+    with anyio.CancelScope() as outer:
+        async with sink(fake):
+            outer.cancel()
+            await anyio.lowlevel.checkpoint()  # cancelled here
+        after.append("after the block")  # pragma: no cover
+    assert outer.cancelled_caught
+    assert after == []
+    assert fake.calls == [("open",), ("close",)]
 
 
 async def test_handle_after_close_raises_actor_gone_naming_sink() -> None:
@@ -768,7 +790,7 @@ async def test_handles_are_cheap_clones_of_one_task() -> None:
     assert (stats.batches_written, stats.rows_written) == (2, 3)
 
 
-@pytest.mark.parametrize("capacity", [None, 3])
+@pytest.mark.parametrize("capacity", [None, 1, 3])
 async def test_inbox_is_bounded_default_128(capacity: int | None) -> None:
     fake = FakeConnector(exactly_once=False)
     fake.hang["write_batch"] = release = anyio.Event()
@@ -850,12 +872,19 @@ async def test_open_failure_raises_from_start() -> None:
             pytest.fail("the body must not run")  # pragma: no cover
     assert (info.value.sink, info.value.operation, info.value.epoch) == ("orders", "open", None)
     assert info.value.__cause__ is fake.raised[0]
+    assert info.value.cause is fake.raised[0]
 
     fake.fail["open"] = 1
     async with anyio.create_task_group() as tg:
         with pytest.raises(SinkConnectorError) as info:
             await start_sink_task(tg, fake, name="orders")
     assert info.value.operation == "open"
+
+
+async def test_the_task_is_named_for_its_sink() -> None:
+    async with sink(FakeConnector()):
+        names = [task.name for task in anyio.get_running_tasks()]
+    assert "sink task orders" in names
 
 
 async def test_recover_commits_pending_before_the_first_epoch() -> None:
@@ -878,69 +907,158 @@ async def test_recover_after_begin_is_refused() -> None:
     assert "recover" not in fake.names()
 
 
+SECONDS = "a positive finite number of seconds"
+
+
+class NoSchema(FakeConnector):
+    @property
+    def schema(self) -> pa.Schema:
+        return "x: int32"  # type: ignore[return-value, unused-ignore]
+
+
 @pytest.mark.parametrize(
-    ("options", "argument"),
+    ("connector", "options", "error"),
     [
-        ({"capacity": 0}, "capacity"),
-        ({"capacity": 1.5}, "capacity"),
-        ({"flush_interval": 0}, "flush_interval"),
-        ({"flush_interval": -1.0}, "flush_interval"),
-        ({"flush_interval": math.nan}, "flush_interval"),
-        ({"flush_interval": math.inf}, "flush_interval"),
-        ({"flush_interval": True}, "flush_interval"),
-        ({"shutdown_timeout": 0}, "shutdown_timeout"),
-        ({"name": ""}, "name"),
+        (object, {}, ("connector", "a SinkConnector", "object")),
+        (NoSchema, {}, ("connector.schema", "a pyarrow.Schema", "str")),
+        (FakeConnector, {"name": ""}, ("name", "a non-empty str", "")),
+        (FakeConnector, {"name": 3}, ("name", "a non-empty str", 3)),
+        (FakeConnector, {"capacity": 0}, ("capacity", "an int >= 1", 0)),
+        (FakeConnector, {"capacity": 1.5}, ("capacity", "an int >= 1", 1.5)),
+        (FakeConnector, {"capacity": True}, ("capacity", "an int >= 1", True)),
+        (FakeConnector, {"flush_interval": 0}, ("flush_interval", SECONDS, 0)),
+        (FakeConnector, {"flush_interval": -1.0}, ("flush_interval", SECONDS, -1.0)),
+        (FakeConnector, {"flush_interval": math.inf}, ("flush_interval", SECONDS, math.inf)),
+        (FakeConnector, {"flush_interval": True}, ("flush_interval", SECONDS, True)),
+        (FakeConnector, {"shutdown_timeout": 0}, ("shutdown_timeout", SECONDS, 0)),
     ],
 )
-async def test_bad_start_arguments_are_refused_naming_them(
-    options: dict[str, Any], argument: str
+async def test_bad_start_arguments_are_refused_with_what_was_expected_and_got(
+    connector: Callable[[], Any], options: dict[str, Any], error: tuple[str, str, object]
 ) -> None:
-    fake = FakeConnector()
+    """Both entry points refuse a bad argument before opening anything, with a typed error
+    naming the argument, what it accepts and what it got."""
+    fake = connector()
     async with anyio.create_task_group() as tg:
         with pytest.raises(InvalidArgumentError) as info:
             await start_sink_task(tg, fake, **{"name": "orders", **options})
-    assert info.value.argument == argument
+    assert (info.value.argument, info.value.expected, info.value.got) == error
     with pytest.raises(InvalidArgumentError) as info:
         async with SinkTask(fake, **{"name": "orders", **options}):
             pass  # pragma: no cover
-    assert info.value.argument == argument
-    assert fake.calls == []  # refused before open
+    assert (info.value.argument, info.value.expected, info.value.got) == error
+    if isinstance(fake, FakeConnector):
+        assert fake.calls == []  # refused before open
 
 
-async def test_not_a_connector_is_refused() -> None:
-    class NoSchema(FakeConnector):
-        @property
-        def schema(self) -> pa.Schema:
-            return "x: int32"  # type: ignore[return-value, unused-ignore]
-
+async def test_a_nan_interval_is_refused() -> None:
     async with anyio.create_task_group() as tg:
         with pytest.raises(InvalidArgumentError) as info:
-            await start_sink_task(tg, object(), name="orders")  # type: ignore[arg-type, unused-ignore]
-        assert info.value.argument == "connector"
-        with pytest.raises(InvalidArgumentError) as info:
-            await start_sink_task(tg, NoSchema(), name="orders")
-        assert info.value.argument == "connector.schema"
+            await start_sink_task(tg, FakeConnector(), name="orders", flush_interval=math.nan)
+    assert (info.value.argument, info.value.expected) == ("flush_interval", SECONDS)
+    assert math.isnan(info.value.got)
 
 
-async def test_bad_command_arguments_are_refused_naming_them() -> None:
+class PositionsRecorder(FakeConnector):
+    """A connector that records the source positions of its epochs (``PositionRecorder``)."""
+
+    async def record_positions(
+        self, epoch: int, start: Mapping[str, int], end: Mapping[str, int]
+    ) -> None:
+        await self._enter("record_positions", epoch, start, end)
+
+
+def test_positions_recorder_is_a_position_recorder() -> None:
+    assert isinstance(PositionsRecorder(), PositionRecorder)
+    assert not isinstance(FakeConnector(), PositionRecorder)
+
+
+async def test_pre_commit_hands_positions_to_a_recorder_right_before_its_pre_commit() -> None:
+    fake = PositionsRecorder()
+    start = MappingProxyType({"src/0": 3})
+    end = MappingProxyType({"src/0": 5, "src/1": 0})
+    async with sink(fake) as handle:
+        await handle.begin_epoch(1)
+        assert await handle.pre_commit(1) == {"epoch": 1}  # no positions: none recorded
+        await handle.begin_epoch(2)
+        assert await handle.pre_commit(2, positions=(start, end)) == {"epoch": 2}
+    assert fake.calls == [
+        ("open",),
+        ("begin_epoch", 1),
+        ("pre_commit", 1),
+        ("begin_epoch", 2),
+        ("record_positions", 2, {"src/0": 3}, {"src/0": 5, "src/1": 0}),
+        ("pre_commit", 2),
+        ("flush",),
+        ("close",),
+    ]
+    _, _, got_start, got_end = fake.calls[4]
+    # The task hands on checked copies, not the caller's mappings.
+    assert type(got_start) is dict
+    assert type(got_end) is dict
+
+
+async def test_pre_commit_positions_are_ignored_by_a_connector_that_does_not_record_them() -> None:
     fake = FakeConnector()
     async with sink(fake) as handle:
-        cases: list[tuple[str, Callable[[], Awaitable[object]]]] = [
-            ("batch", lambda: handle.write_batch([1, 2])),
-            ("batch", lambda: handle.write_batch(pa.table({"x": [1]}))),
-            ("epoch", lambda: handle.begin_epoch(-1)),
-            ("epoch", lambda: handle.begin_epoch(1.0)),  # type: ignore[arg-type]
-            ("epoch", lambda: handle.begin_epoch(True)),
-            ("epoch", lambda: handle.pre_commit(-1)),
-            ("epoch", lambda: handle.commit_epoch(-2)),
-            ("epoch", lambda: handle.rollback_epoch(-1)),
-            ("pending", lambda: handle.recover([3])),  # type: ignore[list-item]
-            ("timeout", lambda: handle.close(timeout=0)),
+        await handle.begin_epoch(1)
+        assert await handle.pre_commit(1, positions=({}, {"src/0": 1})) == {"epoch": 1}
+    assert fake.calls[1:3] == [("begin_epoch", 1), ("pre_commit", 1)]
+
+
+BATCH = "a pyarrow.RecordBatch"
+EPOCH = "a non-negative int"
+PAIR = "None or a (start, end) pair"
+MAPPING = "a mapping of position key to batch id"
+ENTRIES = "str keys mapped to non-negative int batch ids"
+
+
+async def test_bad_command_arguments_are_refused_with_what_was_expected_and_got() -> None:
+    """Every command refuses a bad argument before it reaches the task, with a typed error
+    naming the argument, what it accepts and what it got."""
+    fake = FakeConnector()
+    table = pa.table({"x": [1]})
+    async with sink(fake) as handle:
+        cases: list[tuple[tuple[str, str, object], Callable[[], Awaitable[object]]]] = [
+            (("batch", BATCH, "list"), lambda: handle.write_batch([1, 2])),
+            (("batch", BATCH, "Table"), lambda: handle.write_batch(table)),
+            (("epoch", EPOCH, -1), lambda: handle.begin_epoch(-1)),
+            (("epoch", EPOCH, 1.0), lambda: handle.begin_epoch(1.0)),  # type: ignore[arg-type]
+            (("epoch", EPOCH, True), lambda: handle.begin_epoch(True)),
+            (("epoch", EPOCH, -1), lambda: handle.pre_commit(-1)),
+            (("epoch", EPOCH, -2), lambda: handle.commit_epoch(-2)),
+            (("epoch", EPOCH, -1), lambda: handle.rollback_epoch(-1)),
+            (("pending", "PendingCommit items", 3), lambda: handle.recover([3])),  # type: ignore[list-item]
+            (
+                ("pending", "PendingCommit items", 4),
+                lambda: handle.recover([PendingCommit(1, {}), 4]),  # type: ignore[list-item]
+            ),
+            (("timeout", SECONDS, 0), lambda: handle.close(timeout=0)),
+            (
+                ("positions", PAIR, [{}, {}]),
+                lambda: handle.pre_commit(1, positions=[{}, {}]),  # type: ignore[arg-type]
+            ),
+            (("positions", PAIR, ({},)), lambda: handle.pre_commit(1, positions=({},))),  # type: ignore[arg-type]
+            (
+                ("positions", PAIR, ({}, {}, {})),
+                lambda: handle.pre_commit(1, positions=({}, {}, {})),  # type: ignore[arg-type]
+            ),
+            (("positions", MAPPING, "s"), lambda: handle.pre_commit(1, positions=("s", {}))),  # type: ignore[arg-type]
+            (("positions", MAPPING, 7), lambda: handle.pre_commit(1, positions=({}, 7))),  # type: ignore[arg-type]
+            (
+                ("positions", ENTRIES, {"s/0": -1}),
+                lambda: handle.pre_commit(1, positions=({"s/0": -1}, {})),
+            ),
+            (
+                ("positions", ENTRIES, {"": 1}),
+                lambda: handle.pre_commit(1, positions=({}, {"": 1})),
+            ),
         ]
-        for argument, call in cases:
+        for error, call in cases:
             with pytest.raises(InvalidArgumentError) as info:
                 await call()
-            assert info.value.argument == argument
+            assert type(info.value) is InvalidArgumentError
+            assert (info.value.argument, info.value.expected, info.value.got) == error
         stats = handle.stats()
     assert (stats.write_errors, stats.rollbacks, stats.finished) == (0, 0, False)
     assert fake.calls == [("open",), ("flush",), ("close",)]  # nothing reached the connector

@@ -145,6 +145,11 @@ class SinkTask:
     every clone is released too) and waits for the task to end.
     """
 
+    # Set by ``__aenter__``, which ``__aexit__`` always follows.
+    _stack: contextlib.AsyncExitStack
+    _group: TaskGroup
+    _handle: SinkTaskHandle
+
     def __init__(
         self,
         connector: SinkConnector,
@@ -161,9 +166,6 @@ class SinkTask:
             "flush_interval": flush_interval,
             "shutdown_timeout": shutdown_timeout,
         }
-        self._stack: contextlib.AsyncExitStack | None = None
-        self._group: TaskGroup | None = None
-        self._handle: SinkTaskHandle | None = None
 
     async def __aenter__(self) -> SinkTaskHandle:
         """Start the task; raises the error that stopped it (not a group around it).
@@ -190,9 +192,6 @@ class SinkTask:
         Raises:
             SinkConnectorError: the connector's ``close`` failed at a graceful shutdown.
         """
-        assert self._stack is not None
-        assert self._group is not None
-        assert self._handle is not None
         self._handle.release()
         if exc is not None:
             self._group.cancel_scope.cancel()
