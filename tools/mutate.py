@@ -234,7 +234,10 @@ def _run_group(
         target = work / name
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(SNAPSHOT / name, target)
+        # Fresh modification times (``copy``, not ``copy2``): mutmut regenerates a module's
+        # mutants only when the source is newer than them, and keeps the results of every
+        # function whose text did not change.
+        shutil.copytree(SNAPSHOT / name, target, copy_function=shutil.copy)
     pyproject = (ROOT / "pyproject.toml").read_text()
     (work / "pyproject.toml").write_text(pyproject + _mutmut_config(group))
     print(f"== {group.name}: mutmut run in {work}", flush=True)
