@@ -109,6 +109,7 @@ GROUPS: tuple[Group, ...] = (
         (
             "tests/test_source_backfill.py",
             "tests/test_source_backfill_state.py",
+            "tests/test_source_backfill_rules.py",
             "tests/test_source_backfill_parallel.py",
             "tests/test_source_backfill_redis.py",
         ),
