@@ -36,9 +36,10 @@ checkpoint becomes durable without that record. Commit and recovery are the coor
 barrier carrying ``Update`` with a new bitmap for the writer re-registers it (rescaling); one
 dropping it makes it leave the coordinator.
 
-Stopping: at a ``Stop`` on a checkpoint barrier (what a graceful runtime stop sends) the
-writer waits until every pre-committed epoch is committed, then the sink task flushes and
-closes the connector. A ``Stop`` on a plain barrier rolls back the open epoch first.
+Stopping: at a ``Stop`` on a checkpoint barrier (what a graceful runtime stop sends), or when
+its input ends (an upstream stopped alone), the writer waits until every pre-committed epoch
+is committed, then the sink task flushes and closes the connector. A ``Stop`` on a plain
+barrier rolls back the open epoch first.
 The writer passes barriers downstream, never chunks: it is a sink.
 """
 
@@ -92,6 +93,13 @@ class SinkWriter(StreamActor):
         InvalidArgumentError: ``connector`` is neither a connector nor a callable.
     """
 
+    # An incarnation's state, set by run() (read only while it runs).
+    _open: int | None  # the open sink epoch
+    # This incarnation's first barrier is still to come: INITIAL for a graph that starts, an
+    # Add barrier for a writer whose job joined a running graph.
+    _first_barrier: bool
+    _epoch_start: dict[str, int]  # source positions where the open epoch began (set at begin)
+
     def __init__(
         self,
         connector: SinkConnector | Callable[[], SinkConnector],
@@ -112,18 +120,12 @@ class SinkWriter(StreamActor):
         self._flush_interval = flush_interval
         self._capacity = capacity
         self._handle: SinkTaskHandle | None = None
-        self._open: int | None = None
-        self._stopped = False
-        # This incarnation's first barrier: INITIAL for a graph that starts, an Add barrier
-        # for a writer whose job joined a running graph.
-        self._first_barrier = True
         self._coordinator = coordinator
         self._local = LocalCommits(lambda: self._open)
         self._mode: WriterMode = (
             self._local if coordinator is None else CoordinatedCommits(coordinator)
         )
         self._prepared: SinkConnector | None = None  # made before the graph starts
-        self._epoch_start: dict[str, int] = {}  # source positions where the open epoch began
 
     # Before the graph starts (see barrierflow.runtime.startup).
 
@@ -232,7 +234,7 @@ class SinkWriter(StreamActor):
     async def run(self, ctx: ActorContext) -> None:
         """Recover the sink (or join its coordinator), then write every message's rows and
         follow its barriers."""
-        self._open, self._stopped, self._first_barrier = None, False, True
+        self._open, self._first_barrier = None, True
         table = ctx.table("sink")
         records = await table.items()
         connector, self._prepared = self._connector_now(), None
@@ -253,10 +255,10 @@ class SinkWriter(StreamActor):
                     async with anyio.create_task_group() as tasks:
                         tasks.start_soon(self._mode.background, ctx, handle, table)
                         await self._consume(ctx, handle, table)
-                        if self._stopped:
-                            # A graceful stop: what was pre-committed is committed before the
-                            # writer leaves, so the rows are visible once the runtime stopped.
-                            await self._mode.finish()
+                        # A graceful end (a Stop, or the input ended): what was pre-committed
+                        # is committed before the writer leaves, so the rows are visible once
+                        # the runtime stopped.
+                        await self._mode.finish()
                         tasks.cancel_scope.cancel()
             except Exception as exc:
                 # Let the sink task serve what is queued (a rollback) before it closes.
@@ -316,7 +318,6 @@ class SinkWriter(StreamActor):
             await self._mode.on_checkpoint(handle, table, epoch, barrier.epoch.prev, metadata)
         await ctx.emit(barrier)
         if barrier.is_stop(ctx.actor_id):
-            self._stopped = True
             if self._open is not None:
                 await handle.rollback_epoch(self._open)
                 self._open = None
