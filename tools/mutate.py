@@ -94,6 +94,8 @@ GROUPS: tuple[Group, ...] = (
         (f"{SINKS}/coordinator/*.py",),
         (
             "tests/test_coordinator.py",
+            "tests/test_coordinator_worker.py",
+            "tests/test_coordinator_commits.py",
             "tests/test_coordinated_sink.py",
             "tests/test_sink_wiring.py",
             "tests/test_add_sink.py",
