@@ -8,6 +8,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test bench mutate lint clean
 
 $(STAMP): pyproject.toml requirements/test.lock
+	@echo "installing the pinned environment into $(VENV) (about a minute, once)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/test.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .

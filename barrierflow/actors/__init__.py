@@ -3,6 +3,8 @@ worker), :mod:`.sources` (the batch feed, the split source) and :mod:`.backfill`
 behind the sink protocol (Parquet, Iceberg, print) are in :mod:`barrierflow.connectors`."""
 
 from barrierflow.actors.backfill import BackfillPhase as BackfillPhase
+from barrierflow.actors.backfill import Materialize as Materialize
+from barrierflow.actors.backfill import SnapshotBackfill as SnapshotBackfill
 from barrierflow.actors.backfill import SourceBackfill as SourceBackfill
 from barrierflow.actors.backfill import SplitBackfill as SplitBackfill
 from barrierflow.actors.sinks import CommitCoordinator as CommitCoordinator
@@ -42,6 +44,7 @@ __all__ = [
     "Coordinator",
     "CoordinatorStats",
     "DeclaredSink",
+    "Materialize",
     "Offset",
     "PendingCommit",
     "SchemaChange",
@@ -53,6 +56,7 @@ __all__ = [
     "SinkTaskHandle",
     "SinkTaskStats",
     "SinkWriter",
+    "SnapshotBackfill",
     "SourceBackfill",
     "SplitBackfill",
     "SplitLog",
