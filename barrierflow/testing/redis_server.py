@@ -87,7 +87,8 @@ class RedisServer:
     """One server process on a loopback port (see the module).
 
     Args:
-        directory: its working directory (logs, and the append-only file if persistent).
+        directory: its working directory (logs, and the append-only file if persistent);
+            created (with its parents) at :meth:`start` if it does not exist.
         persistent: keep the data across :meth:`stop` and :meth:`start`.
         start_timeout: seconds the server may take to answer PING after :meth:`start` (a test
             suite that stretches its deadlines on a loaded machine passes a longer one).
@@ -143,6 +144,7 @@ class RedisServer:
         """
         if self.running:
             return
+        self.directory.mkdir(parents=True, exist_ok=True)
         persistence = (
             ["--appendonly", "yes", "--appendfsync", "always"]
             if self.persistent
