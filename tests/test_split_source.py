@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,17 +24,24 @@ from barrierflow.actors.sources.split_log import (
     OFFSET_MINOR,
     SPLIT_COLUMN,
 )
-from barrierflow.channels import Barrier, Chunk, Message
+from barrierflow.channels import Barrier, Chunk, Message, Watermark
 from barrierflow.channels.barrier import BarrierKind
+from barrierflow.channels.epoch import EpochPair
 from barrierflow.channels.mutation import (
     Add,
     Pause,
     Resume,
     SourceChangeSplit,
     Split,
+    Stop,
     Throttle,
 )
-from barrierflow.errors import ActorFailedError, InvalidArgumentError, UnknownSplitError
+from barrierflow.errors import (
+    ActorFailedError,
+    InvalidArgumentError,
+    ProtocolError,
+    UnknownSplitError,
+)
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
 from barrierflow.runtime.state.state_store import StateStore
 from barrierflow.testing.split_log import MemorySplitLog
@@ -495,28 +503,34 @@ async def test_a_job_added_later_shares_the_records_after_its_add_barrier(tmp_pa
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "argument"),
+    ("kwargs", "argument", "expected", "got"),
     [
-        ({"log": "not a log"}, "log"),
-        ({"batch_rows": 0}, "batch_rows"),
-        ({"batch_rows": True}, "batch_rows"),
-        ({"batch_rows": 2.0}, "batch_rows"),
-        ({"splits": "a"}, "splits"),
-        ({"splits": ["a", ""]}, "splits"),
-        ({"splits": ["a", 3]}, "splits"),
-        ({"splits": ["a", Split("a")]}, "splits"),
-        ({"wait_barrier_intervals": 0}, "wait_barrier_intervals"),
-        ({"wait_barrier_intervals": None}, "wait_barrier_intervals"),
+        ({"log": "not a log"}, "log", "a SplitLog", "str"),
+        ({"batch_rows": 0}, "batch_rows", "an int >= 1", 0),
+        ({"batch_rows": True}, "batch_rows", "an int >= 1", True),
+        ({"batch_rows": 2.0}, "batch_rows", "an int >= 1", 2.0),
+        ({"splits": "a"}, "splits", "None or a list or tuple of split names", "a"),
+        ({"splits": ["a", ""]}, "splits", "non-empty split names or Splits", ""),
+        ({"splits": ["a", 3]}, "splits", "non-empty split names or Splits", 3),
+        ({"splits": ["a", Split("a")]}, "splits", "distinct splits", ["a", "a"]),
+        ({"wait_barrier_intervals": 0}, "wait_barrier_intervals", "an int >= 1", 0),
+        ({"wait_barrier_intervals": None}, "wait_barrier_intervals", "an int >= 1", None),
     ],
 )
 async def test_bad_constructor_arguments_are_typed_errors(
-    kwargs: dict[str, Any], argument: str
+    kwargs: dict[str, Any], argument: str, expected: str, got: Any
 ) -> None:
     options: dict[str, Any] = {"log": log_with(a=[1]), **kwargs}
     log = options.pop("log")
     with pytest.raises(InvalidArgumentError) as info:
         SplitSource(log, **options)
-    assert info.value.argument == argument
+    error = info.value
+    assert (error.argument, error.expected, error.got) == (argument, expected, got)
+    assert type(error.got) is type(got)
+
+
+async def test_a_batch_of_one_row_and_a_wait_of_one_interval_are_accepted() -> None:
+    SplitSource(log_with(a=[1]), batch_rows=1, wait_barrier_intervals=1)
 
 
 async def test_an_unknown_split_fails_the_actor(tmp_path: Path) -> None:
@@ -536,21 +550,268 @@ async def test_a_chunk_pushed_into_the_inbox_fails_the_actor(tmp_path: Path) -> 
             await rt.push("src", Chunk.from_pydict({"v": [1]}))
             await rt.checkpoint()
     assert info.value.actor == "src"
+    assert type(info.value.cause) is ProtocolError
+    # The message is the only place the error says what was wrong and what was expected.
+    assert str(info.value.cause) == (
+        "split source 'src': expected only barriers in its inbox (rows come from its split "
+        "log), got a chunk of 1 rows"
+    )
 
 
-def _bare_reading(source: SplitSource, send: Any) -> Any:
-    """The reader half of a split source without a runtime (a context stand-in that gives
-    the barrier interval and a logger)."""
+class FakeTable:
+    """A state table's interface over a dict (what the actor put, not yet sealed)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Any] = {}
+
+    def put(self, key: str, value: Any) -> None:
+        self.rows[key] = value
+
+    def delete(self, key: str) -> None:
+        self.rows.pop(key, None)
+
+    async def items(self) -> dict[str, Any]:
+        return dict(self.rows)
+
+
+class FakeLog:
+    """Records the warnings an actor logs."""
+
+    def __init__(self) -> None:
+        self.warnings: list[tuple[str, dict[str, Any]]] = []
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.warnings.append((event, fields))
+
+
+class FakeCtx:
+    """An actor context without a runtime: an inbox the test feeds, state tables over dicts,
+    the messages emitted (a chunk's emit blocks while ``blocked`` is not set)."""
+
+    actor_id = 7
+    name = "src"
+    barrier_interval = 1.0
+
+    def __init__(self) -> None:
+        self.tables: dict[str, FakeTable] = {}
+        self.emitted: list[Message] = []
+        self.log = FakeLog()
+        self.finished = False
+        self.unblocked = anyio.Event()
+        self.unblocked.set()
+        self._inbox: Any = None
+
+    def __enter__(self) -> FakeCtx:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._inbox is not None:
+            for stream in self._inbox:
+                stream.close()
+
+    @property
+    def inbox(self) -> Any:
+        """The sending end of the inbox (closed when the ``with`` block ends)."""
+        if self._inbox is None:
+            self._inbox = anyio.create_memory_object_stream[Message](16)
+        return self._inbox[0]
+
+    def table(self, name: str) -> FakeTable:
+        return self.tables.setdefault(name, FakeTable())
+
+    async def messages(self) -> Any:
+        assert self._inbox is not None
+        async for message in self._inbox[1]:
+            yield message
+
+    async def emit(self, message: Message) -> None:
+        if isinstance(message, Chunk):
+            await self.unblocked.wait()
+        self.emitted.append(message)
+        if isinstance(message, Barrier) and message.is_stop(self.actor_id):
+            self.finished = True
+
+    def rows(self) -> list[int]:
+        return [v for m in self.emitted if isinstance(m, Chunk) for v in m.batch["v"].to_pylist()]
+
+
+_epochs = itertools.count(1)
+
+
+def barrier(mutation: Any = None) -> Barrier:
+    epoch = next(_epochs)
+    return Barrier(EpochPair(epoch + 1, epoch), BarrierKind.BARRIER, mutation)
+
+
+def _bare_reading(source: SplitSource, send: Any, ctx: FakeCtx | None = None) -> Any:
+    """The reader half of a split source without a runtime."""
     from barrierflow.actors.sources.split_source import _Reading
 
-    class _Ctx:
-        barrier_interval = 1.0
-        log = None
+    return _Reading(source, ctx or FakeCtx(), send)
 
-        def table(self, name: str) -> None:
-            return None
 
-    return _Reading(source, _Ctx(), send)  # type: ignore[arg-type]
+# --- without a runtime: the actor's run and its reader on a fake context ------------------------
+
+
+async def test_watermarks_in_the_inbox_are_passed_on_in_order() -> None:
+    with FakeCtx() as ctx:
+        first, mark = barrier(), Watermark("v", 5)
+        stop = barrier(Stop(frozenset({ctx.actor_id})))
+        for message in (first, mark, stop):
+            await ctx.inbox.send(message)
+        log = MemorySplitLog(PAYLOAD, splits=["a"])
+        with anyio.fail_after(scaled(10)):
+            await SplitSource(log).run(ctx)  # type: ignore[arg-type]
+    assert ctx.emitted == [first, mark, stop]
+
+
+async def test_a_split_change_to_an_unknown_split_fails_the_source() -> None:
+    with FakeCtx() as ctx:
+        change = SourceChangeSplit({ctx.actor_id: (Split("a"), Split("zz"))})
+        first = barrier()
+        await ctx.inbox.send(first)
+        await ctx.inbox.send(barrier(change))
+        with anyio.fail_after(scaled(10)), pytest.raises(UnknownSplitError) as info:
+            await SplitSource(log_with(a=[1])).run(ctx)  # type: ignore[arg-type]
+    assert (info.value.split, info.value.known) == ("zz", ["a"])
+    # The change's barrier is not passed: its checkpoint would make the bad assignment durable.
+    assert [m for m in ctx.emitted if isinstance(m, Barrier)] == [first]
+
+
+async def test_each_split_change_replaces_the_durable_assignment() -> None:
+    with FakeCtx() as ctx:
+        for mutation in (
+            None,
+            SourceChangeSplit({ctx.actor_id: (Split("a"), Split("b", 1))}),
+            SourceChangeSplit({ctx.actor_id: (Split("a"), Split("c"))}),
+            Stop(frozenset({ctx.actor_id})),
+        ):
+            await ctx.inbox.send(barrier(mutation))
+        log = log_with(a=[1], b=[10, 20], c=[100])
+        with anyio.fail_after(scaled(10)):
+            await SplitSource(log).run(ctx)  # type: ignore[arg-type]
+    # b, assigned by the first change, is gone from the assignment and from the offsets.
+    assert ctx.tables["assignment"].rows == {"a": "", "c": ""}
+    assert "b" not in ctx.tables["offsets"].rows
+
+
+class CountingLog(MemorySplitLog):
+    """Counts the batches its readers handed out."""
+
+    yielded = 0
+
+    def read(self, start: Any, *, batch_rows: int = 4096) -> Any:
+        inner = super().read(start, batch_rows=batch_rows)
+
+        async def counted() -> Any:
+            async with contextlib.aclosing(inner) as batches:
+                async for batch in batches:
+                    self.yielded += 1
+                    yield batch
+
+        return counted()
+
+
+async def test_a_blocked_output_holds_the_reader_one_batch_ahead() -> None:
+    log = CountingLog(PAYLOAD)
+    log.append("a", {"v": [1, 2, 3, 4]})
+    with FakeCtx() as ctx, anyio.fail_after(scaled(10)):
+        ctx.unblocked = anyio.Event()  # the output takes no chunk
+        await ctx.inbox.send(barrier())
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(SplitSource(log, batch_rows=1).run, ctx)
+            await anyio.wait_all_tasks_blocked()
+            # One batch is being emitted, the reader holds the next; it reads no further.
+            assert log.yielded == 2
+            tg.cancel_scope.cancel()
+
+
+def batch_of(log: MemorySplitLog, split: str, offset: int, v: int) -> pa.RecordBatch:
+    columns = {"v": [v], SPLIT_COLUMN: [split], OFFSET_MAJOR: [offset], OFFSET_MINOR: [0]}
+    return pa.RecordBatch.from_pydict(columns, schema=log.schema)
+
+
+async def test_a_batch_of_a_reader_stopped_by_a_barrier_is_never_emitted_after_it() -> None:
+    from barrierflow.actors.sources.split_source import _Batch
+
+    log, ctx = MemorySplitLog(PAYLOAD, splits=["a"]), FakeCtx()
+    send, receive = anyio.create_memory_object_stream[Any](0)
+    reading = _bare_reading(SplitSource(log), send, ctx)
+    await reading.restore()
+    with send, receive, anyio.fail_after(scaled(10)):
+        async with anyio.create_task_group() as tg:
+            reading.task_group = tg
+            tg.start_soon(reading.loop, receive)
+            await send.send(barrier())
+            await send.send(barrier(Throttle({ctx.actor_id: 100.0})))
+            await anyio.wait_all_tasks_blocked()
+            stopped = reading.generation  # the reader started at the first Throttle
+            await send.send(barrier(Throttle({ctx.actor_id: 200.0})))
+            # That reader's batch arrives after the second Throttle (it was handed over as
+            # the barrier came): dropped. The new reader's batch is emitted.
+            await send.send(_Batch(stopped, batch_of(log, "a", 1, 1)))
+            await send.send(_Batch(reading.generation, batch_of(log, "a", 1, 2)))
+            await send.send(None)
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+    assert ctx.rows() == [2]
+
+
+async def test_a_reader_batch_holds_4096_rows_by_default() -> None:
+    log = log_with(a=range(4097))
+    send, receive = anyio.create_memory_object_stream[Any](0)
+    with anyio.fail_after(scaled(10)):
+        async with anyio.create_task_group() as tg:
+            reading = _bare_reading(SplitSource(log), send)
+            reading.positions = {"a": None}
+            reading.task_group = tg
+            reading.last_barrier = float("inf")  # never late
+            reading.start_reader()
+            async with send, receive:
+                first = await receive.receive()
+                tg.cancel_scope.cancel()  # before the reader hands over the next batch
+    assert first.batch.num_rows == 4096
+
+
+@pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock()}), id="trio-mockclock")],
+)
+async def test_the_reader_pauses_itself_at_five_barrier_intervals_by_default() -> None:
+    """Rule 6 on a virtual clock that moves only when jumped (whole seconds: exact floats):
+    the default is 5 intervals, reached exactly at 5; a reader that a barrier woke but that
+    runs only 5 intervals after it waits for the next one."""
+    log, ctx = log_with(a=[1]), FakeCtx()
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, MockClock)
+    send, receive = anyio.create_memory_object_stream[Any](0)
+    with send, receive, anyio.fail_after(scaled(10_000)):
+        async with anyio.create_task_group() as tg:
+            reading = _bare_reading(SplitSource(log), send, ctx)
+            reading.positions = {"a": None}
+            reading.task_group = tg
+            reading.last_barrier = anyio.current_time()
+            clock.jump(4)
+            reading.start_reader()
+            await anyio.wait_all_tasks_blocked()
+            assert receive.receive_nowait().batch["v"].to_pylist() == [1]  # 4: not late
+            clock.jump(1)
+            log.append("a", {"v": [2]})
+            await anyio.wait_all_tasks_blocked()
+            with pytest.raises(anyio.WouldBlock):
+                receive.receive_nowait()  # 5 intervals without a barrier: held
+            assert ctx.log.warnings == [
+                ("split source paused itself: no barrier for a while", {"seconds": 5.0})
+            ]
+            await reading.on_barrier(barrier())
+            clock.jump(5)  # the reader runs only now, 5 intervals after that barrier
+            await anyio.wait_all_tasks_blocked()
+            with pytest.raises(anyio.WouldBlock):
+                receive.receive_nowait()
+            await reading.on_barrier(barrier())
+            await anyio.wait_all_tasks_blocked()
+            assert receive.receive_nowait().batch["v"].to_pylist() == [2]
+            tg.cancel_scope.cancel()
 
 
 # --- a property: a crash at a random point ------------------------------------------------------

@@ -21,7 +21,8 @@ The rules, each tested by name in ``tests/test_split_source.py``:
 3. **Rows.** Each reader batch becomes one insert-only :class:`~barrierflow.channels.chunk.
    Chunk`, the batch as is (payload, then the split and offset columns); the offsets to keep
    are taken per split with NumPy (no Python loop per row; see
-   :mod:`~barrierflow.actors.sources._split_positions`).
+   :mod:`~barrierflow.actors.sources._split_positions`). The reader hands its batches over
+   unbuffered: while the output is blocked, it holds at most one batch read ahead.
 4. **Pause, Resume, Throttle.** ``Pause`` stops the reader (barriers still flow), ``Resume``
    starts it again, ``Add(pause=True)`` starts paused. ``Throttle`` sets the reader's rate in
    rows per second: after handing over ``n`` rows the reader sleeps ``n / rate`` seconds;
@@ -239,10 +240,9 @@ class _Reading:
         """Apply the barrier's mutation, put the offsets, pass it on (see the module)."""
         actor_id = self.ctx.actor_id
         changed = False
-        if self.positions is None:
+        if self.positions is None:  # no reader runs before the first barrier: none to stop
             await self.assign_first(barrier)
             self.paused = barrier.is_pause_on_startup()
-            changed = True
         else:
             new = barrier.new_splits(actor_id)
             if new is not None:
@@ -358,11 +358,9 @@ class _Reading:
     async def wait_for_barrier_if_late(self) -> None:
         """Rule 6: too long without a barrier, wait for the next one before emitting more."""
         limit = self.actor._wait_intervals * self.ctx.barrier_interval
-        warned = False
+        if anyio.current_time() - self.last_barrier < limit:
+            return
+        self.ctx.log.warning("split source paused itself: no barrier for a while", seconds=limit)
+        # A reader that wakes up late (``limit`` past the barrier that woke it) waits again.
         while anyio.current_time() - self.last_barrier >= limit:
-            if not warned:
-                warned = True
-                self.ctx.log.warning(
-                    "split source paused itself: no barrier for a while", seconds=limit
-                )
             await self.barrier_seen.wait()
