@@ -3,24 +3,44 @@ the view as of its snapshot epoch, then every later change once, then the live v
 
 from __future__ import annotations
 
+import copy
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
 from barrierflow import (
     ActorFailedError,
+    InvalidArgumentError,
     NotAMaterializedViewError,
     SnapshotBackfillStateError,
     VnodeUpdateDuringBackfillError,
 )
 from barrierflow.actors.backfill.errors import UpstreamEndedDuringBackfillError
 from barrierflow.actors.backfill.materialize import Materialize
-from barrierflow.actors.backfill.snapshot_backfill import SnapshotBackfill
-from barrierflow.channels import Chunk, Message, Op, Pause, Resume, Throttle, Update
+from barrierflow.actors.backfill.snapshot_backfill import TABLE, SnapshotBackfill
+from barrierflow.channels import (
+    Add,
+    Barrier,
+    BarrierKind,
+    Chunk,
+    EpochPair,
+    Message,
+    Op,
+    Pause,
+    Resume,
+    Stop,
+    Throttle,
+    Update,
+)
+from barrierflow.channels.errors import ProtocolError
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime import (
     ActorContext,
@@ -30,6 +50,7 @@ from barrierflow.runtime import (
     StateStore,
     StreamActor,
 )
+from barrierflow.runtime.progress import Progress
 
 pytestmark = pytest.mark.anyio
 
@@ -684,3 +705,875 @@ async def test_upstream_ending_after_the_backfill_forwards_ends_it_cleanly(
             await rt.push("src", end_of_stream())
             await ended.wait()  # the backfill returned, its output closed: no error
     assert_exactly_once(driver, seen)
+
+
+# --- The actor alone: its rules one by one ------------------------------------------------------
+#
+# The actor runs here without a runtime: a stand-in context hands it the upstream's messages and
+# records what it emits, the progress it reports and the state it saves at each barrier; a
+# stand-in view holds the snapshot (as of one epoch) and each later epoch's change log. Nothing
+# sleeps: each step waits until every task is blocked (:func:`anyio.wait_all_tasks_blocked`) and
+# then looks at what the actor did. A rate so low that the next chunk is due in years lets
+# exactly one chunk go between two barriers.
+
+ACTOR, ACTOR_ID = "backfill", 5
+VNODES = 4  # a key's vnode in the stand-in view: key % VNODES
+SNAPSHOT_EPOCH = 10
+CRAWL = 1e-9  # rows per second: one chunk, then the next is due in years
+Row = tuple[int, int, int]  # key, value, op
+
+
+class FakeView:
+    """A view's versioned table as the actor reads it: the rows as of ``snapshot_epoch``
+    (key → value), and what each later epoch wrote (key, value, op), in the order written.
+    Reading a version other than ``snapshot_epoch`` fails the actor."""
+
+    primary_key = ("k",)
+
+    def __init__(
+        self,
+        snapshot: dict[int, int] | None = None,
+        logs: dict[int, list[Row]] | None = None,
+        *,
+        snapshot_epoch: int = SNAPSHOT_EPOCH,
+        vnode_count: int = VNODES,
+    ) -> None:
+        self.snapshot = snapshot or {}
+        self.logs = logs or {}
+        self.snapshot_epoch = snapshot_epoch
+        self.vnode_count = vnode_count
+        self.pins: dict[str, int] = {}
+        #: (vnode, after) of every snapshot read, and the epochs whose change log was read.
+        self.reads: list[tuple[int, list[Any] | None]] = []
+        self.log_reads: list[int] = []
+
+    def pin(self, reader: str, epoch: int) -> None:
+        self.pins[reader] = epoch
+
+    def unpin(self, reader: str) -> None:
+        self.pins.pop(reader, None)
+
+    def epochs_after(self, epoch: int) -> list[int]:
+        return sorted(e for e in self.logs if e > epoch)
+
+    async def read_vnode(
+        self, vnode: int, epoch: int, *, after: list[Any] | None = None
+    ) -> pa.Table:
+        await anyio.lowlevel.checkpoint()
+        assert epoch == self.snapshot_epoch, f"snapshot read as of {epoch}"
+        self.reads.append((vnode, after))
+        keys = sorted(
+            k
+            for k in self.snapshot
+            if k % self.vnode_count == vnode and (after is None or k > after[0])
+        )
+        return pa.table({"k": keys, "v": [self.snapshot[k] for k in keys]}, SCHEMA)
+
+    async def change_log(self, epoch: int, vnodes: VnodeBitmap | None = None) -> pa.Table:
+        await anyio.lowlevel.checkpoint()
+        self.log_reads.append(epoch)
+        rows = [
+            r
+            for r in self.logs.get(epoch, [])
+            if vnodes is None or r[0] % self.vnode_count in vnodes
+        ]
+        return pa.table(
+            {
+                "k": pa.array([r[0] for r in rows], pa.int64()),
+                "v": pa.array([r[1] for r in rows], pa.int64()),
+                "_op": pa.array([r[2] for r in rows], pa.int8()),
+            }
+        )
+
+
+class FakeMessages:
+    """``ctx.messages()``: ends (``EndOfStream``) with the input or once the actor finished."""
+
+    def __init__(self, ctx: FakeContext, receive: Any) -> None:
+        self.ctx, self.input = ctx, receive
+
+    async def receive(self) -> Message:
+        if self.ctx.finished:
+            raise anyio.EndOfStream
+        try:
+            message: Message = await self.input.receive()
+        except anyio.EndOfStream:
+            self.ctx.finished = True
+            raise
+        return message
+
+    def receive_nowait(self) -> Message | None:
+        if self.ctx.finished:
+            raise anyio.EndOfStream
+        try:
+            message: Message = self.input.receive_nowait()
+        except anyio.WouldBlock:
+            return None
+        except anyio.EndOfStream:
+            self.ctx.finished = True
+            raise
+        return message
+
+
+class FakeTable:
+    def __init__(self, rows: dict[str, Any]) -> None:
+        self.rows = rows
+
+    def put(self, key: str, value: Any) -> None:
+        self.rows[key] = copy.deepcopy(value)
+
+    async def items(self) -> dict[str, Any]:
+        await anyio.lowlevel.checkpoint()
+        return copy.deepcopy(self.rows)
+
+
+class FakeContext:
+    """What :meth:`SnapshotBackfill.run` uses of an actor context."""
+
+    def __init__(
+        self,
+        receive: Any,
+        views: list[FakeView],
+        state: dict[str, Any],
+        *,
+        vnode_bitmap: VnodeBitmap | None = None,
+        committed_epoch: int = SNAPSHOT_EPOCH,
+    ) -> None:
+        self.name, self.actor_id = ACTOR, ACTOR_ID
+        self.vnode_bitmap = vnode_bitmap
+        self.committed_epoch = committed_epoch
+        self.finished = False
+        self.views = views
+        self.state = state
+        self.receive = receive
+        self.emitted: list[Message] = []
+        self.progress: list[Progress] = []
+        #: The state rows as each barrier was emitted (what a checkpoint at it keeps).
+        self.saved: list[dict[str, Any]] = []
+        self.view_reads: list[tuple[str, str]] = []
+        #: When each message was emitted (``anyio.current_time()``).
+        self.times: list[float] = []
+        self.returned = False
+        self._emitted = anyio.Event()
+
+    async def until(self, done: Any) -> None:
+        """Wait until ``done()`` holds (checked after every message emitted)."""
+        while not done():
+            await self._emitted.wait()
+
+    def messages(self) -> FakeMessages:
+        return FakeMessages(self, self.receive)
+
+    def read_view(self, view: str, name: str) -> list[FakeView]:
+        self.view_reads.append((view, name))
+        return self.views
+
+    def table(self, name: str) -> FakeTable:
+        assert name == TABLE
+        return FakeTable(self.state)
+
+    def report_progress(self, progress: Progress) -> None:
+        self.progress.append(progress)
+
+    async def emit(self, message: Message) -> None:
+        await anyio.lowlevel.checkpoint()
+        self.emitted.append(message)
+        self.times.append(anyio.current_time())
+        self._emitted.set()
+        self._emitted = anyio.Event()
+        if isinstance(message, Barrier):
+            self.saved.append(copy.deepcopy(self.state))
+            if message.is_stop(self.actor_id):
+                self.finished = True
+
+    def trace(self) -> list[Any]:
+        """What went out: a barrier as its ``curr`` epoch, a chunk as its rows (key, value,
+        op)."""
+        out: list[Any] = []
+        for message in self.emitted:
+            if isinstance(message, Barrier):
+                out.append(message.epoch.curr)
+            else:
+                assert isinstance(message, Chunk)
+                out.append(chunk_rows(message))
+        return out
+
+    def rows(self) -> list[Row]:
+        """Every row emitted, in order."""
+        return [r for m in self.emitted if isinstance(m, Chunk) for r in chunk_rows(m)]
+
+
+def chunk_rows(chunk: Chunk) -> list[Row]:
+    ops = [0] * chunk.num_rows if chunk.ops is None else chunk.ops.to_pylist()
+    keys, values = chunk.batch.column("k").to_pylist(), chunk.batch.column("v").to_pylist()
+    return [(k, v, int(op)) for k, v, op in zip(keys, values, ops, strict=True)]
+
+
+class Live:
+    """The live upstream: barriers with consecutive epochs, and chunks (which the actor drops
+    while it backfills). Each is queued at once (the actor sees it when the test settles)."""
+
+    def __init__(self, send: Any, prev: int) -> None:
+        self.send = send
+        self.prev = prev
+
+    def barrier(self, mutation: Any = None, *, kind: BarrierKind = BarrierKind.CHECKPOINT) -> int:
+        """Queue the barrier closing the epoch in progress; returns the epoch it closes."""
+        closed, self.prev = self.prev, self.prev + 1
+        self.send.send_nowait(Barrier(EpochPair(self.prev, closed), kind, mutation))
+        return closed
+
+    def chunk(self, *keys: int) -> None:
+        batch = pa.record_batch({"k": list(keys), "v": [0] * len(keys)}, SCHEMA)
+        self.send.send_nowait(Chunk(batch))
+
+    def end(self) -> None:
+        """The upstream ends."""
+        self.send.close()
+
+
+@asynccontextmanager
+async def backfilling(
+    actor: SnapshotBackfill,
+    views: list[FakeView],
+    state: dict[str, Any] | None = None,
+    *,
+    first_prev: int = SNAPSHOT_EPOCH,
+    **context: Any,
+) -> AsyncIterator[tuple[Live, FakeContext, list[BaseException]]]:
+    """Run ``actor`` against a stand-in context; yields the live upstream (whose next barrier
+    closes ``first_prev``), the context, and the error the actor failed with (empty while it
+    runs, or if it returned)."""
+    send, receive = anyio.create_memory_object_stream[Message](64)
+    ctx = FakeContext(receive, views, {} if state is None else state, **context)
+    failed: list[BaseException] = []
+
+    async def run() -> None:
+        try:
+            await actor.run(ctx)  # type: ignore[arg-type]
+        except Exception as exc:  # the test asserts on it
+            failed.append(exc)
+        else:
+            ctx.returned = True
+
+    with anyio.fail_after(scaled(10)):
+        async with send, receive, anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            yield Live(send, first_prev), ctx, failed
+            tg.cancel_scope.cancel()
+
+
+settle = anyio.wait_all_tasks_blocked
+
+
+def snapshot_rows(view: FakeView, vnodes: Any = range(VNODES)) -> list[Row]:
+    """The view's snapshot in the order the actor reads it: by vnode, then by key."""
+    return [
+        (k, view.snapshot[k], 0)
+        for vnode in vnodes
+        for k in sorted(view.snapshot)
+        if k % view.vnode_count == vnode
+    ]
+
+
+def busy_view() -> FakeView:
+    """A snapshot over every vnode, and epochs 11 and 12 written after it (12 is still in
+    progress when the job's first barrier comes: that barrier closes it)."""
+    return FakeView(
+        {0: 100, 1: 101, 2: 102, 5: 105},
+        {11: [(1, 101, 2), (1, 111, 3)], 12: [(7, 107, 0), (0, 100, 1)]},
+    )
+
+
+def reported(ctx: FakeContext) -> list[tuple[bool, int, dict[str, Any]]]:
+    """The progress reported with each barrier: (finished, rows, detail)."""
+    return [(p.finished, p.rows, dict(p.detail)) for p in ctx.progress]
+
+
+def fresh_vnodes(*vnodes: int) -> dict[str, Any]:
+    return {f"vnode:{v}": {"after": None, "rows": 0, "done": False} for v in vnodes}
+
+
+async def test_the_snapshot_then_each_owed_epoch_once_then_the_live_upstream() -> None:
+    view = busy_view()
+    async with backfilling(SnapshotBackfill("view", batch_rows=3), [view], first_prev=12) as (
+        live,
+        ctx,
+        failed,
+    ):
+        live.barrier()
+        live.chunk(9)  # dropped: its epoch is owed
+        await settle()
+        assert ctx.view_reads == [("view", "view")]
+        assert view.pins == {ACTOR: SNAPSHOT_EPOCH}
+        snapshot = snapshot_rows(view)
+        assert ctx.trace() == [
+            13,
+            snapshot[:3],
+            snapshot[3:],
+            view.logs[11],
+            view.logs[12],
+        ]
+        # Each vnode read once, each epoch's change log once.
+        assert view.reads == [(0, None), (1, None), (2, None), (3, None)]
+        assert view.log_reads == [11, 12]
+        view.logs[13] = [(3, 103, 0)]
+        live.barrier()  # closes 13: the only epoch owed, replayed before the barrier
+        live.chunk(4)  # the epoch it opens is forwarded live
+        await settle()
+        assert ctx.trace()[5:] == [[(3, 103, 0)], 14, [(4, 0, 0)]]
+        assert view.pins == {}
+        assert not failed
+    assert reported(ctx) == [
+        (False, 0, {"phase": "snapshot", "snapshot_epoch": 10, "epochs_owed": 2, "vnodes_left": 4}),
+        (True, 9, {"phase": "forward", "snapshot_epoch": 10, "epochs_owed": 0, "vnodes_left": 0}),
+    ]
+    head = {"snapshot_epoch": 10, "log_offset": 0}
+    assert ctx.saved == [
+        {
+            "progress": {"phase": "snapshot", "replayed": 10, "rows": 0, **head},
+            **fresh_vnodes(0, 1, 2, 3),
+        },
+        {
+            "progress": {"phase": "forward", "replayed": 13, "rows": 9, **head},
+            "vnode:0": {"after": [0], "rows": 1, "done": True},
+            "vnode:1": {"after": [5], "rows": 2, "done": True},
+            "vnode:2": {"after": [2], "rows": 1, "done": True},
+            "vnode:3": {"after": None, "rows": 0, "done": True},
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "argument", "expected", "got"),
+    [
+        ({"view": ""}, "view", "the name of a Materialize actor", ""),
+        ({"view": 3}, "view", "the name of a Materialize actor", 3),
+        ({"batch_rows": 0}, "batch_rows", "a positive int", 0),
+        ({"batch_rows": True}, "batch_rows", "a positive int", True),
+        ({"batch_rows": 2.0}, "batch_rows", "a positive int", 2.0),
+        (
+            {"rate_limit": -1},
+            "rate_limit",
+            "None or a finite rate >= 0 (rows per second)",
+            -1,
+        ),
+    ],
+)
+def test_a_bad_argument_is_refused(
+    options: dict[str, Any], argument: str, expected: str, got: Any
+) -> None:
+    options = {"view": "view", **options}
+    with pytest.raises(InvalidArgumentError) as refused:
+        SnapshotBackfill(**options)
+    error = refused.value
+    assert (error.argument, error.expected, error.got) == (argument, expected, got)
+
+
+async def test_chunks_hold_batch_rows_rows_4096_by_default() -> None:
+    big = FakeView({4 * i: i for i in range(5000)})  # every key in vnode 0
+    tiny = FakeView({0: 0, 4: 1, 1: 2})
+    async with backfilling(SnapshotBackfill("view"), [big]) as (live, ctx, _):
+        live.barrier()
+        await settle()
+        assert [len(c) for c in ctx.trace()[1:]] == [4096, 904]
+        assert big.reads == [(0, None), (1, None), (2, None), (3, None)]  # each vnode once
+    async with backfilling(SnapshotBackfill("view", batch_rows=1), [tiny]) as (live, ctx, _):
+        live.barrier()
+        await settle()
+        assert ctx.trace()[1:] == [[(0, 0, 0)], [(4, 1, 0)], [(1, 2, 0)]]
+
+
+def startup(graph: dict[str, Any]) -> Any:
+    return SimpleNamespace(graph=graph)
+
+
+def materialize() -> Materialize:
+    return Materialize(SCHEMA, ["k"])
+
+
+@pytest.mark.parametrize(
+    ("view", "graph"),
+    [
+        ("view", {"src": object(), "view": materialize()}),
+        ("a.b", {"src": object(), "a.b.0": materialize(), "a.b.1": materialize()}),
+    ],
+)
+def test_a_materialized_view_or_a_parallel_group_of_them_is_accepted(
+    view: str, graph: dict[str, Any]
+) -> None:
+    SnapshotBackfill(view).check_startup(startup(graph))
+
+
+@pytest.mark.parametrize(
+    ("view", "graph"),
+    [
+        ("view", {"src": object()}),  # no such actor
+        ("src", {"src": object(), "view": materialize()}),  # not a view
+        ("view", {"view.0": materialize(), "view.1": object()}),  # a group not all views
+    ],
+)
+def test_anything_but_a_materialized_view_is_refused_before_the_job_is_added(
+    view: str, graph: dict[str, Any]
+) -> None:
+    with pytest.raises(NotAMaterializedViewError) as refused:
+        SnapshotBackfill(view).check_startup(startup(graph))
+    error = refused.value
+    assert (error.argument, error.view, error.table, error.got) == ("view", view, "view", view)
+
+
+async def test_a_view_gone_when_the_job_starts_is_refused() -> None:
+    async with backfilling(SnapshotBackfill("view"), []) as (live, ctx, failed):
+        live.barrier()
+        await settle()
+    (error,) = failed
+    assert isinstance(error, NotAMaterializedViewError)
+    assert (error.view, error.table) == ("view", "view")
+    assert ctx.view_reads == [("view", "view")]
+    assert ctx.emitted == []
+
+
+async def test_the_first_message_must_be_a_barrier() -> None:
+    async with backfilling(SnapshotBackfill("view"), [busy_view()]) as (live, ctx, failed):
+        live.chunk(1)
+        live.barrier()
+        await settle()
+    (error,) = failed
+    assert type(error) is ProtocolError
+    assert str(error) == "snapshot backfill backfill: expected a barrier first"
+    assert ctx.emitted == []
+
+
+async def test_barriers_go_before_every_snapshot_or_change_log_chunk() -> None:
+    view = busy_view()
+    async with backfilling(SnapshotBackfill("view", batch_rows=3), [view], first_prev=12) as (
+        live,
+        ctx,
+        _,
+    ):
+        live.barrier()
+        live.chunk(9)
+        live.barrier()  # waiting when the first chunk could go
+        await settle()
+        assert ctx.trace()[:2] == [13, 14]
+        assert ctx.rows() == snapshot_rows(view) + view.logs[11] + view.logs[12]
+
+
+async def test_the_view_is_pinned_at_the_snapshot_epoch_until_the_job_forwards() -> None:
+    # A parallel view: every actor's table pinned, read and released; their rows together.
+    left = FakeView({0: 100, 2: 102}, {11: [(0, 100, 1)]})
+    right = FakeView({1: 101, 5: 105}, {11: [(5, 115, 0)]})
+    async with backfilling(
+        SnapshotBackfill("view", rate_limit=0), [left, right], first_prev=11
+    ) as (live, ctx, _):
+        live.barrier()
+        await settle()
+        assert (left.pins, right.pins) == ({ACTOR: 10}, {ACTOR: 10})
+        assert ctx.trace() == [12]  # paused by its rate
+        live.barrier(Throttle({ACTOR_ID: None}))
+        await settle()
+        assert (left.pins, right.pins) == ({ACTOR: 10}, {ACTOR: 10})  # 11 and 12 owed
+        assert ctx.trace() == [
+            12,
+            13,
+            [(0, 100, 0), (1, 101, 0), (5, 105, 0), (2, 102, 0)],
+            [(0, 100, 1), (5, 115, 0)],
+        ]
+        live.barrier()
+        await settle()
+        assert (left.pins, right.pins) == ({}, {})
+        assert ctx.trace()[4:] == [14]
+
+
+async def test_a_job_whose_snapshot_epoch_is_the_last_closed_one_owes_no_epoch_before_it() -> None:
+    # The job's first barrier closes the snapshot epoch itself: its change log is in the
+    # snapshot, nothing before that barrier is owed.
+    view = FakeView({1: 101}, {10: [(1, 101, 0)], 11: [(1, 101, 1)]})
+    async with backfilling(SnapshotBackfill("view"), [view], first_prev=10) as (live, ctx, _):
+        live.barrier()
+        await settle()
+        assert ctx.trace() == [11, [(1, 101, 0)]]
+        live.barrier()  # closes 11: owed, replayed
+        await settle()
+        assert ctx.trace()[2:] == [[(1, 101, 1)], 12]
+    assert reported(ctx)[0][2]["epochs_owed"] == 0
+
+
+async def test_epochs_the_view_sealed_after_the_first_barrier_are_owed_only_once_closed() -> None:
+    # The view runs ahead of the job: it has sealed epoch 13 when the job's first barrier
+    # (closing 12) comes; 13 is owed when the job's own barrier closes it, not before.
+    view = FakeView({}, {11: [(1, 1, 0)], 13: [(2, 2, 0)]})
+    async with backfilling(SnapshotBackfill("view"), [view], first_prev=12) as (live, ctx, failed):
+        live.barrier()
+        await settle()
+        assert ctx.trace() == [13, [(1, 1, 0)]]
+        live.barrier()
+        await settle()
+        assert ctx.trace()[2:] == [[(2, 2, 0)], 14]
+        assert not failed
+    assert [r[2]["epochs_owed"] for r in reported(ctx)] == [2, 0]
+
+
+def state_at(phase: str, replayed: int, rows: int = 0, **vnodes: Any) -> dict[str, Any]:
+    """A saved state: the progress row, and ``vnode_<v>=(after, rows, done)`` rows."""
+    saved: dict[str, Any] = {
+        "progress": {
+            "phase": phase,
+            "snapshot_epoch": SNAPSHOT_EPOCH,
+            "replayed": replayed,
+            "log_offset": 0,
+            "rows": rows,
+        }
+    }
+    for name, (after, count, done) in vnodes.items():
+        row = {"after": after, "rows": count, "done": done}
+        saved[f"vnode:{name.removeprefix('vnode_')}"] = row
+    return saved
+
+
+ALL_DONE = {f"vnode_{v}": (None, 0, True) for v in range(VNODES)}
+
+
+async def test_a_restart_mid_snapshot_resumes_after_the_last_key_emitted() -> None:
+    view = FakeView({0: 100, 4: 104, 8: 108, 1: 101}, {11: [(4, 114, 3)]})
+    state: dict[str, Any] = {}
+    async with backfilling(
+        SnapshotBackfill("view", batch_rows=2, rate_limit=CRAWL), [view], state
+    ) as (live, ctx, _):
+        live.barrier()
+        await settle()
+        live.barrier()  # a checkpoint: its state is what the restart resumes from
+        await settle()
+        assert ctx.trace() == [11, [(0, 100, 0), (4, 104, 0)], 12]
+    saved = ctx.saved[-1]
+    assert saved["vnode:0"] == {"after": [4], "rows": 2, "done": False}
+    view.reads.clear()
+    async with backfilling(
+        SnapshotBackfill("view", batch_rows=2), [view], saved, first_prev=12
+    ) as (live, again, failed):
+        live.barrier()
+        await settle()
+        assert view.pins == {ACTOR: SNAPSHOT_EPOCH}
+        assert view.reads[0] == (0, [4])
+        assert again.trace() == [13, [(8, 108, 0), (1, 101, 0)], [(4, 114, 3)]]
+        assert not failed
+    assert reported(again)[0] == (
+        False,
+        2,
+        {"phase": "snapshot", "snapshot_epoch": 10, "epochs_owed": 2, "vnodes_left": 4},
+    )
+
+
+async def test_a_restart_mid_change_log_resumes_mid_epoch() -> None:
+    view = FakeView({}, {11: [(1, 1, 0), (2, 2, 0), (3, 3, 0)], 12: [(1, 1, 1)]})
+    state: dict[str, Any] = {}
+    async with backfilling(
+        SnapshotBackfill("view", batch_rows=2, rate_limit=CRAWL), [view], state, first_prev=12
+    ) as (live, ctx, _):
+        live.barrier()
+        await settle()
+        live.barrier(Pause())  # paused: no replay held this barrier
+        await settle()
+        assert ctx.trace() == [13, [(1, 1, 0), (2, 2, 0)], 14]
+    saved = ctx.saved[-1]
+    assert saved["progress"] == {
+        "phase": "change_log",
+        "snapshot_epoch": 10,
+        "replayed": 10,
+        "log_offset": 2,
+        "rows": 2,
+    }
+    async with backfilling(
+        SnapshotBackfill("view", batch_rows=2), [view], saved, first_prev=14
+    ) as (live, again, failed):
+        live.barrier()
+        await settle()
+        assert view.pins == {ACTOR: SNAPSHOT_EPOCH}
+        assert again.trace() == [15, [(3, 3, 0)], [(1, 1, 1)]]
+        live.barrier()  # closes 15, the only one owed: forwards
+        await settle()
+        assert again.trace()[3:] == [16]
+        assert not failed
+    assert [r[2]["epochs_owed"] for r in reported(again)] == [3, 0]  # 11, 12, 14 (13 wrote
+    # nothing), then none
+    assert reported(again)[1][1] == 4
+
+
+async def test_a_finished_job_forwards_from_its_first_barrier() -> None:
+    view = busy_view()
+    saved = state_at("forward", 13, rows=9, **ALL_DONE)
+    async with backfilling(SnapshotBackfill("view"), [view], saved, first_prev=20) as (
+        live,
+        ctx,
+        _,
+    ):
+        live.barrier()
+        live.chunk(1)
+        await settle()
+        assert ctx.trace() == [21, [(1, 0, 0)]]
+        assert (view.pins, view.reads, view.log_reads) == ({}, [], [])
+    assert reported(ctx) == [
+        (True, 9, {"phase": "forward", "snapshot_epoch": 10, "epochs_owed": 0, "vnodes_left": 0}),
+    ]
+
+
+async def test_a_finished_job_whose_state_has_an_unfinished_vnode_is_refused() -> None:
+    saved = state_at("forward", 13, **{**ALL_DONE, "vnode_2": ([5], 1, False)})
+    async with backfilling(SnapshotBackfill("view"), [busy_view()], saved) as (live, ctx, failed):
+        live.barrier()
+        await settle()
+    (error,) = failed
+    assert isinstance(error, SnapshotBackfillStateError)
+    assert (error.actor, error.expected, error.found) == (
+        "backfill",
+        "every vnode's snapshot done in a finished job",
+        "vnodes [2]",
+    )
+    assert ctx.emitted == []
+
+
+async def test_a_job_started_paused_backfills_nothing_until_resumed() -> None:
+    view = busy_view()
+    async with backfilling(SnapshotBackfill("view"), [view], first_prev=12) as (live, ctx, _):
+        live.barrier(Add(pause=True))
+        await settle()
+        live.barrier()
+        await settle()
+        assert ctx.trace() == [13, 14]
+        live.barrier(Resume())
+        await settle()
+        assert ctx.trace()[:3] == [13, 14, 15]
+        assert ctx.rows() == snapshot_rows(view) + view.logs[11] + view.logs[12]
+
+
+async def test_pause_stops_the_backfill_and_the_lag_rule_until_resume() -> None:
+    view = busy_view()
+    async with backfilling(SnapshotBackfill("view"), [view], first_prev=12) as (live, ctx, _):
+        live.barrier()
+        live.barrier(Pause())  # before any chunk
+        await settle()
+        live.barrier()
+        await settle()
+        assert ctx.trace() == [13, 14, 15]
+        live.barrier(Resume())
+        await settle()
+        assert ctx.trace()[3] == 16
+        assert ctx.rows() == snapshot_rows(view) + view.logs[11] + view.logs[12]
+
+
+async def test_a_throttle_to_zero_pauses_the_backfill_and_a_rate_resumes_it() -> None:
+    view = busy_view()
+    async with backfilling(SnapshotBackfill("view"), [view], first_prev=12) as (live, ctx, _):
+        live.barrier()
+        live.barrier(Throttle({ACTOR_ID: 0, ACTOR_ID + 1: None}))
+        await settle()
+        live.barrier(Throttle({ACTOR_ID + 1: None}))  # another actor's
+        await settle()
+        assert ctx.trace() == [13, 14, 15]
+        live.barrier(Throttle({ACTOR_ID: None}))
+        await settle()
+        assert ctx.trace()[3] == 16
+        assert ctx.rows() == snapshot_rows(view) + view.logs[11] + view.logs[12]
+
+
+async def test_a_rate_limit_lets_one_chunk_go_per_its_rows_over_the_rate() -> None:
+    # The first chunk goes at once; the next is due in years: one chunk between barriers.
+    view = busy_view()
+    async with backfilling(
+        SnapshotBackfill("view", batch_rows=2, rate_limit=CRAWL), [view], first_prev=12
+    ) as (live, ctx, _):
+        live.barrier()
+        await settle()
+        live.barrier()
+        await settle()
+        assert ctx.trace() == [13, snapshot_rows(view)[:2], 14]
+
+
+async def test_the_rate_limit_spaces_the_chunks_in_time() -> None:
+    # 10 rows a chunk at 40 rows/s: the fourth chunk goes no sooner than 0.75 s after the
+    # first could (a lower bound only: a slow machine makes it later, never sooner).
+    view = FakeView({4 * i: i for i in range(40)})
+    async with backfilling(SnapshotBackfill("view", batch_rows=10, rate_limit=40), [view]) as (
+        live,
+        ctx,
+        _,
+    ):
+        started = anyio.current_time()
+        live.barrier()
+        await ctx.until(lambda: len(ctx.rows()) == 40)
+        assert ctx.times[4] - started >= 0.75
+        assert [len(c) for c in ctx.trace()[1:]] == [10, 10, 10, 10]
+
+
+async def test_a_replay_a_barrier_waits_on_is_not_rate_limited_nor_counted_in_the_rate() -> None:
+    # A restart in the change-log phase, paused at first: at the Resume barrier more epochs
+    # are owed than the lag allows, so the barrier waits on their replay (at any rate); the
+    # next chunk between barriers then goes at once (the replay used none of the rate).
+    view = FakeView({}, {11: [(1, 1, 0), (2, 2, 0), (3, 3, 0)], 12: [(4, 4, 0), (5, 5, 0)]})
+    saved = state_at("change_log", 10, **ALL_DONE)
+    async with backfilling(
+        SnapshotBackfill("view", batch_rows=1, rate_limit=0.01), [view], saved, first_prev=12
+    ) as (live, ctx, _):
+        live.barrier(Add(pause=True))  # owes 11 and 12: the allowed lag is 2
+        await settle()
+        live.barrier(Resume())  # closes 13: 3 owed, one replayed before the barrier
+        await settle()
+        assert ctx.trace() == [13, [(1, 1, 0)], [(2, 2, 0)], [(3, 3, 0)], 14, [(4, 4, 0)]]
+        assert view.log_reads == [11, 12]  # each epoch's change log read once
+
+
+async def test_the_allowed_lag_shrinks_at_every_barrier_until_the_job_forwards() -> None:
+    # Paused by its rate, the job replays only what each barrier waits on: one more epoch
+    # owed per barrier, and half an epoch less allowed each time.
+    view = FakeView({}, {e: [(e, e, 0)] for e in range(11, 20)})
+    saved = state_at("change_log", 10, **ALL_DONE)
+    async with backfilling(
+        SnapshotBackfill("view", rate_limit=0), [view], saved, first_prev=14
+    ) as (live, ctx, _):
+        live.barrier()  # owes 11 to 14: the allowed lag is 4
+        for _ in range(6):
+            live.barrier()
+        await settle()
+    assert ctx.trace() == [
+        15,
+        [(11, 11, 0)],
+        16,  # 15 closed: 5 owed > 4, down to 4; 3.5 allowed
+        [(12, 12, 0)],
+        [(13, 13, 0)],
+        17,  # 5 owed > 3: down to 3; 3 allowed
+        [(14, 14, 0)],
+        18,  # 4 owed > 3: down to 3; 2.5 allowed
+        [(15, 15, 0)],
+        [(16, 16, 0)],
+        19,  # 4 owed > 2: down to 2; 2 allowed
+        [(17, 17, 0)],
+        20,  # 3 owed > 2: down to 2; 1.5 allowed
+        [(18, 18, 0)],
+        [(19, 19, 0)],
+        21,  # 3 owed > 1: down to 1, the only one owed (20, empty): nothing owed, forwards
+    ]
+    assert [r[2]["epochs_owed"] for r in reported(ctx)] == [4, 4, 3, 3, 2, 2, 0]
+    assert [r[2]["phase"] for r in reported(ctx)] == ["change_log"] * 6 + ["forward"]
+
+
+async def test_a_vnode_bitmap_limits_the_snapshot_and_the_change_log_to_its_vnodes() -> None:
+    view = busy_view()
+    mine = VnodeBitmap.from_vnodes([1, 2], vnode_count=VNODES)
+    async with backfilling(SnapshotBackfill("view"), [view], first_prev=12, vnode_bitmap=mine) as (
+        live,
+        ctx,
+        _,
+    ):
+        live.barrier()
+        await settle()
+        assert ctx.trace() == [13, [(1, 101, 0), (5, 105, 0), (2, 102, 0)], view.logs[11]]
+        assert view.reads == [(1, None), (2, None)]
+    assert ctx.saved[0] == {
+        "progress": {
+            "phase": "snapshot",
+            "snapshot_epoch": 10,
+            "replayed": 10,
+            "log_offset": 0,
+            "rows": 0,
+        },
+        **fresh_vnodes(1, 2),
+    }
+
+
+async def test_a_vnode_update_before_the_job_forwards_is_refused() -> None:
+    async with backfilling(SnapshotBackfill("view", rate_limit=0), [busy_view()]) as (
+        live,
+        ctx,
+        failed,
+    ):
+        live.barrier()
+        live.barrier(Update(vnode_bitmaps={ACTOR_ID + 1: VnodeBitmap.full(VNODES)}))
+        await settle()
+        assert ctx.trace() == [11, 12]  # another actor's update
+        live.barrier(Update(vnode_bitmaps={ACTOR_ID: VnodeBitmap.full(VNODES)}))
+        await settle()
+    (error,) = failed
+    assert isinstance(error, VnodeUpdateDuringBackfillError)
+    assert (error.actor, error.phase) == ("backfill", "snapshot")
+
+
+async def test_a_stop_mid_backfill_releases_the_pin_and_ends_the_actor() -> None:
+    view = busy_view()
+    async with backfilling(SnapshotBackfill("view", rate_limit=0), [view]) as (live, ctx, failed):
+        live.barrier()
+        live.barrier(Stop(frozenset({ACTOR_ID + 1})))  # another actor's stop
+        await settle()
+        assert view.pins == {ACTOR: SNAPSHOT_EPOCH}
+        live.barrier(Stop(frozenset({ACTOR_ID})))
+        live.chunk(1)
+        await settle()
+        assert view.pins == {}
+        assert ctx.returned
+        assert ctx.trace() == [11, 12, 13]
+    assert not failed
+
+
+async def test_a_stop_while_forwarding_ends_the_actor() -> None:
+    saved = state_at("forward", 13, **ALL_DONE)
+    async with backfilling(SnapshotBackfill("view"), [busy_view()], saved) as (live, ctx, _):
+        live.barrier()
+        live.barrier(Stop(frozenset({ACTOR_ID})))
+        live.chunk(1)
+        await settle()
+        assert ctx.returned
+        assert ctx.trace() == [11, 12]
+
+
+@pytest.mark.parametrize("waiting", [True, False])
+async def test_the_upstream_ending_mid_snapshot_fails_with_what_is_owed(waiting: bool) -> None:
+    # Waiting (paused by its rate) or emitting between barriers, the end is the same error.
+    view = busy_view()
+    actor = SnapshotBackfill("view", rate_limit=0 if waiting else None)
+    async with backfilling(actor, [view], first_prev=12) as (live, _, failed):
+        live.barrier()
+        if waiting:
+            await settle()
+            live.barrier()
+            await settle()
+        live.end()
+        await settle()
+    (error,) = failed
+    assert isinstance(error, UpstreamEndedDuringBackfillError)
+    owed = [11, 12, 13] if waiting else [11, 12]
+    assert (error.actor, error.phase, error.epochs_owed, error.vnodes_left) == (
+        "backfill",
+        "snapshot",
+        owed,
+        [0, 1, 2, 3],
+    )
+
+
+async def test_the_upstream_ending_mid_change_log_fails_with_what_is_owed() -> None:
+    view = FakeView({}, {11: [(1, 1, 0), (2, 2, 0)]})
+    actor = SnapshotBackfill("view", batch_rows=1, rate_limit=CRAWL)
+    async with backfilling(actor, [view], first_prev=12) as (live, ctx, failed):
+        live.barrier()
+        await settle()
+        assert ctx.trace() == [13, [(1, 1, 0)]]
+        live.end()
+        await settle()
+    (error,) = failed
+    assert isinstance(error, UpstreamEndedDuringBackfillError)
+    assert (error.actor, error.phase, error.epochs_owed, error.vnodes_left) == (
+        "backfill",
+        "change_log",
+        [11, 12],
+        [],
+    )
+
+
+async def test_the_upstream_ending_while_forwarding_ends_the_actor_cleanly() -> None:
+    saved = state_at("forward", 13, **ALL_DONE)
+    async with backfilling(SnapshotBackfill("view"), [busy_view()], saved) as (live, ctx, failed):
+        live.barrier()
+        live.chunk(1)
+        live.end()
+        await settle()
+        assert ctx.returned
+        assert ctx.trace() == [11, [(1, 0, 0)]]
+    assert not failed

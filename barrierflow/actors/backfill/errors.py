@@ -65,12 +65,14 @@ class SnapshotBackfillStateError(ProtocolError):
 
     Attributes:
         actor: the backfill actor.
+        expected: what the state should hold.
         found: what the state holds.
     """
 
     def __init__(self, actor: str, expected: str, found: str) -> None:
         super().__init__(f"snapshot backfill {actor}: expected {expected}, got {found}")
         self.actor = actor
+        self.expected = expected
         self.found = found
 
 

@@ -51,6 +51,7 @@ vnodes its input routes to it.
 
 from __future__ import annotations
 
+import math
 from typing import Any, final
 
 import anyio
@@ -70,6 +71,7 @@ from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import check_rate
 from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.inputs import Messages
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.startup import StartupContext
 from barrierflow.runtime.state.state_store import StateTable
@@ -99,6 +101,11 @@ class SnapshotBackfill(StreamActor):
 
     backfills = True
 
+    # The rows being emitted: a vnode's snapshot, or an epoch's change log (set by _load).
+    _rows: pa.Table
+    _rows_of: tuple[str, int] | None = None
+    _position: int
+
     def __init__(
         self, view: str, *, batch_rows: int = 4096, rate_limit: float | None = None
     ) -> None:
@@ -110,13 +117,6 @@ class SnapshotBackfill(StreamActor):
         self.view = view
         self._batch_rows = batch_rows
         self._rate = rate_limit
-        self._paused = False
-        self._next_emit = 0.0
-        # The rows being emitted: a vnode's snapshot, or an epoch's change log.
-        self._rows: pa.Table | None = None
-        self._rows_of: tuple[str, int] | None = None
-        self._position = 0
-        self._views: list[VersionedTable] = []
 
     def check_startup(self, ctx: StartupContext) -> None:
         """Refuse a view that is not a materialized view, before the job is added.
@@ -143,11 +143,9 @@ class SnapshotBackfill(StreamActor):
         views = ctx.read_view(self.view, VIEW_TABLE)
         if not views:
             raise NotAMaterializedViewError(self.view, VIEW_TABLE)
-        self._views = views
-        vnode_count = views[0].vnode_count
-        bitmap = ctx.vnode_bitmap
-        self._mask = None if bitmap is None else bitmap
-        vnodes = range(vnode_count) if bitmap is None else bitmap.vnodes()
+        self._views: list[VersionedTable] = views
+        bitmap = self._mask = ctx.vnode_bitmap
+        vnodes = range(views[0].vnode_count) if bitmap is None else bitmap.vnodes()
         table = ctx.table(TABLE)
         saved = await table.items()
         progress = SnapshotProgress.restore(saved, vnodes)
@@ -167,9 +165,8 @@ class SnapshotBackfill(StreamActor):
             if progress.phase is BackfillPhase.CHANGE_LOG:
                 progress.start_change_log()
             self._paused = first.is_pause_on_startup()
+            self._next_emit = anyio.current_time()  # the first chunk may go at once
         await self._pass(ctx, table, first)
-        if ctx.finished:
-            return
         if progress.phase is not BackfillPhase.FORWARD:
             await self._backfill(ctx, table, upstream)
         if not ctx.finished:
@@ -177,10 +174,8 @@ class SnapshotBackfill(StreamActor):
 
     def _owed_after(self, epoch: int, closed: int) -> list[int]:
         """Epochs after ``epoch`` up to ``closed`` the view wrote (plus ``closed`` itself)."""
-        owed = {e for view in self._views for e in view.epochs_after(epoch) if e <= closed}
-        if closed > epoch:
-            owed.add(closed)
-        return sorted(owed)
+        written = {e for view in self._views for e in view.epochs_after(epoch)}
+        return sorted(e for e in written | {closed} if epoch < e <= closed)
 
     # Phases 1 and 2.
 
@@ -196,19 +191,26 @@ class SnapshotBackfill(StreamActor):
                 continue
             wait = self._wait_before_emitting()
             if wait is None:
-                chunk = await self._next_chunk(ctx)
+                chunk = await self._next_chunk()
                 if chunk is not None:
                     await ctx.emit(chunk)
                     continue
-                wait = float("inf")  # nothing to do until the next barrier
-            message = None
-            with anyio.move_on_after(wait):  # only the wait: never cut a barrier's handling
-                try:
-                    message = await upstream.receive()
-                except anyio.EndOfStream:
-                    raise self._ended(ctx) from None
-            if message is not None:
+                # Nothing to do until the next barrier: wait for a message (no deadline).
+            message = await self._receive_within(ctx, upstream, wait)
+            if message is not None:  # only the wait is limited: never a barrier's handling
                 await self._on_upstream(ctx, table, message)
+
+    async def _receive_within(
+        self, ctx: ActorContext, upstream: Messages, wait: float | None
+    ) -> Message | None:
+        """The next upstream message if one comes within ``wait`` seconds (``None``: no
+        deadline), else ``None``."""
+        with anyio.move_on_after(wait):
+            try:
+                return await upstream.receive()
+            except anyio.EndOfStream:
+                raise self._ended(ctx) from None
+        return None
 
     def _ended(self, ctx: ActorContext) -> UpstreamEndedDuringBackfillError:
         """The upstream ended while backfilling (the loop stops at a stop barrier, so this is
@@ -222,37 +224,39 @@ class SnapshotBackfill(StreamActor):
     def _wait_before_emitting(self) -> float | None:
         """Seconds to wait before the next chunk may go (``None``: now)."""
         if self._paused or self._rate == 0:
-            return float("inf")
+            return math.inf
         if self._rate is None:
             return None
         wait = self._next_emit - anyio.current_time()
         return None if wait <= 0 else wait
 
-    async def _next_chunk(self, ctx: ActorContext, *, forced: bool = False) -> Chunk | None:
+    async def _next_chunk(self, *, forced: bool = False) -> Chunk | None:
         """The next snapshot or change-log chunk (``None``: nothing left before the next
         barrier); updates the progress as if it was emitted."""
         progress = self.progress
         if progress.phase is BackfillPhase.SNAPSHOT:
             chunk = await self._next_snapshot_chunk()
-            if chunk is not None or progress.phase is BackfillPhase.SNAPSHOT:
-                return chunk
-        if not progress.pending:
-            return None
-        epoch = progress.pending[0]
-        if self._rows_of != ("log", epoch):
-            parts = [await view.change_log(epoch, self._mask) for view in self._views]
-            self._load(pa.concat_tables(parts), ("log", epoch), progress.log_offset)
-        rows = self._slice()
-        if rows is None:
-            progress.epoch_replayed()
-            self._rows_of = None
-            return await self._next_chunk(ctx, forced=forced)
-        progress.log_emitted(rows.num_rows)
-        self._rate_used(rows.num_rows, forced)
-        return Chunk(rows.drop_columns([_OP]).combine_chunks().to_batches()[0], rows.column(_OP))
+            if chunk is not None:
+                return chunk  # else the snapshot is done: on to the change log
+        while progress.pending:
+            epoch = progress.pending[0]
+            if self._rows_of != ("log", epoch):
+                parts = [await view.change_log(epoch, self._mask) for view in self._views]
+                self._load(pa.concat_tables(parts), ("log", epoch), progress.log_offset)
+            rows = self._slice(self._batch_rows)
+            progress.log_emitted(rows.num_rows)
+            if self._exhausted():  # its last rows go now: a barrier waits on no more of it
+                progress.epoch_replayed()
+            if rows.num_rows:
+                if not forced:  # a replay a barrier waits on uses none of the rate
+                    self._rate_used(rows.num_rows)
+                ops = rows.column(_OP)
+                return Chunk(rows.drop_columns([_OP]).combine_chunks().to_batches()[0], ops)
+        return None
 
     async def _next_snapshot_chunk(self) -> Chunk | None:
-        """Up to ``batch_rows`` snapshot rows, from as many vnodes (in order) as it takes."""
+        """Up to ``batch_rows`` snapshot rows, from as many vnodes (in order) as it takes; a
+        vnode is done once its last row goes (each vnode is read once, from where it got)."""
         progress = self.progress
         key = self._views[0].primary_key
         parts: list[pa.Table] = []
@@ -266,36 +270,37 @@ class SnapshotBackfill(StreamActor):
                 ]
                 self._load(pa.concat_tables(read), ("vnode", vnode), 0)
             rows = self._slice(wanted)
-            if rows is None:
+            if rows.num_rows:
+                last = [rows.column(c)[rows.num_rows - 1].as_py() for c in key]
+                progress.emitted(vnode, last, rows.num_rows)
+                parts.append(rows)
+                wanted -= rows.num_rows
+            if self._exhausted():
                 progress.vnode_done(vnode)
-                self._rows_of = None
-                continue
-            last = [rows.column(c)[rows.num_rows - 1].as_py() for c in key]
-            progress.emitted(vnode, last, rows.num_rows)
-            parts.append(rows)
-            wanted -= rows.num_rows
             if wanted == 0:
                 break
         if not parts:
             progress.start_change_log()
             return None
         rows = pa.concat_tables(parts)
-        self._rate_used(rows.num_rows, False)
+        self._rate_used(rows.num_rows)
         return Chunk(rows.combine_chunks().to_batches()[0])
 
     def _load(self, rows: pa.Table, of: tuple[str, int], position: int) -> None:
         self._rows, self._rows_of, self._position = rows, of, position
 
-    def _slice(self, most: int | None = None) -> pa.Table | None:
-        assert self._rows is not None
-        if self._position >= self._rows.num_rows:
-            return None
-        rows = self._rows.slice(self._position, most or self._batch_rows)
+    def _slice(self, most: int) -> pa.Table:
+        """The next ``most`` rows loaded (fewer at their end, none past it)."""
+        rows = self._rows.slice(self._position, most)
         self._position += rows.num_rows
         return rows
 
-    def _rate_used(self, rows: int, forced: bool) -> None:
-        if self._rate and not forced:
+    def _exhausted(self) -> bool:
+        left: int = self._rows.num_rows - self._position
+        return left <= 0
+
+    def _rate_used(self, rows: int) -> None:
+        if self._rate:
             start = max(self._next_emit, anyio.current_time())
             self._next_emit = start + rows / self._rate
 
@@ -307,17 +312,15 @@ class SnapshotBackfill(StreamActor):
         progress = self.progress
         if message.new_vnode_bitmap(ctx.actor_id) is not None:
             raise VnodeUpdateDuringBackfillError(ctx.name, progress.phase.value)
-        if message.is_pause():
-            self._paused = True
-        elif message.is_resume():
-            self._paused = False
+        if message.is_pause() or message.is_resume():
+            self._paused = message.is_pause()
         changed, rate = message.throttle_for(ctx.actor_id)
         if changed:
             self._rate = rate
         progress.on_closed(message.epoch.prev)
         if not self._paused:
             while progress.must_replay():
-                chunk = await self._next_chunk(ctx, forced=True)
+                chunk = await self._next_chunk(forced=True)
                 if chunk is not None:
                     await ctx.emit(chunk)
             progress.after_barrier()

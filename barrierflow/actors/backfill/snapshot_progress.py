@@ -181,7 +181,6 @@ class SnapshotProgress:
             return
         if not self.pending:
             self.phase = BackfillPhase.FORWARD
-            self.max_lag = 0.0
             return
         self.max_lag = max(0.0, min(float(len(self.pending)), self.max_lag - 0.5))
 
