@@ -1,3 +1,621 @@
 """The coordinator's commit queue, vnode coverage and writer handles (seed 000,
 ``coordinator_worker.rs``): rules the mutation run found unguarded (``commit_queue.py``,
-``coverage.py``, ``handles.py``)."""
+``coverage.py``, ``handles.py``).
+
+Most tests drive one piece directly — a :class:`CommitQueue` over a fake committer and a fake
+meta store, a coverage round fed a scripted list of writer events, a writer handle whose
+coordinator is a fake — so that each rule is checked where it lives, fast.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from test_coordinator import (
+    HALVES,
+    SINK,
+    WAIT,
+    FakeCommitter,
+    FixedDraw,
+    leaf,
+    make,
+    spawn,
+    start,
+)
+
+from barrierflow._sync import OneShot
+from barrierflow.actors.sinks.coordinator import coverage
+from barrierflow.actors.sinks.coordinator.commit_queue import (
+    CommitItem,
+    CommitQueue,
+    RetryBackoff,
+)
+from barrierflow.actors.sinks.coordinator.coverage import (
+    CoverageRound,
+    EpochRounds,
+    align_initial,
+    ranges,
+    realign,
+    register_all,
+)
+from barrierflow.actors.sinks.coordinator.handles import (
+    AlignInitial,
+    Commit,
+    Event,
+    NewHandle,
+    StopHandle,
+    UpdateBitmap,
+    WriterHandle,
+    WriterRegistry,
+)
+from barrierflow.channels.vnode import VnodeBitmap
+from barrierflow.errors import (
+    ActorGoneError,
+    CoordinatorAbortedError,
+    DuplicateVnodeError,
+    DuplicateWriterError,
+    InvalidArgumentError,
+    UnexpectedWriterRequestError,
+)
+from barrierflow.runtime.service import ServiceContext
+from barrierflow.runtime.state.state_store import StateStore
+
+pytestmark = pytest.mark.anyio
+
+VNODES = 8
+QUARTERS = VnodeBitmap.split(4, VNODES)
+HALF = [QUARTERS[0] | QUARTERS[1], QUARTERS[2] | QUARTERS[3]]
+
+
+# Fakes.
+
+
+class Log:
+    """A logger that keeps ``(level, event, fields)`` and wakes waiters."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, str, dict[str, Any]]] = []
+        self._changed = anyio.Event()
+
+    def _add(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        self.entries.append((level, event, fields))
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._add("warning", event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._add("error", event, fields)
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [fields for _, name, fields in self.entries if name == event]
+
+    async def wait_for(self, event: str, count: int) -> None:
+        with anyio.fail_after(WAIT):
+            while len(self.named(event)) < count:
+                await self._changed.wait()
+
+
+class States:
+    """A meta store that records every write; ``gate`` holds committed marks back."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.gate: anyio.Event | None = None
+        #: How long the last committed mark's write could take (to its effective deadline).
+        self.budget = math.nan
+
+    async def persist_pending(self, epoch: int, metadata: Any, schema_change: Any) -> None:
+        self.calls.append(("pending", epoch, metadata, schema_change))
+
+    async def commit_and_prune(self, epoch: int) -> None:
+        self.budget = anyio.current_effective_deadline() - anyio.current_time()
+        await anyio.lowlevel.checkpoint()
+        if self.gate is not None:
+            await self.gate.wait()
+        self.calls.append(("committed", epoch))
+
+
+class Committer:
+    """A committer whose pre-commit returns ``pre_committed`` and whose commits fail while
+    ``failures`` > 0; ``gate`` holds commits (and single-phase commits) back."""
+
+    def __init__(self, *, two_phase: bool = True, pre_committed: Any = "staged") -> None:
+        self._two_phase = two_phase
+        self.pre_committed = pre_committed
+        self.failures = 0
+        self.gate: anyio.Event | None = None
+        self.calls: list[tuple[Any, ...]] = []
+
+    @property
+    def two_phase(self) -> bool:
+        return self._two_phase
+
+    async def init(self, pending: Mapping[int, Any]) -> None:
+        self.calls.append(("init", dict(pending)))
+
+    async def commit_data(self, epoch: int, metadatas: Sequence[Any]) -> None:
+        self.calls.append(("commit_data", epoch, list(metadatas)))
+        if self.gate is not None:
+            await self.gate.wait()
+
+    async def pre_commit(self, epoch: int, metadatas: Sequence[Any], schema_change: Any) -> Any:
+        self.calls.append(("pre_commit", epoch, list(metadatas), schema_change))
+        return self.pre_committed
+
+    async def commit(self, epoch: int, metadata: Any, schema_change: Any) -> None:
+        self.calls.append(("commit", epoch, metadata, schema_change))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError(f"commit of epoch {epoch} failed")
+
+    async def abort(self, epoch: int, metadata: Any) -> None:
+        self.calls.append(("abort", epoch, metadata))
+
+
+def queue(
+    committer: Committer,
+    states: States,
+    *,
+    committed_epoch: int = 0,
+    last_committed: int = 0,
+    draw: float = 0.5,
+    warn_interval: float = 60.0,
+    log: Log | None = None,
+) -> CommitQueue:
+    return CommitQueue(
+        committer,  # type: ignore[arg-type]
+        states,  # type: ignore[arg-type]
+        committed_epoch, last_committed, RetryBackoff(0.01, 60.0, FixedDraw(draw)), warn_interval,
+        log or Log(),
+    )  # fmt: skip
+
+
+def item(epoch: int, change: Mapping[str, Any] | None = None) -> CommitItem:
+    return CommitItem(epoch, {"epoch": epoch}, change)
+
+
+# The commit queue.
+
+
+async def test_an_epoch_already_durable_is_due_at_once_and_a_later_one_waits() -> None:
+    q = queue(Committer(), States(), committed_epoch=5)
+    at_durable, after = item(5), item(6)
+    q.push(at_durable)
+    q.push(after)
+    assert (list(q.prepared), list(q.pending)) == ([at_durable], [after])
+    assert q.due(anyio.current_time()) is at_durable
+    q.on_committed_epoch(6)
+    assert (list(q.prepared), list(q.pending)) == ([at_durable, after], [])
+
+
+async def test_commit_deadline_is_now_when_due_the_retry_time_after_a_failure_else_never() -> None:
+    committer = Committer()
+    q = queue(committer, States(), committed_epoch=1)
+    assert q.deadline() == math.inf  # nothing to commit
+    head = item(1)
+    q.push(head)
+    assert q.deadline() == -math.inf  # due now
+    committer.failures = 1
+    before = anyio.current_time()
+    assert await q.commit(head) is False
+    assert q.retry_at is not None
+    # The first retry waits 10 ms times the draw (0.5), from the failure.
+    assert before + 0.005 <= q.retry_at <= anyio.current_time() + 0.005
+    assert q.deadline() == q.retry_at
+    # Due exactly at its retry time, not a moment before.
+    assert q.due(math.nextafter(q.retry_at, -math.inf)) is None
+    assert q.due(q.retry_at) is head
+    assert list(q.prepared) == [head]
+
+
+async def test_commit_returns_whether_it_went_through() -> None:
+    committer = Committer()
+    states = States()
+    # The sink committed epoch 3 in an earlier run.
+    q = queue(committer, states, committed_epoch=4, last_committed=3)
+    head = item(4)
+    q.push(head)
+    committer.failures = 1
+    assert await q.commit(head) is False
+    assert (list(q.prepared), q.last_committed, q.commits) == ([head], 3, 0)
+    assert await q.commit(head) is True
+    assert (list(q.prepared), q.last_committed, q.commits, q.retry_at) == ([], 4, 1, None)
+    assert q.unmarked == 4
+
+
+async def test_the_mark_left_unwritten_at_the_end_of_a_run_is_written_shielded_within_2_s() -> None:
+    committer = Committer()
+    states = States()
+    q = queue(committer, states, committed_epoch=1)
+    await q.mark_committed()  # nothing unmarked: nothing to write
+    assert states.calls == []
+    head = item(1)
+    q.push(head)
+    assert await q.commit(head) is True  # its mark writer (write_marks) is not running
+    with anyio.CancelScope() as scope:
+        scope.cancel()  # the run is being cancelled
+        await q.mark_committed()
+    assert states.calls == [("committed", 1)]
+    assert 1.0 < states.budget <= 2.0 + 1e-6  # at most 2 s (the clock's rounding aside)
+    assert q.unmarked is None
+    assert not q.holds_through(1)
+
+
+async def test_the_next_commit_waits_until_the_previous_committed_mark_is_written() -> None:
+    committer = Committer()
+    states = States()
+    states.gate = anyio.Event()
+    q = queue(committer, states, committed_epoch=2)
+    first, second = item(1), item(2)
+    q.push(first)
+    q.push(second)
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(q.write_marks)
+            assert await q.commit(first) is True
+            done = spawn(tg, lambda: q.commit(second))
+            await anyio.wait_all_tasks_blocked()
+            # Epoch 1's mark is not written: epoch 2's commit has not started.
+            assert [c[1] for c in committer.calls if c[0] == "commit"] == [1]
+            assert q.holds_through(1)
+            states.gate.set()
+            assert await done.wait() is True
+            await anyio.wait_all_tasks_blocked()
+            assert states.calls == [("committed", 1), ("committed", 2)]
+            assert [c[1] for c in committer.calls if c[0] == "commit"] == [1, 2]
+            assert q.unmarked is None
+            assert not q.holds_through(2)
+            tg.cancel_scope.cancel()
+
+
+async def test_two_phase_pre_commits_and_persists_the_epochs_schema_change() -> None:
+    committer = Committer(pre_committed={"staged": 3})
+    states = States()
+    q = queue(committer, states)
+    change = {"add": "column"}
+    await q.complete(3, [{"w": 1}, {"w": 2}], change)
+    assert committer.calls == [("pre_commit", 3, [{"w": 1}, {"w": 2}], change)]
+    assert states.calls == [("pending", 3, {"staged": 3}, change)]
+    assert [(i.epoch, i.metadata, i.schema_change) for i in q.pending] == [
+        (3, {"staged": 3}, change)
+    ]
+    assert q.has_uncommitted_schema_change()
+
+
+@pytest.mark.parametrize(
+    ("change", "persisted"),
+    [(None, []), ({"add": "column"}, [("pending", 4, None, {"add": "column"})])],
+)
+async def test_an_epoch_with_nothing_to_commit_is_persisted_only_with_a_schema_change(
+    change: Mapping[str, Any] | None, persisted: list[tuple[Any, ...]]
+) -> None:
+    committer = Committer(pre_committed=None)
+    states = States()
+    q = queue(committer, states)
+    await q.complete(4, [{"w": 1}], change)
+    assert states.calls == persisted
+    assert [i.epoch for i in q.pending] == [c[1] for c in persisted]
+
+
+async def test_a_long_single_phase_commit_logs_a_warning_every_interval() -> None:
+    committer = Committer(two_phase=False)
+    committer.gate = anyio.Event()
+    log = Log()
+    q = queue(committer, States(), warn_interval=0.001, log=log)
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as tg:
+            done = spawn(tg, lambda: q.complete(7, [{"w": 1}], None))
+            await log.wait_for("commit still running", 2)
+            committer.gate.set()
+            await done.wait()
+    assert {w["epoch"] for w in log.named("commit still running")} == {7}
+    assert (q.last_committed, q.commits) == (7, 1)
+
+
+# Coverage rounds.
+
+
+class FakeCoordinator:
+    """What a writer handle needs of its coordinator: posted events are answered at once
+    (a commit acknowledged, an initial epoch aligned to itself)."""
+
+    def __init__(self, vnode_count: int = VNODES) -> None:
+        self.sink = SINK
+        self.vnode_count = vnode_count
+        self.posted: list[Event] = []
+
+    def _check_bitmap(self, bitmap: Any) -> None:
+        pass
+
+    async def _post(self, event: Event) -> None:
+        self.posted.append(event)
+        if isinstance(event, Commit):
+            event.reply.set(None)
+        elif isinstance(event, AlignInitial):
+            event.reply.set(event.epoch)
+
+
+def writer(handle_id: int, bitmap: VnodeBitmap) -> WriterHandle:
+    return WriterHandle(FakeCoordinator(), handle_id, bitmap)  # type: ignore[arg-type]
+
+
+def script(events: list[Event]) -> Any:
+    """A round's ``next_event`` that hands out ``events`` in order."""
+
+    async def next_event(round_: CoverageRound[Any]) -> Event:
+        return events.pop(0)
+
+    return next_event
+
+
+def commit_request(handle: WriterHandle, epoch: int) -> Commit:
+    return Commit(handle, epoch, {"w": handle.handle_id}, None, OneShot())
+
+
+async def test_a_vnode_claimed_twice_names_the_sink_the_vnodes_and_the_round() -> None:
+    first, second = writer(1, HALF[0]), writer(2, QUARTERS[1])
+    overlap = QUARTERS[1].vnodes()
+    failures: list[DuplicateVnodeError] = []
+
+    with pytest.raises(DuplicateVnodeError) as registration:
+        await register_all(
+            SINK, VNODES, script([NewHandle(first), NewHandle(second)]), WriterRegistry(SINK)
+        )
+    failures.append(registration.value)
+
+    with pytest.raises(DuplicateVnodeError) as alignment:
+        aligning: list[Event] = [
+            AlignInitial(first, 1, OneShot()),
+            AlignInitial(second, 1, OneShot()),
+        ]
+        await align_initial(SINK, VNODES, script(aligning))
+    failures.append(alignment.value)
+
+    writers = WriterRegistry(SINK)
+    writers.admit(first)
+    with pytest.raises(DuplicateVnodeError) as realignment:
+        await realign(SINK, VNODES, script([NewHandle(second)]), writers, [first])
+    failures.append(realignment.value)
+
+    rounds = EpochRounds(SINK, VNODES)
+    assert rounds.add(commit_request(first, 7)) == []
+    with pytest.raises(DuplicateVnodeError) as epoch:
+        rounds.add(commit_request(second, 7))
+    failures.append(epoch.value)
+
+    assert [(f.sink, f.vnodes, f.stage) for f in failures] == [
+        (SINK, overlap, "registration"),
+        (SINK, overlap, "initial epoch alignment"),
+        (SINK, overlap, "realignment"),
+        (SINK, overlap, "epoch 7"),
+    ]
+
+
+def _stop(handle: WriterHandle) -> Event:
+    return StopHandle(handle)
+
+
+def _commit(handle: WriterHandle) -> Event:
+    return commit_request(handle, 5)
+
+
+def _align(handle: WriterHandle) -> Event:
+    return AlignInitial(handle, 6, OneShot())
+
+
+def _new(handle: WriterHandle) -> Event:
+    return NewHandle(handle)
+
+
+@pytest.mark.parametrize(
+    ("entry", "make_event", "expected"),
+    [
+        ("register_all", _stop, ("init", "writers to register", "StopHandle", None)),
+        ("register_all", _commit, ("init", "writers to register", "Commit", 5)),
+        ("register_all", _align, ("init", "writers to register", "AlignInitial", 6)),
+        (
+            "align_initial",
+            _commit,
+            ("initial epoch alignment", "AlignInitial from every writer", "Commit", 5),
+        ),
+        (
+            "align_initial",
+            _new,
+            ("initial epoch alignment", "AlignInitial from every writer", "NewHandle", None),
+        ),
+        ("realign", _commit, ("realignment", "no commit or initial epoch", "Commit", 5)),
+        ("realign", _align, ("realignment", "no commit or initial epoch", "AlignInitial", 6)),
+    ],
+)
+async def test_an_unexpected_request_in_a_round_names_the_round_what_was_expected_and_what_came(
+    entry: str, make_event: Any, expected: tuple[str, str, str, int | None]
+) -> None:
+    handle = writer(3, HALF[0])
+    event = make_event(handle)
+    next_event = script([event])
+    with pytest.raises(UnexpectedWriterRequestError) as raised:
+        if entry == "register_all":
+            await register_all(SINK, VNODES, next_event, WriterRegistry(SINK))
+        elif entry == "align_initial":
+            await align_initial(SINK, VNODES, next_event)
+        else:
+            writers = WriterRegistry(SINK)
+            writers.admit(handle)
+            await realign(SINK, VNODES, next_event, writers, [])
+    error = raised.value
+    stage, wanted, request, epoch = expected
+    assert (error.sink, error.stage, error.expected, error.request, error.writer, error.epoch) == (
+        SINK, stage, wanted, request, 3, epoch,
+    )  # fmt: skip
+    if isinstance(event, Commit):
+        # The commit request's writer learns it too, instead of waiting for the run's abort.
+        with pytest.raises(UnexpectedWriterRequestError) as answered:
+            await event.reply.get()
+        assert answered.value is error
+
+
+async def test_realignment_admits_joining_writers_and_waits_for_every_remaining_one() -> None:
+    staying, leaving = writer(1, HALF[0]), writer(2, HALF[1])
+    joining = writer(3, QUARTERS[3])
+    writers = WriterRegistry(SINK)
+    for handle in (staying, leaving):
+        writers.admit(handle)
+        writers.running.add(handle.handle_id)
+    events: list[Event] = [
+        NewHandle(joining),
+        StopHandle(leaving),
+        UpdateBitmap(staying, QUARTERS[0] | QUARTERS[1] | QUARTERS[2]),
+    ]
+    running = await realign(SINK, VNODES, script(events), writers, [])
+    assert running == {1, 3}
+    assert events == []  # it waited for the remaining writer's new bitmap
+    assert writers.handles == {1: staying, 3: joining}
+    assert writers.running == set()
+    assert staying.bitmap == QUARTERS[0] | QUARTERS[1] | QUARTERS[2]
+
+
+def test_uncovered_vnodes_are_shown_as_ranges_the_first_16_runs() -> None:
+    assert ranges([]) == ""
+    assert ranges([5]) == "5"
+    assert ranges([0, 1, 2, 7, 9, 10]) == "0-2, 7, 9-10"
+    sixteen = list(range(0, 32, 2))
+    assert ranges(sixteen) == ", ".join(str(v) for v in sixteen)
+    assert ranges([*sixteen, 40]) == ", ".join(str(v) for v in sixteen) + ", ... (1 more runs)"
+    assert ranges([*sixteen, 40, 41, 50]) == (
+        ", ".join(str(v) for v in sixteen) + ", ... (2 more runs)"
+    )
+
+
+async def test_an_uncovered_round_warns_once_its_interval_is_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A clock that stands still except when the fake inbox says the deadline passed.
+    now = [100.0]
+    monkeypatch.setattr(coverage, "anyio", types.SimpleNamespace(current_time=lambda: now[0]))
+    round_: CoverageRound[None] = CoverageRound(SINK, VNODES, "registration")
+    round_.add(writer(1, HALF[0]), None)
+    log = Log()
+    late = NewHandle(writer(2, HALF[1]))
+    calls: list[tuple[float, int]] = []
+
+    async def next_event(deadline: float) -> Event | None:
+        calls.append((deadline, len(log.entries)))
+        if len(calls) == 1:
+            now[0] = deadline  # nothing came until the deadline, exactly
+            return None
+        return late
+
+    assert await round_.next_event(next_event, 5.0, log) is late
+    # The warning came at the deadline, before waiting again (with a new deadline).
+    assert calls == [(105.0, 0), (110.0, 1)]
+    [warning] = log.named("waiting for writers to cover every vnode")
+    assert (warning["stage"], warning["uncovered"], warning["uncovered_count"]) == (
+        "registration", "4-7", 4,
+    )  # fmt: skip
+
+
+# Writer handles.
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (lambda h: h.align_initial_epoch(-1), ("epoch", "a non-negative int", -1)),
+        (lambda h: h.align_initial_epoch(1.0), ("epoch", "a non-negative int", 1.0)),
+        (lambda h: h.commit(-1, {"w": 1}), ("epoch", "a non-negative int", -1)),
+        (lambda h: h.commit(True, {"w": 1}), ("epoch", "a non-negative int", True)),
+        (lambda h: h.commit(1, {}), ("metadata", "a non-empty mapping", {})),
+        (lambda h: h.commit(1, [("w", 1)]), ("metadata", "a non-empty mapping", [("w", 1)])),
+        (
+            lambda h: h.commit(1, {"w": 1}, ["add"]),
+            ("schema_change", "None or a mapping", ["add"]),
+        ),
+    ],
+)
+async def test_a_bad_argument_to_a_writer_handle_names_it_and_what_was_expected(
+    call: Any, expected: tuple[str, str, Any]
+) -> None:
+    fake = FakeCoordinator()
+    handle = WriterHandle(fake, 1, HALF[0])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError) as raised:
+        await call(handle)
+    assert (raised.value.argument, raised.value.expected, raised.value.got) == expected
+    assert type(raised.value.got) is type(expected[2])
+    assert fake.posted == []  # nothing reached the coordinator
+
+
+async def test_epoch_zero_is_a_valid_epoch() -> None:
+    fake = FakeCoordinator()
+    handle = WriterHandle(fake, 1, HALF[0])  # type: ignore[arg-type]
+    assert await handle.align_initial_epoch(0) == 0
+    await handle.commit(0, {"w": 1})
+    assert [(type(e).__name__, getattr(e, "epoch", None)) for e in fake.posted] == [
+        ("AlignInitial", 0),
+        ("Commit", 0),
+    ]
+
+
+async def test_a_stopped_handle_is_gone_for_its_sink() -> None:
+    fake = FakeCoordinator()
+    handle = WriterHandle(fake, 1, HALF[0])  # type: ignore[arg-type]
+    await handle.stop()
+    await handle.stop()  # once is enough
+    assert [type(e).__name__ for e in fake.posted] == ["StopHandle"]
+    with pytest.raises(ActorGoneError) as raised:
+        await handle.commit(1, {"w": 1})
+    assert (raised.value.actor, raised.value.reason) == (SINK, "this writer handle was stopped")
+
+
+async def test_a_writer_waiting_to_start_learns_why_its_coordinator_failed(tmp_path: Path) -> None:
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        coordinator = make(FakeCommitter())
+        async with anyio.create_task_group() as tg:
+            run = start(tg, coordinator, ServiceContext(SINK, store))
+            first = await coordinator.register(HALVES[0])
+            waiting = spawn(tg, first.wait_started)
+            await anyio.wait_all_tasks_blocked()
+            await coordinator.register(HALVES[0])  # the same vnodes again: the run fails
+            cause = await run.failure()
+            error = await waiting.wait_error()
+        assert isinstance(cause, DuplicateVnodeError)
+        assert isinstance(error, CoordinatorAbortedError)
+        assert (error.sink, leaf(error.cause)) == (SINK, cause)
+
+
+async def test_two_writers_with_one_writer_id_is_a_duplicate_writer_error() -> None:
+    writers = WriterRegistry(SINK)
+    first = WriterHandle(FakeCoordinator(), 1, HALF[0], "w-0", "writer a")  # type: ignore[arg-type]
+    again = WriterHandle(FakeCoordinator(), 2, HALF[1], "w-0", "writer b")  # type: ignore[arg-type]
+    other = WriterHandle(FakeCoordinator(), 3, HALF[1], "w-1", "writer c")  # type: ignore[arg-type]
+    writers.admit(first)
+    writers.admit(first)  # the same handle again (a realignment) is no duplicate
+    writers.admit(other)
+    with pytest.raises(DuplicateWriterError) as raised:
+        writers.admit(again)
+    error = raised.value
+    assert (error.sink, error.writer, error.first, error.second) == (
+        SINK, "w-0", "writer a", "writer b",
+    )  # fmt: skip
+    assert writers.handles == {1: first, 3: other}
+
+
+async def test_a_writer_registry_forgets_a_writer_that_left() -> None:
+    writers = WriterRegistry(SINK)
+    staying, leaving = writer(1, HALF[0]), writer(2, HALF[1])
+    for handle in (staying, leaving):
+        writers.admit(handle)
+        writers.running.add(handle.handle_id)
+    writers.remove(leaving)
+    writers.remove(leaving)  # a writer never admitted (or gone already): nothing to forget
+    assert (writers.handles, writers.running) == ({1: staying}, {1})

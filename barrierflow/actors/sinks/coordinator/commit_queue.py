@@ -81,7 +81,6 @@ class CommitQueue:
         self.pending: deque[CommitItem] = deque()
         self.prepared: deque[CommitItem] = deque()
         self.retry_at: float | None = None
-        self.retries = 0
         self._backoff = backoff
         self._warn_interval = warn_interval
         self._log = log
@@ -163,7 +162,6 @@ class CommitQueue:
             )  # fmt: skip
         except Exception as exc:
             delay = self._backoff.failed()
-            self.retries += 1
             self.retry_at = anyio.current_time() + delay
             self._log.error(
                 "commit failed; retrying after backoff",
@@ -174,7 +172,6 @@ class CommitQueue:
             return False
         self.prepared.popleft()
         self.retry_at = None
-        self.retries = 0
         # The seed drops its backoff state on success (``ack_committed``): the next epoch's
         # retries start again from the first delay.
         self._backoff.succeeded()
@@ -197,8 +194,8 @@ class CommitQueue:
             await self._mark_wanted.wait()
             self._mark_wanted = anyio.Event()
             epoch = self.unmarked
-            if epoch is None:
-                continue
+            # Set with the event by commit(), which waits for this mark before the next one.
+            assert epoch is not None
             await self.states.commit_and_prune(epoch)
             self.unmarked = None
             self._mark_written.set()

@@ -142,6 +142,21 @@ class Coordinator:
         """The sink side that commits."""
         return self._committer
 
+    @property
+    def base_delay(self) -> float:
+        """Seconds before the first retry of a failed commit (times the jitter)."""
+        return self._base_delay
+
+    @property
+    def max_delay(self) -> float:
+        """The cap, in seconds, of the delay between retries of a failed commit."""
+        return self._max_delay
+
+    @property
+    def warn_interval(self) -> float:
+        """Seconds between warnings while one commit (or a round) runs."""
+        return self._warn_interval
+
     def _reset_run_state(self) -> None:
         self._writers = WriterRegistry(self.sink)
         self._last_acked: int | None = None

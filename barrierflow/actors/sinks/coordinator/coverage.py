@@ -19,6 +19,7 @@ import anyio
 from barrierflow.actors.sinks.coordinator.handles import (
     AlignInitial,
     Commit,
+    CommittedEpoch,
     Event,
     NewHandle,
     StopHandle,
@@ -110,10 +111,11 @@ class CoverageRound(Generic[R]):
 def _unexpected(sink: str, stage: str, expected: str, event: Event) -> UnexpectedWriterRequestError:
     """The error for ``event`` arriving when only ``expected`` may (a commit request's writer
     gets it too: it would otherwise wait for an answer until the run's abort)."""
-    handle = getattr(event, "handle", None)
+    # Committed epochs never reach a round (the coordinator's next_event absorbs them).
+    assert not isinstance(event, CommittedEpoch)
     error = UnexpectedWriterRequestError(
-        sink, stage, expected, event_name(event),
-        None if handle is None else handle.handle_id, getattr(event, "epoch", None),
+        sink, stage, expected, event_name(event), event.handle.handle_id,
+        getattr(event, "epoch", None),
     )  # fmt: skip
     if isinstance(event, Commit):
         event.reply.fail(error)

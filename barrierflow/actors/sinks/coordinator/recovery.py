@@ -60,7 +60,7 @@ async def recover(
         # record, leaving epochs committed back to back unmarked).
         index = committed[-1] + 1
         last_committed = records[index - 1].epoch
-        if any(records[i].state is SinkState.ABORTED for i in range(index - 1)):
+        if any(r.state is SinkState.ABORTED for r in records[:index]):
             raise SinkRecordsOrderError(
                 sink,
                 f"no aborted record before the committed epoch {last_committed}",

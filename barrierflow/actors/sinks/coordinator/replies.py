@@ -33,6 +33,10 @@ class OpenReplies:
     def __init__(self) -> None:
         self._open: set[OneShot[Any]] = set()
 
+    def __len__(self) -> int:
+        """How many replies are open (answered ones are not kept: a long run holds none)."""
+        return len(self._open)
+
     def track(self, event: Event) -> None:
         """Remember a writer's request until answered: a run that fails fails it."""
         reply = getattr(event, "reply", None)
