@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -18,11 +19,13 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 from anyio.streams.memory import MemoryObjectSendStream
+from test_source_backfill import FailingLog
 
+from barrierflow.actors.backfill import _backfill_stage, source_backfill
 from barrierflow.actors.backfill.errors import UnfinishedSplitMigratedError
 from barrierflow.actors.backfill.source_backfill import TABLE, SourceBackfill
 from barrierflow.actors.backfill.source_backfill_state import BackfillPhase, SplitBackfill
-from barrierflow.actors.sources.split_log import OFFSET_MAJOR, SPLIT_COLUMN, Offset
+from barrierflow.actors.sources.split_log import OFFSET_MAJOR, OFFSET_MINOR, SPLIT_COLUMN, Offset
 from barrierflow.channels import (
     Add,
     Barrier,
@@ -31,11 +34,15 @@ from barrierflow.channels import (
     EpochPair,
     Message,
     Mutation,
+    Op,
     Resume,
     SourceChangeSplit,
     Split,
+    Stop,
+    Throttle,
 )
-from barrierflow.errors import ProtocolError
+from barrierflow.channels.vnode import VnodeBitmap, compute_vnodes
+from barrierflow.errors import GraphError, InvalidArgumentError, ProtocolError
 from barrierflow.runtime.progress import Progress
 from barrierflow.testing import FakeClock
 from barrierflow.testing.split_log import MemorySplitLog
@@ -175,9 +182,10 @@ class FakeContext:
         peers: tuple[str, ...] = (ACTOR,),
         auto_commit: bool = True,
         barrier_interval: float = 1.0,
+        inputs: dict[str, Any] | None = None,
     ) -> None:
         self.store = store
-        self.inputs = {"upstream": upstream}
+        self.inputs = {"upstream": upstream} if inputs is None else inputs
         self.actor_id = ACTOR_ID
         self.name = ACTOR
         self.peers = peers
@@ -188,6 +196,8 @@ class FakeContext:
         self.auto_commit = auto_commit
         self.emitted: list[Message] = []
         self.progress: list[Progress] = []
+        #: ``run`` returned.
+        self.done = False
 
     def table(self, name: str) -> _Table:
         assert name == TABLE
@@ -206,6 +216,8 @@ class FakeContext:
     async def emit(self, message: Message) -> None:
         await anyio.lowlevel.checkpoint()
         self.emitted.append(message)
+        if isinstance(message, Barrier) and message.is_stop(self.actor_id):
+            self.finished = True  # as the runtime does after a Stop naming the actor
         if self.auto_commit and isinstance(message, Barrier) and message.is_checkpoint:
             self.store.commit(message.epoch.prev)
 
@@ -265,6 +277,9 @@ async def running(
     """Run ``actor`` against a stand-in context; yields the upstream, the context, and the
     error the actor failed with (empty while it runs)."""
     send, receive = anyio.create_memory_object_stream[Message](16)
+    inputs = context.pop("input_names", None)
+    if inputs is not None:  # the live side under another name, beside other inputs
+        context["inputs"] = {name: inputs[name] or receive for name in inputs}
     ctx = FakeContext(store, receive, **context)
     failed: list[Exception] = []
 
@@ -272,7 +287,11 @@ async def running(
         try:
             await actor.run(ctx)  # type: ignore[arg-type]
         except Exception as exc:  # the test asserts on it
+            # The stage's task group wraps what its loop raised.
+            while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]  # type: ignore[assignment]
             failed.append(exc)
+        ctx.done = True
 
     with anyio.fail_after(scaled(10)):
         async with send, receive, anyio.create_task_group() as tg:
@@ -452,3 +471,485 @@ async def test_forwarding_stage_refuses_a_migrated_split_that_is_not_finished() 
     assert (error.actor, error.split, error.phase) == (ACTOR, "m", "caching_up")
     assert "expected split 'm'" in str(error)
     assert "to be finished, got one in phase caching_up" in str(error)
+
+
+# --- 5. Exactly once across both sides ------------------------------------------------------------
+
+
+def live_rows(split: str, *majors: int) -> pa.RecordBatch:
+    """Rows of ``split`` at offsets ``<major>-0``, as the live source emits them."""
+    return pa.record_batch(
+        {
+            SPLIT_COLUMN: pa.array([split] * len(majors), pa.string()),
+            OFFSET_MAJOR: pa.array(majors, pa.int64()),
+            OFFSET_MINOR: pa.array([0] * len(majors), pa.int64()),
+            "v": pa.array(majors, pa.int64()),
+        }
+    )
+
+
+async def test_history_rows_past_the_target_are_left_to_the_upstream() -> None:
+    # The seed: a backfill row at or past the target is the last one it emits; the rest of
+    # the chunk is invisible (Note2), the upstream delivers those records.
+    log = make_log(a=5)
+    actor = SourceBackfill(log, splits=["a"], batch_rows=10, clock=FakeClock())
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add(pause=True))
+        await settle()
+        await upstream.send.send(Chunk(live_rows("a", 1, 2, 3)))  # the target moves down to 3
+        await settle()
+        await upstream.barrier(Resume())
+        await settle()
+        assert ctx.rows() == [("a", 1), ("a", 2), ("a", 3)]  # one history batch of 1..5
+        await upstream.send.send(Chunk(live_rows("a", 4, 5)))
+        await settle()
+        assert ctx.rows() == [("a", k) for k in range(1, 6)]
+        assert not failed
+
+
+async def test_rows_the_upstream_hid_are_not_records_and_ops_pass_through() -> None:
+    # An upstream chunk's visibility hides rows: they are neither emitted nor applied; the
+    # visible rows keep their ops.
+    actor = SourceBackfill(make_log(a=0), splits=["a"], clock=FakeClock())  # a: finished at once
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add())
+        await settle()
+        ops = [Op.INSERT, Op.INSERT, Op.DELETE]
+        hidden = [True, False, True]
+        await upstream.send.send(Chunk(live_rows("a", 1, 2, 3), ops=ops, visibility=hidden))
+        await settle()
+        [chunk] = [m for m in ctx.emitted if isinstance(m, Chunk)]
+        compact = chunk.compact()
+        assert compact.batch.column(OFFSET_MAJOR).to_pylist() == [1, 3]
+        assert compact.ops is not None
+        assert compact.ops.to_pylist() == [Op.INSERT, Op.DELETE]
+        assert not failed
+
+
+async def test_a_restarted_actor_resumes_from_its_committed_state() -> None:
+    # The seed: the states are persisted at every barrier and recovered from the state table
+    # at the first barrier; the backfill resumes after the offset it last emitted.
+    store = FakeStore()
+    store.put(ACTOR, "a", SplitBackfill(BackfillPhase.BACKFILLING, Offset(2), 2, Offset(5)))
+    actor = SourceBackfill(make_log(a=5), splits=["a"], clock=FakeClock())
+    async with running(actor, store) as (upstream, ctx, failed):
+        await upstream.barrier(Add())
+        await settle()
+        assert ctx.rows() == [("a", 3), ("a", 4), ("a", 5)]
+        await upstream.barrier()
+        await settle()
+        assert ctx.progress[-1].rows == 5
+        assert ctx.progress[-1].detail == {"a": "caching_up"}
+        assert not failed
+
+
+async def test_history_a_replaced_reader_had_read_ahead_is_dropped() -> None:
+    # A reader is rebuilt (here by a split change) while the batches it read ahead still wait
+    # in its channel (the backfill is paused): they must not be applied, or the new reader's
+    # batches would emit the same records again.
+    log = make_log(a=6, b=0)
+    actor = SourceBackfill(log, splits=["a"], batch_rows=1, clock=FakeClock())
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add(pause=True))
+        await settle()
+        await settle()  # the reader read ahead into its channel
+        await upstream.barrier(SourceChangeSplit({ACTOR_ID: (Split("a"), Split("b"))}))
+        await settle()
+        await upstream.barrier(Resume())
+        await settle()
+        assert ctx.rows() == [("a", k) for k in range(1, 7)]
+        assert not failed
+
+
+class CountingLog(GatedLog):
+    """A split log that counts the batches its readers took from it (no gate)."""
+
+    def __init__(self, inner: MemorySplitLog) -> None:
+        super().__init__(inner)
+        self.taken = 0
+
+    async def read(
+        self, start: Mapping[str, Offset | None], *, batch_rows: int = 4096
+    ) -> AsyncIterator[pa.RecordBatch]:
+        async with aclosing(self.inner.read(start, batch_rows=batch_rows)) as reader:  # type: ignore[type-var]
+            async for batch in reader:
+                self.taken += 1
+                yield batch
+
+
+async def test_a_paused_backfill_reads_only_a_bounded_way_ahead() -> None:
+    # Paused, the reader stops taking history from the log once its channel is full (two
+    # batches, and the one it waits to send): a paused job does not buffer the whole log.
+    log = CountingLog(make_log(a=10))
+    actor = SourceBackfill(log, splits=["a"], batch_rows=1, clock=FakeClock())  # type: ignore[arg-type]
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add(pause=True))
+        await settle()
+        assert 1 <= log.taken <= 3
+        assert ctx.rows() == []
+        assert not failed
+
+
+# --- 6. Throttle, reader retries -----------------------------------------------------------------
+
+
+class _Sleeps:
+    """Stands in for ``anyio`` in the backfill stage: records every sleep, returns at once."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(anyio, name)
+
+    async def sleep(self, delay: float) -> None:
+        self.delays.append(delay)
+        await anyio.lowlevel.checkpoint()
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> _Sleeps:
+    fake = _Sleeps()
+    monkeypatch.setattr(_backfill_stage, "anyio", fake)
+    return fake
+
+
+async def test_throttle_to_zero_stops_the_reader_and_none_resumes_it(sleeps: _Sleeps) -> None:
+    gated = GatedLog(make_log(a=6))
+    actor = SourceBackfill(gated, splits=["a"], batch_rows=2, clock=FakeClock())  # type: ignore[arg-type]
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add())
+        await settle()
+        gated.release()
+        await settle()
+        assert ctx.rows() == [("a", 1), ("a", 2)]
+        await upstream.barrier(Throttle({ACTOR_ID: 0}))
+        await settle()
+        gated.release(5)
+        await settle()
+        assert ctx.rows() == [("a", 1), ("a", 2)]  # no reader at rate 0
+        await upstream.barrier(Throttle({ACTOR_ID: None}))
+        await settle()
+        assert ctx.rows() == [("a", k) for k in range(1, 7)]  # resumed after 2, at once
+        assert sleeps.delays == []
+        assert not failed
+
+
+async def test_a_rate_limit_spaces_history_batches_by_rows_over_rate(sleeps: _Sleeps) -> None:
+    # The seed's rate limit: rows per second of the backfill reader; a Throttle rebuilds the
+    # reader with the new rate, from the latest states and without delay; a barrier without
+    # one keeps the rate.
+    gated = GatedLog(make_log(a=6))
+    actor = SourceBackfill(
+        gated,  # type: ignore[arg-type]
+        splits=["a"],
+        batch_rows=2,
+        rate_limit=0,
+        clock=FakeClock(),
+    )
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add())
+        await settle()
+        await upstream.barrier(Throttle({ACTOR_ID: 4.0}))
+        await settle()
+        gated.release()
+        await settle()
+        await upstream.barrier()
+        await settle()
+        gated.release(2)
+        await settle()
+        assert ctx.rows() == [("a", k) for k in range(1, 7)]
+        assert sleeps.delays == [0.5, 0.5, 0.5]  # 2 rows at 4 rows/s after each batch
+        assert not failed
+
+
+async def test_reader_failures_back_off_doubling_and_count_only_in_a_row(sleeps: _Sleeps) -> None:
+    # A failed reader is rebuilt from the latest states after retry_delay, doubling with each
+    # failure in a row; a delivered batch resets the count, so max_reader_retries bounds only
+    # failures in a row.
+    at_once = FailingLog(make_log(a=4), failures=3, at_once=True)
+    actor = SourceBackfill(
+        at_once,  # type: ignore[arg-type]
+        splits=["a"],
+        retry_delay=0.01,
+        max_reader_retries=3,
+        clock=FakeClock(),
+    )
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add())
+        await settle()
+        assert ctx.rows() == [("a", k) for k in range(1, 5)]
+        assert sleeps.delays == [0.01, 0.02, 0.04]
+        assert not failed
+    sleeps.delays.clear()
+    after_a_batch = FailingLog(make_log(a=8), failures=3)
+    actor = SourceBackfill(
+        after_a_batch,  # type: ignore[arg-type]
+        splits=["a"],
+        batch_rows=2,
+        retry_delay=0.01,
+        max_reader_retries=1,
+        clock=FakeClock(),
+    )
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add())
+        await settle()
+        assert ctx.rows() == [("a", k) for k in range(1, 9)]
+        assert sleeps.delays == [0.01, 0.01, 0.01]
+        assert after_a_batch.reads == 4
+        assert not failed
+
+
+# --- 7. Caught up, a target never delivered, stop -----------------------------------------------
+
+
+async def test_once_every_split_caught_up_the_reader_is_dropped() -> None:
+    # The seed drops its backfill readers at the barrier where every split is caught up: the
+    # history appended afterwards is the upstream's to deliver, and is not read.
+    gated = GatedLog(make_log(a=3))
+    actor = SourceBackfill(gated, splits=["a"], batch_rows=3, clock=FakeClock())  # type: ignore[arg-type]
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add())
+        await settle()
+        gated.release()
+        await settle()
+        await upstream.barrier()  # a: caching up at 3, the reader is dropped
+        await settle()
+        gated.inner.append("a", {"v": [4, 5, 6]})
+        gated.release(5)
+        await settle()
+        await upstream.barrier()
+        await settle()
+        assert ctx.progress[-1].rows == 3
+        assert ctx.progress[-1].finished
+        assert ctx.rows() == [("a", 1), ("a", 2), ("a", 3)]
+        assert not failed
+
+
+async def test_a_stalled_backfill_whose_remaining_records_were_deleted_stops() -> None:
+    # The backfill read 1..4 and then did not move for a barrier; the record it waits for (5,
+    # its target) was deleted meanwhile: the log's latest offset says it read everything.
+    gated = GatedLog(make_log(a=5))
+    actor = SourceBackfill(gated, splits=["a"], batch_rows=2, clock=FakeClock())  # type: ignore[arg-type]
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add())
+        await settle()
+        gated.release(2)
+        await settle()
+        await upstream.barrier()  # moved: 4, the log still has 5
+        await settle()
+        assert ctx.progress[-1].detail == {"a": "backfilling"}
+        gated.inner.delete("a", Offset(5))
+        await upstream.barrier()  # did not move: asks the log
+        await settle()
+        assert ctx.progress[-1].detail == {"a": "caching_up"}
+        assert ctx.rows() == [("a", k) for k in range(1, 5)]
+        assert not failed
+
+
+@pytest.mark.parametrize("at", ["first", "backfilling"])
+async def test_a_stop_barrier_ends_the_actor(at: str) -> None:
+    actor = SourceBackfill(make_log(a=3), splits=["a"], rate_limit=0, clock=FakeClock())
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        if at == "first":
+            await upstream.barrier(Stop({ACTOR_ID}))
+            await settle()
+        else:
+            await upstream.barrier(Add())
+            await settle()
+            await upstream.barrier(Stop({ACTOR_ID}))
+        await settle()
+        assert ctx.done
+        assert isinstance(ctx.emitted[-1], Barrier)
+        assert ctx.emitted[-1].is_stop(ACTOR_ID)
+        assert not failed
+
+
+# --- 8. Inputs and protocol errors ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "names", [("live",), ("other", "upstream"), ("upstream", "other")], ids=str
+)
+async def test_the_live_side_is_the_input_named_upstream_or_the_only_one(
+    names: tuple[str, ...],
+) -> None:
+    other_send, other = anyio.create_memory_object_stream[Message](4)
+    await other_send.send(Chunk(live_rows("a", 1)))  # never to be read
+    live = "upstream" if "upstream" in names else names[0]
+    inputs = {name: None if name == live else other for name in names}
+    actor = SourceBackfill(make_log(a=2), splits=["a"], clock=FakeClock())
+    async with (
+        other_send,
+        other,
+        running(actor, FakeStore(), input_names=inputs) as (
+            upstream,
+            ctx,
+            failed,
+        ),
+    ):
+        await upstream.barrier(Add())
+        await settle()
+        assert ctx.rows() == [("a", 1), ("a", 2)]
+        assert not failed
+
+
+async def test_a_first_message_that_is_not_a_barrier_is_a_protocol_error() -> None:
+    actor = SourceBackfill(make_log(a=2), splits=["a"], clock=FakeClock())
+    chunk = Chunk(live_rows("a", 1))
+    async with running(actor, FakeStore()) as (upstream, _, failed):
+        await upstream.send.send(chunk)
+        await settle()
+    [error] = failed
+    assert type(error) is ProtocolError
+    assert str(error) == f"source backfill {ACTOR}: expected a barrier first, got {chunk!r}"
+
+
+async def test_an_upstream_item_that_is_not_a_message_is_a_protocol_error() -> None:
+    actor = SourceBackfill(make_log(a=2), splits=["a"], rate_limit=0, clock=FakeClock())
+    async with running(actor, FakeStore()) as (upstream, _, failed):
+        await upstream.barrier(Add())
+        await settle()
+        await upstream.send.send("not a message")  # type: ignore[arg-type]
+        await settle()
+    [error] = failed
+    assert type(error) is ProtocolError
+    assert str(error) == (
+        f"source backfill {ACTOR}: expected a barrier, a chunk or a watermark from the "
+        "upstream, got 'not a message'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("peers", "key", "got"),
+    [
+        ((ACTOR,), None, None),
+        ((ACTOR, PEER), (SPLIT_COLUMN,), None),
+        ((ACTOR,), (SPLIT_COLUMN,), None),
+        ((ACTOR, PEER), None, "a round-robin input"),
+        ((ACTOR, PEER), ("v",), ["v"]),
+        ((ACTOR,), ("v", SPLIT_COLUMN), ["v", SPLIT_COLUMN]),
+    ],
+)
+def test_check_startup_refuses_an_input_not_keyed_by_split(
+    peers: tuple[str, ...], key: tuple[str, ...] | None, got: object
+) -> None:
+    ctx = SimpleNamespace(name=ACTOR, peers=peers, input_key=key)
+    actor = SourceBackfill(make_log(a=1))
+    if got is None:
+        actor.check_startup(ctx)  # type: ignore[arg-type]
+        return
+    with pytest.raises(GraphError) as refused:
+        actor.check_startup(ctx)  # type: ignore[arg-type]
+    assert (refused.value.argument, refused.value.expected, refused.value.got) == (
+        "key",
+        f"['_split'] for the parallel source backfill {ACTOR} (each split's records must "
+        "reach one actor)",
+        got,
+    )
+
+
+@pytest.mark.parametrize("vnode_count", [16, 4096])
+async def test_a_parallel_actor_owns_the_splits_its_input_routes_to(vnode_count: int) -> None:
+    splits = [f"s{i}" for i in range(12)]
+    names = pa.table({SPLIT_COLUMN: splits})
+    vnodes = compute_vnodes(names, [SPLIT_COLUMN], vnode_count)
+    owned = []
+    for bitmap in VnodeBitmap.split(2, vnode_count):
+        ctx = SimpleNamespace(vnode_bitmap=bitmap)
+        mine = await _routed_here_of(ctx, splits)
+        assert mine == [s for s, v in zip(splits, vnodes, strict=True) if bitmap.mask[v]]
+        owned.append(mine)
+    assert sorted(owned[0] + owned[1]) == sorted(splits)
+    assert owned[0]
+    assert owned[1]
+
+
+async def _routed_here_of(ctx: Any, splits: list[str]) -> list[str]:
+    await anyio.lowlevel.checkpoint()
+    return source_backfill._routed_here(ctx, splits)
+
+
+async def test_the_first_barriers_assignment_names_the_splits_before_the_argument() -> None:
+    # The seed takes the actor's splits from the first barrier's split assignment.
+    actor = SourceBackfill(make_log(a=2, b=3), splits=["a"], clock=FakeClock())
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add(splits={ACTOR_ID: (Split("b"),)}))
+        await settle()
+        assert ctx.rows() == [("b", 1), ("b", 2), ("b", 3)]
+        await upstream.barrier()
+        await settle()
+        assert ctx.progress[-1].detail == {"b": "caching_up"}
+        assert not failed
+
+
+class RecordingFailingLog(FailingLog):
+    """A :class:`FailingLog` that records the batch size each read asked for."""
+
+    def __init__(self, inner: MemorySplitLog, failures: int) -> None:
+        super().__init__(inner, failures, at_once=True)
+        self.batch_rows: list[int] = []
+
+    async def read(self, start: dict[str, Offset | None], *, batch_rows: int = 4096):  # type: ignore[no-untyped-def]
+        self.batch_rows.append(batch_rows)
+        async for batch in super().read(start, batch_rows=batch_rows):
+            yield batch
+
+
+async def test_the_defaults_are_the_documented_ones(sleeps: _Sleeps) -> None:
+    # batch_rows=4096, max_reader_retries=5, retry_delay=0.05 (doubling).
+    log = RecordingFailingLog(make_log(a=2), failures=100)
+    actor = SourceBackfill(log, splits=["a"], clock=FakeClock())  # type: ignore[arg-type]
+    async with running(actor, FakeStore()) as (upstream, _, failed):
+        await upstream.barrier(Add())
+        await settle()
+    assert log.reads == 6
+    assert log.batch_rows == [4096] * 6
+    assert sleeps.delays == [0.05, 0.1, 0.2, 0.4, 0.8]
+    [error] = failed
+    assert isinstance(error, ConnectionError)
+
+
+_LOG = make_log(a=1)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "argument", "expected", "got"),
+    [
+        ({"log": "redis://"}, "log", "a SplitLog", "str"),
+        ({"splits": "a"}, "splits", "None or a sequence of split names", "a"),
+        ({"splits": ["a", ""]}, "splits", "None or a sequence of split names", ["a", ""]),
+        ({"splits": [1]}, "splits", "None or a sequence of split names", [1]),
+        ({"batch_rows": 0}, "batch_rows", "a positive int", 0),
+        ({"batch_rows": 2.0}, "batch_rows", "a positive int", 2.0),
+        ({"wait_barrier_intervals": 0}, "wait_barrier_intervals", "a positive int", 0),
+        ({"max_reader_retries": 0}, "max_reader_retries", "a positive int", 0),
+        ({"max_reader_retries": True}, "max_reader_retries", "a positive int", True),
+        ({"retry_delay": "1"}, "retry_delay", "seconds (a number > 0)", "1"),
+        ({"retry_delay": True}, "retry_delay", "seconds (a number > 0)", True),
+        ({"retry_delay": 0}, "retry_delay", "seconds in (0, 3600)", 0),
+        ({"retry_delay": 3600}, "retry_delay", "seconds in (0, 3600)", 3600),
+        ({"clock": 5}, "clock", "None or a callable returning seconds", 5),
+    ],
+    ids=lambda value: value if isinstance(value, str) and value.isidentifier() else None,
+)
+def test_bad_arguments_are_refused_with_what_was_expected_and_what_came(
+    arguments: dict[str, object], argument: str, expected: str, got: object
+) -> None:
+    with pytest.raises(InvalidArgumentError) as bad:
+        SourceBackfill(**{"log": _LOG, **arguments})  # type: ignore[arg-type]
+    assert (bad.value.argument, bad.value.expected, bad.value.got) == (argument, expected, got)
+
+
+def test_good_arguments_at_their_bounds_are_accepted() -> None:
+    SourceBackfill(
+        _LOG,
+        splits=[],
+        batch_rows=1,
+        wait_barrier_intervals=1,
+        max_reader_retries=1,
+        retry_delay=3599.5,
+        rate_limit=0,
+        clock=FakeClock(),
+    )
+    SourceBackfill(_LOG, splits=("a",), retry_delay=1)

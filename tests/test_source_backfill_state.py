@@ -194,6 +194,64 @@ def test_states_round_trip_through_json() -> None:
         SplitBackfill.from_json({"phase": "nope"})
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"phase": "nope", "offset": None, "consumed_rows": 0, "target": None},
+        {"phase": "backfilling", "offset": None, "consumed_rows": 0},
+        {"phase": "backfilling", "offset": "x-1", "consumed_rows": 0, "target": None},
+        {"phase": "caching_up", "offset": "3-0", "consumed_rows": None, "target": None},
+        {"phase": "finished", "offset": None, "consumed_rows": 0, "target": 5},
+    ],
+    ids=["phase", "missing-target", "offset", "consumed-rows", "target-type"],
+)
+def test_a_state_that_is_not_a_split_backfill_state_is_refused_with_what_was_expected(
+    value: dict[str, object],
+) -> None:
+    with pytest.raises(InvalidArgumentError) as bad:
+        SplitBackfill.from_json(value)
+    assert (bad.value.argument, bad.value.expected, bad.value.got) == (
+        "state",
+        "a split backfill state (phase, offset, consumed_rows, target)",
+        value,
+    )
+
+
+def test_a_split_emptied_before_its_backfill_read_anything_keeps_its_row_count() -> None:
+    # The progress counter never goes back: finishing an emptied split keeps what was read.
+    states = SplitBackfills({"a": SplitBackfill(BACKFILLING, None, 3, off(5))})
+    states.on_latest("a", None)
+    assert states.states["a"] == SplitBackfill(FINISHED, None, 3, None)
+    assert states.consumed_rows == 3
+
+
+@pytest.mark.parametrize(
+    "value",
+    [[("a", SplitBackfill())], {"a": "backfilling"}, {1: SplitBackfill()}],
+    ids=["not-a-mapping", "not-a-state", "not-a-name"],
+)
+def test_states_that_are_not_a_mapping_of_split_to_state_are_refused(value: object) -> None:
+    with pytest.raises(InvalidArgumentError) as bad:
+        SplitBackfills(value)  # type: ignore[arg-type]
+    assert (bad.value.argument, bad.value.expected, bad.value.got) == (
+        "states",
+        "a mapping of split to SplitBackfill",
+        value,
+    )
+
+
+@pytest.mark.parametrize("side", ["upstream", "backfill"])
+def test_a_row_of_a_split_not_owned_names_the_side_the_splits_and_the_row(side: str) -> None:
+    states = SplitBackfills({"b": SplitBackfill(), "a": SplitBackfill()})
+    apply = states.on_upstream if side == "upstream" else states.on_backfill
+    with pytest.raises(ProtocolError) as bad:
+        apply(rows(("a", 1), ("z", 1)))
+    assert str(bad.value) == (
+        f"source backfill: expected rows of its splits ['a', 'b'] from the {side}, got a row "
+        "of split 'z'"
+    )
+
+
 # --- the vectorized form against a row-by-row model of the seed ---------------------------------
 
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 from barrierflow.actors.backfill.source_backfill_state import BackfillPhase, SplitBackfills
 from barrierflow.actors.sources.split_log import Offset
 from barrierflow.channels.barrier import Barrier
-from barrierflow.channels.channel import SendChannel, create_channel
+from barrierflow.channels.channel import create_channel
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import ProtocolError
 from barrierflow.channels.messages import Watermark
@@ -60,14 +60,13 @@ class BackfillStage:
         self.states = states
         self.command_paused = paused
         self.self_paused = False
-        self.ready_reported = False
         self.state_table_initialized = False
         self.failures = 0
         # The seed starts its "last barrier" clock when the loop starts, not at the first barrier.
         self.last_barrier = actor._clock()
+        #: The current reader's cancel scope, also the token its batches carry (``None``: no
+        #: reader). A batch that carries another token is from a reader that was replaced.
         self._reader_scope: anyio.CancelScope | None = None
-        self._send: SendChannel[Any] | None = None
-        self._generation = 0
         #: The backfill offsets of the splits still backfilling, as of the previous barrier.
         self._offsets: dict[str, Offset | None] = {}
 
@@ -80,7 +79,7 @@ class BackfillStage:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                self._restart_reader(delay=0.0)
+                self._restart_reader()
                 # The seed's pause on startup: a job added to a paused graph (its first
                 # barrier's Add carries pause=True) reads no history until a Resume.
                 self._apply_pause()
@@ -93,28 +92,23 @@ class BackfillStage:
 
     # The reader.
 
-    def _restart_reader(self, delay: float) -> None:
-        """Cancel the current reader; start one from the latest states (none if nothing is
-        left to read, or the rate is 0). Batches of an older reader are dropped on arrival."""
+    def _restart_reader(self, delay: float = 0.0) -> None:
+        """Cancel the current reader; start one from the latest states, after ``delay``
+        seconds (none if nothing is left to read, or the rate is 0). Batches of an older reader
+        are dropped on arrival."""
         if self._reader_scope is not None:
             self._reader_scope.cancel()
             self._reader_scope = None
-        self._generation += 1
         starts = self.states.unfinished()
-        if not starts or self.ready_reported or self.actor._rate == 0:
+        if not starts or self.actor._rate == 0:
             return
         scope = anyio.CancelScope()
         self._reader_scope = scope
-        self._tg.start_soon(self._read, starts, self._generation, scope, delay)
+        self._tg.start_soon(self._read, starts, scope, delay)
 
     async def _read(
-        self,
-        starts: dict[str, Offset | None],
-        generation: int,
-        scope: anyio.CancelScope,
-        delay: float,
+        self, starts: dict[str, Offset | None], scope: anyio.CancelScope, delay: float
     ) -> None:
-        assert self._send is not None
         send = self._send
         rate = self.actor._rate
         with scope:
@@ -124,11 +118,11 @@ class BackfillStage:
                 reader = self.actor._log.read(starts, batch_rows=self.actor._batch_rows)
                 async with contextlib.aclosing(reader) as batches:  # type: ignore[type-var]
                     async for batch in batches:
-                        await send.send((generation, batch))
+                        await send.send((scope, batch))
                         if rate:
                             await anyio.sleep(batch.num_rows / rate)
             except Exception as exc:  # a reader failure: the stage decides (rebuild or fail)
-                await send.send((generation, _ReaderFailed(exc)))
+                await send.send((scope, _ReaderFailed(exc)))
 
     def _apply_pause(self) -> None:
         if self.command_paused or self.self_paused:
@@ -139,24 +133,23 @@ class BackfillStage:
     # The loop.
 
     async def _loop(self, select: BiasedSelect[Any]) -> bool:
+        # No EndOfStream to catch: the reader's channel stays open until the loop is left.
         while True:
-            try:
-                side, item = await select.receive()
-            except anyio.EndOfStream:
-                return False
+            side, item = await select.receive()
             if side == UPSTREAM:
                 if isinstance(item, Barrier):
                     if await self._on_barrier(item):
                         return not self.ctx.finished
-                    if self.ctx.finished:
-                        return False
                 elif isinstance(item, Chunk):
                     await self._on_upstream_chunk(item)
                 elif not isinstance(item, Watermark):
-                    raise ProtocolError(f"source backfill: unexpected message {item!r}")
+                    raise ProtocolError(
+                        f"source backfill {self.ctx.name}: expected a barrier, a chunk or a "
+                        f"watermark from the upstream, got {item!r}"
+                    )
                 continue
-            generation, payload = item
-            if generation != self._generation:
+            reader, payload = item
+            if reader is not self._reader_scope:
                 continue  # from a reader that was replaced
             if isinstance(payload, _ReaderFailed):
                 self._on_reader_failed(payload.error)
@@ -165,8 +158,7 @@ class BackfillStage:
             await self._on_backfill_batch(payload)
 
     async def _on_upstream_chunk(self, chunk: Chunk) -> None:
-        if chunk.visibility is not None:
-            chunk = chunk.compact()
+        chunk = chunk.compact()  # rows the upstream hid are not records of the split
         visible = self.states.on_upstream(chunk.batch)
         if visible.any():
             await self.ctx.emit(Chunk(chunk.batch, ops=chunk.ops, visibility=pa.array(visible)))
@@ -203,7 +195,8 @@ class BackfillStage:
         self._restart_reader(delay)
 
     async def _on_barrier(self, barrier: Barrier) -> bool:
-        """Handle one upstream barrier; returns whether the backfill stage is over."""
+        """Handle one upstream barrier; returns whether the backfill stage is over (every split
+        of every peer finished, or the actor finished with this barrier)."""
         ctx = self.ctx
         self.last_barrier = self.actor._clock()
         if self.self_paused:
@@ -219,14 +212,13 @@ class BackfillStage:
         changed, rate = barrier.throttle_for(ctx.actor_id)
         if changed and rate != self.actor._rate:
             self.actor._rate = rate
-            self._restart_reader(delay=0.0)
+            self._restart_reader()
         new = barrier.new_splits(ctx.actor_id)
         await self._check_stalled()
         self.actor._put_states(self.table, self.states)
         caught_up = self.states.caught_up()
-        if caught_up and not self.ready_reported:
-            self.ready_reported = True
-            self._restart_reader(delay=0.0)  # no reader once every split caught up
+        if caught_up:
+            self._restart_reader()  # no reader once every split caught up: none is started
         ctx.report_progress(
             Progress(
                 finished=caught_up,
@@ -242,9 +234,7 @@ class BackfillStage:
             split_changed, dropped = self.states.reassign((s.split_id for s in new), committed)
             if split_changed:
                 self.actor._apply_change(self.table, self.states, dropped, barrier)
-                if not self.states.caught_up():
-                    self.ready_reported = False
-                self._restart_reader(delay=0.0)
+                self._restart_reader()
         if not caught_up:
             return False
         if not self.state_table_initialized:
@@ -262,13 +252,11 @@ class BackfillStage:
         """Ask the log how far a split goes when its backfill did not move since the previous
         barrier: a backfill that has read everything there is stops there, even if the target
         it was given is never delivered (see :meth:`SplitBackfills.on_latest`)."""
-        now = self.states.unfinished()
-        for split, offset in now.items():
+        for split, offset in self.states.unfinished().items():
             if split in self._offsets and self._offsets[split] == offset:
                 self.states.on_latest(split, await self.actor._log.latest_offset(split))
+        # A split it stopped is caught up: the barrier drops the reader once every split is.
         self._offsets = self.states.unfinished()
-        if len(self._offsets) < len(now) and not self.states.unfinished():
-            self._restart_reader(delay=0.0)  # nothing left to read
 
     async def _all_finished(self) -> bool:
         """Every split of this actor and of every peer is FINISHED (peers' committed states;

@@ -57,6 +57,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, final
 
 import anyio
+import numpy as np
 import pyarrow as pa
 
 from barrierflow.actors.backfill._backfill_stage import UPSTREAM, BackfillStage
@@ -264,6 +265,6 @@ def _routed_here(ctx: ActorContext, splits: list[str]) -> list[str]:
     bitmap = ctx.vnode_bitmap
     if bitmap is None or not splits:
         return splits
-    names = pa.table({SPLIT_COLUMN: pa.array(splits, pa.string())})
+    names = pa.table({SPLIT_COLUMN: splits})
     vnodes = compute_vnodes(names, [SPLIT_COLUMN], bitmap.vnode_count)
-    return [split for split, mine in zip(splits, bitmap.mask[vnodes], strict=True) if mine]
+    return [splits[i] for i in np.flatnonzero(bitmap.mask[vnodes])]

@@ -133,11 +133,11 @@ def _on_upstream(
 ) -> tuple[SplitBackfill, np.ndarray]:
     """One split's upstream rows (in offset order): the new state and the rows to emit."""
     if state.phase is BackfillPhase.FINISHED:
-        return state, np.ones(len(major), dtype=bool)
-    hidden = np.zeros(len(major), dtype=bool)
+        return state, np.full(len(major), True)
+    hidden = np.full(len(major), False)
     last = _offset_at(major, minor, -1)
     if state.phase is BackfillPhase.BACKFILLING and (
-        state.offset is None or _after(major[:1], minor[:1], state.offset)[0]
+        state.offset is None or _offset_at(major, minor, 0) > state.offset
     ):
         # Not started, or the upstream is ahead of the backfill: the backfill will read these
         # rows; they only tell how far the split goes now.
@@ -146,8 +146,7 @@ def _on_upstream(
     # behind: it stops there and the upstream catches up), or CACHING_UP.
     assert state.offset is not None
     emit = _after(major, minor, state.offset)
-    reached = bool(_at_or_after(major[-1:], minor[-1:], state.offset)[0])
-    if reached:
+    if last >= state.offset:
         return replace(state, phase=BackfillPhase.FINISHED, offset=None), emit
     return replace(state, phase=BackfillPhase.CACHING_UP), hidden
 
@@ -158,18 +157,17 @@ def _on_backfill(
     """One split's backfill rows (in offset order): the new state and the rows to emit."""
     consumed = state.consumed_rows + len(major)
     if state.phase is not BackfillPhase.BACKFILLING:
-        return replace(state, consumed_rows=consumed), np.zeros(len(major), dtype=bool)
-    emit = np.ones(len(major), dtype=bool)
+        return replace(state, consumed_rows=consumed), np.full(len(major), False)
     if state.target is not None:
         done = np.flatnonzero(_at_or_after(major, minor, state.target))
         if len(done):
             # History reached the target: this row is the last one the backfill emits.
             stop = int(done[0])
-            emit[stop + 1 :] = False
+            emit = np.arange(len(major)) <= stop
             offset = _offset_at(major, minor, stop)
             return SplitBackfill(BackfillPhase.CACHING_UP, offset, consumed, state.target), emit
     offset = _offset_at(major, minor, -1)
-    return replace(state, offset=offset, consumed_rows=consumed), emit
+    return replace(state, offset=offset, consumed_rows=consumed), np.full(len(major), True)
 
 
 @final
@@ -209,9 +207,9 @@ class SplitBackfills:
         if batch.num_rows == 0:
             return visible
         encoded = pc.dictionary_encode(batch.column(SPLIT_COLUMN))
-        codes = encoded.indices.to_numpy(zero_copy_only=False)
-        major = batch.column(OFFSET_MAJOR).to_numpy(zero_copy_only=False)
-        minor = batch.column(OFFSET_MINOR).to_numpy(zero_copy_only=False)
+        codes = encoded.indices.to_numpy()
+        major = batch.column(OFFSET_MAJOR).to_numpy()
+        minor = batch.column(OFFSET_MINOR).to_numpy()
         for code, split in enumerate(encoded.dictionary.to_pylist()):
             state = self.states.get(split)
             if state is None:
@@ -223,7 +221,7 @@ class SplitBackfills:
             split_major, split_minor = major[rows], minor[rows]
             check_increasing(split, split_major, split_minor)
             self.states[split], emit = step(state, split_major, split_minor)
-            visible[rows] = emit
+            visible[rows[emit]] = True
         return visible
 
     def set_target(self, split: str, target: Offset | None) -> None:
