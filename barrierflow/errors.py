@@ -25,6 +25,9 @@ from barrierflow.actors.backfill.errors import (
     UpstreamEndedDuringBackfillError as UpstreamEndedDuringBackfillError,
 )
 from barrierflow.actors.backfill.errors import (
+    UpstreamEndedDuringSourceBackfillError as UpstreamEndedDuringSourceBackfillError,
+)
+from barrierflow.actors.backfill.errors import (
     VnodeUpdateDuringBackfillError as VnodeUpdateDuringBackfillError,
 )
 from barrierflow.actors.sinks.errors import (
@@ -166,6 +169,7 @@ __all__ = [
     "VnodeUpdateDuringBackfillError",
     "UnfinishedSplitMigratedError",
     "UpstreamEndedDuringBackfillError",
+    "UpstreamEndedDuringSourceBackfillError",
     "CommittedEpochsEndedError",
     "VersionCompactedError",
     "VnodeOwnershipError",

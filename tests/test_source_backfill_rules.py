@@ -22,7 +22,10 @@ from anyio.streams.memory import MemoryObjectSendStream
 from test_source_backfill import FailingLog
 
 from barrierflow.actors.backfill import _backfill_stage, source_backfill
-from barrierflow.actors.backfill.errors import UnfinishedSplitMigratedError
+from barrierflow.actors.backfill.errors import (
+    UnfinishedSplitMigratedError,
+    UpstreamEndedDuringSourceBackfillError,
+)
 from barrierflow.actors.backfill.source_backfill import TABLE, SourceBackfill
 from barrierflow.actors.backfill.source_backfill_state import BackfillPhase, SplitBackfill
 from barrierflow.actors.sources.split_log import OFFSET_MAJOR, OFFSET_MINOR, SPLIT_COLUMN, Offset
@@ -763,6 +766,22 @@ async def test_a_stop_barrier_ends_the_actor(at: str) -> None:
         assert isinstance(ctx.emitted[-1], Barrier)
         assert ctx.emitted[-1].is_stop(ACTOR_ID)
         assert not failed
+
+
+async def test_the_upstream_ending_during_the_backfill_stage_fails_naming_the_splits() -> None:
+    # No barrier can come after the upstream's end: the history still owed could never be
+    # checkpointed or handed over. Before, the stage waited on its reader for ever.
+    actor = SourceBackfill(make_log(a=3, b=2), splits=["a", "b"], rate_limit=0, clock=FakeClock())
+    async with running(actor, FakeStore()) as (upstream, ctx, failed):
+        await upstream.barrier(Add())
+        await settle()
+        await upstream.send.aclose()
+        await settle()
+        assert ctx.done
+        assert len(failed) == 1
+        error = failed[0]
+        assert isinstance(error, UpstreamEndedDuringSourceBackfillError)
+        assert (error.actor, error.splits) == (ctx.name, ["a", "b"])
 
 
 # --- 8. Inputs and protocol errors ---------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, final
 import anyio
 import pyarrow as pa
 
+from barrierflow.actors.backfill.errors import UpstreamEndedDuringSourceBackfillError
 from barrierflow.actors.backfill.source_backfill_state import BackfillPhase, SplitBackfills
 from barrierflow.actors.sources.split_log import Offset
 from barrierflow.channels.barrier import Barrier
@@ -18,7 +19,7 @@ from barrierflow.channels.channel import create_channel
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import ProtocolError
 from barrierflow.channels.messages import Watermark
-from barrierflow.channels.select import BiasedSelect
+from barrierflow.channels.select import BiasedSelect, PollableReceiver
 from barrierflow.runtime.actor import ActorContext
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.state.state_store import StateTable
@@ -29,6 +30,43 @@ if TYPE_CHECKING:
 __all__ = ["BackfillStage"]
 
 UPSTREAM, _BACKFILL = "upstream", "backfill"
+
+
+#: What the upstream side yields once when the upstream ended (the select then never ends:
+#: the reader's channel stays open while the stage runs).
+_ENDED = object()
+
+
+@final
+class _EndMarked:
+    """The upstream receiver, with its end turned into one :data:`_ENDED` message: the stage
+    must see the upstream end while its reader still has history to give."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._ended = False
+
+    def _end(self) -> object:
+        if self._ended:
+            raise anyio.EndOfStream
+        self._ended = True
+        return _ENDED
+
+    async def receive(self) -> Any:
+        if self._ended:
+            raise anyio.EndOfStream
+        try:
+            return await self._inner.receive()
+        except anyio.EndOfStream:
+            return self._end()
+
+    def receive_nowait(self) -> Any:
+        if self._ended:
+            raise anyio.EndOfStream
+        try:
+            return self._inner.receive_nowait()
+        except anyio.EndOfStream:
+            return self._end()
 
 
 @final
@@ -74,7 +112,11 @@ class BackfillStage:
         """Backfill; returns whether the stage was left for forwarding (``False``: stopped)."""
         send, receive = create_channel[Any](2, name=f"{self.ctx.name} backfill reader")
         self._send = send
-        select = BiasedSelect({UPSTREAM: upstream, _BACKFILL: receive})
+        inputs: dict[str, PollableReceiver[Any]] = {
+            UPSTREAM: _EndMarked(upstream),
+            _BACKFILL: receive,
+        }
+        select: BiasedSelect[Any] = BiasedSelect(inputs)
         self.select = select
         try:
             async with anyio.create_task_group() as tg:
@@ -133,7 +175,8 @@ class BackfillStage:
     # The loop.
 
     async def _loop(self, select: BiasedSelect[Any]) -> bool:
-        # No EndOfStream to catch: the reader's channel stays open until the loop is left.
+        # No EndOfStream to catch: the reader's channel stays open until the loop is left,
+        # and the upstream's end arrives as one _ENDED message (a typed error, not a hang).
         while True:
             side, item = await select.receive()
             if side == UPSTREAM:
@@ -142,6 +185,12 @@ class BackfillStage:
                         return not self.ctx.finished
                 elif isinstance(item, Chunk):
                     await self._on_upstream_chunk(item)
+                elif item is _ENDED:
+                    unfinished = sorted(
+                        split for split, state in self.states.states.items()
+                        if state.phase is not BackfillPhase.FINISHED
+                    )  # fmt: skip
+                    raise UpstreamEndedDuringSourceBackfillError(self.ctx.name, unfinished)
                 elif not isinstance(item, Watermark):
                     raise ProtocolError(
                         f"source backfill {self.ctx.name}: expected a barrier, a chunk or a "

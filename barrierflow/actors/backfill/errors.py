@@ -15,6 +15,7 @@ __all__ = [
     "SnapshotBackfillStateError",
     "UnfinishedSplitMigratedError",
     "UpstreamEndedDuringBackfillError",
+    "UpstreamEndedDuringSourceBackfillError",
     "VnodeUpdateDuringBackfillError",
 ]
 
@@ -127,3 +128,24 @@ class UnfinishedSplitMigratedError(ProtocolError):
         self.actor = actor
         self.split = split
         self.phase = phase
+
+
+@final
+class UpstreamEndedDuringSourceBackfillError(ProtocolError):
+    """A source backfill's upstream (the live source) ended while the backfill stage still ran:
+    no barrier could come any more, so the history still to read could never be checkpointed
+    nor handed over — without this error the actor would wait for ever. A source backfill's
+    upstream ends only after a stop barrier, as in the seed, whose upstream never ends first.
+
+    Attributes:
+        actor: the source backfill actor.
+        splits: the splits not finished yet (their history or their catch-up was owed), sorted.
+    """
+
+    def __init__(self, actor: str, splits: list[str]) -> None:
+        super().__init__(
+            f"source backfill {actor}: expected its upstream to go on until the backfill "
+            f"stage ends, got the end of the upstream with splits {splits} not finished"
+        )
+        self.actor = actor
+        self.splits = list(splits)
