@@ -14,6 +14,14 @@ from _timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: The exit code of a child that ran to its end without meeting its kill point (it prints
+#: ``@ MISSED``): the run was timed so that the point never came, nothing was killed.
+MISSED = 3
+
+
+class MissedKillPointError(AssertionError):
+    """The child never met its kill point (see :data:`MISSED`)."""
+
 
 async def run_killed_child(
     child: Path, args: Sequence[str], point: str
@@ -24,6 +32,8 @@ async def run_killed_child(
     with anyio.fail_after(scaled(60)):  # run_process kills the child when cancelled
         done = await anyio.run_process(command, cwd=ROOT, check=False)
     out, err = done.stdout.decode(), done.stderr.decode()
+    if done.returncode == MISSED and "\n@ MISSED" in f"\n{out}":
+        raise MissedKillPointError(out[-3000:])
     assert done.returncode == -9, (done.returncode, out[-3000:], err[-3000:])
     markers: dict[str, list[str]] = {}
     for line in out.splitlines():
