@@ -32,41 +32,31 @@ __all__ = ["BackfillStage"]
 UPSTREAM, _BACKFILL = "upstream", "backfill"
 
 
-#: What the upstream side yields once when the upstream ended (the select then never ends:
+#: What the upstream side yields when the upstream ended (the select itself would not end:
 #: the reader's channel stays open while the stage runs).
 _ENDED = object()
 
 
 @final
 class _EndMarked:
-    """The upstream receiver, with its end turned into one :data:`_ENDED` message: the stage
-    must see the upstream end while its reader still has history to give."""
+    """The upstream receiver, with its end turned into the :data:`_ENDED` message: the stage
+    must see the upstream end while its reader still has history to give (it fails at the
+    first one, so no receive follows)."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
-        self._ended = False
-
-    def _end(self) -> object:
-        if self._ended:
-            raise anyio.EndOfStream
-        self._ended = True
-        return _ENDED
 
     async def receive(self) -> Any:
-        if self._ended:
-            raise anyio.EndOfStream
         try:
             return await self._inner.receive()
         except anyio.EndOfStream:
-            return self._end()
+            return _ENDED
 
     def receive_nowait(self) -> Any:
-        if self._ended:
-            raise anyio.EndOfStream
         try:
             return self._inner.receive_nowait()
         except anyio.EndOfStream:
-            return self._end()
+            return _ENDED
 
 
 @final
