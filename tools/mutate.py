@@ -24,7 +24,9 @@ generated / killed / survived / timed out / with no test, and the score
 where an equivalent is a survivor that cannot change behaviour: one named in
 ``tests/MUTANTS.md`` with its reason, or one of the class that file describes (a mutant that
 only changes a log line). Every other survivor is listed with its location and diff. A run
-resumes where it stopped (mutmut remembers results); ``--fresh`` starts over.
+resumes where it stopped (mutmut remembers results); ``--fresh`` starts over. Changing a
+group's test files or pytest arguments below makes mutmut discard all that group's results
+(they are part of its configuration): add tests to the files a group already lists.
 
 Usage: ``python tools/mutate.py [--groups coordinator,sink_task] [--fresh] [--jobs N]``;
 after adding tests, ``--groups G --survivors`` re-tests only G's survivors (``make mutate
