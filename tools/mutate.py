@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import os
 import re
@@ -363,9 +364,17 @@ def _function_of(key: str) -> str:
     return mangled.removeprefix("x_")
 
 
+@functools.cache
+def _parsed(path: Path) -> tuple[list[str], ast.Module]:
+    """A module's lines and syntax tree, read and parsed once per report (every survivor of
+    a module is located in the same text)."""
+    text = path.read_text()
+    return text.splitlines(), ast.parse(text)
+
+
 def _line_of(path: Path, key: str, removed: str) -> int:
     """The line in ``path`` of the mutated function that reads ``removed``."""
-    tree = ast.parse(path.read_text())
+    lines, tree = _parsed(path)
     qual = _function_of(key).split(".")
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -375,7 +384,6 @@ def _line_of(path: Path, key: str, removed: str) -> int:
             continue
         for fn in body:
             if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and fn.name == qual[-1]:
-                lines = path.read_text().splitlines()
                 end = fn.end_lineno or fn.lineno
                 for number in range(fn.lineno, end + 1):
                     if removed and lines[number - 1].strip() == removed.strip():
@@ -394,7 +402,7 @@ def _in_log_call(path: Path, line: int) -> bool:
     ``self._log.info(...)``, ``structlog.get_logger(...).warning(...)``)."""
     if line <= 0:
         return False
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_parsed(path)[1]):
         if not isinstance(node, ast.Expr) or not (node.lineno <= line <= (node.end_lineno or 0)):
             continue
         call = node.value
