@@ -80,6 +80,8 @@ from barrierflow.runtime.errors import ActorError as ActorError
 from barrierflow.runtime.errors import ActorFailedError as ActorFailedError
 from barrierflow.runtime.errors import ActorGoneError as ActorGoneError
 from barrierflow.runtime.errors import BarrierCollectError as BarrierCollectError
+from barrierflow.runtime.errors import BarrierNotPassedError as BarrierNotPassedError
+from barrierflow.runtime.errors import BarrierStuckError as BarrierStuckError
 from barrierflow.runtime.errors import DuplicateJobError as DuplicateJobError
 from barrierflow.runtime.errors import GraphError as GraphError
 from barrierflow.runtime.errors import JobDroppingError as JobDroppingError
@@ -113,6 +115,8 @@ __all__ = [
     "ActorFailedError",
     "ActorGoneError",
     "BarrierCollectError",
+    "BarrierNotPassedError",
+    "BarrierStuckError",
     "BarrierMisalignedError",
     "BarrierflowError",
     "BatchAbortedError",

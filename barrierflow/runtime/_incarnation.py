@@ -19,12 +19,13 @@ from barrierflow.runtime._wiring import Wiring
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.barrier_manager import BarrierManager
 from barrierflow.runtime.context import NamedInputs
-from barrierflow.runtime.errors import ActorFailedError, GraphError
+from barrierflow.runtime.errors import ActorFailedError, BarrierStuckError, GraphError
 from barrierflow.runtime.graph import Node
 from barrierflow.runtime.job_catalog import JobCatalog
 from barrierflow.runtime.service import Service, ServiceContext
 from barrierflow.runtime.startup import check_actors
 from barrierflow.runtime.state.state_store import StateStore
+from barrierflow.runtime.watchdog import diagnose
 
 __all__ = ["Incarnation", "check_wiring", "create_actors"]
 
@@ -88,6 +89,18 @@ class Incarnation:
         #: Actor name → set once its task ended (a dropped job's services outlive its actors).
         self.actor_done: dict[str, anyio.Event] = {}
         self._services_started = 0
+
+    def stuck_error(self, nodes: Mapping[str, Node]) -> BarrierStuckError:
+        """The error naming who holds the oldest barrier in flight (see
+        :mod:`~barrierflow.runtime.watchdog`); ``nodes`` is the graph, for who reads whom."""
+        flight = self.manager.oldest()
+        if flight is None:
+            return BarrierStuckError(
+                self.manager.current_epoch, 0.0, (), (), "nobody: no barrier could be injected"
+            )
+        names = {ctx.actor_id: name for name, ctx in self.contexts.items()}
+        upstreams = {name: node.inputs for name, node in nodes.items()}
+        return diagnose(flight, names, upstreams, (tx.statistics() for tx in self.channels))
 
     def start_service(self, job: str, name: str, service: Service) -> None:
         """Run ``service`` of ``job`` in the incarnation's service group."""

@@ -7,7 +7,10 @@ each *incarnation* of the graph is built (channels, actors, a barrier manager), 
 initial barrier, and run until every actor finished. An actor failure either fails the runtime
 or, with recovery, rebuilds the graph from the last committed checkpoint after a backoff.
 Leaving ``async with`` normally sends a final ``Stop`` checkpoint and waits (at most
-:data:`STOP_TIMEOUT` seconds) for it to be committed.
+``RuntimeConfig.stop_timeout`` seconds) for it to be committed; past that deadline the graph is
+cancelled and the exit raises :class:`~barrierflow.errors.BarrierStuckError` naming the actors
+that hold the barrier, rather than hang. A :class:`~barrierflow.runtime.watchdog.BarrierWatchdog`
+runs beside every incarnation and warns about such an actor long before.
 """
 
 from __future__ import annotations
@@ -25,17 +28,19 @@ from barrierflow.runtime._incarnation import Incarnation, check_wiring, create_a
 from barrierflow.runtime._jobs import RunningJobs
 from barrierflow.runtime._wiring import wire
 from barrierflow.runtime.barrier_manager import BarrierManager
-from barrierflow.runtime.errors import ActorFailedError, JobNotDeclaredError, NotRunningError
+from barrierflow.runtime.errors import (
+    ActorFailedError,
+    BarrierStuckError,
+    JobNotDeclaredError,
+    NotRunningError,
+)
 from barrierflow.runtime.logging import configure_logging
 from barrierflow.runtime.startup import adopt_sink_positions
 from barrierflow.runtime.state.state_store import StateStore
+from barrierflow.runtime.watchdog import BarrierWatchdog
 
-__all__ = ["STOP_TIMEOUT", "Lifecycle"]
+__all__ = ["Lifecycle"]
 
-#: Seconds ``async with rt:`` waits, on a clean exit, for the final ``Stop`` checkpoint to be
-#: collected and committed. Past it the exit goes on (with a warning): nothing is lost, the
-#: rows after the last committed checkpoint are replayed at the next start.
-STOP_TIMEOUT = 60.0
 #: Worker threads a runtime lends its state store's blocking calls.
 _IO_THREADS = 4
 
@@ -114,15 +119,16 @@ class Lifecycle(RunningJobs):
         tb: TracebackType | None,
     ) -> None:
         if exc is None and self._failure is None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_TIMEOUT) as stop:
+            timeout = self._config.stop_timeout
+            with anyio.CancelScope(shield=True), anyio.move_on_after(timeout) as stop:
                 await self._stop_graph()
-            if stop.cancelled_caught:
-                self._log.warning(
-                    "the final stop checkpoint did not complete in time; what followed the "
-                    "last committed checkpoint is replayed at restart",
-                    timeout_s=STOP_TIMEOUT,
-                    committed_epoch=None if self._store is None else self._store.committed_epoch,
-                )
+            incarnation = self._incarnation
+            if stop.cancelled_caught and incarnation is not None:
+                # What followed the last committed checkpoint is replayed at the next start.
+                stuck = incarnation.stuck_error(self._graph.nodes)
+                self._log.error(str(stuck), timeout_s=timeout)
+                await self._shutdown(BarrierStuckError, stuck, None)
+                raise stuck
         await self._shutdown(exc_type, exc, tb)
 
     async def _shutdown(
@@ -271,6 +277,12 @@ class Lifecycle(RunningJobs):
                 )
         async with anyio.create_task_group() as tg:
             tg.start_soon(manager.run, name="barrier manager")
+            watchdog = BarrierWatchdog(
+                manager,
+                lambda: incarnation.stuck_error(self._graph.nodes),
+                after_intervals=self._config.stuck_barrier_intervals,
+            )
+            tg.start_soon(watchdog.run, name="barrier watchdog")
             incarnation.services = tg
             for record in self._records.values():
                 for name, service in record.job.services.items():

@@ -45,13 +45,15 @@ class InFlightBarrier:
         InvalidArgumentError: ``barrier`` is not a Barrier, or ``actors`` not a set of int ids.
     """
 
-    __slots__ = ("_done", "_error", "barrier", "remaining")
+    __slots__ = ("_done", "_error", "barrier", "injected_at", "remaining")
 
     def __init__(self, barrier: Barrier, actors: set[int]) -> None:
         if not isinstance(barrier, Barrier):
             raise InvalidArgumentError("barrier", "a Barrier", type(barrier).__name__)
         self.barrier = barrier
         self.remaining = _actor_ids("actors", actors)
+        #: When it was injected (:func:`anyio.current_time`): how long it has been in flight.
+        self.injected_at = anyio.current_time()
         self._done = anyio.Event()
         self._error: BaseException | None = None
 
@@ -161,6 +163,10 @@ class BarrierManager:
     def in_flight(self) -> int:
         """Barriers injected but not yet completed."""
         return len(self._in_flight)
+
+    def oldest(self) -> InFlightBarrier | None:
+        """The oldest barrier in flight (the one every later one completes after), if any."""
+        return next(iter(self._in_flight.values()), None)
 
     @property
     def completed(self) -> int:

@@ -64,6 +64,13 @@ class RuntimeConfig:
             ``True`` adopts the source positions the sinks recorded with their commits, so
             the sources skip the batches the sinks hold (see
             :mod:`barrierflow.runtime.startup`).
+        stuck_barrier_intervals: barrier intervals a barrier may stay in flight before the
+            watchdog logs a warning naming the actors that hold it (then again each time the
+            wait doubles); see :mod:`barrierflow.runtime.watchdog`.
+        stop_timeout: seconds leaving ``async with`` waits for the final ``Stop`` checkpoint;
+            past it the exit fails with :class:`~barrierflow.errors.BarrierStuckError` naming
+            the actors that hold the barrier, instead of hanging (nothing acknowledged is
+            lost: what followed the last committed checkpoint is replayed at the next start).
 
     Every field is checked here, so a bad value fails at construction, not when the runtime
     starts: durations must be finite numbers of seconds > 0 (``value <= 0`` alone would let NaN
@@ -86,6 +93,8 @@ class RuntimeConfig:
     log_format: Literal["console", "json"] | None = None
     store_adapter: Literal["auto", "aiosqlite", "thread"] = "auto"
     adopt_sink_positions: bool = False
+    stuck_barrier_intervals: int = 30
+    stop_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         if (
@@ -94,11 +103,16 @@ class RuntimeConfig:
             or "\x00" in str(self.state_path)
         ):
             raise ConfigError("state_path", "a file path (non-empty, no NUL)", self.state_path)
-        for name in ("barrier_interval", "restart_backoff"):
+        for name in ("barrier_interval", "restart_backoff", "stop_timeout"):
             check_seconds(name, getattr(self, name))
         if type(self.recovery) is not bool:
             raise ConfigError("recovery", "a bool", self.recovery)
-        for name in ("checkpoint_frequency", "max_in_flight", "channel_capacity"):
+        for name in (
+            "checkpoint_frequency",
+            "max_in_flight",
+            "channel_capacity",
+            "stuck_barrier_intervals",
+        ):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ConfigError(name, "an int >= 1", value)

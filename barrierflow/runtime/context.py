@@ -33,7 +33,7 @@ from barrierflow.channels.outputs import Outputs
 from barrierflow.channels.select import BiasedSelect
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
 from barrierflow.runtime.barrier_manager import BarrierManager
-from barrierflow.runtime.errors import GraphError
+from barrierflow.runtime.errors import BarrierNotPassedError, GraphError
 from barrierflow.runtime.inputs import Messages, NamedInputs
 from barrierflow.runtime.positions import check_positions
 from barrierflow.runtime.progress import Progress
@@ -130,6 +130,8 @@ class ActorContext:
             actor=name, actor_id=actor_id, epoch=0
         )
         self.epoch = 0
+        #: The ``curr`` of the last barrier read through :meth:`messages` (0 before one).
+        self._read_epoch = 0
         self.finished = False
         self._messages_in = 0
         self._rows_in = 0
@@ -337,11 +339,15 @@ class ActorContext:
         Raises:
             InvalidArgumentError: ``message`` is not a Message (Chunk, Barrier or Watermark),
                 even when the actor has no output.
+            BarrierNotPassedError: rows emitted before this actor passed its first barrier.
         """
         if isinstance(message, Barrier):
             await self._pass_barrier(message)
             return
         if isinstance(message, Chunk):
+            if not self._barriers:
+                # Downstream would fail on rows before any barrier, and be blamed for it.
+                raise BarrierNotPassedError(self.name, self._read_epoch, "emitted rows")
             self._rows_out += message.cardinality
         elif not isinstance(message, Watermark):
             raise InvalidArgumentError(

@@ -26,6 +26,8 @@ __all__ = [
     "JobNotDeclaredError",
     "JobDroppingError",
     "BarrierCollectError",
+    "BarrierNotPassedError",
+    "BarrierStuckError",
 ]
 
 
@@ -231,4 +233,64 @@ class BarrierCollectError(ProtocolError):
         super().__init__(
             f"actor {actor_id}: expected to collect each in-flight barrier once (in flight: "
             f"{list(self.in_flight)}), got {got}"
+        )
+
+@final
+class BarrierStuckError(BarrierflowError):
+    """A barrier was not passed on by every actor in time: ``checkpoint(timeout=...)`` ran out,
+    or leaving ``async with`` hit ``RuntimeConfig.stop_timeout``.
+
+    The actors named first are the culprits: they hold the barrier while every actor upstream
+    of them has passed it (an actor that forgot ``await ctx.emit(barrier)``, or one blocked in
+    its own code). The others only wait for them.
+
+    Attributes:
+        epoch: the stuck barrier's epoch (``curr``).
+        waited: seconds since it was injected.
+        culprits: the names of the actors holding it.
+        waiting: the names of the actors downstream of them that wait for it.
+        detail: per culprit, what it is doing (the input it waits on or left unread, the
+            output it is blocked on).
+    """
+
+    def __init__(
+        self,
+        epoch: int,
+        waited: float,
+        culprits: Iterable[str],
+        waiting: Iterable[str],
+        detail: str,
+    ) -> None:
+        self.epoch = epoch
+        self.waited = waited
+        self.culprits = tuple(culprits)
+        self.waiting = tuple(waiting)
+        self.detail = detail
+        also = f"; downstream still waiting: {list(self.waiting)}" if self.waiting else ""
+        super().__init__(
+            f"barrier of epoch {epoch} not passed on after {waited:.1f} s by {detail}{also} "
+            "(every actor must pass each barrier it reads: `await ctx.emit(barrier)`)"
+        )
+
+
+@final
+class BarrierNotPassedError(ProtocolError):
+    """An actor went on past a barrier it never passed downstream: it read the next barrier,
+    or emitted rows before passing its first one. Its downstream would otherwise fail (or
+    hang) and be blamed for it.
+
+    Attributes:
+        actor: the actor's name.
+        epoch: the barrier it did not pass (``curr``; 0 when it never read one).
+        then: what it did instead.
+    """
+
+    def __init__(self, actor: str, epoch: int, then: str) -> None:
+        self.actor = actor
+        self.epoch = epoch
+        self.then = then
+        held = f"the barrier of epoch {epoch}" if epoch else "its first barrier"
+        super().__init__(
+            f"actor {actor!r} {then} without passing on {held}: every barrier an actor reads "
+            "must be passed downstream with `await ctx.emit(barrier)`"
         )

@@ -51,7 +51,7 @@ from barrierflow.channels.mutation import (
 from barrierflow.runtime._incarnation import Incarnation
 from barrierflow.runtime._lifecycle import Lifecycle
 from barrierflow.runtime.actor import ActorStats
-from barrierflow.runtime.config import RuntimeConfig
+from barrierflow.runtime.config import RuntimeConfig, check_seconds
 from barrierflow.runtime.errors import (
     ActorFailedError,
     NotRunningError,
@@ -167,13 +167,51 @@ class Runtime(Lifecycle):
         with self._as_failure():
             await inbox.send(chunk)
 
-    async def checkpoint(self) -> int:
+    async def checkpoint(self, timeout: float | None = None) -> int:  # noqa: ASYNC109
+        # (A timeout of its own, not ``fail_after``: on expiry the caller gets the error that
+        # names who holds the barrier, and the injection is never cancelled half way.)
         """Inject a checkpoint barrier now and return the epoch it made durable.
+
+        Args:
+            timeout: seconds to wait at most (``None``: as long as it takes). The checkpoint is
+                not withdrawn when the wait gives up: it completes, or fails, with the graph.
 
         Raises:
             ActorFailedError: the graph failed before the checkpoint completed.
+            BarrierStuckError: ``timeout`` passed first; it names the actors that hold the
+                barrier.
+            ConfigError: ``timeout`` is not ``None`` or a finite number of seconds > 0.
         """
+        if timeout is not None:
+            check_seconds("timeout", timeout)
         incarnation = await self._running()
+        if timeout is None:
+            return await self._checkpoint_in(incarnation)
+        # The checkpoint runs as a task of the runtime, so that giving up on it never cancels
+        # an injection half way (a barrier some sources got and others did not).
+        outcome: list[int | Exception] = []
+        done = anyio.Event()
+
+        async def run() -> None:
+            try:
+                outcome.append(await self._checkpoint_in(incarnation))
+            except Exception as exc:  # handed to the caller below
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        assert self._task_group is not None
+        self._task_group.start_soon(run, name="checkpoint")
+        with anyio.move_on_after(timeout):
+            await done.wait()
+        if not outcome:
+            raise incarnation.stuck_error(self._graph.nodes)
+        result = outcome[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def _checkpoint_in(self, incarnation: Incarnation) -> int:
         with self._as_failure():
             flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT)
         barrier = await flight.wait()

@@ -1,0 +1,119 @@
+"""The barrier watchdog: when a barrier stays in flight too long, say which actor holds it.
+
+A barrier is stuck when some actor has not passed it on. The actors that hold it are the ones
+whose every upstream actor has passed it: the barrier reached them and went no further (an
+actor that forgot ``await ctx.emit(barrier)``, or one blocked in its own code). Everything
+downstream of them only waits. :func:`diagnose` names those culprits and, for each, what the
+channels around it show — the input it waits on or left unread, the output it is blocked on —
+in one line; the watchdog logs that line as a warning once a barrier has been in flight for
+``RuntimeConfig.stuck_barrier_intervals`` barrier intervals, then again each time the wait
+doubles (not once per interval), and ``Runtime.checkpoint(timeout=...)`` and leaving
+``async with`` past ``RuntimeConfig.stop_timeout`` raise it as a
+:class:`~barrierflow.runtime.errors.BarrierStuckError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import final
+
+import anyio
+import structlog
+
+from barrierflow.channels.channel import ChannelStatistics
+from barrierflow.runtime.barrier_manager import BarrierManager, InFlightBarrier
+from barrierflow.runtime.errors import BarrierStuckError
+
+__all__ = ["BarrierWatchdog", "diagnose"]
+
+
+def diagnose(
+    flight: InFlightBarrier,
+    names: Mapping[int, str],
+    upstreams: Mapping[str, Iterable[str]],
+    channels: Iterable[ChannelStatistics],
+) -> BarrierStuckError:
+    """The error that names who holds ``flight``.
+
+    Args:
+        flight: the stuck barrier.
+        names: actor id → name, for every actor of the graph.
+        upstreams: actor name → the names of the actors it reads.
+        channels: the graph's channels now (``"a->b"`` edges, ``"a inbox"`` inboxes).
+    """
+    stuck = {names.get(i, f"actor {i}") for i in flight.remaining}
+    culprits = sorted(a for a in stuck if not stuck.intersection(upstreams.get(a, ())))
+    waiting = sorted(stuck.difference(culprits))
+    stats = list(channels)
+    detail = "; ".join(f"{a!r} ({_doing(a, stats)})" for a in culprits) or (
+        "nobody: every actor passed it, its checkpoint is still being committed"
+    )
+    waited = anyio.current_time() - flight.injected_at
+    return BarrierStuckError(flight.barrier.epoch.curr, waited, culprits, waiting, detail)
+
+
+def _doing(actor: str, channels: list[ChannelStatistics]) -> str:
+    """What the channels around ``actor`` show it doing: waiting on an input (it read the
+    barrier and did not pass it), blocked on a full output, or neither — busy in its own code."""
+    waits: list[str] = []
+    unread: list[str] = []
+    blocked: list[str] = []
+    for st in channels:
+        upstream, arrow, downstream = st.name.partition("->")
+        if (arrow and downstream == actor) or st.name == f"{actor} inbox":
+            source = repr(upstream) if arrow else "its inbox"
+            if st.buffered_messages:
+                unread.append(f"{st.buffered_messages} message(s) unread from {source}")
+            elif st.tasks_waiting_receive:
+                waits.append(f"waiting on input {source} after reading the barrier")
+        if arrow and upstream == actor and st.tasks_waiting_send:
+            blocked.append(f"blocked sending to {downstream!r}, whose input is full")
+    if not waits and not blocked:
+        waits.append("busy in its own code: not reading its input, not blocked on an output")
+    return ", ".join(waits + blocked + unread)
+
+
+@final
+class BarrierWatchdog:
+    """Warns, naming the actors that hold it, when the oldest barrier in flight has waited
+    ``after_intervals`` barrier intervals; warns again each time that wait doubles.
+
+    Args:
+        manager: the barrier manager whose barriers it watches.
+        describe: builds the error naming who holds the oldest barrier (see :func:`diagnose`).
+        after_intervals: barrier intervals in flight before the first warning.
+    """
+
+    def __init__(
+        self,
+        manager: BarrierManager,
+        describe: Callable[[], BarrierStuckError],
+        *,
+        after_intervals: int,
+    ) -> None:
+        self._manager = manager
+        self._describe = describe
+        self._after = after_intervals * manager.barrier_interval
+        self._log = structlog.get_logger("barrierflow.watchdog")
+
+    async def run(self) -> None:
+        """Check the oldest barrier twice per warning period, until cancelled."""
+        watched: InFlightBarrier | None = None
+        warn_at = self._after
+        while True:
+            await anyio.sleep(self._after / 2)
+            flight = self._manager.oldest()
+            if flight is None or not flight.remaining:
+                continue  # nothing in flight, or only its commit is pending
+            if flight is not watched:
+                watched, warn_at = flight, self._after
+            waited = anyio.current_time() - flight.injected_at
+            if waited >= warn_at:
+                error = self._describe()
+                self._log.warning(
+                    str(error),
+                    epoch=error.epoch,
+                    culprits=list(error.culprits),
+                    waited_s=round(waited, 3),
+                )
+                warn_at = 2 * waited  # the next one once the wait doubled, however late this was
