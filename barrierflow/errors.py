@@ -87,6 +87,7 @@ from barrierflow.runtime.errors import GraphError as GraphError
 from barrierflow.runtime.errors import JobDroppingError as JobDroppingError
 from barrierflow.runtime.errors import JobError as JobError
 from barrierflow.runtime.errors import JobNotDeclaredError as JobNotDeclaredError
+from barrierflow.runtime.errors import NotAwaitedError as NotAwaitedError
 from barrierflow.runtime.errors import NotRunningError as NotRunningError
 from barrierflow.runtime.errors import PositionOverlapError as PositionOverlapError
 from barrierflow.runtime.errors import SinkError as SinkError
@@ -117,6 +118,7 @@ __all__ = [
     "BarrierCollectError",
     "BarrierNotPassedError",
     "BarrierStuckError",
+    "NotAwaitedError",
     "BarrierMisalignedError",
     "BarrierflowError",
     "BatchAbortedError",

@@ -11,6 +11,7 @@ import anyio
 
 from barrierflow.channels.barrier import Barrier, BarrierKind
 from barrierflow.channels.mutation import Add, Stop
+from barrierflow.runtime._awaited import UnawaitedCalls, must_await
 from barrierflow.runtime._declare import Declarations
 from barrierflow.runtime._incarnation import Incarnation, check_wiring, create_actors
 from barrierflow.runtime._wiring import wire
@@ -38,6 +39,15 @@ class RunningJobs(Declarations):
     _jobs_lock: anyio.Lock
     _forget: set[str]
     _log: Any
+
+    _unawaited: UnawaitedCalls | None = None
+
+    @property
+    def unawaited_calls(self) -> UnawaitedCalls:
+        """This runtime's calls made without ``await`` (see :mod:`barrierflow.runtime._awaited`)."""
+        if self._unawaited is None:
+            self._unawaited = UnawaitedCalls()
+        return self._unawaited
 
     async def _running(self) -> Incarnation:
         raise NotImplementedError
@@ -74,6 +84,7 @@ class RunningJobs(Declarations):
         """The names of the jobs that run (or are being dropped)."""
         return [name for name, r in self._records.items() if r.status != "dropped"]
 
+    @must_await
     async def add_job(self, job: Job) -> JobHandle:
         """Join ``job`` to the running graph at one barrier; return once it was collected.
 
@@ -138,6 +149,7 @@ class RunningJobs(Declarations):
         self._log.info("job added", job=job.name, epoch=epoch, actors=job.actor_names())
         return JobHandle(record)
 
+    @must_await
     async def drop_job(self, name: str) -> int:
         """Stop job ``name``'s actors at one checkpoint barrier (upstreams drop their outputs
         to it at the same barrier); once that checkpoint is durable and every actor of the job

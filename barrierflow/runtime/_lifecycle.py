@@ -32,6 +32,7 @@ from barrierflow.runtime.errors import (
     ActorFailedError,
     BarrierStuckError,
     JobNotDeclaredError,
+    NotAwaitedError,
     NotRunningError,
 )
 from barrierflow.runtime.logging import configure_logging
@@ -130,6 +131,8 @@ class Lifecycle(RunningJobs):
                 await self._shutdown(BarrierStuckError, stuck, None)
                 raise stuck
         await self._shutdown(exc_type, exc, tb)
+        if exc is None and self.unawaited_calls.calls:
+            raise NotAwaitedError(self.unawaited_calls.calls)
 
     async def _shutdown(
         self,

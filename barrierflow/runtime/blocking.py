@@ -107,11 +107,13 @@ class BlockingRuntime:
 
     def checkpoint(self) -> int:
         """Inject a checkpoint and block until it is durable; returns its epoch."""
-        return self._call_portal().call(self._runtime.checkpoint)
+        epoch: int = self._call_portal().call(self._runtime.checkpoint)
+        return epoch
 
     def mutate(self, mutation: Mutation) -> EpochPair:
         """Inject a barrier carrying ``mutation`` and block until it is collected."""
-        return self._call_portal().call(self._runtime.mutate, mutation)
+        pair: EpochPair = self._call_portal().call(self._runtime.mutate, mutation)
+        return pair
 
     def stats(self) -> RuntimeStats:
         """The runtime's counters (read on the runtime's thread)."""

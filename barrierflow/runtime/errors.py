@@ -28,6 +28,7 @@ __all__ = [
     "BarrierCollectError",
     "BarrierNotPassedError",
     "BarrierStuckError",
+    "NotAwaitedError",
 ]
 
 
@@ -235,6 +236,7 @@ class BarrierCollectError(ProtocolError):
             f"{list(self.in_flight)}), got {got}"
         )
 
+
 @final
 class BarrierStuckError(BarrierflowError):
     """A barrier was not passed on by every actor in time: ``checkpoint(timeout=...)`` ran out,
@@ -293,4 +295,22 @@ class BarrierNotPassedError(ProtocolError):
         super().__init__(
             f"actor {actor!r} {then} without passing on {held}: every barrier an actor reads "
             "must be passed downstream with `await ctx.emit(barrier)`"
+        )
+
+
+@final
+class NotAwaitedError(BarrierflowError):
+    """Runtime calls were made without ``await``: they did nothing (rows never pushed, a
+    checkpoint never taken). Raised when leaving ``async with rt:`` (each call was also logged
+    as an error when Python collected it).
+
+    Attributes:
+        calls: how each call read, e.g. ``"rt.push('events', ...)"``.
+    """
+
+    def __init__(self, calls: Iterable[str]) -> None:
+        self.calls = tuple(calls)
+        super().__init__(
+            f"{self.calls[0]} was called without `await` ({len(self.calls)} such call(s): "
+            f"{sorted(set(self.calls))}): it did nothing; write `await {self.calls[0]}`"
         )

@@ -48,6 +48,7 @@ from barrierflow.channels.mutation import (
     Throttle,
     Update,
 )
+from barrierflow.runtime._awaited import must_await
 from barrierflow.runtime._incarnation import Incarnation
 from barrierflow.runtime._lifecycle import Lifecycle
 from barrierflow.runtime.actor import ActorStats
@@ -138,6 +139,7 @@ class Runtime(Lifecycle):
             assert self._rebuilt is not None
             await self._rebuilt.wait()
 
+    @must_await
     async def wait_running(self) -> None:
         """Return once the graph runs (at once, or after recovery rebuilt it).
 
@@ -147,6 +149,7 @@ class Runtime(Lifecycle):
         """
         await self._running()
 
+    @must_await
     async def push(self, source: str, chunk: Chunk) -> None:
         """Send ``chunk`` into the inbox of push source ``source`` (waits while it is full).
 
@@ -167,6 +170,7 @@ class Runtime(Lifecycle):
         with self._as_failure():
             await inbox.send(chunk)
 
+    @must_await
     async def checkpoint(self, timeout: float | None = None) -> int:  # noqa: ASYNC109
         # (A timeout of its own, not ``fail_after``: on expiry the caller gets the error that
         # names who holds the barrier, and the injection is never cancelled half way.)
@@ -228,6 +232,7 @@ class Runtime(Lifecycle):
                 raise
             raise failure from exc
 
+    @must_await
     async def mutate(self, mutation: Mutation) -> EpochPair:
         """Inject a barrier carrying ``mutation`` now; returns its epoch once collected.
 

@@ -50,6 +50,12 @@ class StateTable:
     Create with :meth:`StateStore.table`. Lifecycle per epoch: any number of :meth:`put` /
     :meth:`delete`, then :meth:`seal` at the barrier; durability comes with the store's
     :meth:`StateStore.commit` of a checkpoint at or after that epoch.
+
+    **One rule: reads are awaited, writes are not.** :meth:`get` and :meth:`items` may read
+    the committed state from the store's file, so they are ``async``
+    (``await table.items()``); :meth:`put` and :meth:`delete` only buffer the write in memory
+    until the barrier seals it, so they are plain calls. :class:`ReadOnlyTable` follows the
+    same rule.
     """
 
     __slots__ = ("_last_sealed", "_name", "_owner", "_pending", "_sealed", "_store")
