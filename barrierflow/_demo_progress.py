@@ -4,17 +4,27 @@ One :class:`RunCounts` feeds both the live table and the lines printed at the en
 cannot disagree: every figure says whether it counts *this run* (since this process started)
 or *overall* (every run of this work directory, a resumed run included), and rows are shown
 against the total the run was asked for, with an estimate of the time left.
+
+The last table is drawn from the *final* state: after ``settle`` (the demo waits there for the
+sink's last commit, which lands just after Spark's last micro-batch returns — drawn before it,
+the table said one epoch fewer than the lines that follow). Without a terminal (output piped
+to a file, CI) a live table draws nothing until the end, so plain progress lines are written
+instead, one every few seconds, and one at the end.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TextIO
 
-__all__ = ["LiveProgress", "RunCounts", "batch_line"]
+__all__ = ["LiveProgress", "RunCounts", "batch_line", "progress_line"]
+
+#: Seconds between two plain progress lines when there is no terminal.
+PLAIN_EVERY = 5.0
 
 
 @dataclass(frozen=True)
@@ -62,25 +72,51 @@ def _duration(seconds: float | None) -> str:
 
 
 class LiveProgress:
-    """A rich live table on stderr, refreshed from ``counts()`` while the query runs.
+    """Progress on ``stream`` (stderr by default), refreshed from ``counts()`` while the query
+    runs: a rich live table on a terminal, else a plain :func:`progress_line` every ``every``
+    seconds (and one at the end). Disabled, it does nothing.
 
     Use it as a context manager around the run; :meth:`refresh` redraws it from the loop that
-    waits for the query. Disabled, it does nothing.
+    waits for the query. Leaving the block without an error calls ``settle()`` first, then
+    draws the last table (or line) from the counts as they are then (see the module).
+
+    Args:
+        enabled: show anything at all.
+        counts: the current counts.
+        settle: waits until the counts are final (the last commit landed); ``None``: they are.
+        stream: where to draw (default: ``sys.stderr``); a terminal gets the live table.
+        every: seconds between two plain lines.
+        clock: seconds, monotonic (tests pass a fake one).
     """
 
-    def __init__(self, enabled: bool, counts: Callable[[], RunCounts]) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        counts: Callable[[], RunCounts],
+        *,
+        settle: Callable[[], object] | None = None,
+        stream: TextIO | None = None,
+        every: float = PLAIN_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._counts = counts
+        self._settle = settle
+        self._stream = sys.stderr if stream is None else stream
+        self._every = every
+        self._clock = clock
+        self._next_line: float | None = None
         self._live: Any = None
-        if enabled:
+        self._plain = enabled and not _is_terminal(self._stream)
+        if enabled and not self._plain:
             from rich.console import Console
             from rich.live import Live
 
-            self._live = Live(console=Console(file=sys.stderr), refresh_per_second=4)
+            self._live = Live(console=Console(file=self._stream), refresh_per_second=4)
 
     def __enter__(self) -> LiveProgress:
         if self._live is not None:
             self._live.start()
-            self.refresh()
+        self.refresh()
         return self
 
     def __exit__(
@@ -89,16 +125,32 @@ class LiveProgress:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._live is None and not self._plain:
+            return
+        if exc_type is None and self._settle is not None:
+            self._settle()
         if self._live is not None:
             if exc_type is None:
-                self.refresh()
+                self._live.update(self.render(self._counts()))
             self._live.stop()
-            sys.stderr.write("\n")
+            self._stream.write("\n")
+        elif exc_type is None:
+            self._write(progress_line(self._counts(), final=True))
 
     def refresh(self) -> None:
-        """Redraw the table from the current counts."""
+        """Redraw the table from the current counts (on a terminal), or write a plain line if
+        ``every`` seconds passed since the last one (the first one at once)."""
         if self._live is not None:
             self._live.update(self.render(self._counts()))
+        elif self._plain:
+            now = self._clock()
+            if self._next_line is None or now >= self._next_line:
+                self._next_line = now + self._every
+                self._write(progress_line(self._counts()))
+
+    def _write(self, line: str) -> None:
+        self._stream.write(line + "\n")
+        self._stream.flush()
 
     @staticmethod
     def render(counts: RunCounts) -> Any:
@@ -126,6 +178,25 @@ class LiveProgress:
         table.add_row("time left (est.)", "", _duration(counts.seconds_left))
         table.add_row("backpressure", f"{counts.blocked_seconds:.2f} s", "")
         return table
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty())
+
+
+def progress_line(counts: RunCounts, *, final: bool = False) -> str:
+    """A plain line of the live table's figures, labelled the same way: what is written
+    instead of the table when there is no terminal (``final``: the last one, after the run)."""
+    share = counts.rows_overall / counts.rows_asked if counts.rows_asked else 0.0
+    return (
+        f"{'done' if final else 'progress'}: rows {counts.rows_overall:,} of "
+        f"{counts.rows_asked:,} ({share:.0%}, overall); this run {counts.batches_this_run} "
+        f"micro-batches ({counts.replays_skipped} replays skipped), "
+        f"{counts.rows_this_run:,} rows, {counts.rate:,.0f} rows/s, "
+        f"{counts.epochs_this_run} epochs committed; elapsed {_duration(counts.seconds)}"
+        + ("" if final else f"; time left (est.) {_duration(counts.seconds_left)}")
+    )
 
 
 def batch_line(batch_id: int, counts: RunCounts) -> str:

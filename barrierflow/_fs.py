@@ -1,17 +1,109 @@
-"""Durable file helpers shared by the store, the sinks and the demo (blocking; run them on a
+"""File helpers shared by the store, the sinks and the demo (blocking; run them on a
 worker thread from async code).
 
 A rename is atomic but not durable until the directory holding it is fsynced, and a file's
 bytes are not durable until the file is: these helpers do both, so that after a power loss a
 file written with :func:`write_atomically` is either the old one or the whole new one.
+
+Where a path given by the user cannot be used — a directory under a regular file, in
+``/proc``, not writable — the state store (``state_path``) and the file sinks (a table
+directory) say so in the same words: :func:`directory_problem` (stat only, certain, cheap
+enough for a constructor) and :func:`make_directory` (creates it, the only certain test of
+``/proc``-like places and of root's permissions) describe what was found, and each caller
+raises its own typed error with it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
-__all__ = ["fsync_path", "write_atomically"]
+__all__ = [
+    "describe_os_error",
+    "directory_problem",
+    "file_kind",
+    "fsync_path",
+    "make_directory",
+    "not_a_directory",
+    "write_atomically",
+]
+
+_WRITE = os.W_OK | os.X_OK
+
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` is, in words (``"a directory"``, ``"a FIFO"``, ...)."""
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISREG, "a regular file"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def describe_os_error(exc: OSError) -> str:
+    """An OS error in words, with its errno name (``No such file or directory [ENOENT]``)."""
+    code = errno.errorcode.get(exc.errno or 0, "?")
+    return f"{exc.strerror or exc} [{code}]"
+
+
+def not_a_directory(real: str) -> str:
+    """Name the nearest ancestor of ``real`` that exists and is not a directory."""
+    ancestor = os.path.dirname(real)
+    while ancestor != os.path.dirname(ancestor):
+        if os.path.lexists(ancestor) and not os.path.isdir(ancestor):
+            return f"a parent {ancestor!r} that is a file, not a directory"
+        ancestor = os.path.dirname(ancestor)
+    return "a parent that is not a directory"
+
+
+def directory_problem(real: str) -> str | None:
+    """Why the directory ``real`` (absolute) cannot be used, found without changing anything:
+    it is not a directory, lies under a file, or it (or, if missing, its nearest existing
+    ancestor) is not writable. ``None``: it may be usable (only creating it is certain)."""
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        ancestor = os.path.dirname(real)
+        while not os.path.lexists(ancestor) and ancestor != os.path.dirname(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if not os.path.isdir(ancestor):
+            return not_a_directory(real)
+        if not os.access(ancestor, _WRITE):
+            return f"a parent {ancestor!r} that is not writable"
+        return None
+    except NotADirectoryError:
+        return not_a_directory(real)
+    except OSError as exc:
+        return describe_os_error(exc)
+    if not stat.S_ISDIR(mode):
+        return file_kind(mode)
+    if not os.access(real, _WRITE):
+        return "a directory that is not writable"
+    return None
+
+
+def make_directory(real: str, *, what: str = "a directory") -> str | None:
+    """Create the directory ``real`` and its parents if missing (``mkdir -p``); ``None`` if it
+    now exists and is writable, else what was found, in words (``what`` names it)."""
+    try:
+        os.makedirs(real, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        if os.path.lexists(real) and not os.path.isdir(real):
+            return f"{what} {real!r} that is a file, not a directory"
+        return not_a_directory(real)
+    except OSError as exc:
+        return f"{what} that cannot be created ({describe_os_error(exc)})"
+    if not os.access(real, _WRITE):
+        return f"{what} {real!r} that is not writable"
+    return None
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:

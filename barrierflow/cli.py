@@ -8,10 +8,14 @@ continues and verifies again. ``barrierflow bench`` is ``python -m benchmarks`` 
 parser and entry function, :func:`benchmarks.run.main`), from a checkout of the repository.
 
 Exit status: 0 verified (or benchmarks done); 1 the run failed (``FAILED``, or any other
-barrierflow error, reported in one line); 2 bad arguments (``barrierflow: error: ...``, also
-for a :class:`~barrierflow.errors.InvalidArgumentError` such as ``--rows 0`` or a
-``--resume`` with nothing started); 130 interrupted (Ctrl-C), with one line saying how to
-resume.
+error, reported in one line); 2 bad arguments (``barrierflow: error: ...``, also for a
+:class:`~barrierflow.errors.InvalidArgumentError` such as ``--rows 0`` or a ``--resume`` with
+nothing started); 130 interrupted (Ctrl-C), with one line saying how to resume.
+
+An error is reported by its cause, in one line, first: an error that arrives wrapped in
+Spark's Py4J and JVM traces is reduced to the error behind it
+(:func:`~barrierflow.spark_bridge.unwrap_spark_error`). ``-v`` prints the full trace after
+that line.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
 from barrierflow import __version__
 from barrierflow._interrupt import QuietInterrupt as _QuietInterrupt
+from barrierflow._one_line import one_line
 from barrierflow._trace import trace
 from barrierflow.channels.errors import BarrierflowError, ConfigError, InvalidArgumentError
 from barrierflow.demo import (
@@ -39,6 +45,7 @@ from barrierflow.demo_backfill import BackfillDemoConfig, run_backfill_demo
 from barrierflow.demo_backfill import resume_command as backfill_resume
 from barrierflow.demo_views import ViewsDemoConfig, run_views_demo
 from barrierflow.demo_views import resume_command as views_resume
+from barrierflow.spark_bridge.failures import unwrap_spark_error
 
 __all__ = ["main"]
 
@@ -93,11 +100,9 @@ def _demo_backfill(args: argparse.Namespace) -> int:
     result = _interruptible("demo backfill", run_backfill_demo, config, backfill_resume)
     if result is None:
         return EXIT_INTERRUPTED
-    print(
-        f"{result.rows:,} rows in the history job's table for {result.records:,} records of "
-        f"{result.streams} streams (history and live), in {result.seconds:.1f} s; "
-        f"duplicates {result.duplicates}, missing {result.missing}"
-    )
+    for line in result.report_lines():
+        print(line)
+    print(f"in {result.seconds:.1f} s")
     print(result.summary_line())
     return 0 if result.verified else 1
 
@@ -146,6 +151,10 @@ def _demo(args: argparse.Namespace) -> int:
     result = _interruptible("demo", run_demo, config, resume_command)
     if result is None:
         return EXIT_INTERRUPTED
+    if result.error is not None:  # the cause first, in one line; its trace only with -v
+        print(f"{PROG} demo: FAILED: {result.error}", file=sys.stderr)
+        if args.verbose and result.failure is not None:
+            traceback.print_exception(result.failure, file=sys.stderr)
     rate = result.rows_this_run / result.seconds if result.seconds > 0 else 0.0
     print(
         f"{result.rows_out:,} of {result.rows_in:,} rows asked are in the Iceberg table, "
@@ -154,8 +163,6 @@ def _demo(args: argparse.Namespace) -> int:
         f"{result.seconds:.1f} s ({rate:,.0f} rows/s); "
         f"duplicates {result.duplicates}, missing {result.missing}"
     )
-    if result.error is not None:
-        print(f"{PROG} demo: FAILED: {result.error}", file=sys.stderr)
     print(result.summary_line())
     return 0 if result.verified else 1
 
@@ -169,6 +176,7 @@ def _chaos(args: argparse.Namespace) -> int:
         seed=args.seed,
         acts=tuple(a for a in args.acts.split(",") if a),
         max_kills_per_round=args.max_kills_per_round,
+        random_share=args.random_share,
         keep=args.keep,
     )
     report = run_chaos(config, say=lambda line: print(line, flush=True))
@@ -198,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
         "error), 2 bad arguments, 130 interrupted (Ctrl-C; the demo then says how to resume)",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="after an error's one-line cause, print its full trace (default: off)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
         "demo",
@@ -312,17 +326,28 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: off)",
     )
     demo.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,  # absent: the top-level -v decides
+        help="as barrierflow -v: after an error's one-line cause, its full trace (default: off)",
+    )
+    demo.add_argument(
         "--no-progress",
         action="store_true",
-        help="no live progress table on stderr (default: shown)",
+        help="no progress on stderr: a live table on a terminal, else a plain line every "
+        "few seconds (default: shown)",
     )
     chaos = commands.add_parser(
         "chaos",
         help="kill the demo's live pipelines at random, resume them, audit their tables",
         description="Runs the demo's acts as their own process groups, SIGKILLs each whole "
         "group (driver, Spark JVM, Valkey) at seeded random moments, resumes, repeats, and "
-        "audits the tables with pyiceberg/pyarrow against the generated input. Exit 0 when "
-        "no audit found anything, 1 otherwise.",
+        "audits the tables with pyiceberg/pyarrow against the generated input. A kill is "
+        "aimed at a traced event of the run (a commit, a backfill phase...) or, for a share "
+        "of the kills (--random-share), at a moment drawn uniformly over the act's expected "
+        "duration, which one unkilled calibration run per act measures. Exit 0 when no "
+        "audit found anything, 1 otherwise.",
     )
     chaos.add_argument("--kills", type=int, default=3, help="kills to land (default: 3)")
     chaos.add_argument("--seed", type=int, default=0, help="the plan's seed (default: 0)")
@@ -337,6 +362,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         help="kills per round (one run of an act, resumed after each) at most "
         "(default: %(default)s)",
+    )
+    from barrierflow.chaos.harness import RANDOM_SHARE
+
+    chaos.add_argument(
+        "--random-share",
+        type=float,
+        default=RANDOM_SHARE,
+        help="the share of kills drawn at a uniform random moment of the run instead of at "
+        "a traced event, 0..1 (default: %(default)s)",
     )
     chaos.add_argument(
         "--workdir", default=None, help="where rounds and the report go (default: chaos-data)"
@@ -354,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``barrierflow`` command; returns the exit status (see the module
-    docstring). Errors are reported in one line on stderr, never as a traceback."""
+    docstring). Errors are reported by their cause in one line on stderr; the trace follows
+    only with ``-v``."""
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     try:
@@ -366,15 +401,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _chaos(args)
         trace("start", args.act)
         return _demo(args)
-    except InvalidArgumentError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except BarrierflowError as exc:
-        print(f"{PROG}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        return _report(exc, verbose=args.verbose)
+
+
+def _report(exc: Exception, *, verbose: bool) -> int:
+    """Report the error that ended the command: its cause in one line first (an error wrapped
+    in Spark's traces is reduced to the error behind it), then with ``verbose`` the full trace
+    of what was caught. Returns the exit status: 2 for bad input, else 1."""
+    cause = unwrap_spark_error(exc)
+    if isinstance(cause, InvalidArgumentError):
+        line, status = str(cause), 2
+    elif isinstance(cause, BarrierflowError):
+        line, status = one_line(cause), 1
+    else:  # not ours: a bug or the environment; its trace is what a report needs
+        hint = "" if verbose else " (unexpected: run with -v for its trace)"
+        line, status = one_line(cause) + hint, 1
+    print(f"{PROG}: error: {line}", file=sys.stderr)
+    if verbose:
+        traceback.print_exception(exc, file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

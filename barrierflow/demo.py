@@ -9,8 +9,9 @@ Spark, the SQLite state store, local files under ``--workdir``::
       → hash dispatch by key → 4 parallel SinkWriters (Iceberg data files)
       → Coordinator → one Iceberg snapshot per epoch               <workdir>/warehouse
 
-It shows live progress, then reads the table back and verifies it: every key Spark sent is in
-the table exactly once. Its last line is machine-readable:
+It shows live progress (a table on a terminal; without one — output piped to a file, CI — a
+plain line every few seconds), then reads the table back and verifies it: every key Spark sent
+is in the table exactly once. Its last line is machine-readable:
 ``VERIFIED rows_in=N rows_out=N duplicates=0 epochs=K`` (or ``FAILED`` with the same fields).
 
 ``--crash-after N`` SIGKILLs the driver during micro-batch ``N`` of the run (by default while
@@ -44,18 +45,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 import numpy as np
 
 from barrierflow._demo_faults import CrashingTable, Faults
 from barrierflow._demo_input import SCHEMA, RunManifest, complete_input
 from barrierflow._demo_progress import LiveProgress, RunCounts, batch_line
 from barrierflow._demo_runs import resume_command as resume_words
+from barrierflow._one_line import one_line
 from barrierflow._trace import trace
 from barrierflow.actors import BatchFeed, Coordinator, add_sink
 from barrierflow.channels.errors import ConfigError
 from barrierflow.connectors import IcebergSink, open_local_catalog
 from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
-from barrierflow.spark_bridge import SparkBridge, spark_session
+from barrierflow.spark_bridge import SparkBridge, spark_session, unwrap_spark_error
 
 __all__ = ["SCHEMA", "CrashPoint", "DemoConfig", "DemoResult", "resume_command", "run_demo"]
 
@@ -135,8 +138,10 @@ class DemoResult:
     epochs: int
     batches_this_run: int
     seconds: float
-    #: Why the run failed (the query or the runtime), if it did.
+    #: Why the run failed (the query or the runtime), if it did: its cause in one line.
     error: str | None = None
+    #: The error itself (the callback's own error, not Spark's wrapper), for ``-v``.
+    failure: BaseException | None = field(default=None, compare=False, repr=False)
     #: Rows Spark delivered in this run (a resumed run's earlier rows are not counted).
     rows_this_run: int = 0
 
@@ -236,12 +241,6 @@ def _rows_in_table(sink: Any) -> int:
     return int(snapshot.summary.get("total-records", 0))
 
 
-def _describe(exc: BaseException) -> str:
-    """``Type: first line of the message`` — what a one-line summary can hold."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
-
 def run_demo(config: DemoConfig) -> DemoResult:
     """Run the demo once (see the module docstring) and verify the table.
 
@@ -273,11 +272,12 @@ def run_demo(config: DemoConfig) -> DemoResult:
         .parquet(str(input_dir))
     )
     error: str | None = None
+    failure: BaseException | None = None
     rows_this_run = 0
+    failures: list[Exception] = []  # what the callback raised (Spark wraps it in Py4J text)
     try:
         with BlockingRuntime(rt, backend=config.backend) as handle:
             bridge = SparkBridge(handle, feed, stream="events-query")
-            failures: list[Exception] = []
 
             def callback(df: Any, batch_id: int) -> None:
                 try:
@@ -313,18 +313,38 @@ def run_demo(config: DemoConfig) -> DemoResult:
             )
             from pyspark.errors import StreamingQueryException
 
+            progress = LiveProgress(
+                config.progress, counts, settle=lambda: handle.call(_last_commit, coordinator)
+            )
             with contextlib.suppress(StreamingQueryException):  # read just below
-                _follow(query, LiveProgress(config.progress, counts))
+                _follow(query, progress)
             rows_this_run = bridge.stats().rows
-            failure = query.exception()
-            if failure is not None:
-                cause = bridge.last_error or (failures[-1] if failures else failure)
-                error = "the streaming query failed: " + _describe(cause)
+            stopped = query.exception()
+            if stopped is not None:
+                # The callback's own error (kept here), not Spark's Py4J wrapper of it.
+                failure = unwrap_spark_error(stopped, failures)
+                error = "the streaming query failed: " + one_line(failure)
     except Exception as exc:  # the runtime failed: still read back what the table holds
-        error = error or _describe(exc)
+        if error is None:
+            failure = unwrap_spark_error(exc, failures)
+            error = one_line(failure)
     trace("verify")
     result = verify(sink, manifest.rows, faults.batches, time.perf_counter() - started)
-    return dataclasses.replace(result, error=error, rows_this_run=rows_this_run)
+    return dataclasses.replace(result, error=error, failure=failure, rows_this_run=rows_this_run)
+
+
+#: How long the final table waits for the sink's last commit at most.
+SETTLE_SECONDS = 30.0
+
+
+async def _last_commit(coordinator: Coordinator) -> None:
+    """Wait until the coordinator committed every epoch it acknowledged (at most
+    :data:`SETTLE_SECONDS`): the last micro-batch returns once its checkpoint is durable, and
+    its Iceberg commit lands just after — the final table must count it."""
+    last = coordinator.stats().last_acked_epoch
+    if last:
+        with anyio.move_on_after(SETTLE_SECONDS):
+            await coordinator.wait_committed(last)
 
 
 def _follow(query: Any, progress: LiveProgress) -> None:

@@ -10,11 +10,18 @@ from the ``valkey-server`` the lock file installs, or an existing one with ``--r
       → job "history" joins: SourceBackfill → exactly-once Parquet table <workdir>/history
 
 The history job reads each stream's history with its own reader while the live source keeps
-flowing, and merges the two per stream so that each record reaches it once. At the end the
-``history`` table is checked against the streams themselves (``XRANGE``): every record of every
-stream exactly once — history and live. The last line is machine-readable:
-``VERIFIED streams=S records=N rows=N duplicates=0 missing=0`` (or ``FAILED`` with the same
-fields).
+flowing, and merges the two per stream so that each record reaches it once. The live source
+is declared with the stream keys and ``wait_for_splits=True``: a stream the producer has not
+created yet (``--history 0``) is read from its first record once it exists, by the live job
+and by the history job alike (rule 10 of :mod:`barrierflow.actors.sources.split_source`).
+
+At the end **every table the act writes** — ``live`` and ``history`` — is checked against the
+streams themselves (``XRANGE``): each must hold every record of every stream exactly once (the
+live source reads each stream from its first record, so the live table has the history too).
+The last line is machine-readable:
+``VERIFIED streams=S records=N live=N history=N duplicates=0 missing=0`` — ``live`` and
+``history`` are each table's rows, ``duplicates`` and ``missing`` the sums over both tables
+(or ``FAILED`` with the same fields).
 
 **Crash and resume.** ``--crash-after N`` SIGKILLs the driver (the runtime, its actors and the
 producer) once the history job is durable (the checkpoint after its ``Add``) and the producer
@@ -30,7 +37,8 @@ refused):
   state store's job catalog holds it (its backfill resumes from its committed split states),
   else — a crash before its ``Add`` became durable — it joins again as in a new run;
 * the producer tops every stream up to the run's size (a record is numbered by its position in
-  its stream, so none is written twice).
+  its stream, so none is written twice); a stream it had not created before the crash is read
+  from its first record once it exists, by both jobs (the live source waits for it).
 
 The record each stream ends with is the same either way, and so is the check.
 """
@@ -72,13 +80,21 @@ from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors import ParquetFileSink, RedisStreamLog
 from barrierflow.runtime import Job, Runtime, RuntimeConfig, stored_jobs
 
-__all__ = ["BackfillDemoConfig", "BackfillDemoResult", "resume_command", "run_backfill_demo"]
+__all__ = [
+    "BackfillDemoConfig",
+    "BackfillDemoResult",
+    "TableCheck",
+    "resume_command",
+    "run_backfill_demo",
+]
 
 PAYLOAD = pa.schema([pa.field("key", pa.int64(), nullable=False), ("value", pa.int64())])
 #: A new run's sizes when none are given: streams, records per stream before and during it.
 DEFAULT_SIZES = (4, 50_000, 20_000)
-#: Checkpoints in a row with no new row in the history table before the run gives up waiting
-#: (and the check reports what is missing).
+#: The tables the act writes (their directories in the work directory), each checked.
+_TABLES = ("live", "history")
+#: Checkpoints in a row with no new row in any table before the run gives up waiting (and the
+#: check reports what is missing).
 _STALLED_CHECKPOINTS = 300
 
 
@@ -124,26 +140,60 @@ class BackfillDemoConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TableCheck:
+    """What the check of one table the act writes found."""
+
+    #: The table (``live`` or ``history``, its directory in the work directory).
+    table: str
+    #: Rows it holds.
+    rows: int
+    #: Rows beyond the first of each record it holds more than once.
+    duplicates: int
+    #: Records of the streams it does not hold.
+    missing: int
+
+
+@dataclass(frozen=True, slots=True)
 class BackfillDemoResult:
-    """What the check of the history table found."""
+    """What the check of every table the act writes found."""
 
     streams: int
     records: int
-    rows: int
-    duplicates: int
-    missing: int
+    tables: tuple[TableCheck, ...]
     seconds: float
 
     @property
+    def duplicates(self) -> int:
+        """Duplicated rows, over every table."""
+        return sum(t.duplicates for t in self.tables)
+
+    @property
+    def missing(self) -> int:
+        """Missing records, over every table (a record missing from both counts twice)."""
+        return sum(t.missing for t in self.tables)
+
+    @property
     def verified(self) -> bool:
-        """Every record of every stream is in the history table exactly once."""
-        return self.rows == self.records and self.duplicates == 0 and self.missing == 0
+        """Every table holds every record of every stream exactly once."""
+        return bool(self.tables) and all(
+            t.rows == self.records and t.duplicates == 0 and t.missing == 0 for t in self.tables
+        )
+
+    def report_lines(self) -> list[str]:
+        """One line per table, for people."""
+        return [
+            f"{t.rows:,} rows in the {t.table} job's table for {self.records:,} records of "
+            f"{self.streams} streams (history and live); duplicates {t.duplicates}, "
+            f"missing {t.missing}"
+            for t in self.tables
+        ]
 
     def summary_line(self) -> str:
         """The machine-readable last line."""
         word = "VERIFIED" if self.verified else "FAILED"
+        rows = " ".join(f"{t.table}={t.rows}" for t in self.tables)
         return (
-            f"{word} streams={self.streams} records={self.records} rows={self.rows} "
+            f"{word} streams={self.streams} records={self.records} {rows} "
             f"duplicates={self.duplicates} missing={self.missing}"
         )
 
@@ -155,7 +205,7 @@ def resume_command(config: BackfillDemoConfig) -> str:
 
 def run_backfill_demo(config: BackfillDemoConfig) -> BackfillDemoResult:
     """Run the second act (a new run in a fresh ``workdir``, or the started one resumed) and
-    check its history table (see the module).
+    check every table it writes (see the module).
 
     Raises:
         InvalidArgumentError: ``config`` is not a BackfillDemoConfig.
@@ -220,7 +270,8 @@ async def _pipeline(
     state_path = workdir / "state.db"
     declared = "history" in await stored_jobs(state_path)
     rt = Runtime(RuntimeConfig(state_path=state_path, barrier_interval=0.2))
-    rt.add_source("events", lambda: SplitSource(log, batch_rows=4096))
+    # The keys are declared: a stream not created yet is waited for, not an error.
+    rt.add_source("events", lambda: SplitSource(log, batch_rows=4096, wait_for_splits=True))
     add_sink(rt, "live", lambda: ParquetFileSink(workdir / "live", schema), input="events")
     if declared:
         rt.declare_job(_history_job(workdir, log))
@@ -250,16 +301,16 @@ async def _pipeline(
             await producer.done.wait()
         records = manifest.streams * (manifest.history + manifest.live)
         trace("drain")
-        await _until_complete(rt, workdir / "history", records)
+        await _until_complete(rt, [workdir / table for table in _TABLES], records)
 
 
-async def _until_complete(rt: Runtime, table: Path, records: int) -> None:
-    """Checkpoint until the history table holds ``records`` rows (or stops growing)."""
-    stalled, last = 0, -1
+async def _until_complete(rt: Runtime, tables: list[Path], records: int) -> None:
+    """Checkpoint until every table holds ``records`` rows (or they all stop growing)."""
+    stalled, last = 0, [-1] * len(tables)
     while stalled < _STALLED_CHECKPOINTS:
         await rt.checkpoint()
-        rows = await anyio.to_thread.run_sync(_committed_rows, table)
-        if rows >= records:
+        rows = [await anyio.to_thread.run_sync(_committed_rows, table) for table in tables]
+        if all(n >= records for n in rows):
             return
         stalled = stalled + 1 if rows == last else 0
         last = rows
@@ -276,14 +327,25 @@ def _committed_rows(table: Path) -> int:
 def _verify(
     workdir: Path, client: redis.Redis, keys: list[str], seconds: float
 ) -> BackfillDemoResult:
-    """Compare the history table with the streams (``XRANGE``): one row per record."""
+    """Compare every table the act writes with the streams (``XRANGE``): one row per
+    record in each."""
     expected: set[tuple[str, int, int]] = set()
     for key in keys:
         entries = cast(list[tuple[bytes, Any]], client.xrange(key))
         for entry_id, _fields in entries:
             major, minor = entry_id.decode().split("-")
             expected.add((key, int(major), int(minor)))
-    table = ds.dataset(workdir / "history", split_log_schema(PAYLOAD), format="parquet")
+    checks = tuple(_check_table(workdir, table, expected) for table in _TABLES)
+    return BackfillDemoResult(
+        streams=len(keys), records=len(expected), tables=checks, seconds=seconds
+    )
+
+
+def _check_table(workdir: Path, name: str, expected: set[tuple[str, int, int]]) -> TableCheck:
+    """One table against the streams' records."""
+    if not (workdir / name).is_dir():  # no checkpoint ever wrote it
+        return TableCheck(name, rows=0, duplicates=0, missing=len(expected))
+    table = ds.dataset(workdir / name, split_log_schema(PAYLOAD), format="parquet")
     rows = table.to_table(columns=[SPLIT_COLUMN, OFFSET_MAJOR, OFFSET_MINOR])
     unique = rows.group_by([SPLIT_COLUMN, OFFSET_MAJOR, OFFSET_MINOR]).aggregate([])
     found = set(
@@ -294,11 +356,9 @@ def _verify(
             strict=True,
         )
     )
-    return BackfillDemoResult(
-        streams=len(keys),
-        records=len(expected),
+    return TableCheck(
+        name,
         rows=rows.num_rows,
         duplicates=rows.num_rows - unique.num_rows,
         missing=len(expected - found),
-        seconds=seconds,
     )

@@ -71,6 +71,7 @@ from barrierflow.channels.errors import (
 )
 from barrierflow.connectors.errors import SchemaEvolutionError as SchemaEvolutionError
 from barrierflow.connectors.errors import SinkLockedError as SinkLockedError
+from barrierflow.connectors.errors import SinkPathError as SinkPathError
 from barrierflow.connectors.errors import SplitLogRecordError as SplitLogRecordError
 from barrierflow.connectors.errors import SplitLogUnavailableError as SplitLogUnavailableError
 from barrierflow.connectors.errors import StagedEpochMismatchError as StagedEpochMismatchError
@@ -87,10 +88,12 @@ from barrierflow.runtime.errors import GraphError as GraphError
 from barrierflow.runtime.errors import JobDroppingError as JobDroppingError
 from barrierflow.runtime.errors import JobError as JobError
 from barrierflow.runtime.errors import JobNotDeclaredError as JobNotDeclaredError
+from barrierflow.runtime.errors import KeyColumnError as KeyColumnError
 from barrierflow.runtime.errors import NotAwaitedError as NotAwaitedError
 from barrierflow.runtime.errors import NotRunningError as NotRunningError
 from barrierflow.runtime.errors import PositionOverlapError as PositionOverlapError
 from barrierflow.runtime.errors import SinkError as SinkError
+from barrierflow.runtime.errors import SinkSchemaError as SinkSchemaError
 from barrierflow.runtime.errors import SinkStateMismatchError as SinkStateMismatchError
 from barrierflow.runtime.errors import UnknownJobError as UnknownJobError
 from barrierflow.runtime.state.errors import ConcurrentCommitError as ConcurrentCommitError
@@ -103,6 +106,7 @@ from barrierflow.runtime.state.errors import StoreLockedError as StoreLockedErro
 from barrierflow.runtime.state.errors import StorePathError as StorePathError
 from barrierflow.runtime.state.errors import StoreVersionError as StoreVersionError
 from barrierflow.runtime.state.errors import VersionCompactedError as VersionCompactedError
+from barrierflow.spark_bridge.errors import SparkQueryFailedError as SparkQueryFailedError
 from barrierflow.spark_bridge.errors import SparkUnavailableError as SparkUnavailableError
 
 __all__ = [
@@ -141,6 +145,7 @@ __all__ = [
     "OffsetTrimmedError",
     "UnknownSplitError",
     "GraphError",
+    "KeyColumnError",
     "InvalidArgumentError",
     "NotRunningError",
     "PositionOverlapError",
@@ -152,10 +157,13 @@ __all__ = [
     "SinkEpochError",
     "SinkError",
     "SinkLockedError",
+    "SinkPathError",
     "SinkRecordsOrderError",
     "SinkRecoveryError",
     "SinkStateMismatchError",
+    "SinkSchemaError",
     "SinkWriterInputError",
+    "SparkQueryFailedError",
     "SparkUnavailableError",
     "SplitLogRecordError",
     "SplitLogUnavailableError",

@@ -10,6 +10,11 @@ the refusals and the successes are exercised.
 ``SYNC`` and ``ASYNC`` map each public name to the fuzz it gets; ``EXEMPT`` lists, with the
 reason, the names that take no input. A test checks every name of both packages' ``__all__``
 is in one of them, so a new public callable cannot be skipped silently.
+
+The constructors of connectors and actors (``barrierflow.connectors``, ``.actors`` and its
+subpackages, ``.testing``, ``.spark_bridge``) follow a stricter rule, at the end of the file:
+a bad value is refused at the call with an ``InvalidArgumentError`` naming the argument, not
+accepted and refused later inside a running graph.
 """
 
 from __future__ import annotations
@@ -28,8 +33,30 @@ import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import barrierflow.actors as actors_package
+import barrierflow.actors.backfill as backfill_package
+import barrierflow.actors.sinks as sinks_package
+import barrierflow.actors.sources as sources_package
 import barrierflow.channels as channels
+import barrierflow.connectors as connectors_package
 import barrierflow.runtime as runtime
+import barrierflow.spark_bridge as spark_package
+import barrierflow.testing as testing_package
+from barrierflow.actors import (
+    BatchFeed,
+    BatchSource,
+    Coordinator,
+    Materialize,
+    Offset,
+    PendingCommit,
+    SinkTask,
+    SinkWriter,
+    SnapshotBackfill,
+    SourceBackfill,
+    SplitBackfill,
+    SplitSource,
+    add_sink,
+)
 from barrierflow.channels import (
     Add,
     AlignedMerge,
@@ -61,7 +88,16 @@ from barrierflow.channels import (
     physical_time_ms,
     vnode_owners,
 )
-from barrierflow.errors import BarrierflowError
+from barrierflow.connectors import (
+    ParquetCommitter,
+    ParquetFileSink,
+    ParquetTable,
+    PrintSink,
+    RedisStreamLog,
+    RetryBackoff,
+    open_local_catalog,
+)
+from barrierflow.errors import BarrierflowError, InvalidArgumentError
 from barrierflow.runtime import (
     ActorContext,
     ActorRef,
@@ -82,6 +118,15 @@ from barrierflow.runtime import (
     serve_commands,
 )
 from barrierflow.runtime.barrier_manager import BarrierManager, InFlightBarrier
+from barrierflow.spark_bridge import SparkBridge
+from barrierflow.testing import (
+    FailingConnector,
+    FakeClock,
+    ListSink,
+    RedisServer,
+    ScriptedSource,
+)
+from barrierflow.testing.split_log import MemorySplitLog
 
 NAN, INF = math.nan, math.inf
 BATCH = pa.record_batch({"k": pa.array([1, 2, 3], pa.int64())})
@@ -455,3 +500,273 @@ async def test_running_runtime_refuses_bad_arguments_with_typed_errors(tmp_path:
             await atyped(rt.mutate, bad)
             typed(rt.actor_id, bad)
         assert await rt.checkpoint() > 0  # still running: nothing bad got in
+
+
+# --- Constructors of connectors and actors -------------------------------------------------
+#
+# The rule (issue 24, item 9): every public constructor validates its arguments when called.
+# A value it would refuse later, inside a running graph (a sink writer's options, a file
+# sink's codec or row counts), must be refused at the call, as an InvalidArgumentError naming
+# the argument. Each argument is replaced in turn by every value of BAD; the call either
+# succeeds or raises an InvalidArgumentError whose ``argument`` names the replaced one.
+# KNOWN_BAD lists values each constructor must refuse (those that used to be accepted first).
+
+
+ROWS = pa.schema([("k", pa.int64())])
+KEYED = pa.schema([pa.field("k", pa.int64(), nullable=False)])
+
+
+def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
+    """Public callable → (the callable, valid keyword arguments). Paths live under ``root``."""
+    table = root / "table"
+    log = MemorySplitLog(ROWS)
+    feed = BatchFeed(ROWS)
+    blocking = BlockingRuntime(Runtime(RuntimeConfig(str(root / "unused.db"))), "trio")
+    committer = ParquetCommitter(table)
+
+    def add_sink_to_a_fresh_runtime(**kwargs: Any) -> Any:
+        rt = Runtime(RuntimeConfig(str(root / "sink.db")))
+        rt.add_source("src", schema=ROWS)
+        return add_sink(rt, **kwargs)
+
+    return {
+        "BatchFeed": (
+            BatchFeed,
+            {"schema": ROWS, "chunk_rows": 10, "capacity": 2, "first_batch_id": 0, "retries": 1},
+        ),
+        "BatchSource": (BatchSource, {"feed": feed}),
+        "Coordinator": (
+            Coordinator,
+            {
+                "sink": "s",
+                "committer": committer,
+                "vnode_count": 16,
+                "base_delay": 0.01,
+                "max_delay": 1.0,
+                "warn_interval": 1.0,
+                "rng": None,
+            },
+        ),
+        "Materialize": (
+            Materialize,
+            {"schema": KEYED, "primary_key": ["k"], "distribution_key": None, "compact_after": 4},
+        ),
+        "Offset": (Offset, {"major": 1, "minor": 0}),
+        "PendingCommit": (PendingCommit, {"epoch": 1 << 16, "metadata": {"files": []}}),
+        "SinkTask": (
+            SinkTask,
+            {
+                "connector": ListSink(ROWS),
+                "name": "s",
+                "capacity": 4,
+                "flush_interval": 1.0,
+                "shutdown_timeout": 1.0,
+            },
+        ),
+        "SinkWriter": (
+            SinkWriter,
+            {
+                "connector": lambda: ListSink(ROWS),
+                "name": "s",
+                "flush_interval": 1.0,
+                "capacity": 4,
+                "coordinator": None,
+            },
+        ),
+        "SnapshotBackfill": (SnapshotBackfill, {"view": "v", "batch_rows": 8, "rate_limit": None}),
+        "SourceBackfill": (
+            SourceBackfill,
+            {
+                "log": log,
+                "splits": None,
+                "batch_rows": 8,
+                "rate_limit": None,
+                "wait_barrier_intervals": 2,
+                "max_reader_retries": 2,
+                "retry_delay": 0.01,
+                "clock": None,
+            },
+        ),
+        "SplitBackfill": (SplitBackfill, {"offset": None, "consumed_rows": 0, "target": None}),
+        "SplitSource": (
+            SplitSource,
+            {"log": log, "splits": None, "batch_rows": 8, "wait_barrier_intervals": 2},
+        ),
+        "add_sink": (
+            add_sink_to_a_fresh_runtime,
+            {
+                "name": "out",
+                "connector": ParquetTable(table, ROWS),
+                "input": "src",
+                "parallelism": None,
+                "key": None,
+            },
+        ),
+        # connectors
+        "ParquetCommitter": (ParquetCommitter, {"path": table}),
+        "ParquetFileSink": (
+            ParquetFileSink,
+            {
+                "path": table,
+                "schema": ROWS,
+                "rows_per_file": 10,
+                "row_group_rows": 5,
+                "compression": "zstd",
+                "use_dictionary": None,
+                "writer": None,
+            },
+        ),
+        "ParquetTable": (
+            ParquetTable,
+            {"path": table, "schema": ROWS, "rows_per_file": 10, "compression": "snappy"},
+        ),
+        "PrintSink": (PrintSink, {"schema": ROWS, "out": None, "max_rows": 3, "prefix": ""}),
+        "RedisStreamLog": (
+            RedisStreamLog,
+            {"connection": "redis://127.0.0.1:1", "payload": ROWS, "splits": ["a"], "block_ms": 10},
+        ),
+        "RetryBackoff": (
+            RetryBackoff,
+            {"initial": 0.01, "max_delay": 0.1, "retries": None, "timeout": 1.0},
+        ),
+        "open_local_catalog": (open_local_catalog, {"root": root / "lake", "name": "c"}),
+        # testing
+        "FailingConnector": (FailingConnector, {"inner": ListSink(ROWS)}),
+        "FakeClock": (FakeClock, {"start": 0.0}),
+        "ListSink": (ListSink, {"schema": ROWS}),
+        "RedisServer": (
+            RedisServer,
+            {
+                "directory": root / "redis",
+                "persistent": False,
+                "start_timeout": 1.0,
+                "stop_timeout": 1.0,
+            },
+        ),
+        "ScriptedSource": (ScriptedSource, {"schema": ROWS}),
+        # spark bridge (constructed without Spark)
+        "SparkBridge": (SparkBridge, {"runtime": blocking, "feed": feed, "stream": "s"}),
+    }
+
+
+#: Values a constructor must refuse at the call: (public name, argument, value).
+KNOWN_BAD: list[tuple[str, str, Any]] = [
+    ("SinkWriter", "name", ""),
+    ("SinkWriter", "flush_interval", 0),
+    ("SinkWriter", "flush_interval", NAN),
+    ("SinkWriter", "capacity", 0),
+    ("SinkTask", "name", ""),
+    ("SinkTask", "capacity", 0),
+    ("SinkTask", "flush_interval", -1.0),
+    ("SinkTask", "shutdown_timeout", INF),
+    ("ParquetFileSink", "compression", "bogus"),
+    ("ParquetFileSink", "compression", "bz2"),
+    ("ParquetFileSink", "rows_per_file", 0),
+    ("ParquetFileSink", "row_group_rows", -1),
+    ("ParquetFileSink", "use_dictionary", ["nope"]),
+    ("ParquetTable", "compression", "bogus"),
+    ("ParquetTable", "rows_per_file", 0),
+    ("ParquetTable", "options", 1),  # an option ParquetFileSink does not have
+    ("PrintSink", "max_rows", -1),
+    ("Coordinator", "vnode_count", 0),
+    ("Coordinator", "base_delay", -1.0),
+    ("Materialize", "compact_after", 0),
+    ("Materialize", "primary_key", ["nope"]),
+    ("SnapshotBackfill", "batch_rows", 0),
+    ("SnapshotBackfill", "rate_limit", -1.0),
+    ("BatchFeed", "chunk_rows", 0),
+    ("FakeClock", "start", NAN),
+    ("add_sink", "key", ["nope"]),
+]
+
+#: Public names of those packages that are not constructors a user calls with options, each
+#: with the reason (fuzzed elsewhere, or records and handles the library builds itself).
+CONSTRUCTOR_EXEMPT = {
+    # Protocols and type aliases: nothing to construct.
+    "CommitCoordinator", "CoordinatedTable", "SinkConnector", "SplitLog", "CommitMetadata",
+    "SchemaChange",
+    # Enums and sentinels (their values are fixed).
+    "BackfillPhase", "SinkState", "CHECKPOINT", "CRASH", "FAIL", "PAUSE", "RESUME",
+    "DEFAULT_MASTER",
+    # Snapshot records and handles the library builds from its own state.
+    "BatchFeedStats", "CoordinatorStats", "DeclaredSink", "SinkStateRecord", "SinkStates",
+    "SinkTaskHandle", "SinkTaskStats", "WriterHandle", "BridgeStats", "Playback",
+    # Errors (constructed by the library with structured fields).
+    "ConformanceError", "InjectedFaultError", "ScriptedCrashError", "ScriptedFailureError",
+    # Async, or needing a live system: fuzzed through the classes above or their own tests.
+    "start_sink_task",  # SinkTask's options, checked by the same function
+    "IcebergSink", "IcebergCommitter",  # need a catalog: tests/test_iceberg_sink.py
+    "SparkReader", "read_spark", "spark_session", "require_spark", "arrow_schema_of",
+    "unwrap_spark_error",  # need Spark or its errors: tests/test_spark_bridge.py
+    # Functions of the testing kit that run a whole conformance suite or a script.
+    "check_sink_connector", "check_split_reader", "check_stream_actor", "drain", "play",
+    "rows_per_epoch",
+}  # fmt: skip
+
+CONSTRUCTOR_PACKAGES = (
+    actors_package, sinks_package, sources_package, backfill_package, testing_package,
+    spark_package, connectors_package,
+)  # fmt: skip
+
+
+def test_every_public_constructor_is_fuzzed_or_exempt(tmp_path: Path) -> None:
+    covered = set(_constructors(tmp_path)) | CONSTRUCTOR_EXEMPT
+    for package in CONSTRUCTOR_PACKAGES:
+        missing = set(package.__all__) - covered
+        assert not missing, f"{package.__name__}: add a constructor fuzz for {missing}"
+
+
+#: Constructors that still fail the rule, in files other sessions own: "name(argument=...)"
+#: as the test reports it. Strict: an entry that passes fails the test, so that it is removed.
+NOT_YET: dict[str, str] = {
+    # actors/sinks/coordinator/ — a huge int overflows float() before the range check.
+    "Coordinator(base_delay=...)": "OverflowError",
+    "Coordinator(max_delay=...)": "OverflowError",
+    "Coordinator(warn_interval=...)": "OverflowError",
+    # connectors/redis_streams.py — the payload schema is checked as "schema".
+    "RedisStreamLog(payload=...)": "names 'schema'",
+    # actors/backfill/source_backfill.py — splits=True reaches tuple().
+    "SourceBackfill(splits=...)": "TypeError",
+}
+
+
+def _names(error: InvalidArgumentError, argument: str) -> bool:
+    return argument in str(error.argument)
+
+
+def test_public_constructors_refuse_bad_values_naming_the_argument(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a bad value that is a fine relative path lands here
+    failures: dict[str, str] = {}  # "name(argument)" -> the first bad value's outcome
+    for name, (make, valid) in _constructors(tmp_path).items():
+        make(**valid)  # the valid arguments are accepted
+        for argument in valid:
+            for bad in BAD:
+                where = f"{name}({argument}=...)"
+                try:
+                    make(**{**valid, argument: bad})
+                except InvalidArgumentError as error:
+                    if not _names(error, argument):
+                        failures.setdefault(where, f"{bad!r:.40} names {error.argument!r}")
+                except BarrierflowError:
+                    pass
+                except Exception as error:
+                    failures.setdefault(where, f"{bad!r:.40} raised {type(error).__name__}")
+    unexpected = {k: v for k, v in failures.items() if k not in NOT_YET}
+    assert not unexpected, "\n".join(f"{k}: {v}" for k, v in sorted(unexpected.items()))
+    fixed = set(NOT_YET) - set(failures)
+    assert not fixed, f"fixed now: remove {sorted(fixed)} from NOT_YET"
+
+
+@pytest.mark.parametrize(("name", "argument", "value"), KNOWN_BAD)
+def test_constructor_refuses_a_value_it_used_to_accept(
+    tmp_path: Path, name: str, argument: str, value: Any
+) -> None:
+    make, valid = _constructors(tmp_path)[name]
+    kwargs = {**valid, argument: value}
+    if argument == "options":  # an unknown keyword option
+        kwargs = {**valid, "bogus_option": value}
+    with pytest.raises(InvalidArgumentError) as info:
+        make(**kwargs)
+    assert _names(info.value, argument)

@@ -1,10 +1,12 @@
-"""The crash harness: runs are killed as whole process groups at the traced event planned, a
-child that escaped its group is reported, the harness resumes and audits, its plan follows the
-seed, and ``barrierflow chaos`` exits non-zero on any finding — plus the short harness on the
-real acts (Spark, Valkey), as CI runs it."""
+"""The crash harness: runs are killed as whole process groups at the traced event planned (or
+at a moment after their start), a child that escaped its group is reported, the harness
+resumes and audits, its plan follows the seed — a share of the kills at uniform random moments
+of an act's calibrated duration — and ``barrierflow chaos`` exits non-zero on any finding —
+plus the short harness on the real acts (Spark, Valkey), as CI runs it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -23,8 +25,8 @@ from barrierflow._trace import TracedConnector, follow_job
 from barrierflow.chaos import ChaosConfig, harness
 from barrierflow.chaos.acts import ACTS, Act, Target
 from barrierflow.chaos.audit import Audit
-from barrierflow.chaos.harness import _plan, _rng
-from barrierflow.chaos.process import KillAt, RunOutcome, run_until
+from barrierflow.chaos.harness import RANDOM_WHERE, _plan
+from barrierflow.chaos.process import KillAfter, KillAt, RunOutcome, run_until
 from barrierflow.cli import main
 from barrierflow.runtime.progress import JobProgress, Progress
 from barrierflow.testing import ListSink
@@ -67,6 +69,23 @@ def test_a_run_is_killed_whole_group_after_the_planned_event(tmp_path: Path) -> 
     assert int(outcome.where.split()[1]) >= 4
 
 
+def test_a_run_is_killed_whole_group_at_the_planned_moment_after_its_start(
+    tmp_path: Path,
+) -> None:
+    outcome = run_until(
+        child(tmp_path, "group"),
+        trace=tmp_path / "t",
+        log=tmp_path / "log",
+        kill=KillAfter(0.5),
+        timeout=scaled(60),
+    )
+    assert outcome.killed
+    assert not outcome.timed_out
+    assert outcome.returncode == -signal.SIGKILL
+    assert outcome.survivors == ()
+    assert 0.5 <= outcome.seconds < scaled(30)
+
+
 def test_a_helper_that_left_the_group_is_reported_as_a_survivor(tmp_path: Path) -> None:
     outcome = run_until(
         child(tmp_path, "escape"),
@@ -101,33 +120,78 @@ def test_a_run_that_ends_first_is_not_killed_and_a_hung_one_times_out(tmp_path: 
 
 def test_the_plan_follows_the_seed() -> None:
     act = ACTS["views"]
-    plans = [_plan(act, _rng(7, r, 0)) for r in range(20)]
-    assert plans == [_plan(act, _rng(7, r, 0)) for r in range(20)]
-    assert len({kill.event for kill, _ in plans}) > 3  # spread over the act's targets
+    plans = [_plan(act, 0.0, 7, r, 0) for r in range(20)]
+    assert plans == [_plan(act, 0.0, 7, r, 0) for r in range(20)]
+    assert all(plan.traced is not None for plan in plans)
+    assert len({plan.traced.event for plan in plans if plan.traced}) > 3  # over the targets
     # The runs of one round (resumes after a kill) draw their own targets too.
-    assert len({_plan(act, _rng(7, 0, run)) for run in range(6)}) > 3
+    assert len({_plan(act, 0.0, 7, 0, run) for run in range(6)}) > 3
+
+
+def test_random_kills_are_the_configured_share_drawn_uniformly_over_the_expected_duration() -> None:
+    act, share, expected, draws = ACTS["backfill"], 0.3, 12.0, 4000
+    plans = [_plan(act, share, 11, r, run) for r in range(draws // 4) for run in range(4)]
+    assert plans == [_plan(act, share, 11, r, run) for r in range(draws // 4) for run in range(4)]
+    random_plans = [p for p in plans if p.traced is None]
+    assert {p.mode for p in random_plans} == {"random"}
+    assert {p.where for p in random_plans} == {RANDOM_WHERE}
+    assert abs(len(random_plans) / draws - share) < 0.03
+    moments = sorted(p.kill(expected).seconds for p in random_plans)  # type: ignore[union-attr]
+    assert moments[0] >= 0.0
+    assert moments[-1] < expected
+    # Uniform over the whole run: the empirical distribution stays within the Kolmogorov-
+    # Smirnov bound (1 %) of the uniform one on [0, expected).
+    n = len(moments)
+    gap = max(max((i + 1) / n - m / expected, m / expected - i / n) for i, m in enumerate(moments))
+    assert gap < 1.63 / n**0.5
+    # The traced plans are those of a session without random kills: a share changes which
+    # kills are random, never where the others are aimed.
+    runs = [(r, run) for r in range(draws // 4) for run in range(4)]
+    for (r, run), plan in zip(runs, plans, strict=True):
+        if plan.traced is not None:
+            assert plan == _plan(act, 0.0, 11, r, run)
+    assert {p.mode for p in (_plan(act, 1.0, 11, r, 0) for r in range(50))} == {"random"}
 
 
 def test_bad_configs_are_refused(tmp_path: Path) -> None:
-    for kwargs in ({"kills": 0}, {"seed": "x"}, {"acts": ("nope",)}, {"max_kills_per_round": 0}):
+    for kwargs in (
+        {"kills": 0},
+        {"seed": "x"},
+        {"acts": ("nope",)},
+        {"max_kills_per_round": 0},
+        {"random_share": 1.5},
+        {"random_share": -0.1},
+        {"random_share": float("nan")},
+        {"random_share": "0.3"},
+    ):
         with pytest.raises(InvalidArgumentError):
             ChaosConfig(tmp_path, **kwargs)  # type: ignore[arg-type]
     assert main(["chaos", "--kills", "0", "--workdir", str(tmp_path)]) == 2
+    assert main(["chaos", "--random-share", "2", "--workdir", str(tmp_path)]) == 2
 
 
-def fake_run(command: list[str], *, kill: KillAt | None, **_: object) -> RunOutcome:
-    """``run_until`` for a fake act of five steps (``done.txt`` counts them): killed
-    ``kill.occurrence`` steps into the run, else run to the end — no process, no clock."""
+Kills = list[tuple[str, KillAt | KillAfter | None]]
+
+
+def fake_run(
+    command: list[str], *, kill: KillAt | KillAfter | None, seen: Kills | None = None, **_: object
+) -> RunOutcome:
+    """``run_until`` for a fake act of five steps of a second each (``done.txt`` counts them):
+    killed ``kill.occurrence`` steps into the run, or in the step ``kill.seconds`` falls in,
+    else run to the end — no process, no clock. Each run's directory and kill go to ``seen``."""
+    if seen is not None:
+        seen.append((command[-1], kill))
     workdir = Path(command[-1])
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "fake.json").write_text("{}")
     done = workdir / "done.txt"
     steps = int(done.read_text()) if done.exists() else 0
-    if kill is not None and steps + kill.occurrence <= 5:
-        done.write_text(str(steps + kill.occurrence - 1))  # killed mid-step
-        return RunOutcome(True, -signal.SIGKILL, 0.1, f"step {steps + kill.occurrence - 1}", 1)
+    into = kill.occurrence if isinstance(kill, KillAt) else int(kill.seconds) + 1 if kill else 0
+    if kill is not None and steps + into <= 5:
+        done.write_text(str(steps + into - 1))  # killed mid-step
+        return RunOutcome(True, -signal.SIGKILL, into - 0.5, f"step {steps + into - 1}", 1)
     done.write_text("5")
-    return RunOutcome(False, 0, 0.1, "verify", 1)
+    return RunOutcome(False, 0, 5.0 - steps, "verify", 1)
 
 
 def fake_act(findings: bool) -> Act:
@@ -156,14 +220,45 @@ def test_the_harness_kills_resumes_audits_and_exits_by_its_findings(
     monkeypatch.setattr(Act, "command", command)
     monkeypatch.setattr(harness, "run_until", fake_run)
     argv = ["chaos", "--acts", "fake", "--kills", "3", "--seed", "5", "--workdir", str(tmp_path)]
-    assert main(argv) == (1 if findings else 0)
+    assert main([*argv, "--random-share", "0"]) == (1 if findings else 0)
     report = json.loads((tmp_path / "chaos-report.json").read_text())
-    assert report["totals"]["kills"] == 3
+    assert report["totals"]["kills"] == report["totals"]["traced"] == 3
     assert all(k["landed"].startswith("step") for k in report["kills"])
     assert [r["exit"] for r in report["rounds"]] == [0] * len(report["rounds"])
     assert resumes[0] is False
     assert True in resumes
     assert report["totals"]["findings"] == (len(report["rounds"]) if findings else 0)
+    assert report["calibrations"] == []  # no random kill, no calibration run
+
+
+def test_random_kills_fall_within_the_duration_one_calibration_run_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(ACTS, "fake", fake_act(False))
+    monkeypatch.setattr(Act, "command", lambda self, py, workdir, *_: [py, str(workdir)])
+    kills: Kills = []
+    monkeypatch.setattr(harness, "run_until", functools.partial(fake_run, seen=kills))
+    argv = ["chaos", "--acts", "fake", "--kills", "6", "--seed", "3", "--workdir", str(tmp_path)]
+    assert main([*argv, "--random-share", "0.5"]) == 0
+    report = json.loads((tmp_path / "chaos-report.json").read_text())
+    totals = report["totals"]
+    assert totals["kills"] == 6
+    assert totals["random"] == sum(k["mode"] == "random" for k in report["kills"]) > 0
+    assert totals["traced"] == sum(k["mode"] == "traced" for k in report["kills"]) > 0
+    assert [(c["act"], c["seconds"], c["clean"]) for c in report["calibrations"]] == [
+        ("fake", 5.0, True)
+    ]
+    # The calibration run is the first unkilled run of the act, from scratch, before its
+    # first random kill; every random kill is a moment within the 5 s it measured.
+    first_random = next(i for i, (_, kill) in enumerate(kills) if isinstance(kill, KillAfter))
+    calibration = next(i for i, (where, _) in enumerate(kills) if "calibrate-fake" in where)
+    assert calibration < first_random
+    assert kills[calibration][1] is None
+    moments = [kill.seconds for _, kill in kills if isinstance(kill, KillAfter)]
+    assert all(0 <= s < 5.0 for s in moments)
+    assert all(k["aimed"] == RANDOM_WHERE for k in report["kills"] if k["mode"] == "random")
+    out = capsys.readouterr().out
+    assert f"({totals['random']} at random moments, {totals['traced']} at traced events)" in out
 
 
 @pytest.mark.spark
@@ -179,6 +274,7 @@ def test_the_short_harness_on_the_real_acts_finds_nothing(tmp_path: Path) -> Non
     report = json.loads((tmp_path / "chaos-report.json").read_text())
     totals = report["totals"]
     assert totals["kills"] == 3
+    assert totals["random"] + totals["traced"] == 3
     assert totals["rounds"] >= 3
     assert (totals["lost"], totals["duplicated"], totals["foreign"], totals["findings"]) == (
         0, 0, 0, 0

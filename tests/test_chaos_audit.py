@@ -1,5 +1,6 @@
 """The crash harness's audits find what they promise: each rule is broken on purpose in a table
-that passes, and the audit names it (and counts lost, duplicated and foreign rows)."""
+that passes, and the audit names it (and counts lost, duplicated and foreign rows; for the
+backfill act, each table's streams with records missing)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from barrierflow._demo_input import RunManifest, complete_input
-from barrierflow.chaos.audit import compare_rows
+from barrierflow.chaos.audit import compare_rows, lost_by
 from barrierflow.chaos.audit_iceberg import TABLE, audit_iceberg
-from barrierflow.chaos.audit_parquet import audit_backfill, audit_views
+from barrierflow.chaos.audit_parquet import BACKFILL_TABLES, audit_backfill, audit_views
 from barrierflow.demo_backfill import BackfillDemoConfig, run_backfill_demo
 from barrierflow.demo_views import ViewsDemoConfig, run_views_demo
 
@@ -188,6 +190,110 @@ def test_the_backfill_tables_are_clean_then_a_row_too_many_is_found(
     audit = audit_backfill(tmp_path, complete=True)
     assert audit.foreign == rows.num_rows
     assert "history.files_not_as_recorded" in rules(audit)
+
+
+def test_rows_lost_are_counted_per_value_of_a_column() -> None:
+    expected = pa.table({"s": ["a", "a", "b", "b", "c"], "k": [1, 2, 3, 4, 5]})
+    got = pa.table({"s": ["a", "b", "b", "b", "x"], "k": [1, 3, 3, 4, 9]})
+    # a: (a, 2) lost; b: all there (one duplicated); c: its only row lost; x: not expected
+    assert lost_by(expected, got, ["s", "k"], "s") == {"a": (1, 2), "b": (0, 2), "c": (1, 1)}
+
+
+STREAMS, HISTORY, LIVE = 3, 4, 6
+
+
+def stream_records(stream: int) -> pa.Table:
+    """Stream ``stream``'s records as the producer writes them (``i * streams + s``, ``i``)."""
+    i = pa.array(range(HISTORY + LIVE), pa.int64())
+    return pa.table(
+        {
+            "key": pc.add(pc.multiply(i, STREAMS), stream),
+            "value": i,
+            "_split": pa.array([f"demo:events:{stream}"] * len(i), pa.string()),
+        }
+    )
+
+
+def write_parquet_table(path: Path, epochs: list[pa.Table]) -> None:
+    """A table directory as the exactly-once Parquet sink commits it: an epoch directory per
+    epoch with its file and commit record, and the manifest over them."""
+    path.mkdir(parents=True)
+    for epoch, rows in enumerate(epochs, start=1):
+        directory = path / f"epoch={epoch:020d}"
+        directory.mkdir()
+        pq.write_table(rows, directory / "part-00000.parquet")
+        record = {"epoch": epoch, "files": ["part-00000.parquet"], "rows": rows.num_rows}
+        (directory / "_PRECOMMITTED.json").write_text(json.dumps(record))
+    manifest = {"committed_epoch": len(epochs), "files": len(epochs)}
+    (path / "_manifest.json").write_text(
+        json.dumps({**manifest, "rows": sum(t.num_rows for t in epochs)})
+    )
+
+
+def backfill_run(workdir: Path, short: dict[str, tuple[int, int]]) -> None:
+    """A finished backfill run built by hand: the manifest says what the producer wrote, and
+    each table (``history``, ``live``) holds every stream's records, one epoch per stream —
+    except ``short[table] = (stream, records)``: that stream's first ``records`` only."""
+    manifest = {"streams": STREAMS, "history": HISTORY, "live": LIVE, "redis_url": None}
+    (workdir / "demo-backfill.json").write_text(json.dumps(manifest))
+    for table in BACKFILL_TABLES:
+        epochs = []
+        for stream in range(STREAMS):
+            rows = stream_records(stream)
+            if short.get(table, (-1, 0))[0] == stream:
+                rows = rows.slice(0, short[table][1])
+            if rows.num_rows:
+                epochs.append(rows)
+        write_parquet_table(workdir / table, epochs)
+
+
+def incomplete_streams(audit: object) -> set[tuple[str, str]]:
+    return {
+        (f.rule, f.subject)
+        for f in audit.findings  # type: ignore[attr-defined]
+        if f.rule.endswith(".stream_incomplete")
+    }
+
+
+def test_a_backfill_run_whose_tables_hold_every_stream_is_clean(tmp_path: Path) -> None:
+    backfill_run(tmp_path, {})
+    audit = audit_backfill(tmp_path, complete=True)
+    assert audit.clean, audit.summary()
+    assert audit.rows_in == audit.rows_out == 2 * STREAMS * (HISTORY + LIVE)
+
+
+@pytest.mark.parametrize("records", [0, 7], ids=["never-read", "partly-read"])
+def test_a_stream_missing_from_the_live_table_is_a_finding_naming_the_table_and_the_stream(
+    tmp_path: Path, records: int
+) -> None:
+    backfill_run(tmp_path, {"live": (1, records)})
+    audit = audit_backfill(tmp_path, complete=True)
+    assert incomplete_streams(audit) == {("live.stream_incomplete", "demo:events:1")}
+    assert audit.lost == HISTORY + LIVE - records
+    # Mid-run, records not there yet are not lost.
+    assert not incomplete_streams(audit_backfill(tmp_path, complete=False))
+
+
+@pytest.mark.parametrize("records", [0, 3], ids=["never-read", "partly-read"])
+def test_a_stream_missing_from_the_backfill_table_is_a_finding_naming_the_table_and_the_stream(
+    tmp_path: Path, records: int
+) -> None:
+    backfill_run(tmp_path, {"history": (2, records)})
+    audit = audit_backfill(tmp_path, complete=True)
+    assert incomplete_streams(audit) == {("history.stream_incomplete", "demo:events:2")}
+    assert audit.lost == HISTORY + LIVE - records
+
+
+def test_the_streams_are_the_producer_s_not_the_ones_the_tables_hold(tmp_path: Path) -> None:
+    """A stream that neither table ever read (the source never listed it) is still missing
+    from both: the streams come from the run's manifest."""
+    backfill_run(tmp_path, {"history": (0, 0), "live": (0, 0)})
+    audit = audit_backfill(tmp_path, complete=True)
+    assert incomplete_streams(audit) == {
+        ("history.stream_incomplete", "demo:events:0"),
+        ("live.stream_incomplete", "demo:events:0"),
+    }
+    assert audit.lost == 2 * (HISTORY + LIVE)
 
 
 def test_manifests_are_read_as_plain_json(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ process)."""
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,11 +20,12 @@ import pytest
 from _timeouts import scaled
 
 from barrierflow._demo_input import RunManifest, complete_input, file_name
-from barrierflow._demo_progress import RunCounts
+from barrierflow._demo_progress import LiveProgress, RunCounts
 from barrierflow.chaos.acts import ACTS
 from barrierflow.cli import main
 from barrierflow.demo import DemoConfig, run_demo
 from barrierflow.errors import ConfigError, NotRunningError
+from barrierflow.testing.clock import FakeClock
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
@@ -253,6 +256,74 @@ def test_progress_counts_overall_rows_against_the_rows_asked() -> None:
     assert counts.rows_overall == 700
     assert counts.rate == 30.0
     assert counts.seconds_left == 10.0  # 300 rows left at 30 rows/s
+
+
+def counts_at(epochs: int, rows: int = 1_000, seconds: float = 10.0) -> RunCounts:
+    return RunCounts(
+        rows_asked=1_000,
+        rows_before=0,
+        rows_this_run=rows,
+        batches_this_run=epochs,
+        replays_skipped=0,
+        epochs_this_run=epochs,
+        blocked_seconds=0.0,
+        seconds=seconds,
+    )
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal (rich then draws its live table on it)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["live table", "plain lines"])
+def test_the_final_progress_is_drawn_after_the_last_commit(terminal: bool) -> None:
+    # The last micro-batch returns once its checkpoint is durable; its commit lands after.
+    committed = [19]
+    stream = Terminal() if terminal else io.StringIO()
+    progress = LiveProgress(
+        True,
+        lambda: counts_at(committed[0]),
+        settle=lambda: committed.__setitem__(0, 20),
+        stream=stream,
+    )
+    with progress:
+        progress.refresh()
+    shown = stream.getvalue()
+    if terminal:
+        last_table = shown[shown.rindex("epochs committed") :].splitlines()[0]
+        assert re.findall(r"\d+", last_table) == ["20"]
+    else:
+        assert shown.splitlines()[-1].startswith("done: rows 1,000 of 1,000")
+        assert "20 epochs committed" in shown.splitlines()[-1]
+
+
+def test_without_a_terminal_plain_progress_lines_are_written_every_few_seconds() -> None:
+    clock = FakeClock(0.0)
+    stream = io.StringIO()
+    now = [counts_at(0, rows=0, seconds=0.0)]
+    progress = LiveProgress(True, lambda: now[0], stream=stream, every=5.0, clock=clock)
+    with progress:  # a first line at once: the run has started
+        for second in range(1, 12):
+            clock.advance(1.0)
+            now[0] = counts_at(second, rows=second * 50, seconds=float(second))
+            progress.refresh()
+    lines = stream.getvalue().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["progress"] * 3 + ["done"]
+    assert lines[0].startswith("progress: rows 0 of 1,000 (0%, overall)")
+    assert lines[1].startswith("progress: rows 250 of 1,000 (25%, overall)")  # at 5 s
+    assert lines[2].startswith("progress: rows 500 of 1,000 (50%, overall)")  # at 10 s
+    assert "11 epochs committed" in lines[3]
+    assert "\x1b" not in stream.getvalue()  # no terminal codes in a log file
+
+
+def test_disabled_progress_writes_nothing() -> None:
+    stream = io.StringIO()
+    with LiveProgress(False, lambda: counts_at(1), stream=stream) as progress:
+        progress.refresh()
+    assert stream.getvalue() == ""
 
 
 def test_a_malformed_spark_conf_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,7 +41,11 @@ def test_every_group_mutates_existing_modules_with_existing_tests(mutate: Module
 
 def test_the_groups_cover_the_four_seed_actors_and_the_split_source(mutate: ModuleType) -> None:
     assert [g.name for g in mutate.GROUPS] == [
-        "sink_task", "sink_writer", "coordinator", "source_backfill", "snapshot_backfill",
+        "sink_task",
+        "sink_writer",
+        "coordinator",
+        "source_backfill",
+        "snapshot_backfill",
         "split_source",
     ]
 
@@ -49,7 +53,9 @@ def test_the_groups_cover_the_four_seed_actors_and_the_split_source(mutate: Modu
 def test_every_listed_equivalent_names_a_mutated_module(mutate: ModuleType) -> None:
     mutated = {
         str(path.relative_to(ROOT)).removesuffix(".py").replace("/", ".")
-        for group in mutate.GROUPS for pattern in group.modules for path in ROOT.glob(pattern)
+        for group in mutate.GROUPS
+        for pattern in group.modules
+        for path in ROOT.glob(pattern)
     }
     listed = mutate._listed_equivalents()
     for key in listed:
@@ -65,7 +71,8 @@ def test_a_mutant_inside_a_log_call_is_recognised_and_no_other(
     mutate: ModuleType, tmp_path: Path
 ) -> None:
     source = tmp_path / "m.py"
-    source.write_text(textwrap.dedent("""\
+    source.write_text(
+        textwrap.dedent("""\
         async def f(log, ctx, x):
             log.warning(
                 "slow", seconds=x + 1,
@@ -75,7 +82,8 @@ def test_a_mutant_inside_a_log_call_is_recognised_and_no_other(
             await ctx.emit(y)
             structlog.get_logger("a").error("boom", y=y)
             raise ValueError(str(x))
-        """))
+        """)
+    )
     logged = [n for n in range(1, 10) if mutate._in_log_call(source, n)]
     assert logged == [2, 3, 4, 5, 8]
 

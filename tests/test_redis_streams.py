@@ -4,8 +4,8 @@ payload decoding, trimmed history, and a server that goes away mid-read."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import aclosing, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from functools import partial
 from typing import Any
 
@@ -37,16 +37,6 @@ from barrierflow.testing.redis_server import RedisServer
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
 PAYLOAD = pa.schema([pa.field("name", pa.string(), nullable=False), ("n", pa.int64())])
-
-
-@contextmanager
-def client(server: RedisServer) -> Iterator[redis.Redis]:
-    """A plain client to write the streams the tests read."""
-    conn = redis.Redis(host=server.host, port=server.port, protocol=2)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def add(conn: redis.Redis, key: str, ids: list[str], **extra: str) -> None:
@@ -90,7 +80,7 @@ async def test_list_splits_names_the_existing_streams_of_the_list_or_the_pattern
     redis_server: RedisServer,
 ) -> None:
     p = redis_server.key_prefix()
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         add(conn, f"{p}b", ["1-0"])
         add(conn, f"{p}a", ["1-0"])
         conn.set(f"{p}c", "not a stream")
@@ -106,7 +96,7 @@ async def test_list_splits_names_the_existing_streams_of_the_list_or_the_pattern
 
 async def test_latest_offset_of_an_empty_stream_is_none(redis_server: RedisServer) -> None:
     p = redis_server.key_prefix()
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         conn.xgroup_create(f"{p}s", "g", id="0", mkstream=True)
     async with RedisStreamLog(redis_server.url, splits=[f"{p}s"], payload=PAYLOAD) as log:
         assert await log.latest_offset(f"{p}s") is None
@@ -116,7 +106,7 @@ async def test_latest_offset_after_deleting_the_last_entry_is_the_previous_one(
     redis_server: RedisServer,
 ) -> None:
     p = redis_server.key_prefix()
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         add(conn, f"{p}s", ["5-0", "5-1", "7-0"])
         async with RedisStreamLog(redis_server.url, splits=[f"{p}s"], payload=PAYLOAD) as log:
             assert await log.latest_offset(f"{p}s") == Offset(7, 0)
@@ -126,7 +116,7 @@ async def test_latest_offset_after_deleting_the_last_entry_is_the_previous_one(
 
 async def test_unknown_split_raises_unknown_split_error(redis_server: RedisServer) -> None:
     p = redis_server.key_prefix()
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         add(conn, f"{p}s", ["1-0"])
         add(conn, f"{p}unlisted", ["1-0"])
     async with RedisStreamLog(
@@ -147,7 +137,7 @@ async def test_read_from_none_delivers_the_history_of_every_split_within_batch_r
 ) -> None:
     p = redis_server.key_prefix()
     a, b = f"{p}a", f"{p}b"
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         add(conn, a, [f"{i}-0" for i in range(1, 6)])
         add(conn, b, [f"{i}-{j}" for i in range(1, 3) for j in range(3)])
     async with RedisStreamLog(redis_server.url, splits=[a, b], payload=PAYLOAD) as log:
@@ -164,7 +154,7 @@ async def test_read_from_none_delivers_the_history_of_every_split_within_batch_r
 async def test_read_starts_after_the_start_offset(redis_server: RedisServer) -> None:
     p = redis_server.key_prefix()
     a, b = f"{p}a", f"{p}b"
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         add(conn, a, ["1-0", "2-0", "3-0"])
         add(conn, b, ["1-0", "2-0", "3-0"])
     async with RedisStreamLog(redis_server.url, splits=[a, b], payload=PAYLOAD) as log:
@@ -178,7 +168,7 @@ async def test_the_live_tail_delivers_entries_appended_after_the_read_started(
 ) -> None:
     p = redis_server.key_prefix()
     a, b = f"{p}a", f"{p}b"
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         add(conn, a, ["1-0"])
         conn.xgroup_create(b, "g", id="0", mkstream=True)
         async with (
@@ -194,7 +184,7 @@ async def test_the_live_tail_delivers_entries_appended_after_the_read_started(
 
 async def test_ids_are_ordered_as_numbers_not_as_text(redis_server: RedisServer) -> None:
     p = redis_server.key_prefix()
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         add(conn, f"{p}s", ["9-0", "9-1", "10-0", "100-0"])
     async with RedisStreamLog(redis_server.url, splits=[f"{p}s"], payload=PAYLOAD) as log:
         assert await log.latest_offset(f"{p}s") == Offset(100, 0)
@@ -217,7 +207,7 @@ async def test_payload_fields_are_cast_to_the_schema_and_missing_nullable_ones_a
             ("raw", pa.binary()),
         ]
     )
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         conn.xadd(
             f"{p}s",
             {
@@ -244,7 +234,7 @@ async def test_missing_non_nullable_field_raises_record_error_naming_stream_id_a
     redis_server: RedisServer,
 ) -> None:
     p = redis_server.key_prefix()
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         conn.xadd(f"{p}s", {"name": "a", "n": "1"}, id="1-0")
         conn.xadd(f"{p}s", {"n": "2"}, id="2-5")
     async with RedisStreamLog(redis_server.url, splits=[f"{p}s"], payload=PAYLOAD) as log:
@@ -256,7 +246,7 @@ async def test_missing_non_nullable_field_raises_record_error_naming_stream_id_a
 
 async def test_a_value_that_does_not_parse_raises_record_error(redis_server: RedisServer) -> None:
     p = redis_server.key_prefix()
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         conn.xadd(f"{p}s", {"name": "a", "n": "1"}, id="1-0")
         conn.xadd(f"{p}s", {"name": "b", "n": "two"}, id="3-0")
     async with RedisStreamLog(redis_server.url, splits=[f"{p}s"], payload=PAYLOAD) as log:
@@ -270,7 +260,7 @@ async def test_a_start_below_the_trimmed_history_raises_offset_trimmed_error(
 ) -> None:
     p = redis_server.key_prefix()
     s = f"{p}s"
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         add(conn, s, [f"{i}-0" for i in range(1, 6)])
         conn.xtrim(s, maxlen=2, approximate=False)
     async with RedisStreamLog(redis_server.url, splits=[s], payload=PAYLOAD) as log:
@@ -290,7 +280,7 @@ async def test_the_skip_policy_reads_on_from_the_first_retained_entry(
 ) -> None:
     p = redis_server.key_prefix()
     s = f"{p}s"
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         add(conn, s, [f"{i}-0" for i in range(1, 6)])
         conn.xtrim(s, maxlen=2, approximate=False)
     async with RedisStreamLog(
@@ -304,7 +294,7 @@ async def test_a_read_survives_a_server_restart_within_the_retry_bound(
 ) -> None:
     server = redis_restartable
     s = "stream"
-    with client(server) as conn:
+    with server.client() as conn:
         add(conn, s, ["1-0", "2-0", "3-0"])
     retried = anyio.Event()
     send, receive = anyio.create_memory_object_stream[pa.RecordBatch](100)
@@ -330,7 +320,7 @@ async def test_a_read_survives_a_server_restart_within_the_retry_bound(
                 server.stop()
                 await retried.wait()
                 await anyio.to_thread.run_sync(server.start)
-                with client(server) as conn:
+                with server.client() as conn:
                     add(conn, s, ["4-0", "5-0"])
                 after = await take(receive, 2)
                 tg.cancel_scope.cancel()
@@ -341,7 +331,7 @@ async def test_a_server_gone_past_the_retry_bound_raises_unavailable_error(
     redis_restartable: RedisServer,
 ) -> None:
     server = redis_restartable
-    with client(server) as conn:
+    with server.client() as conn:
         add(conn, "s", ["1-0"])
     retries: list[int] = []
     backoff = RetryBackoff(initial=0.01, max_delay=0.02, retries=3, timeout=scaled(10))
@@ -367,7 +357,7 @@ async def test_a_server_gone_past_the_retry_bound_raises_unavailable_error(
 
 async def test_a_cancelled_tail_read_returns_promptly(redis_server: RedisServer) -> None:
     p = redis_server.key_prefix()
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         add(conn, f"{p}s", ["1-0"])
     async with (
         RedisStreamLog(redis_server.url, splits=[f"{p}s"], payload=PAYLOAD, block_ms=1000) as log,

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter as Tally
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -61,15 +59,6 @@ CHILD = Path(__file__).with_name("_backfill_child.py")
 RESTART_APPENDS = 20
 
 Row = tuple[str, str]  # (split, "<ms>-<seq>")
-
-
-@contextmanager
-def client(server: RedisServer) -> Iterator[redis.Redis]:
-    conn = redis.Redis(host=server.host, port=server.port, protocol=2)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def stream_ids(conn: redis.Redis, keys: list[str]) -> dict[str, list[str]]:
@@ -162,7 +151,7 @@ async def restart(tmp_path: Path, server: RedisServer, prefix: str) -> dict[str,
     writers: list[SinkWriter] = []
     rt = runtime(tmp_path, log, lambda: Count(live), barrier_interval=0.05)
     rt.declare_job(history_job(tmp_path, log, writers, rate=None))
-    with client(server) as conn, anyio.fail_after(scaled(60)):
+    with server.client() as conn, anyio.fail_after(scaled(60)):
         async with log, rt:
             handle = rt.job("history")
             await anyio.to_thread.run_sync(partial(append, conn, keys, RESTART_APPENDS))
@@ -188,7 +177,7 @@ async def test_a_source_backfill_killed_and_restarted_writes_every_record_exactl
     prefix = redis_server.key_prefix()
     keys = stream_keys(prefix)
     schema = split_log_schema(PAYLOAD)
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         await anyio.to_thread.run_sync(partial(append, conn, keys, HISTORY))
 
     markers, facts = await run_child(tmp_path, redis_server, prefix, anyio_backend, point)
@@ -244,7 +233,7 @@ async def test_a_source_backfill_killed_and_restarted_writes_every_record_exactl
 
     # The table before the restart: committed rows only, each once, all of them real.
     before = table_rows(tmp_path, schema)
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         now = await anyio.to_thread.run_sync(stream_ids, conn, keys)
     assert not duplicates(before)
     assert set(before) <= {(s, i) for s, ids in now.items() for i in ids}

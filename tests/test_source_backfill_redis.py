@@ -4,8 +4,6 @@ and ends up with every record of every stream exactly once, in order."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -50,15 +48,6 @@ class Collect(StreamActor):
         await ctx.emit(message)
 
 
-@contextmanager
-def client(server: RedisServer) -> Iterator[redis.Redis]:
-    conn = redis.Redis(host=server.host, port=server.port, protocol=2)
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
 def append(conn: redis.Redis, keys: list[str], count: int) -> None:
     """``count`` more records on every stream (one pipeline)."""
     pipe = conn.pipeline(transaction=False)
@@ -86,7 +75,7 @@ async def test_a_job_joining_a_live_redis_source_gets_history_and_live_records_o
     keys = [f"{prefix}s{i}" for i in range(3)]
     live_seen: list[tuple[str, str]] = []
     joined_seen: list[tuple[str, str]] = []
-    with client(redis_server) as conn:
+    with redis_server.client() as conn:
         await anyio.to_thread.run_sync(partial(append, conn, keys, 200))
         log = RedisStreamLog(redis_server.url, payload=PAYLOAD, splits=keys, block_ms=50)
         rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=0.05))

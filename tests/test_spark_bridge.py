@@ -4,6 +4,7 @@ reader, and the typed errors. One SparkSession for the session; both runtime bac
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,12 @@ from barrierflow.actors import BatchFeed, SinkWriter
 from barrierflow.channels import Chunk, Message
 from barrierflow.connectors import ParquetFileSink
 from barrierflow.errors import (
+    ActorFailedError,
     BatchOrderError,
     InvalidArgumentError,
     NotRunningError,
     SchemaMismatchError,
+    SparkQueryFailedError,
     SparkUnavailableError,
 )
 from barrierflow.runtime import (
@@ -382,3 +385,168 @@ def test_a_graph_failure_mid_micro_batch_is_recovered_inside_the_callback(
         assert feed.stats().retries == 1
     assert FailOnce.failed
     assert keys(tmp_path) == list(range(500))
+
+
+# -- errors in one line (issue 24, item 5) ----------------------------------------------------
+
+TIMESTAMPS = pa.schema([("ts", pa.timestamp("us")), ("n", pa.int64())])
+
+
+def build_for(
+    tmp_path: Path, schema: pa.Schema, *, fail: bool = False
+) -> tuple[Runtime, BatchFeed]:
+    """A runtime reading ``schema`` into a Parquet sink (behind an actor that fails on its
+    first chunk if ``fail``), recovery off."""
+    feed = BatchFeed(schema, chunk_rows=100, capacity=4)
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=0.05))
+    rt.add_source("events", feed.source)
+    upstream = "events"
+    if fail:
+        rt.add_actor("flaky", Explode, inputs=["events"])
+        upstream = "flaky"
+    rt.add_actor(
+        "sink",
+        lambda: SinkWriter(ParquetFileSink(tmp_path / "table", schema)),
+        inputs=[upstream],
+    )
+    return rt, feed
+
+
+class Explode(StreamActor):
+    """Fails on its first chunk."""
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk):
+            raise RuntimeError("injected: the enrich step failed")
+        await ctx.emit(message)
+
+
+def timestamps(spark: Any) -> Any:
+    """A static frame whose ``ts`` is Spark's ``timestamp`` (Arrow: ``timestamp[us, tz=UTC]``)
+    and ``n`` an ``int`` (``int32``)."""
+    return spark.range(3).selectExpr("timestamp_seconds(id) as ts", "cast(id as int) as n")
+
+
+def test_a_schema_differing_in_time_zone_or_integer_width_says_how_to_fix_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    rt, feed = build_for(tmp_path, TIMESTAMPS)
+    df = timestamps(spark)
+    with BlockingRuntime(rt) as handle:
+        bridge = SparkBridge(handle, feed)
+        with pytest.raises(SchemaMismatchError) as info:
+            bridge.deliver(df, 0)
+        message = str(info.value)
+        assert "\n" not in message
+        assert "ts: timestamp[us, tz=UTC]" in message
+        assert "BatchFeed(arrow_schema_of(df))" in info.value.fix
+        assert "cast('timestamp_ntz')" in info.value.fix
+        assert "cast('bigint')" in info.value.fix
+        assert message.endswith(info.value.fix)
+        # The fix it gives works.
+        fixed = df.withColumn("ts", df["ts"].cast("timestamp_ntz")).withColumn(
+            "n", df["n"].cast("bigint")
+        )
+        assert bridge.deliver(fixed, 0) is not None
+        # A difference no cast fixes gets no fix.
+        with pytest.raises(SchemaMismatchError) as other:
+            bridge.deliver(df.selectExpr("ts as when", "n"), 1)
+        assert other.value.fix == ""
+    assert arrow_schema_of(df).types == [pa.timestamp("us", tz="UTC"), pa.int32()]
+
+
+def one_line_of(error: BaseException) -> str:
+    (line,) = str(error).splitlines()
+    return line
+
+
+def test_a_callback_error_is_raised_as_itself_not_as_a_py4j_wall(
+    spark: Any, tmp_path: Path
+) -> None:
+    # A timestamp with a time zone where the feed has none, through the user's own
+    # foreachBatch (bridge.start would refuse it before starting).
+    (tmp_path / "in").mkdir()
+    pq.write_table(
+        pa.table({"ts": pa.array([0, 1], pa.timestamp("us", tz="UTC")), "n": [0, 1]}),
+        tmp_path / "in" / "part-0.parquet",
+    )
+    rt, feed = build_for(tmp_path, TIMESTAMPS)
+    with BlockingRuntime(rt) as handle:
+        bridge = SparkBridge(handle, feed, stream="q")
+        stream_df = spark.readStream.schema("ts timestamp, n bigint").parquet(str(tmp_path / "in"))
+        query = (
+            stream_df.writeStream.foreachBatch(bridge.callback)
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        with pytest.raises(SchemaMismatchError) as info:
+            bridge.await_termination(query)
+        assert info.value is bridge.last_error  # the object the callback raised
+        line = one_line_of(info.value)
+        assert line.startswith("micro-batch 0 of 'q': expected schema (ts: timestamp[us], ")
+        assert "cast('timestamp_ntz')" in line
+        # What Spark itself hands over is a wall of traces around that line.
+        assert len(str(query.exception()).splitlines()) > 10
+        assert bridge.unwrap(query.exception()) is info.value
+
+
+def test_a_deleted_spark_checkpoint_is_one_batch_order_error(spark: Any, tmp_path: Path) -> None:
+    write_files(tmp_path / "in", [30, 30])
+    rt, feed = build(tmp_path)
+    with BlockingRuntime(rt) as handle:
+        bridge = SparkBridge(handle, feed, stream="q")
+        first = bridge.start(streaming(spark, tmp_path / "in"), str(tmp_path / "ck"),
+                             available_now=True)  # fmt: skip
+        assert bridge.await_termination(first)
+        assert bridge.stats().batches == 2
+        # Spark's checkpoint is deleted: Spark starts again from batch 0, which is behind.
+        shutil.rmtree(tmp_path / "ck")
+        again = bridge.start(streaming(spark, tmp_path / "in"), str(tmp_path / "ck"),
+                             available_now=True)  # fmt: skip
+        with pytest.raises(BatchOrderError) as info:
+            bridge.await_termination(again)
+        assert (info.value.direction, info.value.batch_id, info.value.last) == ("backwards", 0, 1)
+        assert "got 0" in one_line_of(info.value)
+    assert keys(tmp_path) == list(range(60))
+
+
+def test_a_failing_callback_is_one_line_naming_its_error(spark: Any, tmp_path: Path) -> None:
+    write_files(tmp_path / "in", [10])
+    rt, feed = build(tmp_path)
+    with BlockingRuntime(rt) as handle:
+        bridge = SparkBridge(handle, feed, stream="q")
+
+        def callback(df: Any, batch_id: int) -> None:  # the user's own code around the bridge
+            bridge.callback(df, batch_id)
+            raise ValueError(f"user code failed after batch {batch_id}")
+
+        query = (
+            streaming(spark, tmp_path / "in").writeStream.foreachBatch(callback)
+            .queryName("enrich").option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(availableNow=True).start()
+        )  # fmt: skip
+        with pytest.raises(SparkQueryFailedError) as info:
+            bridge.await_termination(query)
+        assert info.value.query == "enrich"
+        assert info.value.cause == "ValueError: user code failed after batch 0"
+        assert one_line_of(info.value) == (
+            "Spark streaming query enrich stopped: ValueError: user code failed after batch 0"
+        )
+        assert type(info.value.__cause__).__name__ == "StreamingQueryException"
+
+
+def test_a_graph_failure_in_the_callback_is_the_actor_failed_error(
+    spark: Any, tmp_path: Path
+) -> None:
+    write_files(tmp_path / "in", [10])
+    rt, feed = build_for(tmp_path, SCHEMA, fail=True)
+    with pytest.raises(ActorFailedError) as ended, BlockingRuntime(rt) as handle:
+        bridge = SparkBridge(handle, feed, stream="q")
+        query = bridge.start(streaming(spark, tmp_path / "in"), str(tmp_path / "ck"),
+                             available_now=True)  # fmt: skip
+        with pytest.raises(ActorFailedError) as info:
+            bridge.await_termination(query)
+        assert info.value is bridge.last_error
+    assert ended.value.actor == "flaky"
+    assert "flaky" in one_line_of(info.value)

@@ -579,9 +579,13 @@ class FakeLog:
 
     def __init__(self) -> None:
         self.warnings: list[tuple[str, dict[str, Any]]] = []
+        self.infos: list[tuple[str, dict[str, Any]]] = []
 
     def warning(self, event: str, **fields: Any) -> None:
         self.warnings.append((event, fields))
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.infos.append((event, fields))
 
 
 class FakeCtx:
@@ -619,10 +623,11 @@ class FakeCtx:
     def table(self, name: str) -> FakeTable:
         return self.tables.setdefault(name, FakeTable())
 
-    async def messages(self) -> Any:
+    def messages(self) -> Any:
+        # The stream itself, not an async generator: a reader cancelled between two messages
+        # leaves no generator suspended at a yield (as the runtime's Messages does).
         assert self._inbox is not None
-        async for message in self._inbox[1]:
-            yield message
+        return self._inbox[1]
 
     async def emit(self, message: Message) -> None:
         if isinstance(message, Chunk):

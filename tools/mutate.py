@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
     parser.add_argument(
-        "--survivors", action="store_true",
+        "--survivors",
+        action="store_true",
         help="re-test only each group's survivors that are not equivalent, against the "
         "current work tree (after adding tests: quick)",
     )
@@ -174,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = {g for g in args.groups.split(",") if g}
     unknown = wanted - {g.name for g in GROUPS}
     if unknown:
-        parser.error(f"unknown group(s) {sorted(unknown)}; expected some of "
-                     f"{[g.name for g in GROUPS]}")
+        parser.error(
+            f"unknown group(s) {sorted(unknown)}; expected some of {[g.name for g in GROUPS]}"
+        )
     groups = [g for g in GROUPS if not wanted or g.name in wanted]
     started = time.monotonic()
     if not args.report_only:
@@ -190,9 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     low = [r for r in reports if r.score < 0.9 or _unexplained(r)]
     print(f"report: {BUILD / 'report.md'} ({elapsed / 60:.1f} min)")
     for r in reports:
-        print(f"  {r.module}: {r.generated} mutants, {r.killed} killed, {r.timed_out} timed out, "
-              f"{r.survived} survived ({r.equivalent} equivalent), {r.no_tests} no test, "
-              f"score {r.score:.1%}")
+        print(
+            f"  {r.module}: {r.generated} mutants, {r.killed} killed, {r.timed_out} timed out, "
+            f"{r.survived} survived ({r.equivalent} equivalent), {r.no_tests} no test, "
+            f"score {r.score:.1%}"
+        )
     return 1 if low else 0
 
 
@@ -202,8 +206,12 @@ def _run_groups(groups: list[Group], args: argparse.Namespace) -> None:
             # First the mutants of functions changed since the last run (mutmut re-tests
             # those by itself), then every survivor named (mutmut lets other results stand).
             _run_group(group, fresh=False, jobs=args.jobs)
-            names = [str(s["key"]) for r in _group_reports(group) for s in r.survivors
-                     if not s["equivalent"]]
+            names = [
+                str(s["key"])
+                for r in _group_reports(group)
+                for s in r.survivors
+                if not s["equivalent"]
+            ]
             if names:
                 _run_group(group, fresh=False, jobs=args.jobs, names=names)
         elif not args.report_only:
@@ -228,9 +236,7 @@ def _snapshot_sources() -> None:
         shutil.copytree(ROOT / name, target, ignore=shutil.ignore_patterns("__pycache__"))
 
 
-def _run_group(
-    group: Group, *, fresh: bool, jobs: int, names: list[str] | None = None
-) -> None:
+def _run_group(group: Group, *, fresh: bool, jobs: int, names: list[str] | None = None) -> None:
     """Copy the run's snapshot into the group's working directory and run mutmut there."""
     work = _workdir(group)
     if fresh and work.exists():
@@ -252,7 +258,11 @@ def _run_group(
     with (work / "mutmut.log").open("w") as log:
         subprocess.run(
             [str(mutmut), "run", "--max-children", str(jobs), *(names or [])],
-            cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False,
+            cwd=work,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=False,
         )
 
 
@@ -420,9 +430,11 @@ def _in_log_call(path: Path, line: int) -> bool:
 
 def _write_report(reports: list[ModuleReport], elapsed: float) -> None:
     BUILD.mkdir(parents=True, exist_ok=True)
-    (BUILD / "report.json").write_text(json.dumps(
-        [{**r.__dict__, "score": r.score} for r in reports], indent=1, ensure_ascii=False
-    ))
+    (BUILD / "report.json").write_text(
+        json.dumps(
+            [{**r.__dict__, "score": r.score} for r in reports], indent=1, ensure_ascii=False
+        )
+    )
     out = [
         "# Mutation report (`make mutate`)",
         "",
@@ -443,8 +455,10 @@ def _write_report(reports: list[ModuleReport], elapsed: float) -> None:
         for s in r.survivors:
             if s["equivalent"]:
                 continue
-            out.append(f"- `{s['key']}` ({s['status']}) {r.module}:{s['line']} "
-                       f"in `{s['function']}`: `{s['before']}` → `{s['after']}`")
+            out.append(
+                f"- `{s['key']}` ({s['status']}) {r.module}:{s['line']} "
+                f"in `{s['function']}`: `{s['before']}` → `{s['after']}`"
+            )
     (BUILD / "report.md").write_text("\n".join(out) + "\n")
 
 

@@ -262,7 +262,15 @@ class HashDispatcher(Dispatcher):
         _check_chunk(chunk)
         batch = chunk.batch
         if self._checked_schema is None or not batch.schema.equals(self._checked_schema):
-            check_key_columns(batch.schema, self._key_columns)
+            try:
+                check_key_columns(batch.schema, self._key_columns)
+            except InvalidArgumentError as exc:
+                # Raised in the upstream, whose name is all the error would otherwise carry:
+                # name the readers whose key it is (the channels are named "up->reader").
+                readers = [getattr(o, "name", "?") for o in self._outputs]
+                raise InvalidArgumentError(
+                    "key_columns", f"{exc.expected} (the key the readers {readers} need)", exc.got
+                ) from None
             self._checked_schema = batch.schema
         vnodes = vnodes_unchecked(batch, self._key_columns, self._vnode_count)
         dest = self._owners[vnodes]

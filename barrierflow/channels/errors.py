@@ -73,6 +73,8 @@ class SchemaMismatchError(InvalidArgumentError):
         actual_schema: the schema that arrived.
         null_field: the non-nullable field of ``expected_schema`` whose column holds nulls
             (names and types then match), or ``None`` when names or types differ.
+        fix: how to fix it, in words, when the raiser knows (a cast for a difference of time
+            zone or integer width), else ``""``; the message ends with it.
 
     The message renders each schema on one line (``(user: int64, clicks: int64)``) so that the
     whole error reads on one line, where Arrow prints a schema one field per line.
@@ -85,10 +87,12 @@ class SchemaMismatchError(InvalidArgumentError):
         actual_schema: Any,
         *,
         null_field: str | None = None,
+        fix: str = "",
     ) -> None:
         self.expected_schema = expected_schema
         self.actual_schema = actual_schema
         self.null_field = null_field
+        self.fix = fix
         super().__init__(argument, f"schema ({_one_line(expected_schema)})", actual_schema)
         # ``got`` stays the schema itself; only the message uses the one-line rendering.
         nulls = (
@@ -98,7 +102,7 @@ class SchemaMismatchError(InvalidArgumentError):
         )
         self.args = (
             f"{argument}: expected schema ({_one_line(expected_schema)}), "
-            f"got schema ({_one_line(actual_schema)}){nulls}",
+            f"got schema ({_one_line(actual_schema)}){nulls}" + (f"; to fix: {fix}" if fix else ""),
         )
 
 

@@ -1,6 +1,7 @@
 """The crash harness (``barrierflow chaos``): kills the demo's live pipelines — driver, Spark
-JVM and all — at seeded random moments, resumes them, and audits their tables independently of
-the pipeline's code (:mod:`.harness`)."""
+JVM and all — at seeded moments (traced events of the run, and a share at uniform random
+moments of it), resumes them, and audits their tables independently of the pipeline's code
+(:mod:`.harness`)."""
 
 from barrierflow.chaos.harness import ChaosConfig as ChaosConfig
 from barrierflow.chaos.harness import ChaosReport as ChaosReport

@@ -5,7 +5,8 @@ enough for a run to last seconds, and has a list of :class:`Target` s — trace 
 (:mod:`barrierflow._trace`) to kill at, each with the part of the pipeline it stands for:
 start-up, mid-batch, between a checkpoint and the sink's commit, mid-commit, each phase of a
 backfill, the final read-back. A seeded plan picks a target, which occurrence of its event,
-and a delay after it.
+and a delay after it — or, for a share of the kills, no target at all but a uniform random
+moment of the run (:mod:`.harness`), which reaches what no target marks.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ BACKFILL = Act(
     "demo-backfill.json",
     (
         Target("start", "during start-up (server, history)", 1, 1.5),
+        # The run's manifest is written once the server is up, its streams filled just after:
+        # a kill here leaves a run to resume whose streams do not exist yet.
+        Target("server-ready", "after the manifest, before the streams exist", 1, 0.02),
         Target("job-add", "as the history job is added", 1, 0.05),
         Target("job-durable", "right after the history job became durable", 1, 0.05),
         Target("backfill-phase", "mid-backfill, reading history", 1, 0.05, "backfilling"),

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["Audit", "Finding", "compare_rows"]
+__all__ = ["Audit", "Finding", "compare_rows", "lost_by"]
 
 
 @final
@@ -32,6 +32,8 @@ class Finding:
 
     rule: str
     detail: str
+    #: What the finding is about, when it is one of several alike (a table's stream).
+    subject: str = ""
 
     def __str__(self) -> str:
         return f"{self.rule}: {self.detail}"
@@ -65,8 +67,8 @@ class Audit:
         """Nothing lost, duplicated or foreign, and no other finding."""
         return not (self.lost or self.duplicated or self.foreign or self.findings)
 
-    def add(self, rule: str, detail: str) -> None:
-        self.findings.append(Finding(rule, detail))
+    def add(self, rule: str, detail: str, subject: str = "") -> None:
+        self.findings.append(Finding(rule, detail, subject))
 
     def count_rows(self, expected: pa.Table, got: pa.Table, columns: Sequence[str]) -> None:
         """Compare ``got`` with ``expected`` as multisets of ``columns`` (see the module)."""
@@ -93,6 +95,47 @@ class Audit:
 def compare_rows(expected: pa.Table, got: pa.Table, columns: Sequence[str]) -> tuple[int, int, int]:
     """``(lost, duplicated, foreign)`` rows of ``got`` against ``expected``, compared as
     multisets of ``columns`` (one group-by over both; no loop per row)."""
+    _, inp, out = _tally(expected, got, columns)
+    lost = pc.sum(pc.max_element_wise(pc.subtract(inp, out), 0)).as_py() or 0
+    has_input = pc.greater(inp, 0)
+    extra = pc.max_element_wise(pc.subtract(out, inp), 0)
+    duplicated = pc.sum(pc.if_else(has_input, extra, 0)).as_py() or 0
+    foreign = pc.sum(pc.if_else(has_input, 0, out)).as_py() or 0
+    return int(lost), int(duplicated), int(foreign)
+
+
+def lost_by(
+    expected: pa.Table, got: pa.Table, columns: Sequence[str], by: str
+) -> dict[object, tuple[int, int]]:
+    """Per value of the column ``by`` (one of ``columns``) that ``expected`` holds:
+    ``(lost, expected)`` rows — the rows of ``expected`` with that value that ``got`` does
+    not hold, compared as in :func:`compare_rows`, and how many ``expected`` has. A value
+    with every row present is reported with ``lost == 0``."""
+    counts, inp, out = _tally(expected, got, columns)
+    per_group = pa.table(
+        {
+            by: counts[by],
+            "lost": pc.max_element_wise(pc.subtract(inp, out), 0),
+            "rows": inp,
+        }
+    ).filter(pc.greater(inp, 0))
+    summed = per_group.group_by(by).aggregate([("lost", "sum"), ("rows", "sum")])
+    return {
+        value: (int(lost), int(rows))
+        for value, lost, rows in zip(
+            summed[by].to_pylist(),
+            summed["lost_sum"].to_pylist(),
+            summed["rows_sum"].to_pylist(),
+            strict=True,
+        )
+    }
+
+
+def _tally(
+    expected: pa.Table, got: pa.Table, columns: Sequence[str]
+) -> tuple[pa.Table, pa.ChunkedArray, pa.ChunkedArray]:
+    """Each distinct row of ``columns`` over both tables, with how often ``expected`` (``in``)
+    and ``got`` (``out``) hold it."""
     names = list(columns)
     tagged = pa.concat_tables(
         [
@@ -105,10 +148,4 @@ def compare_rows(expected: pa.Table, got: pa.Table, columns: Sequence[str]) -> t
     )
     counts = tagged.group_by(names).aggregate([("_got", "sum"), ("_got", "count")])
     out = counts["_got_sum"]
-    inp = pc.subtract(counts["_got_count"], out)
-    lost = pc.sum(pc.max_element_wise(pc.subtract(inp, out), 0)).as_py() or 0
-    has_input = pc.greater(inp, 0)
-    extra = pc.max_element_wise(pc.subtract(out, inp), 0)
-    duplicated = pc.sum(pc.if_else(has_input, extra, 0)).as_py() or 0
-    foreign = pc.sum(pc.if_else(has_input, 0, out)).as_py() or 0
-    return int(lost), int(duplicated), int(foreign)
+    return counts, pc.subtract(counts["_got_count"], out), out

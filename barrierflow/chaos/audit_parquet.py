@@ -12,9 +12,15 @@ JSON and Parquet:
 
 The rows are then compared with the input the act generated:
 
-* **backfill act** — the ``history`` and the ``live`` tables must each hold every record of
-  every stream once: stream ``s``'s ``i``-th record is ``(key = i * streams + s, value = i)``
-  (the formula the producer documents, restated here, not imported);
+* **backfill act** — both tables it writes, the ``live`` table (the live job's) and the
+  ``history`` table (the backfill job's), must each hold every record of every stream once:
+  stream ``s``'s ``i``-th record is ``(key = i * streams + s, value = i)`` (the formula the
+  producer documents, restated here, not imported). The streams are the producer's — the
+  run's manifest (``demo-backfill.json``) says how many it writes and how many records each
+  gets — never the ones a table happens to hold: a stream no reader ever listed is missing
+  from a table entirely, and only the producer's side knows it exists. Once the run has
+  finished, each stream with records missing from a table is a finding of its own
+  (``<table>.stream_incomplete``, its subject the stream), on top of the rows lost;
 * **views act** — the copy's table is a change log of per-key totals. Replayed per key in
   commit order, each retraction must retract the value the key had, and each key's net value
   must be its total over the input. Counts are in *keys* here: a key whose net falls short is
@@ -33,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from barrierflow.chaos.audit import Audit, Finding
+from barrierflow.chaos.audit import Audit, Finding, lost_by
 
 __all__ = ["audit_backfill", "audit_views", "read_table_dir"]
 
@@ -141,18 +147,24 @@ def _backfill_input(workdir: Path) -> pa.Table | None:
     return pa.table({"_split": split, "key": i * streams + s, "value": i})
 
 
+#: The tables the backfill act writes: the backfill job's and the live job's.
+BACKFILL_TABLES = ("history", "live")
+_RECORD = ("_split", "key", "value")
+
+
 def audit_backfill(workdir: Path, *, complete: bool) -> Audit:
-    """Audit the backfill act's two tables in ``workdir`` (see the module)."""
+    """Audit the backfill act's two tables in ``workdir`` against every stream its producer
+    writes (see the module)."""
     audit = Audit(complete)
     expected = _backfill_input(workdir)
-    for name in ("history", "live"):
+    for name in BACKFILL_TABLES:
         part = Audit(complete)
         rows = read_table_dir(workdir / name, part, complete=complete)
         if expected is not None:
-            got = rows if rows is not None else expected.schema.empty_table()
-            part.count_rows(
-                expected, got.select(["_split", "key", "value"]), ["_split", "key", "value"]
-            )
+            got = (rows if rows is not None else expected.schema.empty_table()).select(_RECORD)
+            part.count_rows(expected, got, _RECORD)
+            if complete:
+                _streams_complete(name, expected, got, part)
         elif rows is not None and rows.num_rows:
             part.add("rows_without_input", f"{rows.num_rows} rows and no manifest")
         audit.rows_in += part.rows_in
@@ -160,9 +172,21 @@ def audit_backfill(workdir: Path, *, complete: bool) -> Audit:
         audit.lost += part.lost
         audit.duplicated += part.duplicated
         audit.foreign += part.foreign
-        audit.findings += [Finding(f"{name}.{f.rule}", f.detail) for f in part.findings]
+        audit.findings += [Finding(f"{name}.{f.rule}", f.detail, f.subject) for f in part.findings]
         audit.facts[f"{name}_epochs"] = part.facts.get("epochs", 0)
     return audit
+
+
+def _streams_complete(table: str, expected: pa.Table, got: pa.Table, audit: Audit) -> None:
+    """A finding per stream of ``expected`` with records missing from ``got`` (the rows of
+    ``table``)."""
+    for stream, (lost, records) in sorted(lost_by(expected, got, _RECORD, "_split").items()):
+        if lost:
+            audit.add(
+                "stream_incomplete",
+                f"table '{table}' misses {lost} of the {records} records of stream '{stream}'",
+                subject=str(stream),
+            )
 
 
 def audit_views(workdir: Path, *, complete: bool) -> Audit:

@@ -1,10 +1,13 @@
-"""One run of a demo act as its own process group, killed at a chosen event of its trace.
+"""One run of a demo act as its own process group, killed at a chosen event of its trace or at a
+chosen moment of its wall-clock time.
 
 The run is started in a new session (``start_new_session``), so the driver and everything it
 starts — the Spark JVM, the Valkey server — share one process group, and ``killpg(SIGKILL)``
 takes them all down at once, as a power cut or an OOM kill of a container would. The run's
 trace file (:mod:`barrierflow._trace`) tells the harness when the chosen event has happened;
-after the kill its last line tells where the run was.
+after the kill its last line tells where the run was. A :class:`KillAfter` ignores the trace
+and kills a fixed number of seconds after the run was started: the moments no traced event
+marks (between two events, or in code that traces nothing) are reachable only that way.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import final
 
 from barrierflow._trace import ENV as TRACE_ENV
 
-__all__ = ["KillAt", "RunOutcome", "escaped", "group_members", "run_until"]
+__all__ = ["KillAfter", "KillAt", "RunOutcome", "escaped", "group_members", "run_until"]
 
 #: How often the trace file is polled for new lines.
 _POLL_SECONDS = 0.002
@@ -45,6 +48,17 @@ class KillAt:
     def describe(self) -> str:
         what = f"{self.event}[{self.detail}]" if self.detail else self.event
         return f"{what}#{self.occurrence}+{self.delay * 1000:.0f}ms"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class KillAfter:
+    """Kill the run ``seconds`` after it was started (wall clock, whatever it traced)."""
+
+    seconds: float
+
+    def describe(self) -> str:
+        return f"t+{self.seconds:.3f}s"
 
 
 @final
@@ -170,13 +184,14 @@ def run_until(
     *,
     trace: Path,
     log: Path,
-    kill: KillAt | None,
+    kill: KillAt | KillAfter | None,
     timeout: float,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> RunOutcome:
     """Run ``command`` in its own process group until it exits, or kill the whole group at
-    ``kill`` (or when ``timeout`` seconds have passed). Its output goes to ``log``."""
+    ``kill`` — a traced event, or a moment after the start — (or when ``timeout`` seconds
+    have passed). Its output goes to ``log``."""
     trace.unlink(missing_ok=True)
     environment = {**os.environ, **(env or {}), TRACE_ENV: str(trace)}
     started = time.monotonic()
@@ -192,12 +207,12 @@ def run_until(
         )
     tail = _Tail(trace)
     seen = 0
-    fire_at: float | None = None
+    fire_at = started + kill.seconds if isinstance(kill, KillAfter) else None
     try:
         while True:
             now = time.monotonic()
             for event, detail in tail.read():
-                if kill is not None and fire_at is None and kill.matches(event, detail):
+                if isinstance(kill, KillAt) and fire_at is None and kill.matches(event, detail):
                     seen += 1
                     if seen == kill.occurrence:
                         fire_at = now + kill.delay

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from barrierflow._fs import fsync_path, write_atomically
+from barrierflow._fs import directory_problem, fsync_path, make_directory, write_atomically
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.protocol import PendingCommit
 from barrierflow.channels.errors import InvalidArgumentError
@@ -32,6 +32,7 @@ from barrierflow.connectors._staging import (
     epoch_dir_name,
     staged_name,
 )
+from barrierflow.connectors.errors import SinkPathError
 from barrierflow.runtime.positions import (
     SinkCommits,
     check_positions,
@@ -55,6 +56,57 @@ def _read_record(final: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
+
+
+#: What a file sink's table directory must be (the words of every :class:`SinkPathError`).
+TABLE_DIRECTORY = "a table directory that exists (or can be created) and is writable"
+
+_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "lz4_raw", "zstd")
+
+
+def check_compression(value: Any) -> str:
+    """``value`` if it names a Parquet codec this pyarrow can write (checked when the sink is
+    made: pyarrow would refuse it only at the first write, inside a running graph)."""
+    if not isinstance(value, str) or value.lower() not in _CODECS:
+        raise InvalidArgumentError("compression", f"a Parquet codec, one of {_CODECS}", value)
+    if value.lower() != "none" and not pa.Codec.is_available(value.lower()):
+        raise InvalidArgumentError("compression", "a codec built into this pyarrow", value)
+    return value
+
+
+def check_table_path(path: Any, kind: str, argument: str = "path") -> Path:
+    """``path`` as a :class:`Path`, if it can be a table directory as far as ``stat`` tells
+    (it is not a file, not under a file, and it or its nearest existing parent is writable).
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a non-empty str or ``os.PathLike[str]``
+            (named ``argument``).
+        SinkPathError: ``path`` cannot be a table directory (``sink`` is ``kind``: the sink
+            has no name yet).
+    """
+    value: object = path
+    if isinstance(path, os.PathLike):
+        value = os.fspath(path)
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise InvalidArgumentError(argument, "a directory path (a str or os.PathLike[str])", path)
+    real = os.path.realpath(value)
+    got = directory_problem(real)
+    if got is not None:
+        raise SinkPathError(kind, real, TABLE_DIRECTORY, got)
+    return Path(value)
+
+
+def make_table_directory(root: Path, sink: str) -> None:
+    """Create the table directory and its staging directory (``mkdir -p``), blocking.
+
+    Raises:
+        SinkPathError: either cannot be created or written (under a file, in ``/proc``, a
+            read-only place).
+    """
+    real = os.path.realpath(root)
+    got = make_directory(os.path.join(real, STAGING), what="a directory")
+    if got is not None:
+        raise SinkPathError(sink, real, TABLE_DIRECTORY, got)
 
 
 def positive_int(argument: str, value: Any) -> int:
@@ -206,7 +258,7 @@ class StagedFiles:
 
     def open(self) -> None:
         with self.lock:
-            self.staging.mkdir(parents=True, exist_ok=True)
+            make_table_directory(self.root, str(self.root))
             if self.lease is None:
                 self.lease = lock_directory(self.root, sink=str(self.root))
 
@@ -334,7 +386,7 @@ class StagedFiles:
 
     def recover(self, pending: Sequence[PendingCommit]) -> None:
         with self.lock:
-            self.staging.mkdir(parents=True, exist_ok=True)
+            make_table_directory(self.root, str(self.root))
             manifest = self.read_manifest()
             # Renamed but not recorded: committed (a rename only follows a durable checkpoint).
             renamed = sorted(

@@ -1,13 +1,24 @@
 """How a :class:`~barrierflow.connectors.redis_streams.RedisStreamLog` rides out a server that
 goes away: the retry policy (:class:`RetryBackoff`) and the loop that applies it to one call.
 
-A call that fails with a connection error is retried after a doubling, capped delay (no
-jitter), and given up — raising
-:class:`~barrierflow.connectors.errors.SplitLogUnavailableError` — once a retry count or a
-time bound is spent, so a reader never hangs for ever on a server that is gone. It lives apart
-from the log because it is policy, not protocol: the log's commands do not depend on it.
+**The bound is time, not a count.** A call that fails with a connection error is retried after
+a doubling delay capped at ``max_delay`` (no jitter), for as long as ``timeout`` seconds have
+not passed since its first failure; the last wait is shortened so that the last attempt is
+made at that bound. Only then is it given up, raising
+:class:`~barrierflow.connectors.errors.SplitLogUnavailableError`. So a server that is back
+within ``timeout`` seconds is always found again, however the attempts were spaced — a retry
+*count* could not promise that (the former default of 8 retries was spent in about 7 s of a
+bound documented as 30 s, and a 7 s outage killed the pipeline). A count can still be set
+(``retries=``) as an extra, earlier bound.
 
-The sink coordinator's commit backoff
+**Every failed attempt logs one warning line** (structlog, logger ``barrierflow.split_log``):
+``attempt`` (1 = the first call), the ``wait`` before the next attempt, the seconds
+``elapsed`` since the first failure, and the error's ``cause`` in one line; the attempt that
+gives up logs ``giving up`` instead of a wait, and a call that succeeds after failures logs
+one info line. An outage is visible while it lasts, not only when it ends a pipeline.
+
+It lives apart from the log because it is policy, not protocol: the log's commands do not
+depend on it. The sink coordinator's commit backoff
 (:class:`barrierflow.actors.sinks.coordinator.commit_queue.RetryBackoff`) shares only the
 capped doubling: it adds full jitter, has no bound (a commit is retried until it goes
 through), and counts failures for the coordinator's stats.
@@ -18,11 +29,13 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar, final
+from typing import Any, TypeVar, final
 
 import anyio
 import redis.exceptions
+import structlog
 
+from barrierflow._one_line import one_line
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors.errors import SplitLogUnavailableError
 
@@ -37,21 +50,22 @@ CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutE
 @final
 @dataclass(frozen=True, slots=True)
 class RetryBackoff:
-    """How a call retries while the server is unreachable.
+    """How long, and how often, a call is retried while the server is unreachable.
 
-    The n-th retry waits ``min(initial * 2**(n-1), max_delay)`` seconds. The call gives up
-    (:class:`~barrierflow.connectors.errors.SplitLogUnavailableError`) when ``retries``
-    retries have failed, or when the next wait would end more than ``timeout`` seconds after
-    the first failure.
+    The wait before retry ``n`` is ``min(initial * 2**(n-1), max_delay)`` seconds, shortened
+    to end exactly ``timeout`` seconds after the first failure; a failure at or past that
+    moment gives up. With the defaults (50 ms doubling to 2 s, 30 s) that is about 20 retries,
+    the last at 30 s. ``retries``, if set, gives up earlier, once that many retries failed.
 
     Raises:
         InvalidArgumentError: a delay or timeout that is not a positive finite number, or a
-            negative retry count.
+            retry count that is neither ``None`` nor an int >= 0.
     """
 
     initial: float = 0.05
     max_delay: float = 2.0
-    retries: int = 8
+    #: An extra bound on the number of retries; ``None``: only ``timeout`` bounds them.
+    retries: int | None = None
     timeout: float = 30.0
 
     def __post_init__(self) -> None:
@@ -59,12 +73,22 @@ class RetryBackoff:
             value = getattr(self, name)
             if type(value) not in (int, float) or not 0 < value < float("inf"):
                 raise InvalidArgumentError(f"RetryBackoff.{name}", "a positive number", value)
-        if type(self.retries) is not int or self.retries < 0:
-            raise InvalidArgumentError("RetryBackoff.retries", "an int >= 0", self.retries)
+        if self.retries is not None and (type(self.retries) is not int or self.retries < 0):
+            raise InvalidArgumentError("RetryBackoff.retries", "None or an int >= 0", self.retries)
 
     def delay(self, retry: int) -> float:
-        """The wait before retry number ``retry`` (1-based)."""
+        """The capped doubling wait before retry number ``retry`` (1-based), before the time
+        bound shortens it."""
         return float(min(self.initial * 2 ** (retry - 1), self.max_delay))
+
+    def wait(self, retry: int, elapsed: float) -> float | None:
+        """The wait before retry number ``retry`` (1-based) when the last failure came
+        ``elapsed`` seconds after the first one; ``None``: give up (the time bound is reached,
+        or ``retries`` retries were made)."""
+        remaining = self.timeout - elapsed
+        if remaining <= 0 or (self.retries is not None and retry > self.retries):
+            return None
+        return min(self.delay(retry), remaining)
 
 
 #: Called before each retry's wait with the retry number (1-based), the wait in seconds and
@@ -79,35 +103,59 @@ async def call_with_retry(
     name: str,
     closed: Callable[[], bool],
     on_retry: RetryHook | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[Any]] = anyio.sleep,
 ) -> tuple[T, bool]:
-    """Await ``call()``, calling it again after ``backoff``'s delay on a connection error.
-    Returns the result and whether a retry was needed.
+    """Await ``call()``, calling it again after ``backoff``'s wait on a connection error.
+    Returns the result and whether a retry was needed. Each failed attempt logs one warning
+    (see the module).
 
     Args:
         call: one attempt (a fresh awaitable per call).
-        backoff: the delays and the bound.
-        name: the server, for the error.
+        backoff: the waits and the bound.
+        name: the server, for the error and the log lines.
         closed: whether the log was closed meanwhile (then a failure is final at once).
         on_retry: called before each retry's wait.
+        clock: seconds, monotonic (tests pass a fake one).
+        sleep: waits a number of seconds (tests pass one that advances the fake clock).
 
     Raises:
         SplitLogUnavailableError: past the bound, or a failure after ``closed()``; the last
             connection error is its cause.
+
+    Cancellation: a cancelled wait or attempt ends the call; nothing is retried afterwards.
     """
-    retry = 0
+    log = structlog.get_logger("barrierflow.split_log").bind(log=name)
+    attempt = 0
     first_failure = 0.0
     while True:
+        attempt += 1
         try:
-            return await call(), retry > 0
+            result = await call()
         except CONNECTION_ERRORS as exc:
-            now = time.monotonic()
-            if retry == 0:
+            now = clock()
+            if attempt == 1:
                 first_failure = now
-            retry += 1
-            delay = backoff.delay(retry)
             elapsed = now - first_failure
-            if closed() or retry > backoff.retries or (elapsed + delay > backoff.timeout):
-                raise SplitLogUnavailableError(name, retry, elapsed) from exc
+            wait = None if closed() else backoff.wait(attempt, elapsed)
+            cause = one_line(exc)
+            if wait is None:
+                log.warning(
+                    "split log unreachable, giving up",
+                    attempt=attempt, elapsed=round(elapsed, 3), cause=cause,
+                )  # fmt: skip
+                raise SplitLogUnavailableError(name, attempt, elapsed) from exc
+            log.warning(
+                "split log unreachable, retrying",
+                attempt=attempt, wait=round(wait, 3), elapsed=round(elapsed, 3), cause=cause,
+            )  # fmt: skip
             if on_retry is not None:
-                on_retry(retry, delay, exc)
-            await anyio.sleep(delay)
+                on_retry(attempt, wait, exc)
+            await sleep(wait)
+        else:
+            if attempt > 1:
+                log.info(
+                    "split log reachable again",
+                    attempts=attempt, elapsed=round(clock() - first_failure, 3),
+                )  # fmt: skip
+            return result, attempt > 1

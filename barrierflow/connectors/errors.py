@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, final
 
-from barrierflow.channels.errors import ChannelBrokenError, ProtocolError
+from barrierflow.channels.errors import ChannelBrokenError, InvalidArgumentError, ProtocolError
 from barrierflow.runtime.errors import SinkError
 
 __all__ = [
     "SchemaEvolutionError",
     "SinkLockedError",
+    "SinkPathError",
     "SplitLogRecordError",
     "SplitLogUnavailableError",
     "StagedEpochMismatchError",
@@ -154,3 +155,27 @@ class SplitLogRecordError(ProtocolError):
         super().__init__(
             f"split {split!r}, record {offset}, field {field!r}: expected {expected}, got {shown}"
         )
+
+
+@final
+class SinkPathError(SinkError, InvalidArgumentError):
+    """A file sink's directory cannot be used: under a regular file, a file itself, in a place
+    where nothing can be created (``/proc``), or not writable — refused when the connector is
+    made (what a ``stat`` can tell) or when the graph starts (creating it), before any row
+    flows, in the words the state store uses for ``state_path``.
+
+    Attributes:
+        argument: ``"path"``.
+        sink: the sink's name (a sink writer's) or, before it has one, the connector's kind.
+        path: the directory as resolved (absolute, symlinks followed).
+        expected: what would have been accepted, in words.
+        got: what was found, in words.
+    """
+
+    def __init__(self, sink: str, path: str, expected: str, got: str) -> None:
+        self.argument = "path"
+        self.sink = sink
+        self.path = path
+        self.expected = expected
+        self.got = got
+        Exception.__init__(self, f"sink {sink!r}: path {path!r}: expected {expected}, got {got}")

@@ -47,14 +47,19 @@ import anyio
 import anyio.to_thread
 import pyarrow as pa
 
-from barrierflow._fs import fsync_path
+from barrierflow._fs import fsync_path, make_directory
 from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.protocol import CommitMetadata, writers_positions
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._iceberg_schema import check_schema_change, evolve, same_fields
+from barrierflow.connectors._parquet_files import check_table_path
 from barrierflow.connectors._staging import clean_staging, kept_epochs, staged_dir, unstaged_path
-from barrierflow.connectors.errors import StagedEpochMismatchError, TwoPhaseOnlyError
+from barrierflow.connectors.errors import (
+    SinkPathError,
+    StagedEpochMismatchError,
+    TwoPhaseOnlyError,
+)
 from barrierflow.connectors.parquet_sink import ParquetFileSink
 from barrierflow.runtime.positions import (
     SinkCommits,
@@ -84,14 +89,27 @@ _SUMMARY_POSITIONS = "barrierflow.positions"
 
 def open_local_catalog(root: str | os.PathLike[str], name: str = "barrierflow") -> Any:
     """A pyiceberg ``SqlCatalog`` on ``<root>/catalog.db`` with warehouse ``<root>/warehouse``
-    (blocking; both are created if missing)."""
+    (blocking; both are created if missing).
+
+    Raises:
+        InvalidArgumentError: ``root`` is not a path, or ``name`` not a non-empty str.
+        SinkPathError: the warehouse cannot be created or written under ``root`` (a file, under
+            a file, ``/proc``, not writable).
+    """
     from pyiceberg.catalog.sql import SqlCatalog
 
-    base = Path(root).resolve()
-    (base / "warehouse").mkdir(parents=True, exist_ok=True)
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError("name", "a non-empty catalog name", name)
+    base = Path(check_table_path(root, f"catalog {name!r}", "root")).resolve()
+    got = make_directory(str(base / "warehouse"), what="a warehouse directory")
+    if got is not None:
+        raise SinkPathError(f"catalog {name!r}", str(base), _CATALOG_DIRECTORY, got)
     return SqlCatalog(
         name, uri=f"sqlite:///{base / 'catalog.db'}", warehouse=f"file://{base / 'warehouse'}"
     )
+
+
+_CATALOG_DIRECTORY = "a catalog directory that exists (or can be created) and is writable"
 
 
 def _local_path(location: str) -> Path:

@@ -33,11 +33,14 @@ from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.protocol import CommitMetadata, writers_positions
-from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.connectors._parquet_files import StagedFiles, write_json_atomically
+from barrierflow.connectors._parquet_files import (
+    StagedFiles,
+    check_table_path,
+    make_table_directory,
+    write_json_atomically,
+)
 from barrierflow.connectors._staging import (
     PRECOMMITTED,
-    STAGING,
     clean_staging,
     epoch_dir_name,
     kept_epochs,
@@ -59,14 +62,18 @@ class ParquetCommitter:
 
     Args:
         path: the table directory its writers write into.
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a path.
+        SinkPathError: ``path`` cannot be a table directory as far as ``stat`` tells (a file,
+            under a file, not writable); what only creating it tells is refused when the
+            coordinator starts.
     """
 
     two_phase = True
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        if not isinstance(path, str | os.PathLike) or not str(path):
-            raise InvalidArgumentError("path", "a directory path", path)
-        self._root = Path(path)
+        self._root = check_table_path(path, "ParquetCommitter")
         # Only the manifest helpers of StagedFiles are used (no schema needed for them).
         self._files = StagedFiles(self._root, None, 1, "none", False)
         self._limiter: anyio.CapacityLimiter | None = None
@@ -86,7 +93,7 @@ class ParquetCommitter:
         await self._run(self._clean_staging, kept_epochs(pending.values()))
 
     def _clean_staging(self, keep: set[str]) -> None:
-        (self._root / STAGING).mkdir(parents=True, exist_ok=True)
+        make_table_directory(self._root, str(self._root))
         self._files.read_manifest()  # refuse a foreign or corrupt manifest early
         clean_staging(self._root, keep)
 

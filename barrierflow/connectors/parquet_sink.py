@@ -58,8 +58,11 @@ from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._parquet_files import (
     StagedFiles,
+    check_compression,
+    check_table_path,
     check_writer_id,
     dictionary_columns,
+    make_table_directory,
     positive_int,
 )
 from barrierflow.connectors._parquet_modes import CommitMode, CoordinatedWriter, SingleWriter
@@ -95,7 +98,11 @@ class ParquetFileSink:
             and ``recover`` are no-ops here).
 
     Raises:
-        InvalidArgumentError: a bad argument.
+        InvalidArgumentError: a bad argument (a ``compression`` pyarrow cannot write is
+            refused here, not at the first write).
+        SinkPathError: ``path`` cannot be a table directory as far as ``stat`` tells (a file,
+            under a file, not writable); what only creating it tells (``/proc``, a read-only
+            mount) is refused when the graph starts (:meth:`check_path`), before any row.
     """
 
     exactly_once = True
@@ -111,13 +118,10 @@ class ParquetFileSink:
         use_dictionary: bool | Sequence[str] | None = None,
         writer: str | None = None,
     ) -> None:
-        if not isinstance(path, str | os.PathLike) or not str(path):
-            raise InvalidArgumentError("path", "a directory path", path)
         if not isinstance(schema, pa.Schema):
             raise InvalidArgumentError("schema", "a pyarrow.Schema", type(schema).__name__)
-        if not isinstance(compression, str):
-            raise InvalidArgumentError("compression", "a Parquet codec name", compression)
-        self._root = Path(path)
+        self._root = check_table_path(path, "ParquetFileSink")
+        check_compression(compression)
         self._schema = schema
         self._row_group_rows = positive_int("row_group_rows", row_group_rows)
         self._files = StagedFiles(
@@ -154,8 +158,21 @@ class ParquetFileSink:
             fn, *args, limiter=self._limiter, abandon_on_cancel=True
         )
 
+    def check_path(self, sink: str) -> None:
+        """Create the table and staging directories if missing (blocking: a ``stat`` and a
+        ``mkdir``, once, when the graph starts — before any row flows).
+
+        Raises:
+            SinkPathError: they cannot be created or written, naming ``sink``.
+        """
+        make_table_directory(self._root, sink)
+
     async def open(self) -> None:
-        """Create the table and staging directories."""
+        """Create the table and staging directories.
+
+        Raises:
+            SinkPathError: they cannot be created or written.
+        """
         await self._run(self._files.open)
 
     @property

@@ -17,10 +17,13 @@ from typing import Any, final
 import pyarrow as pa
 
 from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.connectors._parquet_files import check_table_path
 from barrierflow.connectors.parquet_committer import ParquetCommitter
 from barrierflow.connectors.parquet_sink import ParquetFileSink
 
 __all__ = ["ParquetTable"]
+
+_OPTIONS = ("rows_per_file", "row_group_rows", "compression", "use_dictionary")
 
 
 @final
@@ -34,19 +37,23 @@ class ParquetTable:
             ``row_group_rows``, ``compression``, ``use_dictionary``).
 
     Raises:
-        InvalidArgumentError: ``path`` is not a path, ``schema`` not a pyarrow.Schema, or an
-            option is ``writer`` (writer ids are given by :meth:`writer`).
+        InvalidArgumentError: ``path`` is not a path, ``schema`` not a pyarrow.Schema, an
+            option is not one of those or has a bad value (checked here, not when the writers
+            are made at start), or is ``writer`` (writer ids are given by :meth:`writer`).
+        SinkPathError: ``path`` cannot be a table directory (see :class:`ParquetFileSink`).
     """
 
     def __init__(self, path: str | os.PathLike[str], schema: pa.Schema, **options: Any) -> None:
-        if not isinstance(path, str | os.PathLike) or not str(path):
-            raise InvalidArgumentError("path", "a directory path", path)
-        if not isinstance(schema, pa.Schema):
-            raise InvalidArgumentError("schema", "a pyarrow.Schema", type(schema).__name__)
+        check_table_path(path, "ParquetTable")
         if "writer" in options:
             raise InvalidArgumentError(
                 "options", "ParquetFileSink options other than writer", options["writer"]
             )
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise InvalidArgumentError("options", f"ParquetFileSink options {_OPTIONS}", unknown)
+        # Every writer is made from these at start: a bad one is refused now, by the sink.
+        ParquetFileSink(path, schema, writer="0", **options)
         self.path = Path(path)
         self.schema = schema
         self._options = options

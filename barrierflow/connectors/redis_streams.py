@@ -5,8 +5,13 @@ given either an explicit list of keys (``splits=``) or a glob (``pattern=``, lis
 ``SCAN MATCH <pattern> TYPE stream``). Either way a split is a key that *exists and holds a
 stream* now: Redis creates a stream on its first ``XADD`` (or ``XGROUP CREATE ... MKSTREAM``),
 and a missing key is indistinguishable from a key never meant to be one, so asking for it
-raises :class:`~barrierflow.actors.sources.errors.UnknownSplitError`. Create the streams
-before reading them.
+raises :class:`~barrierflow.actors.sources.errors.UnknownSplitError`. :meth:`list_splits`
+names the keys that hold a stream now; the keys the log was declared with, existing or not, are
+its :attr:`~RedisStreamLog.declared_splits`, so a
+:class:`~barrierflow.actors.sources.SplitSource` reading every split of it refuses a key that
+does not exist (a typo reads nothing for ever) unless told to wait for it
+(``wait_for_splits=True``); a log declared by a pattern has no declared splits: a source
+discovers the streams that appear later.
 
 **Offsets.** An entry id ``<ms>-<seq>`` is the offset ``Offset(ms, seq)``, compared as
 numbers (``9-0`` before ``10-0``).
@@ -46,10 +51,12 @@ gap (the first entry is still at or before the start), and entries deleted one b
 (``XDEL``) from the middle of the retained history cannot be told from ids never used.
 
 **A server that goes away.** Every call is retried on a connection error with a doubling delay
-(:class:`RetryBackoff`: from 50 ms, at most 8 retries within 30 s by default; the policy and its
-loop are in :mod:`barrierflow.connectors._redis_retry`); past that bound the call raises
-:class:`~barrierflow.connectors.errors.SplitLogUnavailableError`. A read resumes from its last
-delivered id per split, so nothing is lost or read twice across a reconnection.
+(:class:`RetryBackoff`: from 50 ms, capped at 2 s, for 30 s after the first failure by default
+— the bound is time, not a count, so a server back within 30 s is always found again; the
+policy and its loop are in :mod:`barrierflow.connectors._redis_retry`). Each failed attempt
+logs one warning (logger ``barrierflow.split_log``: attempt, wait, cause). Past the bound the
+call raises :class:`~barrierflow.connectors.errors.SplitLogUnavailableError`. A read resumes
+from its last delivered id per split, so nothing is lost or read twice across a reconnection.
 A client built from a URL has redis-py's own retries turned off (they would add unbounded
 hidden delays); a client from a factory should do the same.
 
@@ -106,8 +113,10 @@ class RedisStreamLog:
         on_trimmed: ``"error"`` to raise
             :class:`~barrierflow.actors.sources.errors.OffsetTrimmedError` when a start
             offset's history was trimmed, ``"skip"`` to read on from the first retained entry.
-        backoff: the retry bound while the server is unreachable.
-        on_retry: called before each retry's wait (logging, tests).
+        backoff: how long (30 s after the first failure by default) and how often a call is
+            retried while the server is unreachable; each failed attempt logs a warning.
+        on_retry: called before each retry's wait with the retry number, the wait and the
+            connection error (tests, metrics; the warning is logged either way).
         limiter: the worker threads' limiter (default: a limiter of 4 threads for this log).
 
     Raises:
@@ -195,6 +204,12 @@ class RedisStreamLog:
     def schema(self) -> pa.Schema:
         """The batches' schema: the payload, then the split and offset columns."""
         return self._schema
+
+    @property
+    def declared_splits(self) -> tuple[str, ...] | None:
+        """The stream keys given as ``splits=``, whether they exist or not (``None``: the log
+        was declared with ``pattern=``)."""
+        return None if self._splits is None else tuple(self._splits)
 
     async def aclose(self) -> None:
         """Close the client (idempotent). A read still running fails with a connection

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+import pyarrow as pa
+
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.errors import DuplicateJobError, GraphError, JobDroppingError
 from barrierflow.runtime.graph import DEFAULT_JOB, Fanout, Graph, Node
 from barrierflow.runtime.job import ActorDeclaration, Job, JobRecord, parallel_names
 from barrierflow.runtime.service import Service
+from barrierflow.runtime.startup import check_key_columns
 
 __all__ = ["Declarations"]
 
@@ -19,6 +22,29 @@ def _indexed(factory: Callable[..., StreamActor], index: int) -> Callable[[], St
         return factory(index)
 
     return make
+
+
+def _check_keys(declaration: ActorDeclaration, nodes: Mapping[str, Node], *, running: bool) -> None:
+    """Check the hash key of each input of ``declaration`` against its upstream's declared
+    schema, where there is one (the same check runs at start against what the actors say).
+
+    Raises:
+        KeyColumnError: a key column the upstream's declared schema lacks or cannot hash.
+    """
+    upstreams = (
+        declaration.inputs.values()
+        if isinstance(declaration.inputs, Mapping)
+        else declaration.inputs
+    )
+    for upstream in upstreams:
+        node = nodes.get(upstream)
+        if node is None or node.schema is None:
+            continue
+        key = declaration.key
+        if declaration.parallelism is None and not running and node.fanout.kind == "hash":
+            key = node.fanout.key_columns  # an actor declared alone shares the node's fan-out
+        if key is not None:
+            check_key_columns(declaration.name, key, upstream, node.schema)
 
 
 class Declarations:
@@ -48,16 +74,23 @@ class Declarations:
         actor: Callable[[], StreamActor] | None = None,
         *,
         fanout: Fanout | None = None,
+        schema: pa.Schema | None = None,
     ) -> Node:
         """Declare a source of the default job (a :class:`PushSource` unless a factory is
         given). All or nothing, like :meth:`add_actor`.
 
+        ``schema``, if given, is what the source emits (a push source refuses chunks of
+        another schema): the actors declared to read it are checked against it at once — hash
+        key columns, a sink's schema — instead of failing on the first rows (see
+        :mod:`barrierflow.runtime.startup`).
+
         Raises:
-            GraphError: as for :meth:`add_actor`; or the runtime has started.
+            GraphError: as for :meth:`add_actor`; ``schema`` is not a ``pyarrow.Schema``; or
+                the runtime has started.
         """
         self._check_not_started()
         self._check_not_a_service(name)
-        self._main.add_source(name, actor, fanout=fanout)
+        self._main.add_source(name, actor, fanout=fanout, schema=schema)
         try:
             return self._apply_last(self._main)[0]
         except BaseException:
@@ -91,6 +124,8 @@ class Declarations:
                 restarts); ``inputs`` is not a list, tuple or mapping of declared names, or
                 names one twice; ``fanout`` is not a Fanout; a bad ``parallelism`` or ``key``;
                 or the runtime has started.
+            KeyColumnError: ``key`` (or the hash fan-out of an input) names a column that an
+                input declared with a schema does not have, or cannot hash.
         """
         self._check_not_started()
         self._check_not_a_service(name)
@@ -102,6 +137,12 @@ class Declarations:
         except BaseException:
             self._main._undo_last()
             raise
+
+    def declared_schema(self, name: str) -> pa.Schema | None:
+        """The schema source ``name`` was declared to emit (``None``: not declared, or not a
+        declared source)."""
+        node = self._graph.nodes.get(name)
+        return None if node is None else node.schema
 
     def name_in_use(self, name: str) -> bool:
         """Whether ``name`` is taken by an actor or a service of a declared job."""
@@ -185,6 +226,7 @@ class Declarations:
                 record = self._records.get(node.job)
                 if record is not None and record.status != "running":
                     raise JobDroppingError(job.name, upstream, node.job)
+        _check_keys(declaration, nodes, running=running)
         names = parallel_names(declaration.name, declaration.parallelism)
         for name in names:
             if name in services and name not in job.services:
@@ -210,6 +252,7 @@ class Declarations:
                         job=job.name,
                         group=group,
                         key=declaration.key,
+                        schema=declaration.schema,
                     )
                 )
         except BaseException:

@@ -23,7 +23,7 @@ from barrierflow.runtime.errors import ActorFailedError, BarrierStuckError, Grap
 from barrierflow.runtime.graph import Node
 from barrierflow.runtime.job_catalog import JobCatalog
 from barrierflow.runtime.service import Service, ServiceContext
-from barrierflow.runtime.startup import check_actors
+from barrierflow.runtime.startup import check_actors, check_schemas
 from barrierflow.runtime.state.state_store import StateStore
 from barrierflow.runtime.watchdog import diagnose
 
@@ -58,13 +58,14 @@ def check_wiring(
     services: Mapping[str, Service],
     running: Mapping[str, StreamActor] | None = None,
 ) -> None:
-    """Run the actors' startup checks; the siblings of a parallel writer are the other
-    members of its hash group; ``running`` are the actors of the running graph a joining job
-    may read."""
+    """Run the actors' startup checks, then the schema checks of every new input (see
+    :mod:`.startup`); the siblings of a parallel writer are the other members of its hash
+    group; ``running`` are the actors of the running graph a joining job may read."""
     groups = {name: ["|".join(group)] for name, group in wiring.hash_groups.items()}
     hashed = {key for v in groups.values() for key in v}
     graph = {**(running or {}), **instances}
     check_actors(instances, groups, services, hashed, wiring.keys, wiring.groups, graph)
+    check_schemas(wiring.edges, graph, wiring.schemas)
 
 
 class Incarnation:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
 from barrierflow.channels.dispatch import (
     BroadcastDispatcher,
@@ -28,6 +30,7 @@ from barrierflow.channels.mutation import NewOutput
 from barrierflow.channels.outputs import Outputs
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.graph import Fanout, Node
+from barrierflow.runtime.startup import Edge
 
 __all__ = ["Wiring", "wire"]
 
@@ -54,6 +57,10 @@ class Wiring:
     keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: Actor name → every actor of its parallel group (itself included), for grouped actors.
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Every input of a new actor, with its hash key (for the schema checks at start).
+    edges: list[Edge] = field(default_factory=list)
+    #: Source name → the schema it was declared with (new and running sources).
+    schemas: dict[str, pa.Schema] = field(default_factory=dict)
 
 
 def _dispatcher(
@@ -70,6 +77,13 @@ def _dispatcher(
     if fanout.kind == "round_robin":
         return RoundRobinDispatcher(senders)
     return BroadcastDispatcher(senders)
+
+
+def _key_of(upstream: Node, node: Node) -> tuple[str, ...] | None:
+    """The columns ``upstream`` hash-dispatches to ``node`` by (as :func:`_dispatcher`)."""
+    if node.group is None:
+        return upstream.fanout.key_columns if upstream.fanout.kind == "hash" else None
+    return node.key
 
 
 def wire(
@@ -103,6 +117,9 @@ def wire(
             wiring.channels.append(tx)
             wiring.inputs[node.name][local] = rx
             fan.setdefault(source, {}).setdefault(node.group, []).append((node, tx))
+            wiring.edges.append(
+                Edge(source, node.name, _key_of(every[source], node), node.group or node.name)
+            )
     for upstream_name, groups in fan.items():
         upstream = every[upstream_name]
         built: list[tuple[Dispatcher, list[int]]] = []
@@ -124,6 +141,7 @@ def wire(
             wiring.new_outputs[upstream.actor_id] = [
                 NewOutput(dispatcher, tuple(ids)) for dispatcher, ids in built
             ]
+    wiring.schemas = {n.name: n.schema for n in every.values() if n.schema is not None}
     for node in new:
         wiring.outputs.setdefault(node.name, Outputs())
         if node.group is not None:

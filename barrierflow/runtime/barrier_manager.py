@@ -52,8 +52,9 @@ class InFlightBarrier:
             raise InvalidArgumentError("barrier", "a Barrier", type(barrier).__name__)
         self.barrier = barrier
         self.remaining = _actor_ids("actors", actors)
-        #: When it was injected (:func:`anyio.current_time`): how long it has been in flight.
-        self.injected_at = anyio.current_time()
+        #: When it was injected (:func:`anyio.current_time`; set by the manager that injects
+        #: it): how long it has been in flight.
+        self.injected_at = 0.0
         self._done = anyio.Event()
         self._error: BaseException | None = None
 
@@ -220,6 +221,7 @@ class BarrierManager:
             self._sources.update(add_sources or {})
             barrier = Barrier(self._pair, kind, mutation)
             flight = InFlightBarrier(barrier, self._actors)
+            flight.injected_at = anyio.current_time()
             self._in_flight[barrier.epoch.curr] = flight
             if not flight.remaining:
                 # Every actor retired (the graph is stopping): nobody will collect it, so it

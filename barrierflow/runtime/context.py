@@ -130,8 +130,6 @@ class ActorContext:
             actor=name, actor_id=actor_id, epoch=0
         )
         self.epoch = 0
-        #: The ``curr`` of the last barrier read through :meth:`messages` (0 before one).
-        self._read_epoch = 0
         self.finished = False
         self._messages_in = 0
         self._rows_in = 0
@@ -347,7 +345,7 @@ class ActorContext:
         if isinstance(message, Chunk):
             if not self._barriers:
                 # Downstream would fail on rows before any barrier, and be blamed for it.
-                raise BarrierNotPassedError(self.name, self._read_epoch, "emitted rows")
+                raise BarrierNotPassedError(self.name, "emitted rows")
             self._rows_out += message.cardinality
         elif not isinstance(message, Watermark):
             raise InvalidArgumentError(

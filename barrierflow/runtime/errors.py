@@ -29,6 +29,8 @@ __all__ = [
     "BarrierNotPassedError",
     "BarrierStuckError",
     "NotAwaitedError",
+    "KeyColumnError",
+    "SinkSchemaError",
 ]
 
 
@@ -277,24 +279,74 @@ class BarrierStuckError(BarrierflowError):
 
 @final
 class BarrierNotPassedError(ProtocolError):
-    """An actor went on past a barrier it never passed downstream: it read the next barrier,
-    or emitted rows before passing its first one. Its downstream would otherwise fail (or
-    hang) and be blamed for it.
+    """An actor emitted rows before passing on its first barrier: its downstream would fail on
+    rows that belong to no epoch, and be blamed for it. (An actor that holds a later barrier
+    for good is named by the barrier watchdog: see :class:`BarrierStuckError`.)
 
     Attributes:
         actor: the actor's name.
-        epoch: the barrier it did not pass (``curr``; 0 when it never read one).
         then: what it did instead.
     """
 
-    def __init__(self, actor: str, epoch: int, then: str) -> None:
+    def __init__(self, actor: str, then: str) -> None:
         self.actor = actor
-        self.epoch = epoch
         self.then = then
-        held = f"the barrier of epoch {epoch}" if epoch else "its first barrier"
         super().__init__(
-            f"actor {actor!r} {then} without passing on {held}: every barrier an actor reads "
-            "must be passed downstream with `await ctx.emit(barrier)`"
+            f"actor {actor!r} {then} before passing on its first barrier: every barrier an "
+            "actor reads must be passed downstream with `await ctx.emit(barrier)`, and no row "
+            "may go before the first one"
+        )
+
+
+@final
+class KeyColumnError(GraphError):
+    """An actor's input is hash-dispatched by a column its upstream does not emit (or cannot
+    hash), found from the upstream's known schema when the actor is declared or the graph
+    starts — not on the first chunk, where it would fail in the upstream.
+
+    Attributes:
+        actor: the actor (or parallel group) reading the hash-dispatched input.
+        column: the key column that is missing or not hashable.
+        upstream: the actor whose output is dispatched.
+        columns: the columns ``upstream`` emits (``"name: type"``).
+    """
+
+    def __init__(
+        self, actor: str, column: str, upstream: str, columns: Iterable[str], why: str
+    ) -> None:
+        self.actor = actor
+        self.column = column
+        self.upstream = upstream
+        self.columns = tuple(columns)
+        super().__init__("key", f"key columns {why}", column)
+        self.args = (
+            f"actor {actor!r}: hash key column {column!r} {why} (input {upstream!r} has "
+            f"columns: {', '.join(self.columns) or 'none'})",
+        )
+
+
+@final
+class SinkSchemaError(GraphError):
+    """A sink's schema differs from the schema its input is known to emit: every batch would
+    be refused at the first checkpoint, so the graph is refused when it is declared or starts.
+
+    Attributes:
+        sink: the sink writer (the actor's name).
+        upstream: the actor whose output it reads.
+        difference: what differs, in words (a field's type, a missing or extra column, ...).
+        fix: how to fix a difference of time zone or integer width (a cast), else ``""``.
+    """
+
+    def __init__(self, sink: str, upstream: str, difference: str, fix: str) -> None:
+        self.sink = sink
+        self.upstream = upstream
+        self.difference = difference
+        self.fix = fix
+        super().__init__("schema", f"the schema of input {upstream!r}", difference)
+        hint = f"; {fix}" if fix else ""
+        self.args = (
+            f"sink {sink!r}: its schema differs from that of its input {upstream!r}: "
+            f"{difference}{hint}",
         )
 
 

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import final
 
+import pyarrow as pa
+
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.context import DEFAULT_JOB
 from barrierflow.runtime.errors import GraphError
@@ -70,6 +72,7 @@ class Node:
             ``None`` for an actor declared alone before start (those share their upstream's
             node-level ``fanout``).
         key: the columns a parallel group is hash-dispatched by (``None``: round robin).
+        schema: the schema a source was declared to emit (``None``: not declared).
     """
 
     actor_id: int
@@ -82,6 +85,7 @@ class Node:
     job: str = DEFAULT_JOB
     group: str | None = None
     key: tuple[str, ...] | None = None
+    schema: pa.Schema | None = None
 
 
 @final
@@ -109,6 +113,7 @@ class Graph:
         group: str | None = None,
         key: tuple[str, ...] | None = None,
         known: Mapping[str, Node] | None = None,
+        schema: pa.Schema | None = None,
     ) -> Node:
         """Declare an actor from its factory (called at every (re)start of the graph).
 
@@ -120,11 +125,13 @@ class Graph:
         Args:
             known: actors that may be read besides this graph's (a job's upstreams in the
                 running graph).
+            schema: the schema a source emits, if declared.
 
         Raises:
             GraphError: a bad or duplicate name; an actor instance or anything else that is not
                 a factory (an instance would be reused across restarts with its in-memory
-                state); ``source`` not a bool, ``fanout`` not a Fanout, ``inputs`` not a list,
+                state); ``source`` not a bool, ``fanout`` not a Fanout, ``schema`` not a
+                schema (or given for an actor that is not a source), ``inputs`` not a list,
                 tuple or mapping of names, an input named twice or not declared, or a source
                 with inputs.
         """
@@ -143,6 +150,8 @@ class Graph:
             raise GraphError("source", "a bool", source)
         if fanout is not None and not isinstance(fanout, Fanout):
             raise GraphError("fanout", "None or a Fanout", fanout)
+        if schema is not None and not (source and isinstance(schema, pa.Schema)):
+            raise GraphError("schema", "None, or a pyarrow.Schema for a source", schema)
         candidate: object = inputs
         if isinstance(candidate, Mapping):
             local = list(candidate.keys())
@@ -179,6 +188,7 @@ class Graph:
             job,
             group,
             key,
+            schema,
         )
         self._nodes[name] = node
         return node

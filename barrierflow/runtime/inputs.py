@@ -8,12 +8,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import UnknownInputError
 from barrierflow.channels.messages import Message
 from barrierflow.channels.select import PollableReceiver
-from barrierflow.runtime.errors import BarrierNotPassedError
 
 if TYPE_CHECKING:
     from barrierflow.runtime.context import ActorContext
@@ -96,20 +94,8 @@ class Messages:
         return self._count(message)
 
     def _count(self, message: Message) -> Message:
-        """Count ``message``; a barrier read while the one read before it was never passed on
-        fails this actor, which swallowed it (not its downstream, which would starve).
-
-        Raises:
-            BarrierNotPassedError: see above.
-        """
         ctx = self._ctx
         ctx._messages_in += 1
         if isinstance(message, Chunk):
             ctx._rows_in += message.num_rows
-        elif isinstance(message, Barrier):
-            held = ctx._read_epoch
-            if held > ctx.epoch and message.epoch.curr > held:
-                then = f"read the next barrier (epoch {message.epoch.curr})"
-                raise BarrierNotPassedError(ctx.name, held, then)
-            ctx._read_epoch = message.epoch.curr
         return message

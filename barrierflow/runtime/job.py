@@ -14,13 +14,18 @@ rows after it to the new job too, and the barrier is the new actors' first.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import final
 
 import anyio
+import pyarrow as pa
 
-from barrierflow.runtime.actor import StreamActor
+from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.errors import SchemaMismatchError
+from barrierflow.channels.messages import Message
+from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.errors import GraphError
 from barrierflow.runtime.graph import Fanout
 from barrierflow.runtime.progress import JobProgress, Progress
@@ -31,7 +36,42 @@ __all__ = ["Job", "JobHandle", "JobStats", "PushSource"]
 
 class PushSource(StreamActor):
     """A source fed by :meth:`Runtime.push`: chunks and injected barriers share one inbox, so
-    a chunk pushed before a barrier was injected belongs to the epoch that barrier closes."""
+    a chunk pushed before a barrier was injected belongs to the epoch that barrier closes.
+
+    Args:
+        schema: the schema of the chunks pushed (``rt.add_source(name, schema=...)``), so
+            that the actors reading it are checked against it before any row flows (see
+            :mod:`barrierflow.runtime.startup`); ``None``: not declared.
+
+    Raises:
+        GraphError: ``schema`` is not ``None`` or a ``pyarrow.Schema``.
+    """
+
+    def __init__(self, schema: pa.Schema | None = None) -> None:
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise GraphError("schema", "None or a pyarrow.Schema", schema)
+        self._schema = schema
+
+    def output_schema(self) -> pa.Schema | None:
+        """The declared schema of the pushed chunks (``None``: not declared)."""
+        return self._schema
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        """Forward ``message``; a chunk must have the declared schema, if one was declared.
+
+        Raises:
+            SchemaMismatchError: a chunk of another schema was pushed (the checks made
+                against the declared schema would not hold for it).
+        """
+        if (
+            self._schema is not None
+            and isinstance(message, Chunk)
+            and not message.batch.schema.equals(self._schema)
+        ):
+            raise SchemaMismatchError(
+                f"chunk pushed into source {ctx.name!r}", self._schema, message.batch.schema
+            )
+        await ctx.emit(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +85,7 @@ class ActorDeclaration:
     fanout: Fanout | None
     parallelism: int | None
     key: tuple[str, ...] | None
+    schema: pa.Schema | None = None
 
     def names(self) -> list[str]:
         """The actors this declaration makes: ``name``, or ``name.0`` … for a group."""
@@ -132,6 +173,14 @@ class Job:
         """Forget the last actor declaration (the graph refused it)."""
         self._actors.pop()
 
+    def declared_schema(self, name: str) -> pa.Schema | None:
+        """The schema source ``name`` of this job was declared to emit (``None``: not
+        declared here; an upstream in the running graph is checked when the job is added)."""
+        for declaration in self._actors:
+            if declaration.name == name:
+                return declaration.schema
+        return None
+
     def name_in_use(self, name: str) -> bool:
         """Whether ``name`` is taken by an actor or a service of this job."""
         return name in self.actor_names() or name in self._services
@@ -148,18 +197,31 @@ class Job:
         actor: Callable[[], StreamActor] | None = None,
         *,
         fanout: Fanout | None = None,
+        schema: pa.Schema | None = None,
     ) -> None:
         """Declare a source (a :class:`PushSource` unless a factory is given).
 
+        Args:
+            schema: the schema the source emits, if known: the actors reading it are checked
+                against it at declaration (hash key columns, a sink's schema) instead of on
+                the first rows. A push source made here is given it too.
+
         Raises:
-            GraphError: a bad or taken name, or an actor instance instead of a factory.
+            GraphError: a bad or taken name, an actor instance instead of a factory, or a
+                ``schema`` that is not a ``pyarrow.Schema``.
         """
-        factory = PushSource if actor is None else actor
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise GraphError("schema", "None or a pyarrow.Schema", schema)
+        factory: Callable[[], StreamActor] = PushSource
+        if actor is not None:
+            factory = actor
+        elif schema is not None:
+            factory = functools.partial(PushSource, schema)
         check_declaration(name, factory, parallelism=None, key=None)
         if fanout is not None and not isinstance(fanout, Fanout):
             raise GraphError("fanout", "None or a Fanout", fanout)
         self._check_free([name])
-        self._actors.append(ActorDeclaration(name, factory, (), True, fanout, None, None))
+        self._actors.append(ActorDeclaration(name, factory, (), True, fanout, None, None, schema))
 
     def add_actor(
         self,

@@ -20,20 +20,45 @@ hanging or losing rows later:
    replayed epochs it already has (see :func:`~barrierflow.runtime.positions.
    epoch_already_held`), while adopting the largest would lose rows for the sink that holds
    less.
+3. **Do the schemas fit?** Where an actor's output schema is known — declared on the source
+   (``rt.add_source(name, schema=...)``) or told by the actor (:class:`OutputSchema`: a batch
+   feed's source, a split source) — every actor reading it hash-dispatched must find its key
+   columns there (:class:`~barrierflow.errors.KeyColumnError`, naming the actor and the
+   columns the input has), and an actor that requires one input schema
+   (:class:`InputSchema`: a sink writer) must be given exactly it
+   (:class:`~barrierflow.errors.SinkSchemaError`, saying what differs and, for a time zone
+   or an integer width, the cast that fixes it). The same checks run at declaration when the
+   schemas are known then; otherwise the first chunk would fail in the upstream, or the sink
+   at its first checkpoint.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, final, runtime_checkable
 
+import pyarrow as pa
 import structlog
 
-from barrierflow.runtime.errors import SinkStateMismatchError
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.vnode import check_key_columns as check_hashable
+from barrierflow.runtime._schemas import describe_difference
+from barrierflow.runtime.errors import KeyColumnError, SinkSchemaError, SinkStateMismatchError
 from barrierflow.runtime.positions import SinkCommits, SinkCommitsReader
 
-__all__ = ["StartupCheck", "StartupContext", "adopt_sink_positions", "check_actors"]
+__all__ = [
+    "Edge",
+    "InputSchema",
+    "OutputSchema",
+    "StartupCheck",
+    "StartupContext",
+    "adopt_sink_positions",
+    "check_actors",
+    "check_input_schema",
+    "check_key_columns",
+    "check_schemas",
+]
 
 
 @final
@@ -69,6 +94,117 @@ class StartupCheck(Protocol):
         """Raise a typed error (a :class:`~barrierflow.errors.GraphError`) if the graph lacks
         what this actor needs."""
         ...
+
+
+@runtime_checkable
+class OutputSchema(Protocol):
+    """An actor that knows the schema of every chunk it emits (before it runs)."""
+
+    def output_schema(self) -> pa.Schema | None:
+        """The schema of its chunks, or ``None`` if it does not know it."""
+        ...
+
+
+@runtime_checkable
+class InputSchema(Protocol):
+    """An actor that accepts one input schema only (a sink writer: its sink's schema)."""
+
+    def input_schema(self) -> pa.Schema | None:
+        """The schema its input must have, or ``None`` if any will do."""
+        ...
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """One input of an actor, as the schema checks see it.
+
+    Attributes:
+        upstream: the actor whose output is read.
+        actor: the actor reading it.
+        key: the columns the edge is hash-dispatched by (``None``: not hash-dispatched).
+        group: the name to blame for the key: the parallel group's, else ``actor``.
+    """
+
+    upstream: str
+    actor: str
+    key: tuple[str, ...] | None
+    group: str
+
+
+def check_key_columns(
+    actor: str, key: Sequence[str], upstream: str, schema: pa.Schema | None
+) -> None:
+    """Refuse hash key columns that ``upstream``'s known ``schema`` lacks or cannot hash.
+
+    Raises:
+        KeyColumnError: a key column missing from ``schema``, or of a type that cannot be
+            hashed (nothing is checked when ``schema`` is ``None``).
+    """
+    if schema is None:
+        return
+    columns = [f"{f.name}: {f.type}" for f in schema]
+    for column in key:
+        if schema.get_field_index(column) < 0:
+            raise KeyColumnError(actor, column, upstream, columns, "is not a column of its input")
+    try:
+        check_hashable(schema, tuple(key))  # the dispatcher's own rule for a key's types
+    except InvalidArgumentError as exc:
+        column = str(exc.got).split(":", 1)[0]
+        raise KeyColumnError(
+            actor, column, upstream, columns, f"cannot be hashed (expected {exc.expected})"
+        ) from None
+
+
+def check_input_schema(
+    actor: str, wanted: pa.Schema | None, upstream: str, schema: pa.Schema | None
+) -> None:
+    """Refuse an input whose known ``schema`` is not the one ``actor`` requires, compared as
+    the sink task compares each batch (names, order, types, nullability; not metadata).
+
+    Raises:
+        SinkSchemaError: both schemas are known and differ.
+    """
+    if wanted is None or schema is None or schema.equals(wanted):
+        return
+    difference, fix = describe_difference(wanted, schema)
+    raise SinkSchemaError(actor, upstream, difference, fix)
+
+
+def _output_schema(actor: object, declared: pa.Schema | None) -> pa.Schema | None:
+    if isinstance(actor, OutputSchema):
+        told = actor.output_schema()
+        if isinstance(told, pa.Schema):
+            return told
+    return declared
+
+
+def check_schemas(
+    edges: Iterable[Edge],
+    actors: Mapping[str, object],
+    declared: Mapping[str, pa.Schema],
+) -> None:
+    """Check every edge whose upstream's schema is known (module docstring, point 3).
+
+    Args:
+        edges: the inputs of the actors to check (the whole graph, or a joining job's).
+        actors: every actor instance of the graph (running ones included), by name.
+        declared: the schemas declared on sources (``add_source(..., schema=...)``).
+
+    Raises:
+        KeyColumnError: a hash key column the upstream does not emit.
+        SinkSchemaError: an actor requiring one input schema reads another.
+    """
+    for edge in edges:
+        upstream = actors.get(edge.upstream)
+        schema = _output_schema(upstream, declared.get(edge.upstream))
+        if schema is None:
+            continue
+        if edge.key is not None:
+            check_key_columns(edge.group, edge.key, edge.upstream, schema)
+        reader = actors.get(edge.actor)
+        if isinstance(reader, InputSchema):
+            check_input_schema(edge.actor, reader.input_schema(), edge.upstream, schema)
 
 
 def check_actors(

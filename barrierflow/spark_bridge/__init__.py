@@ -5,6 +5,7 @@ used (install the ``spark`` extra)."""
 from barrierflow.spark_bridge.bridge import BridgeStats as BridgeStats
 from barrierflow.spark_bridge.bridge import SparkBridge as SparkBridge
 from barrierflow.spark_bridge.bridge import arrow_schema_of as arrow_schema_of
+from barrierflow.spark_bridge.failures import unwrap_spark_error as unwrap_spark_error
 from barrierflow.spark_bridge.reader import SparkReader as SparkReader
 from barrierflow.spark_bridge.reader import read_spark as read_spark
 from barrierflow.spark_bridge.session import DEFAULT_MASTER as DEFAULT_MASTER
@@ -20,4 +21,5 @@ __all__ = [
     "read_spark",
     "require_spark",
     "spark_session",
+    "unwrap_spark_error",
 ]

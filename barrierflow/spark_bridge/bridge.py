@@ -11,12 +11,14 @@ a :class:`~barrierflow.actors.BatchFeed`'s source actor::
         bridge = SparkBridge(handle, feed)
         query = bridge.start(stream_df, checkpoint_location="ck/")   # or:
         # stream_df.writeStream.foreachBatch(bridge.callback).option(...).start()
-        query.awaitTermination()
+        bridge.await_termination(query)      # a failure raises its cause, not a Py4J wall
 
 For each micro-batch, :meth:`SparkBridge.callback` (running on Spark's callback thread):
 
 1. checks the micro-batch's schema against the feed's, before any Spark work or any row moves
-   (:class:`~barrierflow.errors.SchemaMismatchError` names both);
+   (:class:`~barrierflow.errors.SchemaMismatchError` names both; when they differ only in a
+   timestamp's time zone or an integer's width, it says which cast fixes it, or to declare
+   the feed with :func:`arrow_schema_of`);
 2. checks the batch id against the last durable one: Spark replays the last batch it did not
    commit after a crash — if that batch is durable here it is skipped without even being
    computed; an id that goes backwards or skips is :class:`~barrierflow.errors.BatchOrderError`;
@@ -27,6 +29,13 @@ For each micro-batch, :meth:`SparkBridge.callback` (running on Spark's callback 
 
 The bridge holds at most one micro-batch (the ``toArrow`` table) plus what the feed's channel
 holds. Static DataFrames go through :meth:`SparkBridge.pump` the same way.
+
+**Failures.** An error raised in the callback stops the query, and Spark hands it to the
+driver as a ``StreamingQueryException`` whose text buries it under Py4J and JVM traces.
+:meth:`SparkBridge.await_termination` (or :meth:`SparkBridge.unwrap` on what the driver caught
+or ``query.exception()`` returned) gives back the error the callback raised — the same typed
+object, kept on the Python side — or a :class:`~barrierflow.errors.SparkQueryFailedError`
+naming Spark's own cause in one line (see :mod:`barrierflow.spark_bridge.failures`).
 """
 
 from __future__ import annotations
@@ -38,10 +47,11 @@ from typing import Any, final
 import pyarrow as pa
 
 from barrierflow.actors.sources.batch_feed import BatchFeed
-from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.channels.schema import check_schema, conform_schema
 from barrierflow.runtime.blocking import BlockingRuntime
 from barrierflow.runtime.errors import NotRunningError
+from barrierflow.spark_bridge.failures import unwrap_spark_error
 
 __all__ = ["BridgeStats", "SparkBridge", "arrow_schema_of"]
 
@@ -62,7 +72,11 @@ class BridgeStats:
 
 
 def arrow_schema_of(df: Any) -> pa.Schema:
-    """The Arrow schema ``df.toArrow()`` will have (computed from Spark's schema, no job)."""
+    """The Arrow schema ``df.toArrow()`` will have (computed from Spark's schema, no job): the
+    schema to declare a :class:`~barrierflow.actors.BatchFeed` with
+    (``BatchFeed(arrow_schema_of(df))``). Spark's ``timestamp`` is
+    ``timestamp[us, tz=UTC]``, ``timestamp_ntz`` is ``timestamp[us]``, ``int`` is ``int32``
+    and ``bigint`` is ``int64``."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema: pa.Schema = to_arrow_schema(df.schema, timezone="UTC")
@@ -78,7 +92,47 @@ def _check_frame(df: Any, schema: pa.Schema, what: str, streaming: bool | None =
         raise InvalidArgumentError("df", "a streaming DataFrame (use pump() otherwise)", df)
     if streaming is False and df.isStreaming:
         raise InvalidArgumentError("df", "a static DataFrame (use start() to stream)", df)
-    check_schema(arrow_schema_of(df), schema, what)
+    got = arrow_schema_of(df)
+    try:
+        check_schema(got, schema, what)
+    except SchemaMismatchError:
+        raise SchemaMismatchError(what, schema, got, fix=_cast_fix(schema, got)) from None
+
+
+#: Spark's SQL type names of the Arrow integer types it has (Spark has no unsigned ones).
+_SPARK_INTEGERS = {
+    pa.int8(): "tinyint",
+    pa.int16(): "smallint",
+    pa.int32(): "int",
+    pa.int64(): "bigint",
+}
+
+
+def _cast_fix(want: pa.Schema, got: pa.Schema) -> str:
+    """How to fix a micro-batch schema that differs from the feed's only in timestamps' time
+    zones or integers' widths (the two a user meets most: Spark's ``timestamp`` carries UTC,
+    its ``int`` is 32 bits): the Spark casts, and declaring the feed with
+    :func:`arrow_schema_of`. ``""`` for any other difference (a name, a type that no Spark
+    cast produces)."""
+    if want.names != got.names:
+        return ""
+    casts: list[str] = []
+    for wanted, have in zip(want, got, strict=True):
+        if wanted.type == have.type:
+            continue
+        if pa.types.is_timestamp(wanted.type) and pa.types.is_timestamp(have.type):
+            if wanted.type.unit != "us" or wanted.type.tz not in (None, "UTC"):
+                return ""  # Spark's timestamps are microseconds, in UTC or naive
+            spark_type = "timestamp_ntz" if wanted.type.tz is None else "timestamp"
+        elif pa.types.is_integer(have.type) and wanted.type in _SPARK_INTEGERS:
+            spark_type = _SPARK_INTEGERS[wanted.type]
+        else:
+            return ""
+        casts.append(f".withColumn({wanted.name!r}, df[{wanted.name!r}].cast({spark_type!r}))")
+    return (
+        f"declare the feed with BatchFeed(arrow_schema_of(df)), or cast in Spark: "
+        f"df{''.join(casts)}"
+    )
 
 
 class SparkBridge:
@@ -119,6 +173,40 @@ class SparkBridge:
         driver to report. It stays set after later batches succeed.
         """
         return self._last_error
+
+    def unwrap(self, exc: BaseException, *, query: Any = None) -> BaseException:
+        """The error behind ``exc`` — what a driver caught around ``awaitTermination``, or
+        what ``query.exception()`` returned: the error this bridge's callback raised (the same
+        object: :attr:`last_error`) if Spark's text names its type, else a
+        :class:`~barrierflow.errors.SparkQueryFailedError` with Spark's own cause in one line
+        (its ``__cause__`` is ``exc``, and it names ``query``'s name or id if given); ``exc``
+        itself if it is not a Spark or Py4J error.
+        """
+        kept = () if self._last_error is None else (self._last_error,)
+        name = None if query is None else (query.name or str(query.id))
+        return unwrap_spark_error(exc, kept, query=name)
+
+    def await_termination(self, query: Any, timeout: float | None = None) -> bool:
+        """``query.awaitTermination(timeout)``, with a failed query raising its cause.
+
+        Returns:
+            Whether the query has terminated (always ``True`` without a timeout).
+
+        Raises:
+            SchemaMismatchError, BatchOrderError, ActorFailedError, ...: what the bridge's
+                callback raised, the same object (see :meth:`unwrap`).
+            SparkQueryFailedError: the query failed otherwise; Spark's cause in one line.
+        """
+        try:
+            done = query.awaitTermination() if timeout is None else query.awaitTermination(timeout)
+        except Exception as exc:
+            cause = self.unwrap(exc, query=query)
+            if cause is exc:
+                raise
+        else:
+            return done is None or bool(done)
+        # Raised outside the except block: the Spark wall is not chained on as the context.
+        raise cause
 
     def stats(self) -> BridgeStats:
         """A snapshot of the bridge's counters."""

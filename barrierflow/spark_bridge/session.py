@@ -10,7 +10,9 @@ executors (a shared filesystem or object store instead of local files).
 
 Local mode binds to ``127.0.0.1`` (``SPARK_LOCAL_IP``) unless it is set already: otherwise
 Spark may resolve the host name to an address it cannot bind to. The Spark UI is off and
-shuffles use few partitions, which suits micro-batches of a streaming driver.
+shuffles use few partitions, which suits micro-batches of a streaming driver. Spark logs
+errors only, and not a failed streaming query's (the driver gets that failure from
+``awaitTermination``; see :mod:`barrierflow.spark_bridge.failures`).
 """
 
 from __future__ import annotations
@@ -105,4 +107,23 @@ def spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    _quiet_query_failures(session)
     return session
+
+
+#: The loggers of Spark's streaming query execution (``MicroBatchExecution``, ...).
+_STREAMING_LOGGERS = "org.apache.spark.sql.execution.streaming"
+
+
+def _quiet_query_failures(session: Any) -> None:
+    """Turn off Spark's own ERROR log of a failed streaming query: a JVM stack trace of 70 and
+    more lines on stderr, printed before the driver sees anything. The same failure is raised
+    to the driver by ``awaitTermination`` (and reduced to its cause by
+    :meth:`~barrierflow.spark_bridge.SparkBridge.await_termination`), so the log only buried
+    the one line that matters. Best effort: a JVM without log4j 2 keeps its logging."""
+    try:
+        jvm = session.sparkContext._jvm
+        log4j = jvm.org.apache.logging.log4j
+        log4j.core.config.Configurator.setLevel(_STREAMING_LOGGERS, log4j.Level.OFF)
+    except Exception:  # logging set-up must never stop a session
+        pass

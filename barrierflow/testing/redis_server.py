@@ -14,15 +14,24 @@ so that its data survives (an append-only file fsynced on every write).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from barrierflow.channels.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = [
     "RedisServer",
@@ -95,6 +104,8 @@ class RedisServer:
         stop_timeout: seconds a killed server may take to exit in :meth:`stop`.
 
     Raises:
+        InvalidArgumentError: ``directory`` is not a path, ``persistent`` not a bool, or a
+            timeout not a positive finite number of seconds.
         ServerNotFoundError: no server binary (see :func:`find_server_binary`).
     """
 
@@ -106,6 +117,18 @@ class RedisServer:
         start_timeout: float = START_SECONDS,
         stop_timeout: float = STOP_SECONDS,
     ) -> None:
+        if not isinstance(directory, str | os.PathLike) or not os.fspath(directory):
+            raise InvalidArgumentError("directory", "a directory path", directory)
+        if type(persistent) is not bool:
+            raise InvalidArgumentError("persistent", "a bool", persistent)
+        for argument, value in (("start_timeout", start_timeout), ("stop_timeout", stop_timeout)):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value <= sys.float_info.max
+            ):
+                raise InvalidArgumentError(argument, "a positive finite number of seconds", value)
+        directory = Path(directory)
         self.binary = find_server_binary()
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -129,6 +152,18 @@ class RedisServer:
     def pid(self) -> int | None:
         """The server process's id while it runs (``None`` otherwise)."""
         return self._process.pid if self.running and self._process is not None else None
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[redis.Redis]:
+        """A plain redis-py client of this server (RESP2), closed on exit: what a test writes
+        the streams it reads with."""
+        import redis  # the [redis] extra; this module itself imports without it
+
+        conn = redis.Redis(host=self.host, port=self.port, protocol=2)
+        try:
+            yield conn
+        finally:
+            conn.close()
 
     def key_prefix(self) -> str:
         """A prefix no other test uses, for the keys of one test."""

@@ -30,7 +30,7 @@ from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.messages import Message
 from barrierflow.runtime.actor import ActorContext, StreamActor
-from barrierflow.runtime.state._versioned_checks import check_key_schema
+from barrierflow.runtime.state._versioned_checks import check_options
 from barrierflow.runtime.state.versioned_table import VersionedTable
 
 __all__ = ["VIEW_TABLE", "Materialize"]
@@ -52,8 +52,10 @@ class Materialize(StreamActor):
             pinned epoch is always kept).
 
     Raises:
-        InvalidArgumentError: a schema that is not a pyarrow Schema, or key columns missing
-            from it or nullable.
+        InvalidArgumentError: a schema that is not a pyarrow Schema, key columns missing
+            from it or nullable, a distribution key that is not columns of the primary key,
+            or a ``compact_after`` that is not an int in 1..32768 (all checked here, as the
+            view's table checks them when the actor starts).
     """
 
     def __init__(
@@ -64,10 +66,17 @@ class Materialize(StreamActor):
         distribution_key: Sequence[str] | None = None,
         compact_after: int = 32,
     ) -> None:
-        if not isinstance(schema, pa.Schema):
-            raise InvalidArgumentError("schema", "a pyarrow Schema", schema)
+        if distribution_key is not None and (
+            not isinstance(distribution_key, list | tuple)
+            or not all(isinstance(c, str) for c in distribution_key)
+        ):
+            raise InvalidArgumentError(
+                "distribution_key", "None or a list or tuple of column names", distribution_key
+            )
+        # The versioned table's own checks, now rather than when the graph starts (any vnode
+        # count will do here: the actor's comes from its input's dispatch).
+        self.primary_key, _ = check_options(schema, primary_key, distribution_key, 1, compact_after)
         self.schema = schema
-        self.primary_key = check_key_schema(schema, primary_key, "primary_key")
         self.distribution_key = None if distribution_key is None else tuple(distribution_key)
         self.compact_after = compact_after
         self._table: VersionedTable | None = None

@@ -14,6 +14,16 @@ drives it:
   States are restored from the actor's ``backfill`` table (a split without one starts
   ``BACKFILLING(None)``); for each split still backfilling, the log's latest offset becomes the
   target — ``None`` (an empty split) finishes it at once.
+* **Splits created later.** A live source that discovers splits (rule 10 of
+  :mod:`~barrierflow.actors.sources.split_source`) starts reading a split created after this
+  actor listed the log's splits at a later barrier, from its first record. An actor that took
+  its splits from the listing adopts such a split when its first rows arrive from the upstream:
+  ``FINISHED`` at once (it has no history before the job's first barrier; see
+  :mod:`.source_backfill_state`), its state put with those rows — in the forwarding stage too,
+  so that a restart does not backfill it again. A split that existed at the listing is
+  backfilled as any other, whenever the live source starts reading it. An actor given its
+  splits (``Add``, ``splits=``) refuses rows of another split
+  (:class:`~barrierflow.channels.errors.ProtocolError`).
 * **Barriers.** At each barrier: the states are put in the table (sealed with the barrier, so
   recovery resumes from them); ``Pause``/``Resume`` pause the backfill reader (upstream keeps
   flowing), ``Throttle`` rebuilds it with the new rate; progress (rows read, per-split phase) is
@@ -59,6 +69,7 @@ from typing import Any, final
 import anyio
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barrierflow.actors.backfill._backfill_stage import UPSTREAM, BackfillStage
 from barrierflow.actors.backfill.errors import UnfinishedSplitMigratedError
@@ -69,6 +80,7 @@ from barrierflow.actors.backfill.source_backfill_state import (
 )
 from barrierflow.actors.sources.split_log import SPLIT_COLUMN, SplitLog
 from barrierflow.channels.barrier import Barrier
+from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import SourceChangeSplit, check_rate
@@ -91,8 +103,9 @@ class SourceBackfill(StreamActor):
 
     Args:
         log: the split log the live source reads.
-        splits: the splits this actor owns when no ``Add`` assignment names them (default: all
-            of the log's).
+        splits: the splits this actor owns when no ``Add`` assignment names them (default: the
+            log's, listed at the first barrier, and each split created later whose rows the
+            upstream delivers).
         batch_rows: rows per batch of the backfill reader.
         rate_limit: rows per second of the backfill reader (``None``: unlimited; 0: paused).
         wait_barrier_intervals: barrier intervals without a barrier after which the reader
@@ -167,13 +180,16 @@ class SourceBackfill(StreamActor):
         table = ctx.table(TABLE)
         committed = {k: SplitBackfill.from_json(v) for k, v in (await table.items()).items()}
         owned = first.initial_splits(ctx.actor_id)
+        listed = owned is None and self._splits is None
         if owned is not None:
             names = [s.split_id for s in owned]
         elif self._splits is not None:
             names = list(self._splits)
         else:
             names = _routed_here(ctx, await self._log.list_splits())
-        states = SplitBackfills({s: committed.get(s, SplitBackfill()) for s in names})
+        states = SplitBackfills(
+            {s: committed.get(s, SplitBackfill()) for s in names}, adopt_new_splits=listed
+        )
         for split in states.unfinished():
             states.set_target(split, await self._log.latest_offset(split))
         self._put_states(table, states)
@@ -219,6 +235,8 @@ class SourceBackfill(StreamActor):
             except anyio.EndOfStream:
                 return
             if not isinstance(message, Barrier):
+                if isinstance(message, Chunk) and states.adopt_new_splits:
+                    self._adopt(table, states, message)
                 await ctx.emit(message)
                 continue
             await ctx.emit(message)
@@ -240,6 +258,15 @@ class SourceBackfill(StreamActor):
                 changed, dropped = states.reassign((s.split_id for s in new), committed)
                 if changed:
                     self._apply_change(table, states, dropped, message)
+
+    @staticmethod
+    def _adopt(table: StateTable, states: SplitBackfills, chunk: Chunk) -> None:
+        """A split created after the listing, met in the forwarding stage: its ``FINISHED``
+        state is put with the rows forwarded (a restart without it would backfill the split
+        from its first record, and emit again what was forwarded)."""
+        splits = pc.unique(chunk.batch.column(SPLIT_COLUMN)).to_pylist()
+        for split in states.adopt(splits):
+            table.put(split, states.states[split].to_json())
 
     async def _committed_states(self, ctx: ActorContext) -> dict[str, SplitBackfill]:
         """Every peer's committed split states (a split migrated from a peer carries its

@@ -24,6 +24,15 @@ While ``BACKFILLING``, every upstream row of the split moves the target to its o
 move down: the log's latest offset is only a first guess). In ``BACKFILLING(None)`` upstream
 rows are dropped and only move the target.
 
+**A split created later.** An actor that took its splits from the log's listing adopts a split
+whose rows the upstream delivers although it did not list it (``adopt_new_splits=True``): the
+split was created after the listing, which came after the live source passed the job's first
+barrier, so the live source read it from its first record after that barrier — it has no
+history the job missed, and is ``FINISHED`` at once. (A split that existed at the listing is
+one of the states, whenever the live source starts reading it: the rules above make its
+history and the upstream meet without a gap or a repeat.) An actor given its splits explicitly
+refuses such a row (:class:`~barrierflow.channels.errors.ProtocolError`).
+
 Offsets are compared as numbers (:class:`~barrierflow.actors.sources.split_log.Offset`). Rows
 of one split arrive in offset order; a batch may mix splits, so each batch is grouped by split
 (a loop over the splits in it, never over rows) and each split's rows are decided with NumPy.
@@ -174,16 +183,44 @@ def _on_backfill(
 class SplitBackfills:
     """The backfill states of the splits an actor owns, and the rows each side may emit.
 
+    Args:
+        states: the state of each split owned.
+        adopt_new_splits: an upstream row of a split not owned adopts the split as
+            ``FINISHED`` (see the module) instead of being a protocol error.
+
     Raises:
-        InvalidArgumentError: ``states`` is not a mapping of split name to SplitBackfill.
+        InvalidArgumentError: ``states`` is not a mapping of split name to SplitBackfill, or
+            ``adopt_new_splits`` is not a bool.
     """
 
-    def __init__(self, states: Mapping[str, SplitBackfill]) -> None:
+    def __init__(
+        self, states: Mapping[str, SplitBackfill], *, adopt_new_splits: bool = False
+    ) -> None:
         if not isinstance(states, Mapping) or not all(
             isinstance(k, str) and isinstance(v, SplitBackfill) for k, v in states.items()
         ):
             raise InvalidArgumentError("states", "a mapping of split to SplitBackfill", states)
+        if type(adopt_new_splits) is not bool:
+            raise InvalidArgumentError("adopt_new_splits", "a bool", adopt_new_splits)
         self.states: dict[str, SplitBackfill] = dict(states)
+        self.adopt_new_splits = adopt_new_splits
+
+    def adopt(self, splits: Iterable[str]) -> list[str]:
+        """The upstream delivers rows of ``splits``: adopt each one not owned as ``FINISHED``
+        (see the module); returns the splits adopted.
+
+        Raises:
+            ProtocolError: a split not owned, and this actor adopts none.
+        """
+        adopted = [split for split in splits if split not in self.states]
+        if adopted and not self.adopt_new_splits:
+            raise ProtocolError(
+                f"source backfill: expected rows of its splits {sorted(self.states)} from "
+                f"the upstream, got a row of split {adopted[0]!r}"
+            )
+        for split in adopted:
+            self.states[split] = _FINISHED
+        return adopted
 
     def on_upstream(self, batch: pa.RecordBatch) -> np.ndarray:
         """Apply the live source's ``batch``; returns the visibility of its rows.
@@ -210,7 +247,10 @@ class SplitBackfills:
         codes = encoded.indices.to_numpy()
         major = batch.column(OFFSET_MAJOR).to_numpy()
         minor = batch.column(OFFSET_MINOR).to_numpy()
-        for code, split in enumerate(encoded.dictionary.to_pylist()):
+        names = encoded.dictionary.to_pylist()
+        if side == "upstream":
+            self.adopt(names)
+        for code, split in enumerate(names):
             state = self.states.get(split)
             if state is None:
                 raise ProtocolError(

@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, final, runtime_checkable
 
+import pyarrow as pa
+
 from barrierflow.actors.sinks.coordinator import CommitCoordinator, Coordinator
 from barrierflow.actors.sinks.protocol import SinkConnector
 from barrierflow.actors.sinks.sink_writer import SinkWriter
@@ -36,6 +38,7 @@ from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.errors import GraphError
 from barrierflow.runtime.job import parallel_names
 from barrierflow.runtime.service import Service
+from barrierflow.runtime.startup import check_input_schema
 
 __all__ = ["CoordinatedTable", "DeclaredSink", "add_sink"]
 
@@ -69,6 +72,8 @@ class _Declares(Protocol):
     def add_service(self, name: str, service: Service) -> None: ...
 
     def name_in_use(self, name: str) -> bool: ...
+
+    def declared_schema(self, name: str) -> pa.Schema | None: ...
 
 
 @final
@@ -112,6 +117,9 @@ def add_sink(
         InvalidArgumentError: ``connector`` is neither a coordinated table nor a callable;
             ``parallelism`` above 1 for a single-writer connector; ``input`` not a str.
         GraphError: a bad or taken name, a bad ``parallelism`` or ``key`` (from the graph).
+        KeyColumnError: ``key`` names a column the input's declared schema lacks.
+        SinkSchemaError: the table's schema differs from the input's declared schema (a
+            source declared with ``schema=``; otherwise the runtime checks it at start).
     """
     if not isinstance(name, str) or not name:
         raise GraphError("name", "a non-empty sink name", name)
@@ -150,6 +158,9 @@ def _add_coordinated(
     # is itself all or nothing), so a refused sink leaves no writer without its coordinator.
     if target.name_in_use(service):
         raise GraphError("name", "a sink name whose coordinator name is free", service)
+    schema = getattr(table, "schema", None)
+    if isinstance(schema, pa.Schema):
+        check_input_schema(name, schema, upstream, target.declared_schema(upstream))
     coordinator = Coordinator(name, table.committer())
 
     def writer(index: int) -> SinkWriter:

@@ -41,7 +41,7 @@ import pyarrow as pa
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.positions import merge_positions
 
-__all__ = ["CommitMetadata", "PendingCommit", "PositionRecorder", "SinkConnector"]
+__all__ = ["CommitMetadata", "PathChecked", "PendingCommit", "PositionRecorder", "SinkConnector"]
 
 #: What ``pre_commit`` returns: JSON-serializable facts needed to commit the epoch (file
 #: names, row counts, a transaction id). It is stored with the checkpoint, so keep it small.
@@ -139,6 +139,21 @@ class PositionRecorder(Protocol):
     ) -> None:
         """The rows of open epoch ``epoch`` come from the batches after ``start`` up to
         ``end`` (position key → batch id)."""
+        ...
+
+
+@runtime_checkable
+class PathChecked(Protocol):
+    """A connector writing files under a local path, which it checks before the graph starts
+    (optional): a path that cannot be used is refused naming the sink, before any row flows,
+    rather than failing ``open`` from inside the running graph."""
+
+    def check_path(self, sink: str) -> None:
+        """Make sure the path can be written (blocking, cheap: it may create the directory).
+
+        Raises:
+            SinkPathError: it cannot, naming ``sink``.
+        """
         ...
 
 

@@ -66,8 +66,30 @@ __all__ = [
     "SinkTask",
     "SinkTaskHandle",
     "SinkTaskStats",
+    "check_task_options",
     "start_sink_task",
 ]
+
+
+def check_task_options(
+    name: object, capacity: object, flush_interval: object, shutdown_timeout: object
+) -> tuple[float, float]:
+    """Check a sink task's options (where it is started, and where it is declared, so that a
+    bad one is refused at the call and not inside a running graph); return the two
+    intervals as floats.
+
+    Raises:
+        InvalidArgumentError: ``name`` not a non-empty str, ``capacity`` not an int >= 1, or
+            an interval that is not a positive finite number of seconds.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError("name", "a non-empty str", name)
+    if type(capacity) is not int or capacity < 1:
+        raise InvalidArgumentError("capacity", "an int >= 1", capacity)
+    return (
+        _check_seconds("flush_interval", flush_interval),
+        _check_seconds("shutdown_timeout", shutdown_timeout),
+    )
 
 
 async def start_sink_task(
@@ -96,12 +118,9 @@ async def start_sink_task(
     """
     if not isinstance(connector, SinkConnector):
         raise InvalidArgumentError("connector", "a SinkConnector", type(connector).__name__)
-    if not isinstance(name, str) or not name:
-        raise InvalidArgumentError("name", "a non-empty str", name)
-    if type(capacity) is not int or capacity < 1:
-        raise InvalidArgumentError("capacity", "an int >= 1", capacity)
-    flush_interval = _check_seconds("flush_interval", flush_interval)
-    shutdown_timeout = _check_seconds("shutdown_timeout", shutdown_timeout)
+    flush_interval, shutdown_timeout = check_task_options(
+        name, capacity, flush_interval, shutdown_timeout
+    )
     schema = connector.schema
     if not isinstance(schema, pa.Schema):
         raise InvalidArgumentError("connector.schema", "a pyarrow.Schema", type(schema).__name__)
@@ -143,6 +162,10 @@ class SinkTask:
 
     Leaving the block releases that handle (the task flushes and closes the connector once
     every clone is released too) and waits for the task to end.
+
+    Raises:
+        InvalidArgumentError: ``connector`` is not a SinkConnector, or a bad option (see
+            :func:`check_task_options`) — at the call, not when the task starts.
     """
 
     # Set by ``__aenter__``, which ``__aexit__`` always follows.
@@ -159,6 +182,9 @@ class SinkTask:
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
     ) -> None:
+        if not isinstance(connector, SinkConnector):
+            raise InvalidArgumentError("connector", "a SinkConnector", type(connector).__name__)
+        check_task_options(name, capacity, flush_interval, shutdown_timeout)
         self._connector = connector
         self._options: dict[str, Any] = {
             "name": name,

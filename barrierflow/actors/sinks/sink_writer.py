@@ -50,6 +50,7 @@ from typing import final
 
 import anyio
 import numpy as np
+import pyarrow as pa
 
 from barrierflow._taskgroups import single_error
 from barrierflow.actors.sinks.coordinator import Coordinator
@@ -58,12 +59,14 @@ from barrierflow.actors.sinks.errors import (
     DuplicateWriterError,
     SinkWriterInputError,
 )
-from barrierflow.actors.sinks.protocol import SinkConnector
+from barrierflow.actors.sinks.protocol import PathChecked, SinkConnector
 from barrierflow.actors.sinks.sink_task import (
     DEFAULT_CAPACITY,
     DEFAULT_FLUSH_INTERVAL,
+    DEFAULT_SHUTDOWN_TIMEOUT,
     SinkTaskHandle,
     SinkTaskStats,
+    check_task_options,
     start_sink_task,
 )
 from barrierflow.actors.sinks.writer_modes import CoordinatedCommits, LocalCommits, WriterMode
@@ -90,7 +93,10 @@ class SinkWriter(StreamActor):
         capacity: commands the sink task's inbox holds.
 
     Raises:
-        InvalidArgumentError: ``connector`` is neither a connector nor a callable.
+        InvalidArgumentError: ``connector`` is neither a connector nor a callable; ``name``
+            is not ``None`` or a non-empty str; ``flush_interval`` is not a positive finite
+            number; ``capacity`` is not an int >= 1 (checked here, not when the graph starts
+            the sink task).
     """
 
     # An incarnation's state, set by run() (read only while it runs).
@@ -115,6 +121,9 @@ class SinkWriter(StreamActor):
             raise InvalidArgumentError(
                 "connector", "a SinkConnector or a factory of one", type(connector).__name__
             )
+        check_task_options(
+            "sink" if name is None else name, capacity, flush_interval, DEFAULT_SHUTDOWN_TIMEOUT
+        )
         self._connector = connector
         self._name = name
         self._flush_interval = flush_interval
@@ -135,6 +144,13 @@ class SinkWriter(StreamActor):
             self._prepared = self._make_connector()
         return self._prepared
 
+    def input_schema(self) -> pa.Schema | None:
+        """The sink's schema, which every batch must have: checked against the input's known
+        schema before the graph starts (:mod:`barrierflow.runtime.startup`), rather than
+        poisoning the first epoch."""
+        schema = self._connector_now().schema
+        return schema if isinstance(schema, pa.Schema) else None
+
     def check_startup(self, ctx: StartupContext) -> None:
         """Refuse a graph this writer would hang or lose rows in.
 
@@ -146,8 +162,11 @@ class SinkWriter(StreamActor):
                 writer id without a coordinator.
             DuplicateWriterError: a parallel sibling of the same coordinator uses this
                 writer's writer id.
+            SinkPathError: the connector writes under a local path that cannot be used.
         """
         connector = self._connector_now()
+        if isinstance(connector, PathChecked):
+            connector.check_path(self._name or ctx.name)
         writer_id = getattr(connector, "writer", None)
         coordinator = self._coordinator
         if coordinator is None:

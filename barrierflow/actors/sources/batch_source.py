@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, final
 
 import anyio
+import pyarrow as pa
 
 from barrierflow._taskgroups import single_error
 from barrierflow.actors.sources.errors import BatchAbortedError, FeedBypassedError
@@ -89,6 +90,10 @@ class BatchSource(StreamActor):
 
     def __init__(self, feed: BatchFeed) -> None:
         self._feed = feed
+
+    def output_schema(self) -> pa.Schema:
+        """The feed's schema: every chunk has it (checked against the readers at start)."""
+        return self._feed.schema
 
     async def run(self, ctx: ActorContext) -> None:
         """Restore the durable batch ids, pass the initial barrier, then attach to the feed and

@@ -120,12 +120,15 @@ class UnknownSplitError(InvalidArgumentError):
     Attributes:
         split: the split asked for.
         known: the log's splits (as far as the log can tell; may be empty).
+        hint: what to do about it, when the raiser knows (``""``: nothing to add).
     """
 
-    def __init__(self, split: str, known: list[str]) -> None:
-        super().__init__("split", f"one of the log's splits {known}", split)
+    def __init__(self, split: str, known: list[str], hint: str = "") -> None:
+        expected = f"one of the log's splits {known}" + (f" ({hint})" if hint else "")
+        super().__init__("split", expected, split)
         self.split = split
         self.known = known
+        self.hint = hint
 
 
 @final

@@ -19,6 +19,13 @@ a start *offset* below what the log retains is refused
 three columns: :data:`SPLIT_COLUMN` (string), :data:`OFFSET_MAJOR` and :data:`OFFSET_MINOR`
 (int64). Rows of one split are in offset order; a batch may mix splits.
 
+**Declared splits.** A log may be *declared* with a fixed list of splits (a
+:class:`~barrierflow.connectors.RedisStreamLog` given ``splits=``) while it lists only the ones
+that exist now (a Redis stream exists from its first ``XADD``). Such a log also implements
+:class:`DeclaredSplits`, so that a source reading "every split" of it knows which ones it was
+meant to read: one that does not exist is a typo or not created yet, and the source says so
+(:class:`~barrierflow.actors.sources.errors.UnknownSplitError`) instead of reading nothing.
+
 **The backfill target.** :meth:`SplitLog.latest_offset` is the offset of a split's last record
 now (``None`` when the split is empty: nothing to backfill). A backfill of the split's history
 is done once it has read that offset — or once the live source shows a later one, since the
@@ -42,6 +49,7 @@ __all__ = [
     "OFFSET_MAJOR",
     "OFFSET_MINOR",
     "SPLIT_COLUMN",
+    "DeclaredSplits",
     "Offset",
     "SplitLog",
     "check_increasing",
@@ -162,4 +170,15 @@ class SplitLog(Protocol):
             UnknownSplitError: a split the log does not have.
             OffsetTrimmedError: a start offset is below what the log still retains.
         """
+        ...
+
+
+@runtime_checkable
+class DeclaredSplits(Protocol):
+    """A split log that may be declared with a fixed list of splits (see the module)."""
+
+    @property
+    def declared_splits(self) -> tuple[str, ...] | None:
+        """The splits the log was declared with, whether they exist or not (``None``: the log
+        was declared by a pattern or some other rule; its splits are what it lists)."""
         ...

@@ -5,15 +5,22 @@ with ``rt.add_job`` sees the records after its ``Add`` barrier).
 
 Declare it with a factory: ``rt.add_source("events", lambda: SplitSource(log))``.
 
-The rules, each tested by name in ``tests/test_split_source.py``:
+The rules, each tested by name in ``tests/test_split_source.py`` (rule 10, and the explicit
+splits of rule 1, in ``tests/test_split_discovery.py``):
 
 1. **Assignment.** On its first barrier the source takes its splits from the ``Add`` mutation
    (``barrier.initial_splits(actor_id)``) if it names this actor; else from the assignment a
-   split change made durable (rule 5); else from the constructor's ``splits=``; else every
-   split the log lists. A ``Split.offset`` int ``n`` means "start after ``Offset(n)``" (``-1``
-   or ``None``: from the first record); the actor's own committed offset of the split wins
-   over it. An assigned split the log does not have is :class:`~barrierflow.actors.sources.
-   errors.UnknownSplitError` (rule 9).
+   split change made durable (rule 5); else, *explicit splits*, from the constructor's
+   ``splits=`` — or, with neither ``splits=`` nor ``pattern=``, from the log's
+   :attr:`~barrierflow.actors.sources.split_log.DeclaredSplits.declared_splits` if it was
+   declared with a list (a :class:`~barrierflow.connectors.RedisStreamLog` given ``splits=``);
+   else, *discovery*, every split the log lists (that matches ``pattern=``, an
+   :func:`fnmatch.fnmatchcase` glob). A ``Split.offset`` int ``n`` means "start after
+   ``Offset(n)``" (``-1`` or ``None``: from the first record); the actor's own committed offset
+   of the split wins over it. An explicit split the log does not have is
+   :class:`~barrierflow.actors.sources.errors.UnknownSplitError` naming it and the log's
+   splits (a typo must not read nothing for ever), unless ``wait_for_splits=True``: then it is
+   read once it appears (rule 10).
 2. **Offsets in state.** State table ``"offsets"``: split → ``str(offset)`` of the last record
    emitted. The current offsets are put before each barrier is passed, so they are sealed with
    it: a restart (recovery, or a new run on the same store) reads each split from after its
@@ -46,11 +53,32 @@ The rules, each tested by name in ``tests/test_split_source.py``:
    InvalidArgumentError`); an unknown split fails the actor with ``UnknownSplitError``; a
    chunk pushed into the source's inbox fails it with a
    :class:`~barrierflow.channels.errors.ProtocolError` (its rows would carry no offset).
+10. **Discovery.** A source that discovers (rule 1), or that waits for explicit splits not
+    created yet, lists the log at its first barrier and then every ``discover_every`` barriers
+    (not at every one: listing a Redis log is a ``SCAN`` of the key space). What the listing
+    changes is applied at that barrier as a split change (rule 5): a new split starts from its
+    first record — every record it ever had is read, since none was read before — and the
+    new assignment is put in ``"assignment"`` before the barrier is passed. A discovering
+    source follows the log: a split that is no longer listed (a deleted stream) is dropped
+    with its offset. A waiting source only adds the splits it waits for. ``Add``'s assignment
+    or a split change by mutation ends discovery for good (the table ``"discovery"`` records
+    who wrote the assignment, so a restart keeps it): whoever assigns splits by mutation also
+    decides which ones exist, as RisingWave's source manager does.
+
+    *Why the actor discovers, not the runtime.* RisingWave's source manager lists the
+    splits and injects a ``SourceChangeSplit`` barrier; barrierflow has no source manager and
+    a source is one actor, so the actor does the same at a barrier it receives: the outcome —
+    a new split assigned at a barrier, durable with it, read from its first record — is the
+    same, and needs no barrier of its own. A job joining the source
+    (:class:`~barrierflow.actors.backfill.SourceBackfill`) sees such a split in the records
+    after the barrier, and adopts it as finished: a split it did not list had no history
+    before the live source started it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import final
@@ -60,6 +88,7 @@ import pyarrow as pa
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from barrierflow._sync import Notifier
 from barrierflow._taskgroups import single_error
 from barrierflow.actors.sources._split_positions import (
     Positions,
@@ -68,7 +97,7 @@ from barrierflow.actors.sources._split_positions import (
     start_of,
 )
 from barrierflow.actors.sources.errors import UnknownSplitError
-from barrierflow.actors.sources.split_log import Offset, SplitLog
+from barrierflow.actors.sources.split_log import DeclaredSplits, Offset, SplitLog
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
@@ -83,6 +112,11 @@ __all__ = ["SplitSource"]
 OFFSETS_TABLE = "offsets"
 #: Split → start offset text (``""``: the first record), written by split changes.
 ASSIGNMENT_TABLE = "assignment"
+#: Who wrote the assignment: key :data:`ASSIGNED_BY` → ``"mutation"`` or ``"discovery"``.
+DISCOVERY_TABLE = "discovery"
+ASSIGNED_BY = "assigned_by"
+
+_WAIT_HINT = "or SplitSource(..., wait_for_splits=True) to read it once it is created"
 
 
 @final
@@ -104,17 +138,25 @@ class SplitSource(StreamActor):
 
     Args:
         log: the split log.
-        splits: the splits to read when the ``Add`` barrier assigns none (names, or
+        splits: explicit splits to read when the ``Add`` barrier assigns none (names, or
             :class:`~barrierflow.channels.mutation.Split` with a start offset); ``None``:
-            every split the log lists.
+            the log's declared splits if it has any, else discovery of every split the log
+            lists (rules 1 and 10).
+        pattern: with ``splits=None``, discover only the splits whose name matches this
+            :func:`fnmatch.fnmatchcase` glob (``"events-*"``); ``None``: every split.
+        wait_for_splits: an explicit split the log does not have yet is read once it appears,
+            instead of failing the actor with ``UnknownSplitError``.
+        discover_every: list the log every this many barriers while discovering or waiting.
         batch_rows: rows per reader batch (and so per chunk), at most.
         wait_barrier_intervals: barrier intervals without a barrier after which the reader
             pauses itself until the next one.
 
     Raises:
         InvalidArgumentError: ``log`` is not a SplitLog; ``splits`` is not ``None`` or a list or
-            tuple of distinct split names / Splits; ``batch_rows`` or ``wait_barrier_intervals``
-            is not an int >= 1.
+            tuple of distinct split names / Splits; ``pattern`` is not ``None`` or a non-empty
+            str, or is given with ``splits``; ``wait_for_splits`` is not a bool, or is ``True``
+            for a source with no explicit splits; ``discover_every``, ``batch_rows`` or
+            ``wait_barrier_intervals`` is not an int >= 1.
     """
 
     def __init__(
@@ -122,6 +164,9 @@ class SplitSource(StreamActor):
         log: SplitLog,
         *,
         splits: Sequence[str | Split] | None = None,
+        pattern: str | None = None,
+        wait_for_splits: bool = False,
+        discover_every: int = 3,
         batch_rows: int = 4096,
         wait_barrier_intervals: int = 5,
     ) -> None:
@@ -130,13 +175,45 @@ class SplitSource(StreamActor):
         for name, value in (
             ("batch_rows", batch_rows),
             ("wait_barrier_intervals", wait_barrier_intervals),
+            ("discover_every", discover_every),
         ):
             if type(value) is not int or value < 1:
                 raise InvalidArgumentError(name, "an int >= 1", value)
         self._log = log
         self._splits = None if splits is None else check_splits(splits)
+        if pattern is not None:
+            if not isinstance(pattern, str) or not pattern:
+                raise InvalidArgumentError("pattern", "None or a non-empty glob", pattern)
+            if self._splits is not None:
+                raise InvalidArgumentError(
+                    "pattern", "None when splits= names the splits (one or the other)", pattern
+                )
+        self._pattern = pattern
+        declared = log.declared_splits if isinstance(log, DeclaredSplits) else None
+        #: The explicit splits and their starts (``None``: this source discovers).
+        self._explicit: dict[str, Offset | None] | None = None
+        if self._splits is not None:
+            self._explicit = {s.split_id: start_of(s) for s in self._splits}
+        elif declared is not None and pattern is None:
+            self._explicit = dict.fromkeys(declared)
+        if type(wait_for_splits) is not bool:
+            raise InvalidArgumentError("wait_for_splits", "a bool", wait_for_splits)
+        if wait_for_splits and self._explicit is None:
+            raise InvalidArgumentError(
+                "wait_for_splits",
+                "False for a source that discovers its splits (True needs splits= or a log "
+                "declared with splits)",
+                wait_for_splits,
+            )
+        self._wait_for_splits = wait_for_splits
+        self._discover_every = discover_every
         self._batch_rows = batch_rows
         self._wait_intervals = wait_barrier_intervals
+
+    def output_schema(self) -> pa.Schema:
+        """The log's schema (payload, split and offset columns): every chunk has it
+        (checked against the readers at start, see :mod:`barrierflow.runtime.startup`)."""
+        return self._log.schema
 
     async def run(self, ctx: ActorContext) -> None:
         """Pass the first barrier with the assignment taken, then read and emit until a Stop
@@ -154,7 +231,7 @@ class SplitSource(StreamActor):
             with single_error():
                 async with anyio.create_task_group() as tg:
                     reading.task_group = tg
-                    tg.start_soon(_forward_inbox, ctx, send.clone())
+                    tg.start_soon(_forward_inbox, ctx, reading, send.clone())
                     await reading.loop(receive)
                     tg.cancel_scope.cancel()
         finally:
@@ -162,9 +239,13 @@ class SplitSource(StreamActor):
             receive.close()
 
 
-async def _forward_inbox(ctx: ActorContext, send: MemoryObjectSendStream[_Item]) -> None:
+async def _forward_inbox(
+    ctx: ActorContext, reading: _Reading, send: MemoryObjectSendStream[_Item]
+) -> None:
     """The inbox (barriers, watermarks) joins the reader's batches in one ordered stream;
-    ``None`` marks its end."""
+    ``None`` marks its end. The next message is read only once the loop passed the barrier
+    forwarded before it: an actor reads no barrier while it holds another."""
+    forwarded = 0
     with send:
         async for message in ctx.messages():
             if isinstance(message, Chunk):
@@ -173,12 +254,16 @@ async def _forward_inbox(ctx: ActorContext, send: MemoryObjectSendStream[_Item])
                     f"from its split log), got a chunk of {message.num_rows} rows"
                 )
             await send.send(message)
+            if isinstance(message, Barrier):
+                forwarded += 1
+                while reading.barriers_passed < forwarded:
+                    await reading.barrier_passed.wait()
         await send.send(None)
 
 
 @final
 class _Reading:
-    """One run of a split source: positions, pause/rate settings, the reader task."""
+    """One run of a split source: positions, pause/rate settings, discovery, the reader task."""
 
     def __init__(
         self, actor: SplitSource, ctx: ActorContext, send: MemoryObjectSendStream[_Item]
@@ -188,8 +273,14 @@ class _Reading:
         self.send = send
         self.offsets: StateTable = ctx.table(OFFSETS_TABLE)
         self.assignment: StateTable = ctx.table(ASSIGNMENT_TABLE)
+        self.discovery: StateTable = ctx.table(DISCOVERY_TABLE)
         self.committed: dict[str, Offset] = {}
         self.committed_assignment: dict[str, Offset | None] = {}
+        #: Whether a mutation assigned the splits (``Add`` or a split change): no discovery.
+        self.by_mutation = False
+        #: Explicit splits the log does not have yet (``wait_for_splits=True``), with starts.
+        self.pending: dict[str, Offset | None] = {}
+        self.barriers_since_listing = 0
         self.positions: Positions | None = None  # None until the first barrier
         self.paused = False
         self.rate: float | None = None
@@ -197,10 +288,11 @@ class _Reading:
         self.scope: anyio.CancelScope | None = None
         self.task_group: TaskGroup | None = None
         self.last_barrier = anyio.current_time()
-        self.barrier_seen = anyio.Event()
+        self.barriers_passed = 0
+        self.barrier_passed = Notifier()
 
     async def restore(self) -> None:
-        """Load the committed offsets and assignment."""
+        """Load the committed offsets and assignment, and who wrote the assignment."""
         self.committed = {
             str(k): Offset.parse(str(v)) for k, v in (await self.offsets.items()).items()
         }
@@ -208,6 +300,9 @@ class _Reading:
             str(k): Offset.parse(str(v)) if v else None
             for k, v in (await self.assignment.items()).items()
         }
+        written_by = (await self.discovery.items()).get(ASSIGNED_BY)
+        # An assignment from before discovery existed was written by a mutation.
+        self.by_mutation = bool(self.committed_assignment) and written_by != "discovery"
 
     async def loop(self, receive: MemoryObjectReceiveStream[_Item]) -> None:
         """Emit batches of the current reader and handle inbox messages, until a Stop or the
@@ -237,7 +332,8 @@ class _Reading:
     # Barriers.
 
     async def on_barrier(self, barrier: Barrier) -> None:
-        """Apply the barrier's mutation, put the offsets, pass it on (see the module)."""
+        """Apply the barrier's mutation or what discovery found, put the offsets, pass it on
+        (see the module)."""
         actor_id = self.ctx.actor_id
         changed = False
         if self.positions is None:  # no reader runs before the first barrier: none to stop
@@ -248,6 +344,8 @@ class _Reading:
             if new is not None:
                 await self.change_splits(new)
                 changed = True
+            elif self.discovering() and not barrier.is_stop(actor_id):
+                changed = await self.discover_if_due()
         if barrier.is_pause() or barrier.is_resume():
             self.paused = barrier.is_pause()
             changed = True
@@ -260,36 +358,93 @@ class _Reading:
         self.put_offsets()
         await self.ctx.emit(barrier)
         self.last_barrier = anyio.current_time()
-        self.barrier_seen.set()
-        self.barrier_seen = anyio.Event()
+        self.barriers_passed += 1
+        self.barrier_passed.notify()
 
     async def assign_first(self, barrier: Barrier) -> None:
-        """Rule 1: the splits of the first barrier's ``Add``, else of the durable assignment,
-        else of the constructor, else the log's; committed offsets win."""
+        """Rule 1: the splits of the first barrier's ``Add``, else of an assignment a mutation
+        made durable, else the explicit splits, else the log's (discovery); committed offsets
+        win."""
         given = barrier.initial_splits(self.ctx.actor_id)
         starts: dict[str, Offset | None]
         if given is not None:
             starts = {s.split_id: start_of(s) for s in given}
-            self.write_assignment(starts)
-        elif self.committed_assignment:
+            await self.check_known(starts)
+            self.write_assignment(starts, by_mutation=True)
+        elif self.by_mutation:
             starts = dict(self.committed_assignment)
-        elif self.actor._splits is not None:
-            starts = {s.split_id: start_of(s) for s in self.actor._splits}
+            await self.check_known(starts)
         else:
-            starts = dict.fromkeys(await self.actor._log.list_splits())
-        await self.check_known(starts)
+            starts = await self.listed_starts(first=True)
         self.positions = {s: self.committed.get(s, start) for s, start in starts.items()}
+
+    async def listed_starts(self, *, first: bool) -> dict[str, Offset | None]:
+        """Rules 1 and 10: the splits to read as the log lists them now — the explicit ones
+        it has (the others wait, or fail the actor), or every one it lists that matches."""
+        self.barriers_since_listing = 0
+        known = await self.actor._log.list_splits()
+        explicit = self.actor._explicit
+        if explicit is not None:
+            # Explicit splits are only ever added: once read, a split stays assigned.
+            listed = set(known)
+            candidates = explicit if first else self.pending
+            missing = [s for s in candidates if s not in listed]
+            if missing and not self.actor._wait_for_splits:
+                raise UnknownSplitError(missing[0], known, _WAIT_HINT)
+            self.pending = {s: explicit[s] for s in missing}
+            starts = {s: start for s, start in explicit.items() if s not in self.pending}
+        else:
+            pattern = self.actor._pattern
+            starts = {s: None for s in known if pattern is None or fnmatch.fnmatchcase(s, pattern)}
+            if first:
+                # Following the log: a split it no longer has (a deleted stream) is dropped;
+                # if it comes back, it is a new one, read from its first record.
+                for split in set(self.committed) - set(starts):
+                    self.offsets.delete(split)
+                    del self.committed[split]
+        # The assignment a listing changed is durable with the barrier (the explicit splits
+        # of a source that does not wait never change: nothing to write).
+        listing_assigns = explicit is None or self.actor._wait_for_splits
+        if listing_assigns and starts != self.committed_assignment:
+            self.write_assignment(starts, by_mutation=False)
+        return starts
+
+    def discovering(self) -> bool:
+        """Whether the source lists the log at barriers: it discovers, or waits for splits."""
+        if self.by_mutation:
+            return False
+        return self.actor._explicit is None or bool(self.pending)
+
+    async def discover_if_due(self) -> bool:
+        """Rule 10: every ``discover_every`` barriers, apply what the log's listing changed;
+        returns whether the assignment changed (the reader is then rebuilt)."""
+        self.barriers_since_listing += 1
+        if self.barriers_since_listing < self.actor._discover_every:
+            return False
+        assert self.positions is not None
+        starts = await self.listed_starts(first=False)
+        added = sorted(set(starts) - set(self.positions))
+        dropped = sorted(set(self.positions) - set(starts))
+        if not added and not dropped:
+            return False
+        for split in dropped:
+            self.offsets.delete(split)
+        self.positions = {s: self.positions.get(s, start) for s, start in starts.items()}
+        self.ctx.log.info("split source: the log's splits changed", added=added, dropped=dropped)
+        return True
 
     async def change_splits(self, new: Sequence[Split]) -> None:
         """Rule 5: kept splits keep their positions, new ones start from their offset, dropped
-        ones lose their state entry; the assignment is made durable with this barrier."""
+        ones lose their state entry; the assignment is made durable with this barrier (and
+        discovery ends: the mutation's author assigns the splits from now on)."""
         assert self.positions is not None
         starts = {s.split_id: start_of(s) for s in new}
         await self.check_known(starts)
         for split in set(self.positions) - set(starts):
             self.offsets.delete(split)
         self.positions = {s: self.positions.get(s, start) for s, start in starts.items()}
-        self.write_assignment(starts)
+        self.pending = {}
+        self.write_assignment(starts, by_mutation=True)
 
     async def check_known(self, splits: Mapping[str, object]) -> None:
         """Raises UnknownSplitError for a split the log does not have."""
@@ -300,13 +455,16 @@ class _Reading:
         if missing:
             raise UnknownSplitError(missing[0], known)
 
-    def write_assignment(self, starts: Mapping[str, Offset | None]) -> None:
-        """Replace the durable assignment with ``starts`` (sealed with the next barrier)."""
+    def write_assignment(self, starts: Mapping[str, Offset | None], *, by_mutation: bool) -> None:
+        """Replace the durable assignment with ``starts``, and record who wrote it (both
+        sealed with the next barrier)."""
         for split in set(self.committed_assignment) - set(starts):
             self.assignment.delete(split)
         for split, start in starts.items():
             self.assignment.put(split, "" if start is None else str(start))
         self.committed_assignment = dict(starts)
+        self.by_mutation = by_mutation
+        self.discovery.put(ASSIGNED_BY, "mutation" if by_mutation else "discovery")
 
     def put_offsets(self) -> None:
         """Rule 2: the last offset emitted of each split, sealed with the next barrier."""
@@ -363,4 +521,4 @@ class _Reading:
         self.ctx.log.warning("split source paused itself: no barrier for a while", seconds=limit)
         # A reader that wakes up late (``limit`` past the barrier that woke it) waits again.
         while anyio.current_time() - self.last_barrier >= limit:
-            await self.barrier_seen.wait()
+            await self.barrier_passed.wait()

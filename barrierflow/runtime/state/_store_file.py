@@ -30,7 +30,6 @@ worker thread, then :func:`connect` and :func:`finish_open` through the SQLite a
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import secrets
@@ -41,7 +40,13 @@ from typing import Any, Literal, NamedTuple, final
 
 import anyio
 
-from barrierflow._fs import fsync_path
+from barrierflow._fs import (
+    describe_os_error,
+    file_kind,
+    fsync_path,
+    make_directory,
+    not_a_directory,
+)
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.state import _sql
 from barrierflow.runtime.state._store_check import inspect_header, validate
@@ -152,62 +157,30 @@ def prepare(file: str) -> Prepared:
     return Prepared(real, lock, version, committed)
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _not_a_directory(real: str) -> str:
-    """Name the nearest ancestor of ``real`` that exists and is not a directory."""
-    ancestor = os.path.dirname(real)
-    while ancestor != os.path.dirname(ancestor):
-        if os.path.lexists(ancestor) and not os.path.isdir(ancestor):
-            return f"a parent {ancestor!r} that is a file, not a directory"
-        ancestor = os.path.dirname(ancestor)
-    return "a parent that is not a directory"
-
-
 def _check_target(real: str) -> None:
     try:
         mode = os.stat(real).st_mode
     except FileNotFoundError:
         return
     except NotADirectoryError:
-        raise StorePathError(real, _WRITABLE_PARENT, _not_a_directory(real)) from None
+        raise StorePathError(real, _WRITABLE_PARENT, not_a_directory(real)) from None
     except OSError as exc:
-        raise StorePathError(real, "a file path the store can reach", _describe(exc)) from exc
+        got = describe_os_error(exc)
+        raise StorePathError(real, "a file path the store can reach", got) from exc
     if stat.S_ISDIR(mode):
         raise StorePathError(real, "a file path, not a directory", "a directory")
     if not stat.S_ISREG(mode):
-        raise StorePathError(real, "a regular file (or a path that does not exist)", _kind(mode))
+        expected = "a regular file (or a path that does not exist)"
+        raise StorePathError(real, expected, file_kind(mode))
     if not os.access(real, os.R_OK | os.W_OK):
         raise StorePathError(real, "a file the store can read and write", "a read-only file")
 
 
 def _ensure_parent(real: str) -> None:
-    parent = os.path.dirname(real)
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise StorePathError(real, _WRITABLE_PARENT, _not_a_directory(real)) from None
-    except OSError as exc:
-        got = f"a parent directory that cannot be created ({_describe(exc)})"
-        raise StorePathError(real, _WRITABLE_PARENT, got) from exc
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise StorePathError(real, _WRITABLE_PARENT, f"a parent {parent!r} that is not writable")
-
-
-def _describe(exc: OSError) -> str:
-    code = errno.errorcode.get(exc.errno or 0, "?")
-    return f"{exc.strerror or exc} [{code}]"
+    # The same check as a file sink's table directory (barrierflow._fs), in the same words.
+    got = make_directory(os.path.dirname(real), what="a parent directory")
+    if got is not None:
+        raise StorePathError(real, _WRITABLE_PARENT, got)
 
 
 def _lock(real: str) -> StoreLock:
@@ -215,7 +188,7 @@ def _lock(real: str) -> StoreLock:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        got = f"a lock file {path!r} that cannot be opened ({_describe(exc)})"
+        got = f"a lock file {path!r} that cannot be opened ({describe_os_error(exc)})"
         raise StorePathError(real, _WRITABLE_PARENT, got) from exc
     lock = StoreLock(fd)
     try:
