@@ -718,16 +718,7 @@ def test_every_public_constructor_is_fuzzed_or_exempt(tmp_path: Path) -> None:
 
 #: Constructors that still fail the rule, in files other sessions own: "name(argument=...)"
 #: as the test reports it. Strict: an entry that passes fails the test, so that it is removed.
-NOT_YET: dict[str, str] = {
-    # actors/sinks/coordinator/ — a huge int overflows float() before the range check.
-    "Coordinator(base_delay=...)": "OverflowError",
-    "Coordinator(max_delay=...)": "OverflowError",
-    "Coordinator(warn_interval=...)": "OverflowError",
-    # connectors/redis_streams.py — the payload schema is checked as "schema".
-    "RedisStreamLog(payload=...)": "names 'schema'",
-    # actors/backfill/source_backfill.py — splits=True reaches tuple().
-    "SourceBackfill(splits=...)": "TypeError",
-}
+NOT_YET: dict[str, str] = {}
 
 
 def _names(error: InvalidArgumentError, argument: str) -> bool:

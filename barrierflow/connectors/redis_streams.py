@@ -136,7 +136,7 @@ class RedisStreamLog:
         on_retry: RetryHook | None = None,
         limiter: anyio.CapacityLimiter | None = None,
     ) -> None:
-        self._schema = split_log_schema(payload)
+        self._schema = split_log_schema(payload, "payload")
         self._fields = [(field.name.encode(), field) for field in payload]
         if (splits is None) == (pattern is None):
             raise InvalidArgumentError(

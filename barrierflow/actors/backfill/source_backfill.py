@@ -138,7 +138,8 @@ class SourceBackfill(StreamActor):
         if not isinstance(log, SplitLog):
             raise InvalidArgumentError("log", "a SplitLog", type(log).__name__)
         if splits is not None and (
-            isinstance(splits, str) or not all(isinstance(s, str) and s for s in splits)
+            not isinstance(splits, list | tuple)
+            or not all(isinstance(s, str) and s for s in splits)
         ):
             raise InvalidArgumentError("splits", "None or a sequence of split names", splits)
         for name, value in (

@@ -99,17 +99,18 @@ class Offset:
         return f"{self.major}-{self.minor}"
 
 
-def split_log_schema(payload: pa.Schema) -> pa.Schema:
+def split_log_schema(payload: pa.Schema, argument: str = "schema") -> pa.Schema:
     """The schema of a split log's batches: ``payload`` then the split and offset columns.
 
     Raises:
-        InvalidArgumentError: ``payload`` is not a schema, or already has one of those names.
+        InvalidArgumentError: ``payload`` is not a schema, or already has one of those names
+            (naming ``argument``, the caller's name for it).
     """
     if not isinstance(payload, pa.Schema):
-        raise InvalidArgumentError("schema", "a pyarrow.Schema", type(payload).__name__)
+        raise InvalidArgumentError(argument, "a pyarrow.Schema", type(payload).__name__)
     taken = {SPLIT_COLUMN, OFFSET_MAJOR, OFFSET_MINOR} & set(payload.names)
     if taken:
-        raise InvalidArgumentError("schema", "no column named like a split log's own", taken)
+        raise InvalidArgumentError(argument, "no column named like a split log's own", taken)
     return (
         payload.append(pa.field(SPLIT_COLUMN, pa.string(), nullable=False))
         .append(pa.field(OFFSET_MAJOR, pa.int64(), nullable=False))

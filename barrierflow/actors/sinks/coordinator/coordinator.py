@@ -12,7 +12,6 @@ writer of committed marks (:meth:`~.commit_queue.CommitQueue.write_marks`).
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Any, final
 
@@ -59,6 +58,7 @@ from barrierflow.actors.sinks.errors import (
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
 from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
+from barrierflow.runtime.config import check_seconds
 from barrierflow.runtime.errors import ActorGoneError
 from barrierflow.runtime.service import ServiceContext
 
@@ -103,12 +103,7 @@ class Coordinator:
             ("max_delay", max_delay),
             ("warn_interval", warn_interval),
         ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not 0 < value < math.inf
-            ):
-                raise InvalidArgumentError(name, "a positive finite number of seconds", value)
+            check_seconds(name, value)
         if base_delay < MILLISECOND:
             # Its number of milliseconds is the backoff's growth factor (tokio-retry's
             # from_millis): below 1 ms the delays would shrink.
