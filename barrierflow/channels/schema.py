@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 
-__all__ = ["check_schema", "conform_schema"]
+__all__ = ["cast_fixes", "check_schema", "conform_schema"]
 
 
 def check_schema(got: pa.Schema, schema: pa.Schema, what: str) -> None:
@@ -47,3 +47,13 @@ def conform_schema(table: pa.Table | pa.RecordBatch, schema: pa.Schema, what: st
         if not field.nullable and column.null_count:
             raise SchemaMismatchError(what, schema, f"{got} ({field.name!r} holds nulls)")
     return pa.Table.from_arrays(table.columns, schema=schema)
+
+
+def cast_fixes(want: pa.DataType, have: pa.DataType) -> bool:
+    """Whether a plain cast turns ``have`` into ``want`` because they differ only in a
+    timestamp's time zone (same unit) or an integer's width or sign — the two differences users
+    meet most (Spark and pandas hand out UTC or naive timestamps and 32-bit integers where a
+    table declares them otherwise), and the ones an error message can say how to fix."""
+    if pa.types.is_timestamp(want) and pa.types.is_timestamp(have):
+        return bool(want.unit == have.unit)
+    return bool(pa.types.is_integer(want) and pa.types.is_integer(have))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from barrierflow.channels.schema import cast_fixes
+
 __all__ = ["describe_difference"]
 
 
@@ -16,10 +18,7 @@ def _type(field: pa.Field) -> str:
 def _cast_fix(name: str, want: pa.DataType, have: pa.DataType) -> str | None:
     """The cast that turns ``have`` into ``want``, if they differ only in time zone or integer
     width (or signedness)."""
-    timestamps = pa.types.is_timestamp(want) and pa.types.is_timestamp(have)
-    if (timestamps and want.unit == have.unit) or (
-        pa.types.is_integer(want) and pa.types.is_integer(have)
-    ):
+    if cast_fixes(want, have):
         return (
             f"fix: cast column {name!r} to {want} before the sink (pyarrow.compute.cast), or "
             f"declare the sink's field as {have}"

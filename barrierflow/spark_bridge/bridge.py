@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from barrierflow.actors.sources.batch_feed import BatchFeed
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
-from barrierflow.channels.schema import check_schema, conform_schema
+from barrierflow.channels.schema import cast_fixes, check_schema, conform_schema
 from barrierflow.runtime.blocking import BlockingRuntime
 from barrierflow.runtime.errors import NotRunningError
 from barrierflow.spark_bridge.failures import unwrap_spark_error
@@ -120,14 +120,16 @@ def _cast_fix(want: pa.Schema, got: pa.Schema) -> str:
     for wanted, have in zip(want, got, strict=True):
         if wanted.type == have.type:
             continue
-        if pa.types.is_timestamp(wanted.type) and pa.types.is_timestamp(have.type):
+        if not cast_fixes(wanted.type, have.type):
+            return ""
+        if pa.types.is_timestamp(wanted.type):
             if wanted.type.unit != "us" or wanted.type.tz not in (None, "UTC"):
                 return ""  # Spark's timestamps are microseconds, in UTC or naive
             spark_type = "timestamp_ntz" if wanted.type.tz is None else "timestamp"
-        elif pa.types.is_integer(have.type) and wanted.type in _SPARK_INTEGERS:
+        elif wanted.type in _SPARK_INTEGERS:
             spark_type = _SPARK_INTEGERS[wanted.type]
         else:
-            return ""
+            return ""  # Spark has no unsigned integers
         casts.append(f".withColumn({wanted.name!r}, df[{wanted.name!r}].cast({spark_type!r}))")
     return (
         f"declare the feed with BatchFeed(arrow_schema_of(df)), or cast in Spark: "
