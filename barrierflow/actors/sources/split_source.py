@@ -231,7 +231,7 @@ class SplitSource(StreamActor):
             with single_error():
                 async with anyio.create_task_group() as tg:
                     reading.task_group = tg
-                    tg.start_soon(_forward_inbox, ctx, reading, send.clone())
+                    tg.start_soon(_forward_inbox, ctx, send.clone())
                     await reading.loop(receive)
                     tg.cancel_scope.cancel()
         finally:
@@ -239,13 +239,9 @@ class SplitSource(StreamActor):
             receive.close()
 
 
-async def _forward_inbox(
-    ctx: ActorContext, reading: _Reading, send: MemoryObjectSendStream[_Item]
-) -> None:
+async def _forward_inbox(ctx: ActorContext, send: MemoryObjectSendStream[_Item]) -> None:
     """The inbox (barriers, watermarks) joins the reader's batches in one ordered stream;
-    ``None`` marks its end. The next message is read only once the loop passed the barrier
-    forwarded before it: an actor reads no barrier while it holds another."""
-    forwarded = 0
+    ``None`` marks its end."""
     with send:
         async for message in ctx.messages():
             if isinstance(message, Chunk):
@@ -254,10 +250,6 @@ async def _forward_inbox(
                     f"from its split log), got a chunk of {message.num_rows} rows"
                 )
             await send.send(message)
-            if isinstance(message, Barrier):
-                forwarded += 1
-                while reading.barriers_passed < forwarded:
-                    await reading.barrier_passed.wait()
         await send.send(None)
 
 
@@ -288,7 +280,6 @@ class _Reading:
         self.scope: anyio.CancelScope | None = None
         self.task_group: TaskGroup | None = None
         self.last_barrier = anyio.current_time()
-        self.barriers_passed = 0
         self.barrier_passed = Notifier()
 
     async def restore(self) -> None:
@@ -358,7 +349,6 @@ class _Reading:
         self.put_offsets()
         await self.ctx.emit(barrier)
         self.last_barrier = anyio.current_time()
-        self.barriers_passed += 1
         self.barrier_passed.notify()
 
     async def assign_first(self, barrier: Barrier) -> None:
