@@ -2,6 +2,6 @@
 
 import sys
 
-from barrierflow.cli import main
+from barrierflow.app.cli import main
 
 sys.exit(main())

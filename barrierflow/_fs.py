@@ -15,12 +15,16 @@ raises its own typed error with it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from pathlib import Path
 
+from barrierflow.channels.errors import InvalidArgumentError
+
 __all__ = [
+    "check_path_argument",
     "describe_os_error",
     "directory_problem",
     "file_kind",
@@ -31,6 +35,28 @@ __all__ = [
 ]
 
 _WRITE = os.W_OK | os.X_OK
+
+
+def check_path_argument(path: object) -> str:
+    """``path`` as a str, if it is a usable file path argument (the state store's
+    ``state_path``, wherever it is given: the store, the job catalog).
+
+    Bytes paths are refused: a store's path is text (it is logged and named in errors), and
+    ``str`` or :class:`os.PathLike` [``str``] (such as :class:`pathlib.Path`) cover every file.
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a non-empty ``str`` or ``os.PathLike[str]``
+            without NUL characters (``argument="path"``).
+    """
+    value: object = path
+    if isinstance(path, os.PathLike):
+        with contextlib.suppress(TypeError):
+            value = os.fspath(path)
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise InvalidArgumentError(
+            "path", "a non-empty str or os.PathLike[str] naming the store file", path
+        )
+    return value
 
 
 def file_kind(mode: int) -> str:

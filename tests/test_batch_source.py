@@ -465,7 +465,7 @@ async def test_a_delivery_waiting_for_its_source_wakes_when_the_source_attaches(
             await anyio.wait_all_tasks_blocked()
             assert got == []
             assert runtime.looks == 1  # parked on an event: no periodic looks
-            feed._attach("src", send, {}, {})  # type: ignore[arg-type]
+            feed.attach("src", send, {}, {})  # type: ignore[arg-type]
         assert got == [send]
 
 
@@ -487,7 +487,7 @@ async def test_a_delivery_waiting_for_its_source_gets_the_failure_when_the_sourc
             tg.start_soon(wait)
             await anyio.wait_all_tasks_blocked()
             runtime.failure = failure  # failed for good
-            feed._detach(None)  # its source ended with the graph
+            feed.detach(None)  # its source ended with the graph
     assert outcome == [failure]
 
 

@@ -21,13 +21,13 @@ import pytest
 from _timeouts import scaled
 
 from barrierflow import InvalidArgumentError
-from barrierflow._trace import TracedConnector, follow_job
-from barrierflow.chaos import ChaosConfig, harness
-from barrierflow.chaos.acts import ACTS, Act, Target
-from barrierflow.chaos.audit import Audit
-from barrierflow.chaos.harness import RANDOM_WHERE, _plan
-from barrierflow.chaos.process import KillAfter, KillAt, RunOutcome, run_until
-from barrierflow.cli import main
+from barrierflow.app._trace import TracedConnector, follow_job
+from barrierflow.app.chaos import ChaosConfig, harness
+from barrierflow.app.chaos.acts import ACTS, Act, Target
+from barrierflow.app.chaos.audit import Audit
+from barrierflow.app.chaos.harness import RANDOM_WHERE, _plan
+from barrierflow.app.chaos.process import KillAfter, KillAt, RunOutcome, run_until
+from barrierflow.app.cli import main
 from barrierflow.runtime.progress import JobProgress, Progress
 from barrierflow.testing import ListSink
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = """
 import signal, subprocess, sys
-from barrierflow._trace import trace
+from barrierflow.app._trace import trace
 mode = sys.argv[1]
 if mode != "exit":
     # A helper process, as the Spark JVM is to the driver ("escape": it leaves the group).
@@ -287,7 +287,7 @@ def test_the_short_harness_on_the_real_acts_finds_nothing(tmp_path: Path) -> Non
 @pytest.fixture
 def traced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """This process traces into a file (as a demo run by the harness does)."""
-    from barrierflow import _trace
+    from barrierflow.app import _trace
 
     path = tmp_path / "trace"
     monkeypatch.setattr(_trace, "_path", str(path))

@@ -13,12 +13,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from barrierflow._demo_input import RunManifest, complete_input
-from barrierflow.chaos.audit import compare_rows, lost_by
-from barrierflow.chaos.audit_iceberg import TABLE, audit_iceberg
-from barrierflow.chaos.audit_parquet import BACKFILL_TABLES, audit_backfill, audit_views
-from barrierflow.demo_backfill import BackfillDemoConfig, run_backfill_demo
-from barrierflow.demo_views import ViewsDemoConfig, run_views_demo
+from barrierflow.app._demo_input import RunManifest, complete_input
+from barrierflow.app.chaos.audit import compare_rows, lost_by
+from barrierflow.app.chaos.audit_iceberg import TABLE, audit_iceberg
+from barrierflow.app.chaos.audit_parquet import BACKFILL_TABLES, audit_backfill, audit_views
+from barrierflow.app.demo_backfill import BackfillDemoConfig, run_backfill_demo
+from barrierflow.app.demo_views import ViewsDemoConfig, run_views_demo
 
 BACKENDS = ["asyncio", "trio"]
 

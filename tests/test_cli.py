@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 import barrierflow
-from barrierflow import cli
+from barrierflow.app import cli
 from barrierflow.errors import BatchOrderError, ConfigError, SparkUnavailableError
 
 
@@ -213,7 +213,7 @@ def test_an_unexpected_error_is_one_line_with_a_hint_for_its_trace(
 def test_a_failed_demo_run_prints_its_cause_first_and_its_trace_with_verbose(
     tmp_path: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from barrierflow.demo import DemoResult
+    from barrierflow.app.demo import DemoResult
 
     try:
         raise BatchOrderError("events-query", 1, 0, 2)

@@ -335,10 +335,10 @@ class FakeCoordinator:
         self.vnode_count = vnode_count
         self.posted: list[Event] = []
 
-    def _check_bitmap(self, bitmap: Any) -> None:
+    def check_bitmap(self, bitmap: Any) -> None:
         pass
 
-    async def _post(self, event: Event) -> None:
+    async def post(self, event: Event) -> None:
         self.posted.append(event)
         if isinstance(event, Commit):
             event.reply.set(None)

@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 from _timeouts import scaled
 
-from barrierflow._demo_input import RunManifest, complete_input, file_name
-from barrierflow._demo_progress import LiveProgress, RunCounts
-from barrierflow.chaos.acts import ACTS
-from barrierflow.cli import main
-from barrierflow.demo import DemoConfig, run_demo
+from barrierflow.app._demo_input import RunManifest, complete_input, file_name
+from barrierflow.app._demo_progress import LiveProgress, RunCounts
+from barrierflow.app.chaos.acts import ACTS
+from barrierflow.app.cli import main
+from barrierflow.app.demo import DemoConfig, run_demo
 from barrierflow.errors import ConfigError, NotRunningError
 from barrierflow.testing.clock import FakeClock
 
@@ -229,7 +229,7 @@ def test_a_run_killed_while_generating_resumes_to_the_rows_asked(
 
 def test_the_bridge_keeps_the_error_its_callback_raised_last(tmp_path: Path) -> None:
     from barrierflow.actors import BatchFeed
-    from barrierflow.demo import SCHEMA
+    from barrierflow.app.demo import SCHEMA
     from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
     from barrierflow.spark_bridge import SparkBridge
 
@@ -340,7 +340,7 @@ def test_a_failed_run_names_the_real_error_and_ends_with_a_failed_line(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from barrierflow import _demo_faults
+    from barrierflow.app import _demo_faults
 
     def fail_after_first(self: object) -> None:
         raise RuntimeError("injected: the driver's callback failed")

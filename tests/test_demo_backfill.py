@@ -13,7 +13,7 @@ import pytest
 from _timeouts import scaled
 
 from barrierflow import ConfigError, InvalidArgumentError
-from barrierflow.demo_backfill import MANIFEST, BackfillDemoConfig, run_backfill_demo
+from barrierflow.app.demo_backfill import MANIFEST, BackfillDemoConfig, run_backfill_demo
 from barrierflow.testing.redis_server import kill_left_behind
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

@@ -13,8 +13,8 @@ import pytest
 from _timeouts import scaled
 
 from barrierflow import ConfigError, InvalidArgumentError
-from barrierflow._demo_views_graph import WITH_OPS, check_changes
-from barrierflow.demo_views import ViewsDemoConfig, run_views_demo
+from barrierflow.app._demo_views_graph import WITH_OPS, check_changes
+from barrierflow.app.demo_views import ViewsDemoConfig, run_views_demo
 
 pytestmark = pytest.mark.slow
 

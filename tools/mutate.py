@@ -117,6 +117,7 @@ GROUPS: tuple[Group, ...] = (
             "tests/test_source_backfill_rules.py",
             "tests/test_source_backfill_parallel.py",
             "tests/test_source_backfill_redis.py",
+            "tests/test_split_discovery.py",
         ),
     ),
     Group(
@@ -131,7 +132,11 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "split_source",
         ("barrierflow/actors/sources/split_source.py",),
-        ("tests/test_split_source.py", "tests/test_source_backfill_redis.py"),
+        (
+            "tests/test_split_source.py",
+            "tests/test_source_backfill_redis.py",
+            "tests/test_split_discovery.py",
+        ),
     ),
 )
 

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-def _short(vnodes: Iterable[int], limit: int = 16) -> str:
+def short_vnodes(vnodes: Iterable[int], limit: int = 16) -> str:
     """Render a sorted list of vnodes, eliding the middle of a long one."""
     items = sorted(vnodes)
     if len(items) <= limit:
@@ -149,9 +149,9 @@ class VnodeOwnershipError(InvalidArgumentError):
         self.missing = frozenset(missing)
         problems = []
         if self.overlapping:
-            problems.append(f"vnodes owned twice {_short(self.overlapping)}")
+            problems.append(f"vnodes owned twice {short_vnodes(self.overlapping)}")
         if self.missing:
-            problems.append(f"vnodes owned by nobody {_short(self.missing)}")
+            problems.append(f"vnodes owned by nobody {short_vnodes(self.missing)}")
         super().__init__(
             argument, "bitmaps that cover every vnode exactly once", "; ".join(problems)
         )

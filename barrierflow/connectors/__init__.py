@@ -1,7 +1,9 @@
 """The real systems behind the sink and split log protocols: Parquet files (one writer, or
-parallel writers under a coordinator), Iceberg tables (one snapshot per epoch), the console,
-and Redis streams as a split log."""
+parallel writers under a coordinator), Iceberg tables (one snapshot per epoch), Delta Lake
+tables (one commit per epoch), the console, and Redis streams as a split log."""
 
+from barrierflow.connectors.delta_table import DeltaCommitter as DeltaCommitter
+from barrierflow.connectors.delta_table import DeltaSink as DeltaSink
 from barrierflow.connectors.iceberg_sink import IcebergCommitter as IcebergCommitter
 from barrierflow.connectors.iceberg_sink import IcebergSink as IcebergSink
 from barrierflow.connectors.iceberg_sink import open_local_catalog as open_local_catalog
@@ -13,6 +15,8 @@ from barrierflow.connectors.redis_streams import RedisStreamLog as RedisStreamLo
 from barrierflow.connectors.redis_streams import RetryBackoff as RetryBackoff
 
 __all__ = [
+    "DeltaCommitter",
+    "DeltaSink",
     "IcebergCommitter",
     "IcebergSink",
     "ParquetCommitter",

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from barrierflow._extras import require
 from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.channels.errors import InvalidArgumentError
 
@@ -77,8 +78,7 @@ def check_schema_change(change: SchemaChange) -> None:
 
 def evolve(tx: Any, change: SchemaChange) -> None:
     """Add ``change``'s columns (checked already) in the pyiceberg transaction ``tx``."""
-    from pyiceberg import types
-
+    types = require("iceberg", "pyiceberg.types")
     with tx.update_schema() as update:
         for column in change["add_columns"]:
             update.add_column(column["name"], getattr(types, ICEBERG_TYPES[column["type"]])())

@@ -32,19 +32,27 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
 import anyio
-import redis.exceptions
 import structlog
 
+from barrierflow._extras import require
 from barrierflow._one_line import one_line
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors.errors import SplitLogUnavailableError
 
-__all__ = ["CONNECTION_ERRORS", "RetryBackoff", "RetryHook", "call_with_retry"]
+__all__ = ["RetryBackoff", "RetryHook", "call_with_retry", "connection_errors"]
 
 T = TypeVar("T")
 
-#: What a call retries on: the server is unreachable, went away, or is still loading.
-CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+def connection_errors() -> tuple[type[BaseException], ...]:
+    """What a call retries on: the server is unreachable, went away, or is still loading
+    (redis-py's classes, imported here rather than at module import: the ``[redis]`` extra).
+
+    Raises:
+        MissingExtraError: redis-py is not installed.
+    """
+    exceptions = require("redis", "redis.exceptions")
+    return (exceptions.ConnectionError, exceptions.TimeoutError, OSError)
 
 
 @final
@@ -126,13 +134,14 @@ async def call_with_retry(
     Cancellation: a cancelled wait or attempt ends the call; nothing is retried afterwards.
     """
     log = structlog.get_logger("barrierflow.split_log").bind(log=name)
+    retry_on = connection_errors()
     attempt = 0
     first_failure = 0.0
     while True:
         attempt += 1
         try:
             result = await call()
-        except CONNECTION_ERRORS as exc:
+        except retry_on as exc:
             now = clock()
             if attempt == 1:
                 first_failure = now

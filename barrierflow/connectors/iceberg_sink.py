@@ -47,6 +47,7 @@ import anyio
 import anyio.to_thread
 import pyarrow as pa
 
+from barrierflow._extras import require
 from barrierflow._fs import fsync_path, make_directory
 from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
@@ -95,16 +96,16 @@ def open_local_catalog(root: str | os.PathLike[str], name: str = "barrierflow") 
         InvalidArgumentError: ``root`` is not a path, or ``name`` not a non-empty str.
         SinkPathError: the warehouse cannot be created or written under ``root`` (a file, under
             a file, ``/proc``, not writable).
+        MissingExtraError: pyiceberg is not installed (``pip install 'barrierflow[iceberg]'``).
     """
-    from pyiceberg.catalog.sql import SqlCatalog
-
+    catalog = require("iceberg", "pyiceberg.catalog.sql")
     if not isinstance(name, str) or not name:
         raise InvalidArgumentError("name", "a non-empty catalog name", name)
     base = Path(check_table_path(root, f"catalog {name!r}", "root")).resolve()
     got = make_directory(str(base / "warehouse"), what="a warehouse directory")
     if got is not None:
         raise SinkPathError(f"catalog {name!r}", str(base), _CATALOG_DIRECTORY, got)
-    return SqlCatalog(
+    return catalog.SqlCatalog(
         name, uri=f"sqlite:///{base / 'catalog.db'}", warehouse=f"file://{base / 'warehouse'}"
     )
 
@@ -133,6 +134,10 @@ class IcebergSink:
     The constructor loads (or creates) the table: catalog I/O that blocks. In a driver's sync
     code that is fine; from async code use ``await IcebergSink.open(...)``, which does it on a
     worker thread so the event loop keeps running.
+
+    Raises:
+        InvalidArgumentError: a bad identifier or schema.
+        MissingExtraError: pyiceberg is not installed (``pip install 'barrierflow[iceberg]'``).
     """
 
     def __init__(self, catalog: Any, identifier: str, schema: pa.Schema) -> None:
@@ -162,13 +167,12 @@ class IcebergSink:
         )
 
     def _load_or_create(self) -> Any:
-        from pyiceberg.exceptions import NoSuchTableError
-
+        no_such_table = require("iceberg", "pyiceberg.exceptions").NoSuchTableError
         namespace = self.identifier.rsplit(".", 1)[0]
         self.catalog.create_namespace_if_not_exists(namespace)
         try:
             table = self.catalog.load_table(self.identifier)
-        except NoSuchTableError:
+        except no_such_table:
             table = self.catalog.create_table(
                 self.identifier,
                 schema=self.schema,

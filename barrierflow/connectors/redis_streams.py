@@ -70,16 +70,14 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Literal, TypeVar, final
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, final
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 import pyarrow as pa
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+from barrierflow._extras import require
 from barrierflow.actors.sources.errors import (
     OffsetTrimmedError,
     UnknownSplitError,
@@ -88,6 +86,9 @@ from barrierflow.actors.sources.split_log import Offset, split_log_schema
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._redis_decode import decode_entries
 from barrierflow.connectors._redis_retry import RetryBackoff, RetryHook, call_with_retry
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = ["RedisStreamLog", "RetryBackoff"]
 
@@ -121,6 +122,7 @@ class RedisStreamLog:
 
     Raises:
         InvalidArgumentError: a bad argument.
+        MissingExtraError: redis-py is not installed (``pip install 'barrierflow[redis]'``).
     """
 
     def __init__(
@@ -179,21 +181,26 @@ class RedisStreamLog:
 
     @staticmethod
     def _make_client(connection: str | Callable[[], redis.Redis], block_ms: int) -> redis.Redis:
+        # redis-py is the [redis] extra: imported when a log is built, never at module import.
+        client_class: type[redis.Redis] = require("redis", "redis").Redis
         if isinstance(connection, str):
+            retry = require("redis", "redis.retry").Retry
+            no_backoff = require("redis", "redis.backoff").NoBackoff
             try:
-                return redis.Redis.from_url(
+                made = client_class.from_url(
                     connection,
                     protocol=2,
-                    retry=Retry(NoBackoff(), 0),
+                    retry=retry(no_backoff(), 0),
                     socket_connect_timeout=5.0,
                     socket_timeout=block_ms / 1000 + 5.0,
                 )
             except ValueError as exc:
                 raise InvalidArgumentError("connection", "a redis:// URL", connection) from exc
+            return made
         if not callable(connection):
             raise InvalidArgumentError("connection", "a URL or a client factory", connection)
         client = connection()
-        if not isinstance(client, redis.Redis):
+        if not isinstance(client, client_class):
             raise InvalidArgumentError("connection", "a factory of redis.Redis", client)
         if client.connection_pool.connection_kwargs.get("decode_responses"):
             client.close()

@@ -111,7 +111,6 @@ class ActorContext:
         #: store with ``RuntimeConfig.adopt_sink_positions`` (empty otherwise; see
         #: :mod:`barrierflow.runtime.positions`).
         self.adopted_positions: dict[str, int] = {}
-        self._input = input
         self._named: NamedInputs | None = None
         if isinstance(output, Dispatcher):
             # A bare dispatcher (tests, hand-built graphs): its outputs' actor ids are
@@ -131,8 +130,8 @@ class ActorContext:
         )
         self.epoch = 0
         self.finished = False
-        self._messages_in = 0
-        self._rows_in = 0
+        # One reader of the input for the actor's whole life: it holds the input counters.
+        self._messages = Messages(input, self)
         self._rows_out = 0
         self._barriers = 0
 
@@ -196,7 +195,7 @@ class ActorContext:
             raise GraphError(
                 "inputs", "one input, or aligned inputs, to read ctx.messages()", list(self._named)
             )
-        return Messages(self)
+        return self._messages
 
     # State.
 
@@ -389,8 +388,8 @@ class ActorContext:
         return ActorStats(
             name=self.name,
             actor_id=self.actor_id,
-            messages_in=self._messages_in,
-            rows_in=self._rows_in,
+            messages_in=self._messages.messages_in,
+            rows_in=self._messages.rows_in,
             rows_out=self._rows_out,
             barriers=self._barriers,
             current_epoch=self.epoch,

@@ -4,19 +4,25 @@ one (the backfills)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 
 from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.endpoints import Receiver
 from barrierflow.channels.errors import UnknownInputError
 from barrierflow.channels.messages import Message
 from barrierflow.channels.select import PollableReceiver
 
-if TYPE_CHECKING:
-    from barrierflow.runtime.context import ActorContext
+__all__ = ["Finishing", "Messages", "NamedInputs"]
 
-__all__ = ["Messages", "NamedInputs"]
+
+class Finishing(Protocol):
+    """The actor whose input :class:`Messages` reads (its
+    :class:`~barrierflow.runtime.context.ActorContext`): reading stops once it has finished
+    (a stop barrier passed), and the end of its input finishes it."""
+
+    finished: bool
 
 
 class NamedInputs(Mapping[str, PollableReceiver[Message]]):
@@ -42,12 +48,23 @@ class NamedInputs(Mapping[str, PollableReceiver[Message]]):
 
 class Messages:
     """Iterator over an actor's input (a class, not an async generator, so that an actor
-    raising mid-iteration leaves nothing to finalize)."""
+    raising mid-iteration leaves nothing to finalize), counting what it reads.
 
-    __slots__ = ("_ctx",)
+    Args:
+        input: the actor's one (or aligned) input.
+        actor: the reading actor; its ``finished`` ends the iteration, and is set when the
+            input ends.
+    """
 
-    def __init__(self, ctx: ActorContext) -> None:
-        self._ctx = ctx
+    __slots__ = ("_actor", "_input", "messages_in", "rows_in")
+
+    def __init__(self, input: Receiver[Message], actor: Finishing) -> None:
+        self._input = input
+        self._actor = actor
+        #: Messages read so far.
+        self.messages_in = 0
+        #: Rows of the chunks read so far.
+        self.rows_in = 0
 
     def __aiter__(self) -> Messages:
         return self
@@ -64,13 +81,13 @@ class Messages:
         Raises:
             anyio.EndOfStream: the input ended, or the actor has finished.
         """
-        ctx = self._ctx
-        if ctx.finished:
+        actor = self._actor
+        if actor.finished:
             raise anyio.EndOfStream
         try:
-            message = await ctx._input.receive()
+            message = await self._input.receive()
         except anyio.EndOfStream:
-            ctx.finished = True
+            actor.finished = True
             raise
         return self._count(message)
 
@@ -81,21 +98,20 @@ class Messages:
         Raises:
             anyio.EndOfStream: the input ended, or the actor has finished.
         """
-        ctx = self._ctx
-        if ctx.finished:
+        actor = self._actor
+        if actor.finished:
             raise anyio.EndOfStream
         try:
-            message = ctx._input.receive_nowait()  # type: ignore[attr-defined]
+            message = self._input.receive_nowait()  # type: ignore[attr-defined]
         except anyio.WouldBlock:
             return None
         except anyio.EndOfStream:
-            ctx.finished = True
+            actor.finished = True
             raise
         return self._count(message)
 
     def _count(self, message: Message) -> Message:
-        ctx = self._ctx
-        ctx._messages_in += 1
+        self.messages_in += 1
         if isinstance(message, Chunk):
-            ctx._rows_in += message.num_rows
+            self.rows_in += message.num_rows
         return message

@@ -19,7 +19,7 @@ from typing import Any, final
 
 import anyio
 
-from barrierflow.runtime.state._store_file import check_argument
+from barrierflow._fs import check_path_argument
 from barrierflow.runtime.state.state_store import StateStore, StateTable
 
 __all__ = ["CATALOG_OWNER", "JobCatalog", "stored_jobs"]
@@ -69,7 +69,7 @@ async def stored_jobs(state_path: str | os.PathLike[str]) -> dict[str, int]:
         StateStoreError: as :meth:`StateStore.open` (a store another runtime holds, a
             damaged or foreign file).
     """
-    path = check_argument(state_path)
+    path = check_path_argument(state_path)
     if not await anyio.Path(path).exists():
         return {}
     async with await StateStore.open(path) as store:

@@ -46,6 +46,7 @@ from typing import Any, final
 
 import pyarrow as pa
 
+from barrierflow._extras import require
 from barrierflow.actors.sources.batch_feed import BatchFeed
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.channels.schema import cast_fixes, check_schema, conform_schema
@@ -77,9 +78,8 @@ def arrow_schema_of(df: Any) -> pa.Schema:
     (``BatchFeed(arrow_schema_of(df))``). Spark's ``timestamp`` is
     ``timestamp[us, tz=UTC]``, ``timestamp_ntz`` is ``timestamp[us]``, ``int`` is ``int32``
     and ``bigint`` is ``int64``."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    schema: pa.Schema = to_arrow_schema(df.schema, timezone="UTC")
+    spark_types = require("spark", "pyspark.sql.pandas.types")
+    schema: pa.Schema = spark_types.to_arrow_schema(df.schema, timezone="UTC")
     return schema
 
 

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from barrierflow._extras import require
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.spark_bridge.errors import SparkUnavailableError
 
@@ -92,10 +93,9 @@ def spark_session(
         # Python workers (``mapInArrow`` in the Spark reader) run this interpreter, which has
         # pyarrow, rather than whatever ``python3`` is first on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
+    spark_sql = require("spark", "pyspark.sql")
     builder = (
-        SparkSession.builder.appName(app_name)
+        spark_sql.SparkSession.builder.appName(app_name)
         .master(master)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from barrierflow._extras import require
 from barrierflow.channels.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -157,9 +158,10 @@ class RedisServer:
     def client(self) -> Iterator[redis.Redis]:
         """A plain redis-py client of this server (RESP2), closed on exit: what a test writes
         the streams it reads with."""
-        import redis  # the [redis] extra; this module itself imports without it
-
-        conn = redis.Redis(host=self.host, port=self.port, protocol=2)
+        # redis-py is the [redis] extra: this module itself imports without it.
+        conn: redis.Redis = require("redis", "redis").Redis(
+            host=self.host, port=self.port, protocol=2
+        )
         try:
             yield conn
         finally:

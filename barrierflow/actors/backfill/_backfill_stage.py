@@ -6,30 +6,91 @@ errors), the per-barrier work, and the test for leaving the stage (see
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, final
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, final
 
 import anyio
 import pyarrow as pa
 
 from barrierflow.actors.backfill.errors import UpstreamEndedDuringSourceBackfillError
-from barrierflow.actors.backfill.source_backfill_state import BackfillPhase, SplitBackfills
-from barrierflow.actors.sources.split_log import Offset
+from barrierflow.actors.backfill.source_backfill_state import (
+    BackfillPhase,
+    SplitBackfill,
+    SplitBackfills,
+)
+from barrierflow.actors.sources.split_log import Offset, SplitLog
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.channel import create_channel
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import ProtocolError
 from barrierflow.channels.messages import Watermark
+from barrierflow.channels.mutation import SourceChangeSplit
 from barrierflow.channels.select import BiasedSelect, PollableReceiver
 from barrierflow.runtime.actor import ActorContext
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.state.state_store import StateTable
 
-if TYPE_CHECKING:
-    from barrierflow.actors.backfill.source_backfill import SourceBackfill
-
-__all__ = ["BackfillStage"]
+__all__ = [
+    "TABLE",
+    "UPSTREAM",
+    "BackfillStage",
+    "Reading",
+    "apply_change",
+    "committed_states",
+    "put_states",
+]
 
 UPSTREAM, _BACKFILL = "upstream", "backfill"
+
+#: The state table of a source backfill: split → its :class:`SplitBackfill` as JSON.
+TABLE = "backfill"
+
+
+@final
+@dataclass(slots=True)
+class Reading:
+    """How a :class:`~.source_backfill.SourceBackfill` reads its splits' history: its
+    constructor's settings, held for its backfill stage. ``rate`` is the one that changes: a
+    Throttle barrier sets it (``None``: unlimited, ``0``: paused) for the rest of the run."""
+
+    log: SplitLog
+    batch_rows: int
+    rate: float | None
+    #: Barrier intervals without a barrier after which the reader pauses itself.
+    wait_intervals: int
+    #: Reader failures in a row before the error fails the actor, and the first retry's delay.
+    max_retries: int
+    retry_delay: float
+    clock: Callable[[], float]
+
+
+def put_states(table: StateTable, states: SplitBackfills) -> None:
+    """Write every split's state into the actor's state table (durable with its next
+    barrier)."""
+    for split, state in states.states.items():
+        table.put(split, state.to_json())
+
+
+async def committed_states(ctx: ActorContext) -> dict[str, SplitBackfill]:
+    """Every peer's committed split states (a split migrated from a peer carries its
+    state)."""
+    found: dict[str, SplitBackfill] = {}
+    for peer in ctx.peers:
+        for split, value in (await ctx.read_table(peer, TABLE).items()).items():
+            found[split] = SplitBackfill.from_json(value)
+    return found
+
+
+def apply_change(
+    table: StateTable, states: SplitBackfills, dropped: list[str], barrier: Barrier
+) -> None:
+    """Record a split change: the states of the splits it kept or gained, and (for a change
+    of the source's splits, not a migration between peers) no state for the dropped ones."""
+    if isinstance(barrier.mutation, SourceChangeSplit):
+        for split in dropped:
+            table.delete(split)
+    put_states(table, states)
 
 
 #: What the upstream side yields when the upstream ended (the select itself would not end:
@@ -75,14 +136,14 @@ class BackfillStage:
 
     def __init__(
         self,
-        actor: SourceBackfill,
+        reading: Reading,
         ctx: ActorContext,
         table: StateTable,
         states: SplitBackfills,
         *,
         paused: bool,
     ) -> None:
-        self.actor = actor
+        self.reading = reading
         self.ctx = ctx
         self.table = table
         self.states = states
@@ -91,7 +152,7 @@ class BackfillStage:
         self.state_table_initialized = False
         self.failures = 0
         # The seed starts its "last barrier" clock when the loop starts, not at the first barrier.
-        self.last_barrier = actor._clock()
+        self.last_barrier = reading.clock()
         #: The current reader's cancel scope, also the token its batches carry (``None``: no
         #: reader). A batch that carries another token is from a reader that was replaced.
         self._reader_scope: anyio.CancelScope | None = None
@@ -132,7 +193,7 @@ class BackfillStage:
             self._reader_scope.cancel()
             self._reader_scope = None
         starts = self.states.unfinished()
-        if not starts or self.actor._rate == 0:
+        if not starts or self.reading.rate == 0:
             return
         scope = anyio.CancelScope()
         self._reader_scope = scope
@@ -142,12 +203,12 @@ class BackfillStage:
         self, starts: dict[str, Offset | None], scope: anyio.CancelScope, delay: float
     ) -> None:
         send = self._send
-        rate = self.actor._rate
+        rate = self.reading.rate
         with scope:
             if delay:
                 await anyio.sleep(delay)
             try:
-                reader = self.actor._log.read(starts, batch_rows=self.actor._batch_rows)
+                reader = self.reading.log.read(starts, batch_rows=self.reading.batch_rows)
                 async with contextlib.aclosing(reader) as batches:  # type: ignore[type-var]
                     async for batch in batches:
                         await send.send((scope, batch))
@@ -209,8 +270,8 @@ class BackfillStage:
         # and the checkpoints. This batch is still handled; the reader then waits for the next
         # barrier, which resumes it (unless a Pause command holds it).
         interval = self.ctx.barrier_interval
-        waited = self.actor._clock() - self.last_barrier
-        if waited > self.actor._wait_intervals * interval:
+        waited = self.reading.clock() - self.last_barrier
+        if waited > self.reading.wait_intervals * interval:
             self.self_paused = True
             self._apply_pause()
             self.ctx.log.warning(
@@ -222,9 +283,9 @@ class BackfillStage:
 
     def _on_reader_failed(self, error: Exception) -> None:
         self.failures += 1
-        if self.failures > self.actor._max_retries:
+        if self.failures > self.reading.max_retries:
             raise error
-        delay = self.actor._retry_delay * 2 ** (self.failures - 1)
+        delay = self.reading.retry_delay * 2 ** (self.failures - 1)
         self.ctx.log.warning(
             "source backfill reader failed; rebuilding it from the latest states",
             error=repr(error),
@@ -237,7 +298,7 @@ class BackfillStage:
         """Handle one upstream barrier; returns whether the backfill stage is over (every split
         of every peer finished, or the actor finished with this barrier)."""
         ctx = self.ctx
-        self.last_barrier = self.actor._clock()
+        self.last_barrier = self.reading.clock()
         if self.self_paused:
             # A barrier came: the self-pause ends (a Pause command still holds the reader).
             self.self_paused = False
@@ -249,12 +310,12 @@ class BackfillStage:
             self.command_paused = False
             self._apply_pause()
         changed, rate = barrier.throttle_for(ctx.actor_id)
-        if changed and rate != self.actor._rate:
-            self.actor._rate = rate
+        if changed and rate != self.reading.rate:
+            self.reading.rate = rate
             self._restart_reader()
         new = barrier.new_splits(ctx.actor_id)
         await self._check_stalled()
-        self.actor._put_states(self.table, self.states)
+        put_states(self.table, self.states)
         caught_up = self.states.caught_up()
         if caught_up:
             self._restart_reader()  # no reader once every split caught up: none is started
@@ -269,10 +330,10 @@ class BackfillStage:
         if ctx.finished:
             return True
         if new is not None:
-            committed = await self.actor._committed_states(ctx)
+            committed = await committed_states(ctx)
             split_changed, dropped = self.states.reassign((s.split_id for s in new), committed)
             if split_changed:
-                self.actor._apply_change(self.table, self.states, dropped, barrier)
+                apply_change(self.table, self.states, dropped, barrier)
                 self._restart_reader()
         if not caught_up:
             return False
@@ -293,7 +354,7 @@ class BackfillStage:
         it was given is never delivered (see :meth:`SplitBackfills.on_latest`)."""
         for split, offset in self.states.unfinished().items():
             if split in self._offsets and self._offsets[split] == offset:
-                self.states.on_latest(split, await self.actor._log.latest_offset(split))
+                self.states.on_latest(split, await self.reading.log.latest_offset(split))
         # A split it stopped is caught up: the barrier drops the reader once every split is.
         self._offsets = self.states.unfinished()
 
@@ -302,7 +363,7 @@ class BackfillStage:
         none at all is never finished)."""
         if not self.states.finished():
             return False
-        committed = await self.actor._committed_states(self.ctx)
+        committed = await committed_states(self.ctx)
         return bool(committed) and all(
             state.phase is BackfillPhase.FINISHED for state in committed.values()
         )

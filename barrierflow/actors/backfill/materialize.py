@@ -30,7 +30,7 @@ from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.messages import Message
 from barrierflow.runtime.actor import ActorContext, StreamActor
-from barrierflow.runtime.state._versioned_checks import check_options
+from barrierflow.runtime.state.versioned_checks import check_options
 from barrierflow.runtime.state.versioned_table import VersionedTable
 
 __all__ = ["VIEW_TABLE", "Materialize"]

@@ -71,7 +71,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.actors.backfill._backfill_stage import UPSTREAM, BackfillStage
+from barrierflow.actors.backfill._backfill_stage import (
+    TABLE,
+    UPSTREAM,
+    BackfillStage,
+    Reading,
+    apply_change,
+    committed_states,
+    put_states,
+)
 from barrierflow.actors.backfill.errors import UnfinishedSplitMigratedError
 from barrierflow.actors.backfill.source_backfill_state import (
     BackfillPhase,
@@ -83,7 +91,7 @@ from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message
-from barrierflow.channels.mutation import SourceChangeSplit, check_rate
+from barrierflow.channels.mutation import check_rate
 from barrierflow.channels.vnode import compute_vnodes
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.errors import GraphError
@@ -91,9 +99,6 @@ from barrierflow.runtime.startup import StartupContext
 from barrierflow.runtime.state.state_store import StateTable
 
 __all__ = ["SourceBackfill"]
-
-#: The actor's state table: split → :meth:`SplitBackfill.to_json`.
-TABLE = "backfill"
 
 
 @final
@@ -156,14 +161,16 @@ class SourceBackfill(StreamActor):
             raise InvalidArgumentError("retry_delay", "seconds in (0, 3600)", retry_delay)
         if clock is not None and not callable(clock):
             raise InvalidArgumentError("clock", "None or a callable returning seconds", clock)
-        self._log = log
         self._splits = None if splits is None else list(splits)
-        self._batch_rows = batch_rows
-        self._rate = rate_limit
-        self._wait_intervals = wait_barrier_intervals
-        self._max_retries = max_reader_retries
-        self._retry_delay = float(retry_delay)
-        self._clock: Callable[[], float] = anyio.current_time if clock is None else clock
+        self._reading = Reading(
+            log=log,
+            batch_rows=batch_rows,
+            rate=rate_limit,
+            wait_intervals=wait_barrier_intervals,
+            max_retries=max_reader_retries,
+            retry_delay=float(retry_delay),
+            clock=anyio.current_time if clock is None else clock,
+        )
 
     # The run.
 
@@ -187,17 +194,17 @@ class SourceBackfill(StreamActor):
         elif self._splits is not None:
             names = list(self._splits)
         else:
-            names = _routed_here(ctx, await self._log.list_splits())
+            names = _routed_here(ctx, await self._reading.log.list_splits())
         states = SplitBackfills(
             {s: committed.get(s, SplitBackfill()) for s in names}, adopt_new_splits=listed
         )
         for split in states.unfinished():
-            states.set_target(split, await self._log.latest_offset(split))
-        self._put_states(table, states)
+            states.set_target(split, await self._reading.log.latest_offset(split))
+        put_states(table, states)
         await ctx.emit(first)
         if ctx.finished:
             return
-        stage = BackfillStage(self, ctx, table, states, paused=first.is_pause_on_startup())
+        stage = BackfillStage(self._reading, ctx, table, states, paused=first.is_pause_on_startup())
         left = await stage.run(upstream)
         if left:
             await self._forward(ctx, table, stage.states, upstream)
@@ -220,16 +227,11 @@ class SourceBackfill(StreamActor):
                 "a round-robin input" if ctx.input_key is None else list(ctx.input_key),
             )
 
-    @staticmethod
-    def _put_states(table: StateTable, states: SplitBackfills) -> None:
-        for split, state in states.states.items():
-            table.put(split, state.to_json())
-
     async def _forward(
         self, ctx: ActorContext, table: StateTable, states: SplitBackfills, upstream: Any
     ) -> None:
         """The forwarding stage: the upstream as it is, split changes still applied."""
-        self._put_states(table, states)  # FINISHED everywhere, durable with the next barrier
+        put_states(table, states)  # FINISHED everywhere, durable with the next barrier
         while not ctx.finished:
             try:
                 message: Message = await upstream.receive()
@@ -243,7 +245,7 @@ class SourceBackfill(StreamActor):
             await ctx.emit(message)
             new = message.new_splits(ctx.actor_id)
             if new is not None and not ctx.finished:
-                committed = await self._committed_states(ctx)
+                committed = await committed_states(ctx)
                 for split in (s.split_id for s in new):
                     state = committed.get(split)
                     # The seed: a split migrated here in the forwarding stage must be finished
@@ -258,7 +260,7 @@ class SourceBackfill(StreamActor):
                         raise UnfinishedSplitMigratedError(ctx.name, split, state.phase.value)
                 changed, dropped = states.reassign((s.split_id for s in new), committed)
                 if changed:
-                    self._apply_change(table, states, dropped, message)
+                    apply_change(table, states, dropped, message)
 
     @staticmethod
     def _adopt(table: StateTable, states: SplitBackfills, chunk: Chunk) -> None:
@@ -268,23 +270,6 @@ class SourceBackfill(StreamActor):
         splits = pc.unique(chunk.batch.column(SPLIT_COLUMN)).to_pylist()
         for split in states.adopt(splits):
             table.put(split, states.states[split].to_json())
-
-    async def _committed_states(self, ctx: ActorContext) -> dict[str, SplitBackfill]:
-        """Every peer's committed split states (a split migrated from a peer carries its
-        state)."""
-        found: dict[str, SplitBackfill] = {}
-        for peer in ctx.peers:
-            for split, value in (await ctx.read_table(peer, TABLE).items()).items():
-                found[split] = SplitBackfill.from_json(value)
-        return found
-
-    def _apply_change(
-        self, table: StateTable, states: SplitBackfills, dropped: list[str], barrier: Barrier
-    ) -> None:
-        if isinstance(barrier.mutation, SourceChangeSplit):
-            for split in dropped:
-                table.delete(split)
-        self._put_states(table, states)
 
 
 def _routed_here(ctx: ActorContext, splits: list[str]) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, final
 
-from barrierflow.channels.errors import ProtocolError, _short
+from barrierflow.channels.errors import ProtocolError, short_vnodes
 from barrierflow.runtime.errors import GraphError, SinkError
 
 __all__ = [
@@ -125,7 +125,7 @@ class DuplicateVnodeError(ProtocolError):
         self.stage = stage
         super().__init__(
             f"sink {sink!r}: expected every vnode exactly once in {stage}, got vnodes "
-            f"{_short(self.vnodes)} from two writers"
+            f"{short_vnodes(self.vnodes)} from two writers"
         )
 
 
@@ -299,5 +299,5 @@ class CommittedEpochsEndedError(SinkError):
         super().__init__(
             f"sink {sink!r}: expected the runtime's committed epochs to continue while the "
             f"coordinator runs, got the end of the stream {after}; epochs "
-            f"{_short(list(self.waiting))} wait for their commit"
+            f"{short_vnodes(list(self.waiting))} wait for their commit"
         )

@@ -104,15 +104,27 @@ class BatchFeed:
         ``rt.add_source(name, feed.source)``."""
         return BatchSource(self)
 
-    # The actor's side.
+    # The actor's side (the :class:`~barrierflow.actors.sources.batch_source.FeedEnd` its
+    # source calls; not for the driver).
 
-    def _attach(
+    @property
+    def abandoned(self) -> tuple[str, int] | None:
+        """``(stream, batch_id)`` of a batch whose delivery was abandoned part-way (its rows
+        went downstream without their number), until a rebuilt source attaches."""
+        return self._abandoned
+
+    def attach(
         self,
         source: str,
         send: SendChannel[FeedItem],
         durable: dict[str, int],
         floor: dict[str, int],
     ) -> None:
+        """The source actor ``source`` runs (called by it): deliveries go to ``send``.
+
+        Raises:
+            FeedSharedError: another source of this feed is attached.
+        """
         if self._send is not None:
             raise FeedSharedError(source, self._source_name or "?")
         self._send, self._last, self._floor = send, durable, floor
@@ -121,8 +133,9 @@ class BatchFeed:
         self._abandoned = None  # a rebuilt graph discarded the abandoned rows
         self._source_changed.notify()
 
-    def _detach(self, send: SendChannel[FeedItem] | None) -> None:
-        """The source actor ends (attached with ``send``, or before attaching: ``None``)."""
+    def detach(self, send: SendChannel[FeedItem] | None) -> None:
+        """The source actor ends (called by it; attached with ``send``, or before attaching:
+        ``None``)."""
         if send is not None:
             if self._send is send:
                 self._send = self._source_name = None

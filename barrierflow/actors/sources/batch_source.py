@@ -44,7 +44,7 @@ positions are kept in the source's state, so a later restart still skips them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, final
+from typing import Protocol, final
 
 import anyio
 import pyarrow as pa
@@ -59,10 +59,7 @@ from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.positions import position_key
 from barrierflow.runtime.state.state_store import StateTable
 
-if TYPE_CHECKING:
-    from barrierflow.actors.sources.batch_feed import BatchFeed
-
-__all__ = ["BatchSource"]
+__all__ = ["BatchSource", "FeedEnd"]
 
 #: The state table of a batch source: stream name → last batch id sealed with the rows.
 _TABLE = "batches"
@@ -84,11 +81,60 @@ class BatchEnd:
 FeedItem = Message | BatchEnd
 
 
+class FeedEnd(Protocol):
+    """The driver's end of a batch source as its source actor sees it (a
+    :class:`~barrierflow.actors.sources.batch_feed.BatchFeed`): what the source reads to
+    build its channel, and the calls that connect the two.
+
+    Lifecycle: ``attach`` at most once per run of the source, after the initial barrier
+    passed; ``detach`` once when the source ends, whether it attached or not.
+    """
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The schema of every chunk of the feed."""
+        ...
+
+    @property
+    def capacity(self) -> int:
+        """Chunks the feed's channel holds."""
+        ...
+
+    @property
+    def chunk_rows(self) -> int:
+        """Rows per chunk a batch is split into."""
+        ...
+
+    @property
+    def abandoned(self) -> tuple[str, int] | None:
+        """``(stream, batch_id)`` of a batch its driver abandoned part-way, if any."""
+        ...
+
+    def attach(
+        self,
+        source: str,
+        send: SendChannel[FeedItem],
+        durable: dict[str, int],
+        floor: dict[str, int],
+    ) -> None:
+        """The source ``source`` runs: deliveries go to ``send``; ``durable`` is the last
+        durable batch id per stream, ``floor`` the adopted one (ids up to it are replays).
+
+        Raises:
+            FeedSharedError: another source of the same feed is attached.
+        """
+        ...
+
+    def detach(self, send: SendChannel[FeedItem] | None) -> None:
+        """The source ends (attached with ``send``, or before attaching: ``None``)."""
+        ...
+
+
 class BatchSource(StreamActor):
     """The source actor of a :class:`BatchFeed` (see the module docstring). Create it through
     ``feed.source``; chunks pushed into its inbox with ``rt.push`` are refused."""
 
-    def __init__(self, feed: BatchFeed) -> None:
+    def __init__(self, feed: FeedEnd) -> None:
         self._feed = feed
 
     def output_schema(self) -> pa.Schema:
@@ -109,7 +155,7 @@ class BatchSource(StreamActor):
         finally:
             # However it ended (before attaching too), a delivery waiting for this source must
             # look at the runtime again.
-            self._feed._detach(None)
+            self._feed.detach(None)
 
     async def _run(self, ctx: ActorContext) -> None:
         table = ctx.table(_TABLE)
@@ -145,11 +191,11 @@ class BatchSource(StreamActor):
             with single_error():
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._forward_inbox, ctx, send.clone())
-                    feed._attach(ctx.name, send, dict(durable), floor)
+                    feed.attach(ctx.name, send, dict(durable), floor)
                     await self._emit(ctx, feed, receive, table, positions)
                     tg.cancel_scope.cancel()
         finally:
-            feed._detach(send)
+            feed.detach(send)
             receive.close()
 
     @staticmethod
@@ -164,7 +210,7 @@ class BatchSource(StreamActor):
     @staticmethod
     async def _emit(
         ctx: ActorContext,
-        feed: BatchFeed,
+        feed: FeedEnd,
         receive: ReceiveChannel[FeedItem],
         table: StateTable,
         positions: dict[str, int],
@@ -183,7 +229,7 @@ class BatchSource(StreamActor):
                     await BatchSource._pass(ctx, message, positions)
                 held.clear()
             elif open_batch:
-                abandoned = feed._abandoned
+                abandoned = feed.abandoned
                 if abandoned is not None:
                     raise BatchAbortedError(*abandoned)
                 held.append(item)  # a barrier waits for the open batch's end mark

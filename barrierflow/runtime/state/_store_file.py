@@ -47,7 +47,6 @@ from barrierflow._fs import (
     make_directory,
     not_a_directory,
 )
-from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.state import _sql
 from barrierflow.runtime.state._store_check import inspect_header, validate
 from barrierflow.runtime.state.errors import (
@@ -77,27 +76,6 @@ class StoreLock:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
-
-
-def check_argument(path: object) -> str:
-    """``path`` as a str, if it is a usable file path argument.
-
-    Bytes paths are refused: a store's path is text (it is logged and named in errors), and
-    ``str`` or :class:`os.PathLike` [``str``] (such as :class:`pathlib.Path`) cover every file.
-
-    Raises:
-        InvalidArgumentError: ``path`` is not a non-empty ``str`` or ``os.PathLike[str]``
-            without NUL characters (``argument="path"``).
-    """
-    value: object = path
-    if isinstance(path, os.PathLike):
-        with contextlib.suppress(TypeError):
-            value = os.fspath(path)
-    if not isinstance(value, str) or not value or "\x00" in value:
-        raise InvalidArgumentError(
-            "path", "a non-empty str or os.PathLike[str] naming the store file", path
-        )
-    return value
 
 
 @final

@@ -3,12 +3,12 @@ two-phase sink waits on before it commits."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, final
+from collections.abc import Callable
+from typing import final
 
 import anyio.lowlevel
 
-if TYPE_CHECKING:
-    from barrierflow.runtime.state.state_store import StateStore
+from barrierflow._sync import Notifier
 
 __all__ = ["CommittedEpochs"]
 
@@ -17,23 +17,29 @@ __all__ = ["CommittedEpochs"]
 class CommittedEpochs:
     """An async iterator over a store's committed epochs (see
     :meth:`StateStore.committed_epochs`). A plain iterator, not an async generator, so
-    breaking out of ``async for`` needs no finalization on any backend."""
+    breaking out of ``async for`` needs no finalization on any backend.
 
-    __slots__ = ("_seen", "_store")
+    Args:
+        committed: the store's committed epoch now, ``None`` once the store is closed (the
+            iteration ends).
+        changed: notified whenever either changes.
+    """
 
-    def __init__(self, store: StateStore) -> None:
-        self._store = store
+    __slots__ = ("_changed", "_committed", "_seen")
+
+    def __init__(self, committed: Callable[[], int | None], changed: Notifier) -> None:
+        self._committed = committed
+        self._changed = changed
         self._seen = -1
 
     def __aiter__(self) -> CommittedEpochs:
         return self
 
     async def __anext__(self) -> int:
-        store = self._store
-        while not store._closed:
-            if store._committed > self._seen:
-                self._seen = store._committed
+        while (committed := self._committed()) is not None:
+            if committed > self._seen:
+                self._seen = committed
                 await anyio.lowlevel.checkpoint()
                 return self._seen
-            await store._committed_changed.wait()
+            await self._changed.wait()
         raise StopAsyncIteration

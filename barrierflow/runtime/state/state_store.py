@@ -46,16 +46,17 @@ import anyio.lowlevel
 import anyio.to_thread
 import pyarrow as pa
 
+from barrierflow._fs import check_path_argument
 from barrierflow._sync import Notifier
 from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT
 from barrierflow.runtime.state import _sql, _store_file
 from barrierflow.runtime.state._store_file import Adapter
-from barrierflow.runtime.state._versioned_checks import check_options
 from barrierflow.runtime.state.committed_epochs import CommittedEpochs
 from barrierflow.runtime.state.epoch_records import EpochRecords
 from barrierflow.runtime.state.errors import ConcurrentCommitError, StoreCorruptedError
 from barrierflow.runtime.state.table import DELETED, MAX_EPOCH, StateTable, check_key
+from barrierflow.runtime.state.versioned_checks import check_options
 from barrierflow.runtime.state.versioned_table import VersionedTable, table_directory
 
 __all__ = ["CommittedEpochs", "StateStore", "StateTable", "VersionedTable"]
@@ -134,7 +135,7 @@ class StateStore:
             StoreVersionError: the store's schema is newer than this barrierflow.
             StoreIOError: the OS or SQLite failed otherwise (``__cause__`` says how).
         """
-        file = _store_file.check_argument(path)
+        file = check_path_argument(path)
         if not isinstance(adapter, str) or adapter not in ("auto", "aiosqlite", "thread"):
             raise InvalidArgumentError("adapter", "'auto', 'aiosqlite' or 'thread'", adapter)
         if limiter is not None and not isinstance(limiter, anyio.CapacityLimiter):
@@ -332,7 +333,9 @@ class StateStore:
         A slow subscriber sees the latest epoch, never an older one, and may skip some in
         between (each value is a high-water mark). Iteration ends when the store closes.
         """
-        return CommittedEpochs(self)
+        return CommittedEpochs(
+            lambda: None if self._closed else self._committed, self._committed_changed
+        )
 
     def epoch_records(self, owner: str) -> EpochRecords:
         """The epoch records of ``owner`` (see :mod:`.epoch_records`), which commit on their

@@ -11,14 +11,30 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, Protocol, final
 
 from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
 
-if TYPE_CHECKING:
-    from barrierflow.runtime.state.state_store import StateStore
+__all__ = ["CommittedState", "ReadOnlyTable", "StateTable"]
 
-__all__ = ["ReadOnlyTable", "StateTable"]
+
+class CommittedState(Protocol):
+    """What a table reads through: the committed epoch and the committed rows of every
+    table (the :class:`~barrierflow.runtime.state.StateStore` that owns it)."""
+
+    @property
+    def committed_epoch(self) -> int:
+        """The last committed epoch (0: none)."""
+        ...
+
+    async def read(self, owner: str, name: str, key: str, default: Any = None) -> Any:
+        """The committed value of ``key`` in ``owner``'s table ``name``."""
+        ...
+
+    async def read_all(self, owner: str, name: str) -> dict[str, Any]:
+        """Every committed key and value of ``owner``'s table ``name``."""
+        ...
+
 
 #: Marks a deleted key among a table's buffered writes.
 DELETED: Any = object()
@@ -60,7 +76,7 @@ class StateTable:
 
     __slots__ = ("_last_sealed", "_name", "_owner", "_pending", "_sealed", "_store")
 
-    def __init__(self, store: StateStore, owner: str, name: str) -> None:
+    def __init__(self, store: CommittedState, owner: str, name: str) -> None:
         self._store = store
         self._owner = owner
         self._name = name
@@ -155,7 +171,7 @@ class ReadOnlyTable:
 
     __slots__ = ("_name", "_owner", "_store")
 
-    def __init__(self, store: StateStore, owner: str, name: str) -> None:
+    def __init__(self, store: CommittedState, owner: str, name: str) -> None:
         self._store = store
         self._owner = owner
         self._name = name

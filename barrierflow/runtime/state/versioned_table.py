@@ -39,7 +39,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, final
 
 import anyio.to_thread
 import numpy as np
@@ -49,11 +49,9 @@ from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError, S
 from barrierflow.channels.vnode import VnodeBitmap, vnodes_unchecked
 from barrierflow.runtime.state import _segments, _sql
 from barrierflow.runtime.state._segments import OP_COLUMN, VNODE_COLUMN, MemorySegment, Segment
-from barrierflow.runtime.state._versioned_checks import op_codes
 from barrierflow.runtime.state.errors import EpochNotSealedError, VersionCompactedError
-
-if TYPE_CHECKING:
-    from barrierflow.runtime.state.state_store import StateStore
+from barrierflow.runtime.state.table import CommittedState
+from barrierflow.runtime.state.versioned_checks import op_codes
 
 __all__ = ["VersionedTable"]
 
@@ -64,7 +62,7 @@ class VersionedTable:
 
     def __init__(
         self,
-        store: StateStore,
+        store: CommittedState,
         owner: str,
         name: str,
         directory: Path,

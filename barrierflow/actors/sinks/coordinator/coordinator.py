@@ -164,7 +164,13 @@ class Coordinator:
 
     # The writers' side.
 
-    def _check_bitmap(self, bitmap: Any) -> None:
+    def check_bitmap(self, bitmap: Any) -> None:
+        """Refuse a writer's bitmap this coordinator cannot use (what
+        :meth:`register` and a handle's ``update_vnode_bitmap`` check first).
+
+        Raises:
+            InvalidArgumentError: not a non-empty bitmap of this coordinator's vnode count.
+        """
         if not isinstance(bitmap, VnodeBitmap):
             raise InvalidArgumentError("bitmap", "a VnodeBitmap", type(bitmap).__name__)
         if bitmap.vnode_count != self._vnode_count:
@@ -190,16 +196,23 @@ class Coordinator:
             InvalidArgumentError: the bitmap is not a non-empty bitmap of ``vnode_count``
                 vnodes, or ``writer``/``name`` is not ``None`` or a non-empty str.
         """
-        self._check_bitmap(bitmap)
+        self.check_bitmap(bitmap)
         for argument, value in (("writer", writer), ("name", name)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise InvalidArgumentError(argument, "None or a non-empty str", value)
         self._next_id += 1
         handle = WriterHandle(self, self._next_id, bitmap, writer, name)
-        await self._post(NewHandle(handle))
+        await self.post(NewHandle(handle))
         return handle
 
-    async def _post(self, event: Event) -> None:
+    async def post(self, event: Event) -> None:
+        """Queue a writer handle's event for the run (what a
+        :class:`~barrierflow.actors.sinks.coordinator.WriterHandle` sends; waits for the
+        run to start).
+
+        Raises:
+            ActorGoneError: the coordinator stopped.
+        """
         while self._inbox is None:
             if self._ready is None:
                 self._ready = Notifier()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, Protocol, final
 
 from barrierflow._sync import OneShot
 from barrierflow.actors.sinks.coordinator.committer import SchemaChange
@@ -14,9 +14,6 @@ from barrierflow.actors.sinks.protocol import CommitMetadata
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.errors import ActorGoneError
-
-if TYPE_CHECKING:
-    from barrierflow.actors.sinks.coordinator.coordinator import Coordinator
 
 __all__ = ["WriterHandle", "WriterRegistry"]
 
@@ -72,6 +69,32 @@ def check_epoch(epoch: Any) -> None:
         raise InvalidArgumentError("epoch", "a non-negative int", epoch)
 
 
+class CoordinatorLine(Protocol):
+    """The coordinator as its writer handles reach it (a
+    :class:`~barrierflow.actors.sinks.coordinator.Coordinator`)."""
+
+    @property
+    def sink(self) -> str:
+        """The sink's name, for messages."""
+        ...
+
+    def check_bitmap(self, bitmap: Any) -> None:
+        """Refuse a bitmap the coordinator cannot use.
+
+        Raises:
+            InvalidArgumentError: not a non-empty bitmap of the coordinator's vnode count.
+        """
+        ...
+
+    async def post(self, event: Event) -> None:
+        """Queue a writer's event for the coordinator's run.
+
+        Raises:
+            ActorGoneError: the coordinator stopped.
+        """
+        ...
+
+
 @final
 class WriterHandle:
     """A parallel sink writer's line to its coordinator. Create with
@@ -86,7 +109,7 @@ class WriterHandle:
 
     def __init__(
         self,
-        coordinator: Coordinator,
+        coordinator: CoordinatorLine,
         handle_id: int,
         bitmap: VnodeBitmap,
         writer: str | None = None,
@@ -108,7 +131,7 @@ class WriterHandle:
             raise self._aborted
         if self._stopped:
             raise ActorGoneError(self._coordinator.sink, "this writer handle was stopped")
-        await self._coordinator._post(event)
+        await self._coordinator.post(event)
 
     async def wait_started(self) -> int | None:
         """Wait until the coordinator starts this writer; returns the rewind epoch (the last
@@ -148,7 +171,7 @@ class WriterHandle:
 
     async def update_vnode_bitmap(self, bitmap: VnodeBitmap) -> None:
         """Change this writer's vnodes (rescaling); then :meth:`wait_started` again."""
-        self._coordinator._check_bitmap(bitmap)
+        self._coordinator.check_bitmap(bitmap)
         self._started = OneShot()
         await self._post(UpdateBitmap(self, bitmap))
 

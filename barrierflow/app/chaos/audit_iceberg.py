@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from barrierflow.chaos.audit import Audit
+from barrierflow.app.chaos.audit import Audit
 
 __all__ = ["audit_iceberg"]
 

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from barrierflow.chaos.audit import Audit, Finding, lost_by
+from barrierflow.app.chaos.audit import Audit, Finding, lost_by
 
 __all__ = ["audit_backfill", "audit_views", "read_table_dir"]
 
@@ -191,7 +191,9 @@ def _streams_complete(table: str, expected: pa.Table, got: pa.Table, audit: Audi
 
 def audit_views(workdir: Path, *, complete: bool) -> Audit:
     """Audit the views act's copy table in ``workdir`` (see the module)."""
-    from barrierflow._demo_views_graph import events  # the input generator, as for Spark's files
+    from barrierflow.app._demo_views_graph import (
+        events,  # the input generator, as for Spark's files
+    )
 
     audit = Audit(complete)
     try:

@@ -3,8 +3,8 @@ JVM and all — at seeded moments (traced events of the run, and a share at unif
 moments of it), resumes them, and audits their tables independently of the pipeline's code
 (:mod:`.harness`)."""
 
-from barrierflow.chaos.harness import ChaosConfig as ChaosConfig
-from barrierflow.chaos.harness import ChaosReport as ChaosReport
-from barrierflow.chaos.harness import run_chaos as run_chaos
+from barrierflow.app.chaos.harness import ChaosConfig as ChaosConfig
+from barrierflow.app.chaos.harness import ChaosReport as ChaosReport
+from barrierflow.app.chaos.harness import run_chaos as run_chaos
 
 __all__ = ["ChaosConfig", "ChaosReport", "run_chaos"]

@@ -26,7 +26,7 @@ counts the epochs that hold rows, one per micro-batch.)
 
 A run first records what it was asked for (rows, micro-batches) in a manifest and writes its
 input files atomically, each a pure function of the manifest and its index
-(:mod:`barrierflow._demo_input`): a run killed while generating is completed by ``--resume``,
+(:mod:`barrierflow.app._demo_input`): a run killed while generating is completed by ``--resume``,
 and the verification compares the table with the rows *asked for*, not with what is on disk.
 A resume that asks for other sizes than the started run is refused (:class:`ConfigError`).
 Ctrl-C (the CLI) leaves what a crash leaves, and ``--resume`` continues from it too.
@@ -48,13 +48,13 @@ from typing import Any, Literal
 import anyio
 import numpy as np
 
-from barrierflow._demo_faults import CrashingTable, Faults
-from barrierflow._demo_input import SCHEMA, RunManifest, complete_input
-from barrierflow._demo_progress import LiveProgress, RunCounts, batch_line
-from barrierflow._demo_runs import resume_command as resume_words
 from barrierflow._one_line import one_line
-from barrierflow._trace import trace
 from barrierflow.actors import BatchFeed, Coordinator, add_sink
+from barrierflow.app._demo_faults import CrashingTable, Faults
+from barrierflow.app._demo_input import SCHEMA, RunManifest, complete_input
+from barrierflow.app._demo_progress import LiveProgress, RunCounts, batch_line
+from barrierflow.app._demo_runs import resume_command as resume_words
+from barrierflow.app._trace import trace
 from barrierflow.channels.errors import ConfigError
 from barrierflow.connectors import IcebergSink, open_local_catalog
 from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig

@@ -35,10 +35,15 @@ from typing import Literal
 import anyio
 import anyio.to_thread
 
-from barrierflow._demo_faults import kill_self
-from barrierflow._demo_runs import check_sizes, read_manifest
-from barrierflow._demo_runs import resume_command as resume_words
-from barrierflow._demo_views_graph import (
+from barrierflow._fs import write_atomically
+from barrierflow.actors import add_sink
+from barrierflow.actors.backfill.materialize import Materialize
+from barrierflow.actors.backfill.snapshot_backfill import SnapshotBackfill
+from barrierflow.actors.sources.batch_feed import BatchFeed
+from barrierflow.app._demo_faults import kill_self
+from barrierflow.app._demo_runs import check_sizes, read_manifest
+from barrierflow.app._demo_runs import resume_command as resume_words
+from barrierflow.app._demo_views_graph import (
     TOTALS,
     WITH_OPS,
     ChangeCheck,
@@ -49,12 +54,7 @@ from barrierflow._demo_views_graph import (
     expected_totals,
     read_changes,
 )
-from barrierflow._fs import write_atomically
-from barrierflow._trace import TracedConnector, follow_job, trace, tracing
-from barrierflow.actors import add_sink
-from barrierflow.actors.backfill.materialize import Materialize
-from barrierflow.actors.backfill.snapshot_backfill import SnapshotBackfill
-from barrierflow.actors.sources.batch_feed import BatchFeed
+from barrierflow.app._trace import TracedConnector, follow_job, trace, tracing
 from barrierflow.channels.errors import ConfigError, InvalidArgumentError
 from barrierflow.connectors import ParquetFileSink
 from barrierflow.connectors._staging import STAGING

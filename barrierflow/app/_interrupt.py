@@ -1,4 +1,4 @@
-"""Ctrl-C without the noise, for the command line (:mod:`barrierflow.cli`)."""
+"""Ctrl-C without the noise, for the command line (:mod:`barrierflow.app.cli`)."""
 
 from __future__ import annotations
 

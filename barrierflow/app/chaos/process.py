@@ -4,7 +4,7 @@ chosen moment of its wall-clock time.
 The run is started in a new session (``start_new_session``), so the driver and everything it
 starts — the Spark JVM, the Valkey server — share one process group, and ``killpg(SIGKILL)``
 takes them all down at once, as a power cut or an OOM kill of a container would. The run's
-trace file (:mod:`barrierflow._trace`) tells the harness when the chosen event has happened;
+trace file (:mod:`barrierflow.app._trace`) tells the harness when the chosen event has happened;
 after the kill its last line tells where the run was. A :class:`KillAfter` ignores the trace
 and kills a fixed number of seconds after the run was started: the moments no traced event
 marks (between two events, or in code that traces nothing) are reachable only that way.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import final
 
-from barrierflow._trace import ENV as TRACE_ENV
+from barrierflow.app._trace import ENV as TRACE_ENV
 
 __all__ = ["KillAfter", "KillAt", "RunOutcome", "escaped", "group_members", "run_until"]
 

@@ -1,4 +1,4 @@
-"""The Redis side of the demo's second act (:mod:`barrierflow.demo_backfill`): the run's
+"""The Redis side of the demo's second act (:mod:`barrierflow.app.demo_backfill`): the run's
 manifest, the server it starts (and the one a crashed run left behind), and the producer that
 appends records to the streams.
 """
@@ -17,9 +17,9 @@ import anyio
 import anyio.to_thread
 import redis
 
-from barrierflow._demo_runs import check_sizes, read_manifest
 from barrierflow._fs import write_atomically
-from barrierflow._trace import trace
+from barrierflow.app._demo_runs import check_sizes, read_manifest
+from barrierflow.app._trace import trace
 
 __all__ = ["MANIFEST", "Manifest", "Producer", "server", "stop_left_behind", "top_up"]
 

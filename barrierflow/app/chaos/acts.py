@@ -2,7 +2,7 @@
 
 Each act is run by its CLI command (``python -m barrierflow demo <act>``) at sizes small
 enough for a run to last seconds, and has a list of :class:`Target` s — trace events
-(:mod:`barrierflow._trace`) to kill at, each with the part of the pipeline it stands for:
+(:mod:`barrierflow.app._trace`) to kill at, each with the part of the pipeline it stands for:
 start-up, mid-batch, between a checkpoint and the sink's commit, mid-commit, each phase of a
 backfill, the final read-back. A seeded plan picks a target, which occurrence of its event,
 and a delay after it — or, for a share of the kills, no target at all but a uniform random
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import final
 
-from barrierflow.chaos.audit import Audit
-from barrierflow.chaos.audit_iceberg import audit_iceberg
-from barrierflow.chaos.audit_parquet import audit_backfill, audit_views
+from barrierflow.app.chaos.audit import Audit
+from barrierflow.app.chaos.audit_iceberg import audit_iceberg
+from barrierflow.app.chaos.audit_parquet import audit_backfill, audit_views
 
 __all__ = ["ACTS", "Act", "Target"]
 

@@ -58,17 +58,6 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import redis
 
-from barrierflow._demo_backfill_streams import (
-    MANIFEST,
-    Manifest,
-    Producer,
-    server,
-    stop_left_behind,
-    top_up,
-)
-from barrierflow._demo_faults import kill_self
-from barrierflow._demo_runs import resume_command as resume_words
-from barrierflow._trace import TracedConnector, follow_job, trace, tracing
 from barrierflow.actors import SourceBackfill, SplitSource, add_sink
 from barrierflow.actors.sources.split_log import (
     OFFSET_MAJOR,
@@ -76,6 +65,17 @@ from barrierflow.actors.sources.split_log import (
     SPLIT_COLUMN,
     split_log_schema,
 )
+from barrierflow.app._demo_backfill_streams import (
+    MANIFEST,
+    Manifest,
+    Producer,
+    server,
+    stop_left_behind,
+    top_up,
+)
+from barrierflow.app._demo_faults import kill_self
+from barrierflow.app._demo_runs import resume_command as resume_words
+from barrierflow.app._trace import TracedConnector, follow_job, trace, tracing
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors import ParquetFileSink, RedisStreamLog
 from barrierflow.runtime import Job, Runtime, RuntimeConfig, stored_jobs

@@ -49,10 +49,10 @@ from pathlib import Path
 from typing import final
 
 from barrierflow._timeout_scale import timeout_scale
+from barrierflow.app.chaos.acts import ACTS, Act
+from barrierflow.app.chaos.audit import Audit
+from barrierflow.app.chaos.process import KillAfter, KillAt, RunOutcome, run_until
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.chaos.acts import ACTS, Act
-from barrierflow.chaos.audit import Audit
-from barrierflow.chaos.process import KillAfter, KillAt, RunOutcome, run_until
 
 __all__ = ["ChaosConfig", "ChaosReport", "run_chaos"]
 

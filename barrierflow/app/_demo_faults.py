@@ -17,8 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from barrierflow._trace import trace
 from barrierflow.actors import CommitCoordinator, CommitMetadata, SchemaChange
+from barrierflow.app._trace import trace
 from barrierflow.runtime.positions import SinkCommits
 
 __all__ = ["CrashingCommitter", "CrashingWriter", "Faults", "kill_self"]

@@ -1,4 +1,4 @@
-"""The actors and the check of the demo's third act (:mod:`barrierflow.demo_views`).
+"""The actors and the check of the demo's third act (:mod:`barrierflow.app.demo_views`).
 
 * :func:`events` — batch ``i`` of the input, a pure function of ``i`` (so a resumed run
   delivers exactly what the first would have).

@@ -1,6 +1,6 @@
 """The ``barrierflow`` command: the demo pipeline and the benchmark harness.
 
-``barrierflow demo`` runs the demo pipeline (:mod:`barrierflow.demo`: Spark Structured
+``barrierflow demo`` runs the demo pipeline (:mod:`barrierflow.app.demo`: Spark Structured
 Streaming → the Spark bridge → 4 parallel writers → an Iceberg table, exactly once) and ends
 with one machine-readable line, ``VERIFIED rows_in=N rows_out=N duplicates=0 epochs=K`` (or
 ``FAILED`` with the same fields). ``--crash-after N`` kills the driver mid-run; ``--resume``
@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from barrierflow import __version__
-from barrierflow._interrupt import QuietInterrupt as _QuietInterrupt
 from barrierflow._one_line import one_line
-from barrierflow._trace import trace
-from barrierflow.channels.errors import BarrierflowError, ConfigError, InvalidArgumentError
-from barrierflow.demo import (
+from barrierflow.app._interrupt import QuietInterrupt as _QuietInterrupt
+from barrierflow.app._trace import trace
+from barrierflow.app.demo import (
     CRASH_POINTS,
     DEFAULT_BATCHES,
     DEFAULT_ROWS,
@@ -41,10 +40,11 @@ from barrierflow.demo import (
     resume_command,
     run_demo,
 )
-from barrierflow.demo_backfill import BackfillDemoConfig, run_backfill_demo
-from barrierflow.demo_backfill import resume_command as backfill_resume
-from barrierflow.demo_views import ViewsDemoConfig, run_views_demo
-from barrierflow.demo_views import resume_command as views_resume
+from barrierflow.app.demo_backfill import BackfillDemoConfig, run_backfill_demo
+from barrierflow.app.demo_backfill import resume_command as backfill_resume
+from barrierflow.app.demo_views import ViewsDemoConfig, run_views_demo
+from barrierflow.app.demo_views import resume_command as views_resume
+from barrierflow.channels.errors import BarrierflowError, ConfigError, InvalidArgumentError
 from barrierflow.spark_bridge.failures import unwrap_spark_error
 
 __all__ = ["main"]
@@ -168,7 +168,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _chaos(args: argparse.Namespace) -> int:
-    from barrierflow.chaos import ChaosConfig, run_chaos
+    from barrierflow.app.chaos import ChaosConfig, run_chaos
 
     config = ChaosConfig(
         workdir=Path(args.workdir or "chaos-data"),
@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="kills per round (one run of an act, resumed after each) at most "
         "(default: %(default)s)",
     )
-    from barrierflow.chaos.harness import RANDOM_SHARE
+    from barrierflow.app.chaos.harness import RANDOM_SHARE
 
     chaos.add_argument(
         "--random-share",
