@@ -66,6 +66,27 @@ async def test_add_sink_declares_parallel_writers_and_their_coordinator(tmp_path
             assert sink.coordinator.stats().writers == 3
 
 
+async def test_round_robin_writers_of_a_coordinated_table_each_register_a_share(
+    tmp_path: Path,
+) -> None:
+    """Without ``key`` the rows go round robin; the writers still make one coordinated table
+    (each registers an even share of the vnodes, so the coordinator waits for all of them)."""
+    rt = runtime(tmp_path)
+    sink = add_sink(
+        rt, "clicks", ParquetTable(tmp_path / "out", SCHEMA), input="events", parallelism=3
+    )
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            for start in range(0, 90, 10):
+                await rt.push("events", chunk(*range(start, start + 10)))
+            epoch = await rt.checkpoint()
+            await sink.coordinator.wait_committed(epoch)
+            assert users_in(tmp_path / "out") == list(range(90))
+            assert sink.coordinator.stats().writers == 3
+            shares = [rt.stats().actors[name].rows_in for name in sink.writers]
+            assert shares == [30, 30, 30]
+
+
 async def test_add_sink_with_a_factory_declares_one_self_committing_writer(
     tmp_path: Path,
 ) -> None:

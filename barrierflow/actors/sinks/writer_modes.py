@@ -170,7 +170,13 @@ class CoordinatedCommits:
 
     async def join(self, ctx: ActorContext, connector: SinkConnector) -> None:
         """Register this writer's vnodes and wait to be started."""
-        bitmap = ctx.vnode_bitmap or VnodeBitmap.full(self.coordinator.vnode_count)
+        bitmap = ctx.vnode_bitmap
+        if bitmap is None:
+            # Round-robin writers: a row of any vnode may reach any of them, so the vnodes are
+            # only the coordinator's ledger of who must register; each takes an even share
+            # (all of them, for a writer declared alone).
+            shares = VnodeBitmap.split(len(ctx.peers), self.coordinator.vnode_count)
+            bitmap = shares[ctx.peers.index(ctx.name)]
         self._handle = await self.coordinator.register(
             bitmap, writer=getattr(connector, "writer", None), name=ctx.name
         )
