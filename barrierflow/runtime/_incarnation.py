@@ -124,6 +124,7 @@ class Incarnation:
         for node in nodes:
             actor = self.instances[node.name] = instances[node.name]
             receivers = wiring.inputs[node.name]
+            peers = tuple(n.name for n in nodes if n.group is not None and n.group == node.group)
             ctx = ActorContext(
                 node.actor_id,
                 node.name,
@@ -131,15 +132,12 @@ class Incarnation:
                 wiring.outputs[node.name],
                 self.store,
                 self.manager,
+                job=node.job,
+                peers=peers or (node.name,),
+                named_inputs=None if actor.aligned_inputs else NamedInputs(receivers),
+                vnode_bitmap=wiring.bitmaps.get(node.name),
+                adopted_positions=adopted,
             )
-            ctx.job = node.job
-            ctx.peers = tuple(
-                n.name for n in nodes if n.group is not None and n.group == node.group
-            ) or (node.name,)
-            if not actor.aligned_inputs:
-                ctx._named = NamedInputs(receivers)
-            ctx.vnode_bitmap = wiring.bitmaps.get(node.name)
-            ctx.adopted_positions = dict(adopted)
             self.contexts[node.name] = ctx
             done = self.actor_done[node.name] = anyio.Event()
             self.actors.start_soon(_run_actor, node, actor, ctx, done, name=f"actor {node.name}")

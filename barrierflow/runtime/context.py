@@ -71,11 +71,28 @@ class ActorStats:
 class ActorContext:
     """What the runtime hands an actor (see the module docstring).
 
+    Built whole: everything the runtime knows of the actor is given here, nothing is set on
+    it afterwards.
+
+    Args:
+        actor_id, name: the actor's identity.
+        input: its one (or aligned-merged) input.
+        output: its outputs (a bare Dispatcher in hand-built graphs), or ``None``.
+        store, manager: the state store and the barrier manager of its graph.
+        job: the job it belongs to.
+        peers: the actors of its parallel group, itself included, in index order (default:
+            itself alone).
+        named_inputs: its inputs by name, for an actor with ``aligned_inputs = False``.
+        vnode_bitmap: the vnodes it owns, if its input is hash-dispatched.
+        adopted_positions: source positions adopted from a sink's storage at start.
+
     Raises:
         InvalidArgumentError: an argument of the wrong type (``actor_id`` not an int >= 0,
-            ``name`` not a non-empty str, ``input`` without ``receive()``, ``output`` not a
-            Dispatcher, Outputs or ``None``, ``store`` not a StateStore, ``manager`` not a
-            BarrierManager).
+            ``name`` or ``job`` not a non-empty str, ``input`` without ``receive()``,
+            ``output`` not a Dispatcher, Outputs or ``None``, ``store`` not a StateStore,
+            ``manager`` not a BarrierManager, ``peers`` not a tuple of names holding ``name``,
+            ``named_inputs`` not NamedInputs or ``None``, ``vnode_bitmap`` not a VnodeBitmap
+            or ``None``, ``adopted_positions`` not a mapping or ``None``).
     """
 
     def __init__(
@@ -86,7 +103,14 @@ class ActorContext:
         output: Dispatcher | Outputs | None,
         store: StateStore,
         manager: BarrierManager,
+        *,
+        job: str = DEFAULT_JOB,
+        peers: tuple[str, ...] | None = None,
+        named_inputs: NamedInputs | None = None,
+        vnode_bitmap: VnodeBitmap | None = None,
+        adopted_positions: Mapping[str, int] | None = None,
     ) -> None:
+        group = (name,) if peers is None else peers
         for argument, value, ok in (
             ("actor_id", actor_id, type(actor_id) is int and actor_id >= 0),
             ("name", name, isinstance(name, str) and bool(name)),
@@ -94,24 +118,41 @@ class ActorContext:
             ("output", output, output is None or isinstance(output, Dispatcher | Outputs)),
             ("store", store, isinstance(store, StateStore)),
             ("manager", manager, isinstance(manager, BarrierManager)),
+            ("job", job, isinstance(job, str) and bool(job)),
+            ("peers", peers, isinstance(group, tuple) and name in group),
+            (
+                "named_inputs",
+                named_inputs,
+                named_inputs is None or isinstance(named_inputs, NamedInputs),
+            ),
+            (
+                "vnode_bitmap",
+                vnode_bitmap,
+                vnode_bitmap is None or isinstance(vnode_bitmap, VnodeBitmap),
+            ),
+            (
+                "adopted_positions",
+                adopted_positions,
+                adopted_positions is None or isinstance(adopted_positions, Mapping),
+            ),
         ):
             if not ok:
                 raise InvalidArgumentError(argument, f"a valid {argument}", value)
         self.actor_id = actor_id
         self.name = name
         #: The job this actor belongs to.
-        self.job = DEFAULT_JOB
+        self.job = job
         #: The actors of this actor's parallel group (``parallelism=N``), itself included, in
         #: index order; ``(name,)`` for an actor declared alone. A source backfill reads their
         #: committed states before it leaves its backfill stage.
-        self.peers: tuple[str, ...] = (name,)
+        self.peers: tuple[str, ...] = group
         #: The vnodes this actor owns, if its input is hash-dispatched (else ``None``).
-        self.vnode_bitmap: VnodeBitmap | None = None
+        self.vnode_bitmap: VnodeBitmap | None = vnode_bitmap
         #: Source positions adopted from a sink's storage when the run started on an empty
         #: store with ``RuntimeConfig.adopt_sink_positions`` (empty otherwise; see
         #: :mod:`barrierflow.runtime.positions`).
-        self.adopted_positions: dict[str, int] = {}
-        self._named: NamedInputs | None = None
+        self.adopted_positions: dict[str, int] = dict(adopted_positions or {})
+        self._named = named_inputs
         if isinstance(output, Dispatcher):
             # A bare dispatcher (tests, hand-built graphs): its outputs' actor ids are
             # unknown until ``downstream_ids`` is set.
