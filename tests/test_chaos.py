@@ -7,6 +7,7 @@ plus the short harness on the real acts (Spark, Valkey), as CI runs it."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import signal
@@ -229,6 +230,42 @@ def test_the_harness_kills_resumes_audits_and_exits_by_its_findings(
     assert True in resumes
     assert report["totals"]["findings"] == (len(report["rounds"]) if findings else 0)
     assert report["calibrations"] == []  # no random kill, no calibration run
+
+
+def test_an_act_with_tables_writes_them_in_turn_and_the_report_names_each_round_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = fake_act(False)
+    audited: list[tuple[str, str]] = []
+
+    def audit(workdir: Path, *, complete: bool, table: str = "none") -> Audit:
+        audited.append((workdir.name, table))
+        return plain.audit(workdir, complete=complete)
+
+    act = Act("fake", (), "fake.json", plain.targets, audit, 60.0, ("iceberg", "delta"))
+    monkeypatch.setitem(ACTS, "fake", act)
+    asked: list[tuple[str, tuple[str, ...]]] = []
+
+    def command(self: Act, python: str, workdir: Path, backend: str, resume: bool) -> list[str]:
+        asked.append((workdir.name, () if resume else self.sizes))
+        return [python, str(workdir)]
+
+    monkeypatch.setattr(Act, "command", command)
+    monkeypatch.setattr(harness, "run_until", fake_run)
+    argv = ["chaos", "--acts", "fake", "--kills", "4", "--max-kills-per-round", "1"]
+    assert main([*argv, "--seed", "2", "--random-share", "0", "--workdir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "chaos-report.json").read_text())
+    tables = [r["table"] for r in report["rounds"]]
+    assert len(tables) >= 4
+    assert set(tables) == {"iceberg", "delta"}
+    assert all(a != b for a, b in itertools.pairwise(tables))  # in turn
+    assert all(k["table"] == tables[k["round"]] for k in report["kills"])
+    for number, table in enumerate(tables):
+        workdir = f"round-{number:03d}-fake-{table}"
+        # A new run asks for the round's table; the audits read it.
+        assert (workdir, ("--table", table)) in asked
+        assert {t for w, t in audited if w == workdir} == {table}
+    assert f"round 0 fake[{tables[0]}]/" in capsys.readouterr().out
 
 
 def test_random_kills_fall_within_the_duration_one_calibration_run_measured(

@@ -14,7 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from barrierflow.app._demo_input import RunManifest, complete_input
+from barrierflow.app.chaos.acts import audit_spark
 from barrierflow.app.chaos.audit import compare_rows, lost_by
+from barrierflow.app.chaos.audit_delta import APP_ID, PATH, audit_delta
 from barrierflow.app.chaos.audit_iceberg import TABLE, audit_iceberg
 from barrierflow.app.chaos.audit_parquet import BACKFILL_TABLES, audit_backfill, audit_views
 from barrierflow.app.demo_backfill import BackfillDemoConfig, run_backfill_demo
@@ -109,6 +111,134 @@ def test_stray_and_staged_files_are_leftovers_once_finished(tmp_path: Path) -> N
 def test_no_table_is_a_finding_only_for_a_finished_run(tmp_path: Path) -> None:
     assert audit_iceberg(tmp_path, complete=False).clean
     assert rules(audit_iceberg(tmp_path, complete=True)) == {"no_table"}
+
+
+# -- the Spark act's Delta table -------------------------------------------------------------
+
+
+def delta_commit(path: Path, rows: pa.Table, epoch: int) -> None:
+    """Append ``rows`` in one Delta commit as the sink's committer makes it: the app
+    transaction ``(app id, epoch)`` and the epoch in the commit info."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    info = {"barrierflow.app-id": APP_ID, "barrierflow.epoch": str(epoch)}
+    properties = CommitProperties(
+        custom_metadata=info, app_transactions=[Transaction(app_id=APP_ID, version=epoch)]
+    )
+    write_deltalake(path, rows, mode="append", commit_properties=properties)
+
+
+def delta_run(workdir: Path, epochs: int = 3, drop: int = 0) -> Path:
+    """A work directory as the Spark act leaves it with ``--table delta``: input files, and
+    the Delta table holding them, one commit per epoch (the last epoch without its last
+    ``drop`` rows). Returns the table's directory."""
+    from deltalake import DeltaTable
+
+    manifest = RunManifest(rows=300, batches=epochs, table="delta")
+    manifest.write(workdir)
+    complete_input(workdir / "input", manifest)
+    path = workdir / PATH
+    inputs = sorted((workdir / "input").glob("part-*.parquet"))
+    DeltaTable.create(path, pq.read_schema(inputs[0]))  # as the sink does: a CREATE TABLE first
+    for epoch, file in enumerate(inputs, start=1):
+        rows = pq.read_table(file)
+        if epoch == epochs and drop:
+            rows = rows.slice(0, rows.num_rows - drop)
+        delta_commit(path, rows, epoch)
+    return path
+
+
+def test_a_whole_delta_table_is_clean(tmp_path: Path) -> None:
+    delta_run(tmp_path)
+    audit = audit_delta(tmp_path, complete=True)
+    assert audit.clean, audit.summary()
+    assert (audit.rows_in, audit.rows_out) == (300, 300)
+    assert (audit.facts["commits"], audit.facts["last_epoch"], audit.facts["data_files"]) == (
+        3, 3, 3
+    )  # fmt: skip
+
+
+def test_a_row_missing_from_a_finished_delta_run_is_lost_but_not_mid_run(tmp_path: Path) -> None:
+    delta_run(tmp_path, drop=1)
+    audit = audit_delta(tmp_path, complete=True)
+    assert (audit.lost, audit.duplicated, audit.foreign) == (1, 0, 0)
+    assert "lost" in rules(audit)
+    assert audit_delta(tmp_path, complete=False).clean
+
+
+def test_a_delta_epoch_committed_twice_is_duplicated_rows_and_a_non_increasing_epoch(
+    tmp_path: Path,
+) -> None:
+    path = delta_run(tmp_path)
+    first = pq.read_table(sorted((tmp_path / "input").glob("part-*.parquet"))[0])
+    delta_commit(path, first, 3)  # the last epoch again, a replay that missed the transaction
+    audit = audit_delta(tmp_path, complete=True)
+    assert audit.duplicated == first.num_rows
+    assert "epochs_not_increasing" in rules(audit)
+
+
+def test_a_delta_data_file_added_twice_is_found(tmp_path: Path) -> None:
+    from deltalake import CommitProperties, DeltaTable, Transaction
+    from deltalake.transaction import AddAction
+
+    path = delta_run(tmp_path)
+    table = DeltaTable(path)
+    files = pa.table(table.get_add_actions(flatten=True))
+    again = AddAction(
+        path=files["path"][0].as_py(), size=files["size_bytes"][0].as_py(), partition_values={},
+        modification_time=0, data_change=True,
+        stats=json.dumps({"numRecords": files["num_records"][0].as_py()}),
+    )  # fmt: skip
+    info = {"barrierflow.app-id": APP_ID, "barrierflow.epoch": "4"}
+    table.create_write_transaction(
+        [again], "append", table.schema(), commit_properties=CommitProperties(
+            custom_metadata=info, app_transactions=[Transaction(app_id=APP_ID, version=4)]
+        ),
+    )  # fmt: skip
+    audit = audit_delta(tmp_path, complete=True)
+    # deltalake's reader merges the two adds of one path: only the log shows the file twice.
+    assert audit.duplicated == 0
+    assert rules(audit) == {"file_referenced_twice"}
+
+
+def test_a_delta_commit_without_an_epoch_is_found(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    path = delta_run(tmp_path)
+    extra = pa.table({"key": pa.array([10**9], pa.int64()), "value": [0.5]})
+    write_deltalake(path, extra, mode="append")  # not a barrierflow commit
+    audit = audit_delta(tmp_path, complete=True)
+    assert audit.foreign == 1
+    assert {"commit_without_epoch", "file_not_committed_by_an_epoch"} <= rules(audit)
+
+
+def test_staged_and_unreferenced_delta_files_are_leftovers_once_finished(tmp_path: Path) -> None:
+    path = delta_run(tmp_path)
+    (path / "7" / "w0").mkdir(parents=True)
+    pq.write_table(pa.table({"key": [1]}), path / "7" / "w0" / "moved-not-committed.parquet")
+    (path / ".staging" / "8" / "w1").mkdir(parents=True)
+    (path / ".staging" / "8" / "w1" / "part.parquet").write_bytes(b"x")
+    audit = audit_delta(tmp_path, complete=True)
+    assert rules(audit) == {"unreferenced_data_file", "staged_leftover"}
+    assert audit_delta(tmp_path, complete=False).clean  # mid-run: a commit may be under way
+
+
+def test_a_deleted_delta_data_file_is_found(tmp_path: Path) -> None:
+    path = delta_run(tmp_path)
+    next(path.glob("*.parquet")).unlink()
+    # deltalake cannot read the table any more: the audit says why instead of failing.
+    assert "missing_data_file" in rules(audit_delta(tmp_path, complete=False))
+
+
+def test_no_delta_table_is_a_finding_only_for_a_finished_run(tmp_path: Path) -> None:
+    assert audit_delta(tmp_path, complete=False).clean
+    assert rules(audit_delta(tmp_path, complete=True)) == {"no_table"}
+
+
+def test_a_spark_run_audited_as_another_table_than_it_wrote_is_found(tmp_path: Path) -> None:
+    delta_run(tmp_path)
+    assert audit_spark(tmp_path, complete=True, table="delta").clean
+    assert "table_not_as_asked" in rules(audit_spark(tmp_path, complete=True, table="iceberg"))
 
 
 # -- the views act's change log ---------------------------------------------------------------

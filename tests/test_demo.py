@@ -109,6 +109,35 @@ def test_a_driver_killed_then_resumed_still_holds_every_row_once(
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_delta_run_killed_mid_commit_then_resumed_holds_every_row_once(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    from barrierflow.app.chaos.audit_delta import audit_delta
+
+    workdir = tmp_path / "d"
+    common = ["--rows", "20000", "--batches", "4", "--table", "delta"]
+    crashed = demo(workdir, *common, "--crash-after", "1", "--crash-point", "mid-commit")
+    assert crashed.returncode == -9, crashed.stdout[-2000:] + crashed.stderr[-3000:]
+    assert crashed.stdout.strip().splitlines()[-2].startswith("CRASH mid-commit")
+    resumed = demo(workdir, "--resume")  # the manifest says which table
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    *_, totals, last = resumed.stdout.strip().splitlines()
+    table = DeltaTable(str(workdir / "delta" / "events"))
+    commits = [c for c in table.history() if c.get("barrierflow.app-id") == "events"]
+    assert len(commits) in (3, 4)  # one per micro-batch; a restart may plan fewer
+    assert last == f"VERIFIED rows_in=20000 rows_out=20000 duplicates=0 epochs={len(commits)}"
+    assert totals.startswith("20,000 of 20,000 rows asked are in the Delta table")
+    assert table.transaction_version("events") == int(commits[0]["barrierflow.epoch"])
+    keys = table.to_pyarrow_table(columns=["key"])["key"]
+    assert sorted(keys.to_pylist()) == list(range(20000))
+    assert not (workdir / "warehouse").exists()  # no Iceberg table on the side
+    audit = audit_delta(workdir, complete=True)
+    assert audit.clean, audit.summary()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_lost_state_store_is_refused_or_adopted_never_duplicated(tmp_path: Path) -> None:
     # The reproduction: a crashed run, then its store damaged or gone and Spark's checkpoint
@@ -173,6 +202,7 @@ def test_demo_config_refuses_bad_values(tmp_path: Path) -> None:
         ({"crash_after": -1}, "crash_after"),
         ({"crash_point": "nowhere"}, "crash_point"),
         ({"backend": "curio"}, "backend"),
+        ({"table": "parquet"}, "table"),
     ):
         with pytest.raises(ConfigError) as info:
             DemoConfig(workdir=tmp_path, **kwargs)  # type: ignore[arg-type]
@@ -192,6 +222,42 @@ def test_resume_with_other_sizes_than_the_started_run_is_refused(tmp_path: Path)
             run_demo(DemoConfig(workdir=tmp_path, resume=True, progress=False, **kwargs))
         assert (info.value.argument, info.value.got) == (name, kwargs[name])
     assert main(["demo", "--workdir", str(tmp_path), "--resume", "--rows", "4000"]) == 2
+
+
+def test_a_resume_keeps_the_started_run_s_table_and_refuses_another(tmp_path: Path) -> None:
+    iceberg_run, delta_run = tmp_path / "iceberg", tmp_path / "delta"
+    RunManifest(rows=3000, batches=3).write(iceberg_run)
+    RunManifest(rows=3000, batches=3, table="delta").write(delta_run)
+    for workdir, started, other in (
+        (iceberg_run, "iceberg", "delta"),
+        (delta_run, "delta", "iceberg"),
+    ):
+        assert RunManifest.read(workdir).table == started
+        with pytest.raises(ConfigError) as info:
+            run_demo(DemoConfig(workdir=workdir, resume=True, progress=False, table=other))  # type: ignore[arg-type]
+        assert (info.value.argument, info.value.got) == ("table", other)
+        assert main(["demo", "--workdir", str(workdir), "--resume", "--table", other]) == 2
+    # A manifest written before the choice existed names no table: an Iceberg run.
+    (iceberg_run / "demo-run.json").write_text('{"rows": 3000, "batches": 3, "format": 1}')
+    assert RunManifest.read(iceberg_run).table == "iceberg"
+
+
+def test_a_new_run_records_the_table_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from barrierflow.app import demo as demo_module
+
+    class StopBeforeSparkError(Exception):
+        pass
+
+    def no_spark(*args: object, **kwargs: object) -> None:
+        raise StopBeforeSparkError  # the manifest and the input are written before Spark starts
+
+    monkeypatch.setattr(demo_module, "spark_session", no_spark)
+    for table in ("delta", None):
+        with pytest.raises(StopBeforeSparkError):
+            run_demo(DemoConfig(workdir=tmp_path, rows=300, batches=3, progress=False, table=table))
+        assert RunManifest.read(tmp_path).table == (table or "iceberg")
 
 
 def test_the_input_is_the_same_whichever_files_a_killed_run_left(tmp_path: Path) -> None:

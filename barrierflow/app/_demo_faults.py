@@ -3,7 +3,7 @@
 ``barrierflow demo --crash-after N --crash-point P`` arms :class:`Faults` for micro-batch
 ``N`` of the run; the wrappers below kill the process at point ``P``: ``mid-batch`` (rows
 written, not committed), ``after-checkpoint`` (the batch durable here, not yet committed by
-Spark) or ``mid-commit`` (Iceberg committed, the coordinator not yet told). Before dying the
+Spark) or ``mid-commit`` (the table committed, the coordinator not yet told). Before dying the
 demo prints a ``CRASH ...`` line and, on the next line, the command that resumes the run.
 """
 
@@ -73,8 +73,8 @@ class CrashingWriter:
 
 
 class CrashingCommitter:
-    """The Iceberg committer, killing the process after the armed batch's Iceberg commit and
-    before the coordinator records it committed."""
+    """The table's committer (Iceberg or Delta), killing the process after the armed batch's
+    table commit and before the coordinator records it committed."""
 
     def __init__(self, inner: CommitCoordinator, faults: Faults) -> None:
         self._inner = inner
@@ -106,7 +106,7 @@ class CrashingCommitter:
         trace("commit-done", epoch)
         if self._faults.armed and self._faults.point == "mid-commit" and metadata is not None:
             kill_self(
-                "mid-commit, Iceberg committed, the commit not yet recorded", self._faults.resume
+                "mid-commit, the table committed, the commit not yet recorded", self._faults.resume
             )
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
@@ -114,8 +114,8 @@ class CrashingCommitter:
 
 
 class CrashingTable:
-    """The demo's Iceberg table behind :func:`~barrierflow.actors.add_sink`: its writers and
-    its committer, each wrapped to kill the process at the armed point."""
+    """The demo's table (Iceberg or Delta) behind :func:`~barrierflow.actors.add_sink`: its
+    writers and its committer, each wrapped to kill the process at the armed point."""
 
     def __init__(self, inner: Any, faults: Faults) -> None:
         self._inner = inner

@@ -1,6 +1,6 @@
 """The demo's input: what a run was asked to produce, and the Parquet files that hold it.
 
-A run records what it was asked for — rows and micro-batches — in a small manifest
+A run records what it was asked for — rows, micro-batches and the table — in a small manifest
 (``<workdir>/demo-run.json``) before it writes anything else. The input files are a pure
 function of that manifest and the file's index (keys ``0 .. rows-1`` split evenly, shuffled
 and given values by a generator seeded with the index), and each is written under a temporary
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -25,12 +26,23 @@ import pyarrow.parquet as pq
 from barrierflow._fs import fsync_path, write_atomically
 from barrierflow.channels.errors import ConfigError
 
-__all__ = ["MANIFEST", "SCHEMA", "RunManifest", "complete_input", "file_name"]
+__all__ = [
+    "MANIFEST",
+    "SCHEMA",
+    "TABLES",
+    "RunManifest",
+    "TableChoice",
+    "complete_input",
+    "file_name",
+]
 
 #: The events: a unique key (hash-dispatched, checked for duplicates) and a value.
 SCHEMA = pa.schema([("key", pa.int64()), ("value", pa.float64())])
 #: The manifest's file name, in the run's work directory.
 MANIFEST = "demo-run.json"
+TableChoice = Literal["iceberg", "delta"]
+#: The tables a run may write (``--table``); the first is a new run's default.
+TABLES: tuple[TableChoice, ...] = ("iceberg", "delta")
 #: Bumped when the generated data changes, so a resume never mixes two generations.
 _FORMAT = 1
 
@@ -45,6 +57,9 @@ class RunManifest:
     batches: int
     #: The generator's format (see ``_FORMAT``).
     format: int = _FORMAT
+    #: The table the run writes (``"iceberg"`` or ``"delta"``): a resume writes the same one.
+    #: A manifest written before the choice existed has none and is an Iceberg run.
+    table: TableChoice = "iceberg"
 
     def write(self, workdir: Path) -> None:
         """Record the manifest in ``workdir`` atomically (temporary file, fsync, rename)."""
@@ -73,16 +88,23 @@ class RunManifest:
             raise ConfigError(
                 "resume", f"a run started by this demo (format {_FORMAT})", manifest.format
             )
+        if manifest.table not in TABLES:
+            raise ConfigError("resume", f"a {MANIFEST} naming one of {TABLES}", manifest.table)
         return manifest
 
-    def check_resume(self, rows: int | None, batches: int | None) -> None:
+    def check_resume(self, rows: int | None, batches: int | None, table: str | None = None) -> None:
         """Refuse a ``--resume`` that asks for another run than the one started.
 
         Raises:
-            ConfigError: (argument ``rows`` or ``batches``) a value given differs from the
-                manifest's.
+            ConfigError: (argument ``rows``, ``batches`` or ``table``) a value given differs
+                from the manifest's (resuming an Iceberg run into a Delta table would
+                commit its remaining batches into a second table).
         """
-        for name, given, started in (("rows", rows, self.rows), ("batches", batches, self.batches)):
+        for name, given, started in (
+            ("rows", rows, self.rows),
+            ("batches", batches, self.batches),
+            ("table", table, self.table),
+        ):
             if given is not None and given != started:
                 raise ConfigError(
                     name, f"{started}, as the run being resumed (or leave it out)", given

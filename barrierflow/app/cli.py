@@ -1,7 +1,8 @@
 """The ``barrierflow`` command: the demo pipeline and the benchmark harness.
 
 ``barrierflow demo`` runs the demo pipeline (:mod:`barrierflow.app.demo`: Spark Structured
-Streaming → the Spark bridge → 4 parallel writers → an Iceberg table, exactly once) and ends
+Streaming → the Spark bridge → 4 parallel writers → an Iceberg or, with ``--table delta``, a
+Delta Lake table, exactly once) and ends
 with one machine-readable line, ``VERIFIED rows_in=N rows_out=N duplicates=0 epochs=K`` (or
 ``FAILED`` with the same fields). ``--crash-after N`` kills the driver mid-run; ``--resume``
 continues and verifies again. ``barrierflow bench`` is ``python -m benchmarks`` (the same
@@ -36,6 +37,7 @@ from barrierflow.app.demo import (
     CRASH_POINTS,
     DEFAULT_BATCHES,
     DEFAULT_ROWS,
+    TABLES,
     DemoConfig,
     resume_command,
     run_demo,
@@ -147,6 +149,7 @@ def _demo(args: argparse.Namespace) -> int:
         resume=args.resume,
         progress=not args.no_progress,
         adopt_sink_positions=args.adopt_sink_positions,
+        table=args.table,
     )
     result = _interruptible("demo", run_demo, config, resume_command)
     if result is None:
@@ -157,7 +160,7 @@ def _demo(args: argparse.Namespace) -> int:
             traceback.print_exception(result.failure, file=sys.stderr)
     rate = result.rows_this_run / result.seconds if result.seconds > 0 else 0.0
     print(
-        f"{result.rows_out:,} of {result.rows_in:,} rows asked are in the Iceberg table, "
+        f"{result.rows_out:,} of {result.rows_in:,} rows asked are in the {result.table} table, "
         f"in {result.epochs} epochs with rows (overall); this run: "
         f"{result.batches_this_run} micro-batches, {result.rows_this_run:,} rows in "
         f"{result.seconds:.1f} s ({rate:,.0f} rows/s); "
@@ -216,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="run the demo pipeline and verify its output",
-        description="Spark Structured Streaming → bridge → 4 writers → Iceberg, exactly once; "
+        description="Spark Structured Streaming → bridge → 4 writers → Iceberg (or Delta Lake), "
+        "exactly once; "
         "the last line is VERIFIED (exit 0) or FAILED (exit 1). Ctrl-C exits 130; resume "
         "with --resume.",
     )
@@ -228,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="spark (default): Spark → Iceberg, exactly once; backfill: a job joins a live "
         "Redis-streams pipeline mid-run and still gets every record of the history once; "
         "views: a job joins a running materialized view with a snapshot backfill",
+    )
+    demo.add_argument(
+        "--table",
+        choices=TABLES,
+        default=None,
+        help="spark act: the table the writers commit into, an Iceberg table in "
+        "<workdir>/warehouse or a Delta Lake table in <workdir>/delta/events (default: "
+        "iceberg; with --resume: the started run's, and another is refused)",
     )
     demo.add_argument(
         "--streams",
@@ -279,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--workdir",
         default=None,
-        help="where the input, the state store, the Iceberg warehouse and Spark's checkpoint "
+        help="where the input, the state store, the table and Spark's checkpoint "
         "go; emptied unless --resume (default: demo-data; demo-backfill for the backfill act)",
     )
     demo.add_argument(
@@ -343,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="kill the demo's live pipelines at random, resume them, audit their tables",
         description="Runs the demo's acts as their own process groups, SIGKILLs each whole "
         "group (driver, Spark JVM, Valkey) at seeded random moments, resumes, repeats, and "
-        "audits the tables with pyiceberg/pyarrow against the generated input. A kill is "
+        "audits the tables with pyiceberg/deltalake/pyarrow against the generated input (the "
+        "spark act's rounds write an Iceberg and a Delta Lake table in turn). A kill is "
         "aimed at a traced event of the run (a commit, a backfill phase...) or, for a share "
         "of the kills (--random-share), at a moment drawn uniformly over the act's expected "
         "duration, which one unkilled calibration run per act measures. Exit 0 when no "

@@ -1,4 +1,5 @@
-"""The demo pipeline: a Spark Structured Streaming query, exactly once into an Iceberg table.
+"""The demo pipeline: a Spark Structured Streaming query, exactly once into an Iceberg or a
+Delta Lake table.
 
 ``barrierflow demo`` (the README's first command) runs, on embedded defaults only — local
 Spark, the SQLite state store, local files under ``--workdir``::
@@ -6,29 +7,32 @@ Spark, the SQLite state store, local files under ``--workdir``::
     Parquet files of events (key, value)                       generated in <workdir>/input
       → Spark readStream (one file per micro-batch, availableNow)
       → SparkBridge (toArrow, bounded feed, checkpoint per micro-batch)
-      → hash dispatch by key → 4 parallel SinkWriters (Iceberg data files)
+      → hash dispatch by key → 4 parallel SinkWriters (staged Parquet data files)
       → Coordinator → one Iceberg snapshot per epoch               <workdir>/warehouse
+                      or one Delta commit per epoch (--table delta) <workdir>/delta/events
 
 It shows live progress (a table on a terminal; without one — output piped to a file, CI — a
-plain line every few seconds), then reads the table back and verifies it: every key Spark sent
-is in the table exactly once. Its last line is machine-readable:
+plain line every few seconds), then reads the table back with the format's own reader
+(pyiceberg, deltalake) and verifies it: every key Spark sent is in the table exactly once.
+Its last line is machine-readable:
 ``VERIFIED rows_in=N rows_out=N duplicates=0 epochs=K`` (or ``FAILED`` with the same fields).
 
 ``--crash-after N`` SIGKILLs the driver during micro-batch ``N`` of the run (by default while
 the batch's rows are being written: ``--crash-point mid-batch``; also ``after-checkpoint``,
 between the batch's durable checkpoint and Spark's own commit, and ``mid-commit``, after the
-Iceberg commit and before the coordinator records it). ``--resume`` continues from the state
+table's commit and before the coordinator records it). ``--resume`` continues from the state
 left behind (the runtime's checkpoint, Spark's checkpoint, the table): Spark replays the batch
 it had not committed, the bridge skips it if it was durable, the coordinator re-commits or
 aborts what was pending, and the final verification still shows every row exactly once.
 (After a restart Spark may plan the files left into fewer, larger micro-batches; ``epochs``
 counts the epochs that hold rows, one per micro-batch.)
 
-A run first records what it was asked for (rows, micro-batches) in a manifest and writes its
-input files atomically, each a pure function of the manifest and its index
+A run first records what it was asked for (rows, micro-batches, the table) in a manifest and
+writes its input files atomically, each a pure function of the manifest and its index
 (:mod:`barrierflow.app._demo_input`): a run killed while generating is completed by ``--resume``,
 and the verification compares the table with the rows *asked for*, not with what is on disk.
-A resume that asks for other sizes than the started run is refused (:class:`ConfigError`).
+A resume takes the started run's table; one that asks for other sizes or another table than
+the started run is refused (:class:`ConfigError`).
 Ctrl-C (the CLI) leaves what a crash leaves, and ``--resume`` continues from it too.
 """
 
@@ -51,22 +55,31 @@ import numpy as np
 from barrierflow._one_line import one_line
 from barrierflow.actors import BatchFeed, Coordinator, add_sink
 from barrierflow.app._demo_faults import CrashingTable, Faults
-from barrierflow.app._demo_input import SCHEMA, RunManifest, complete_input
+from barrierflow.app._demo_input import SCHEMA, TABLES, RunManifest, TableChoice, complete_input
 from barrierflow.app._demo_progress import LiveProgress, RunCounts, batch_line
 from barrierflow.app._demo_runs import resume_command as resume_words
+from barrierflow.app._demo_tables import ICEBERG_TABLE, DemoTable, open_table
 from barrierflow.app._trace import trace
 from barrierflow.channels.errors import ConfigError
-from barrierflow.connectors import IcebergSink, open_local_catalog
 from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
 from barrierflow.spark_bridge import SparkBridge, spark_session, unwrap_spark_error
 
-__all__ = ["SCHEMA", "CrashPoint", "DemoConfig", "DemoResult", "resume_command", "run_demo"]
+__all__ = [
+    "SCHEMA",
+    "TABLES",
+    "CrashPoint",
+    "DemoConfig",
+    "DemoResult",
+    "TableChoice",
+    "resume_command",
+    "run_demo",
+]
 
 WRITERS = 4
 #: A new run's sizes when none are given (a resumed run takes the started run's).
 DEFAULT_ROWS = 1_000_000
 DEFAULT_BATCHES = 20
-TABLE = "demo.events"
+TABLE = ICEBERG_TABLE
 
 CrashPoint = Literal["mid-batch", "after-checkpoint", "mid-commit"]
 CRASH_POINTS: tuple[CrashPoint, ...] = ("mid-batch", "after-checkpoint", "mid-commit")
@@ -76,12 +89,13 @@ CRASH_POINTS: tuple[CrashPoint, ...] = ("mid-batch", "after-checkpoint", "mid-co
 class DemoConfig:
     """What the demo runs (see the module docstring).
 
-    ``rows`` and ``batches`` left ``None`` mean :data:`DEFAULT_ROWS` / :data:`DEFAULT_BATCHES`
-    for a new run, and the started run's sizes for a resumed one.
+    ``rows``, ``batches`` and ``table`` left ``None`` mean :data:`DEFAULT_ROWS` /
+    :data:`DEFAULT_BATCHES` / ``"iceberg"`` for a new run, and the started run's for a
+    resumed one.
 
     Raises:
         ConfigError: a size is not a positive int (or a new run has fewer rows than
-            batches), or a crash point or backend is unknown.
+            batches), or a crash point, backend or table is unknown.
     """
 
     workdir: Path = Path("demo-data")
@@ -97,6 +111,8 @@ class DemoConfig:
     #: On a resume whose state store is gone but whose table holds commits: continue from the
     #: source positions the table recorded (else the run is refused; see RuntimeConfig).
     adopt_sink_positions: bool = False
+    #: The table the pipeline writes: ``"iceberg"`` or ``"delta"`` (see the class).
+    table: TableChoice | None = None
 
     def __post_init__(self) -> None:
         for name in ("rows", "batches"):
@@ -114,6 +130,8 @@ class DemoConfig:
             raise ConfigError("crash_point", f"one of {CRASH_POINTS}", self.crash_point)
         if not isinstance(self.backend, str) or self.backend not in ("asyncio", "trio"):
             raise ConfigError("backend", "'asyncio' or 'trio'", self.backend)
+        if self.table is not None and (not isinstance(self.table, str) or self.table not in TABLES):
+            raise ConfigError("table", f"None or one of {TABLES}", self.table)
 
     def sizes(self) -> tuple[int, int]:
         """A new run's rows and batches, defaults filled in."""
@@ -144,6 +162,8 @@ class DemoResult:
     failure: BaseException | None = field(default=None, compare=False, repr=False)
     #: Rows Spark delivered in this run (a resumed run's earlier rows are not counted).
     rows_this_run: int = 0
+    #: The table's format, as the demo's lines name it ("Iceberg", "Delta").
+    table: str = "Iceberg"
 
     @property
     def verified(self) -> bool:
@@ -165,11 +185,10 @@ class DemoResult:
 
 
 def build_runtime(
-    workdir: Path, faults: Faults, *, adopt_sink_positions: bool = False
-) -> tuple[Runtime, BatchFeed, Coordinator, Any]:
-    """The demo's graph: batch source → hash by key → 4 Iceberg writers + their coordinator."""
-    catalog = open_local_catalog(workdir / "warehouse")
-    sink = IcebergSink(catalog, TABLE, SCHEMA)
+    workdir: Path, table: DemoTable, faults: Faults, *, adopt_sink_positions: bool = False
+) -> tuple[Runtime, BatchFeed, Coordinator]:
+    """The demo's graph: batch source → hash by key → 4 writers of ``table`` + their
+    coordinator."""
     feed = BatchFeed(SCHEMA, chunk_rows=16_384, capacity=8)
     # With recovery, a transient failure rebuilds the graph and the bridge re-delivers the batch.
     config = RuntimeConfig(
@@ -182,31 +201,30 @@ def build_runtime(
     rt.add_source("events", feed.source)
     # Writers events.0..3, hash-dispatched by key, and their coordinator service.
     declared = add_sink(
-        rt, "events", CrashingTable(sink, faults), input="events", parallelism=WRITERS,
+        rt, "events", CrashingTable(table.sink, faults), input="events", parallelism=WRITERS,
         key=("key",),
     )  # fmt: skip
     assert declared.coordinator is not None
     coordinator = declared.coordinator
-    return rt, feed, coordinator, sink
+    return rt, feed, coordinator
 
 
-def verify(sink: Any, rows_in: int, batches: int, seconds: float) -> DemoResult:
-    """Read the table back: rows, duplicate keys, missing keys, epochs committed."""
-    table = sink.table()
-    keys = table.scan(selected_fields=("key",)).to_arrow()["key"].to_numpy()
+def verify(table: DemoTable, rows_in: int, batches: int, seconds: float) -> DemoResult:
+    """Read the table back with its format's reader: rows, duplicate keys, missing keys,
+    epochs committed."""
+    keys, epochs = table.read_back()
     unique = np.unique(keys)
     expected = np.arange(rows_in, dtype=np.int64)
     missing = len(np.setdiff1d(expected, unique, assume_unique=True))
-    files = table.inspect.files()["file_path"].to_pylist()
-    epochs = {Path(path).parent.parent.name for path in files}
     return DemoResult(
         rows_in=rows_in,
         rows_out=len(keys),
         duplicates=len(keys) - len(unique),
         missing=missing,
-        epochs=len(epochs),
+        epochs=epochs,
         batches_this_run=batches,
         seconds=seconds,
+        table=table.title,
     )
 
 
@@ -220,25 +238,18 @@ def _prepare_input(config: DemoConfig, workdir: Path) -> RunManifest:
     """Start a new run (manifest first, then the input) or check and complete a started one.
 
     Raises:
-        ConfigError: ``resume`` with no run started in ``workdir``, or with other sizes.
+        ConfigError: ``resume`` with no run started in ``workdir``, or with other sizes or
+            another table.
     """
     if config.resume:
         manifest = RunManifest.read(workdir)
-        manifest.check_resume(config.rows, config.batches)
+        manifest.check_resume(config.rows, config.batches, config.table)
     else:
         shutil.rmtree(workdir, ignore_errors=True)
-        manifest = RunManifest(*config.sizes())
+        manifest = RunManifest(*config.sizes(), table=config.table or TABLES[0])
         manifest.write(workdir)
     complete_input(workdir / "input", manifest)
     return manifest
-
-
-def _rows_in_table(sink: Any) -> int:
-    """Rows the table holds now, from its current snapshot's summary (no scan)."""
-    snapshot = sink.table().current_snapshot()
-    if snapshot is None or snapshot.summary is None:
-        return 0
-    return int(snapshot.summary.get("total-records", 0))
 
 
 def run_demo(config: DemoConfig) -> DemoResult:
@@ -246,7 +257,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
 
     Raises:
         ConfigError: ``config.resume`` with no run started in its work directory, or with
-            other sizes than the started run.
+            other sizes or another table than the started run.
         SparkUnavailableError: pyspark or Java is missing.
     """
     started = time.perf_counter()
@@ -262,10 +273,11 @@ def run_demo(config: DemoConfig) -> DemoResult:
         signal.signal(signal.SIGINT, on_interrupt)
     trace("spark-ready")
     faults = Faults(config.crash_after, config.crash_point, resume_command(config))
-    rt, feed, coordinator, sink = build_runtime(
-        workdir, faults, adopt_sink_positions=config.adopt_sink_positions
+    table = open_table(manifest.table, workdir)
+    rt, feed, coordinator = build_runtime(
+        workdir, table, faults, adopt_sink_positions=config.adopt_sink_positions
     )
-    rows_before = _rows_in_table(sink)
+    rows_before = table.rows()
     stream = (
         spark.readStream.schema(_spark_schema())
         .option("maxFilesPerTrigger", 1)
@@ -329,7 +341,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
             failure = unwrap_spark_error(exc, failures)
             error = one_line(failure)
     trace("verify")
-    result = verify(sink, manifest.rows, faults.batches, time.perf_counter() - started)
+    result = verify(table, manifest.rows, faults.batches, time.perf_counter() - started)
     return dataclasses.replace(result, error=error, failure=failure, rows_this_run=rows_this_run)
 
 
@@ -340,7 +352,7 @@ SETTLE_SECONDS = 30.0
 async def _last_commit(coordinator: Coordinator) -> None:
     """Wait until the coordinator committed every epoch it acknowledged (at most
     :data:`SETTLE_SECONDS`): the last micro-batch returns once its checkpoint is durable, and
-    its Iceberg commit lands just after — the final table must count it."""
+    its table commit lands just after — the final table must count it."""
     last = coordinator.stats().last_acked_epoch
     if last:
         with anyio.move_on_after(SETTLE_SECONDS):

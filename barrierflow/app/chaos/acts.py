@@ -7,20 +7,27 @@ start-up, mid-batch, between a checkpoint and the sink's commit, mid-commit, eac
 backfill, the final read-back. A seeded plan picks a target, which occurrence of its event,
 and a delay after it — or, for a share of the kills, no target at all but a uniform random
 moment of the run (:mod:`.harness`), which reaches what no target marks.
+
+The Spark act writes one of two tables (``--table iceberg|delta``): the harness gives each of
+its rounds one (:meth:`Act.writing`), and the act's audit reads that table with its own
+reader.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import final
 
-from barrierflow.app.chaos.audit import Audit
+from barrierflow.app.chaos.audit import Audit, spark_table
+from barrierflow.app.chaos.audit_delta import audit_delta
 from barrierflow.app.chaos.audit_iceberg import audit_iceberg
 from barrierflow.app.chaos.audit_parquet import audit_backfill, audit_views
 
-__all__ = ["ACTS", "Act", "Target"]
+__all__ = ["ACTS", "Act", "Target", "audit_spark"]
 
 
 @final
@@ -52,6 +59,24 @@ class Act:
     audit: Callable[..., Audit]
     #: Seconds a run may take before the harness calls it hung.
     timeout: float
+    #: The tables a round may write (``--table``), in rotation; ``()``: the act has no
+    #: choice. An act :meth:`writing` one table has just it.
+    tables: tuple[str, ...] = ()
+
+    @property
+    def table(self) -> str:
+        """The table this act writes, once :meth:`writing` chose it (else ``""``)."""
+        return self.tables[0] if len(self.tables) == 1 else ""
+
+    def writing(self, table: str) -> Act:
+        """This act writing ``table``: a new run asks for it (``--table``; a resumed run keeps
+        the started run's), and the audit reads that table."""
+        return dataclasses.replace(
+            self,
+            sizes=(*self.sizes, "--table", table),
+            audit=functools.partial(self.audit, table=table),
+            tables=(table,),
+        )
 
     def command(self, python: str, workdir: Path, backend: str, resume: bool) -> list[str]:
         words = [python, "-m", "barrierflow", "demo", self.name, "--workdir", str(workdir)]
@@ -60,6 +85,17 @@ class Act:
         if self.name == "spark":
             words.append("--no-progress")
         return words
+
+
+def audit_spark(workdir: Path, *, complete: bool, table: str = "iceberg") -> Audit:
+    """Audit the Spark act's ``table`` in ``workdir`` (:func:`.audit_iceberg.audit_iceberg`
+    or :func:`.audit_delta.audit_delta`), and that the run recorded that table in its
+    manifest: a run writing another table than the round asked for would go unaudited."""
+    audit = (audit_delta if table == "delta" else audit_iceberg)(workdir, complete=complete)
+    recorded = spark_table(workdir)
+    if recorded is not None and recorded != table:
+        audit.add("table_not_as_asked", f"the round asked for {table}, the run wrote {recorded}")
+    return audit
 
 
 _COMMIT_TARGETS = (
@@ -81,8 +117,9 @@ SPARK = Act(
         *_COMMIT_TARGETS,
         Target("verify", "during the final read-back", 1, 0.4),
     ),
-    audit_iceberg,
+    audit_spark,
     600.0,
+    ("iceberg", "delta"),
 )
 
 BACKFILL = Act(

@@ -1,7 +1,8 @@
 """What an audit finds, and the row comparison every audit shares.
 
-An audit reads a sink's tables the way an outside reader would — pyiceberg or pyarrow on the
-files, never the pipeline's own code — and compares them with the input the run generated:
+An audit reads a sink's tables the way an outside reader would — pyiceberg, deltalake or
+pyarrow on the files, never the pipeline's own code — and compares them with the input the run
+generated:
 
 * **lost** — input rows the table does not hold (only judged once a run has finished: a killed
   run has not delivered everything yet);
@@ -14,15 +15,18 @@ referenced twice, files a reader sees that no commit made) is a :class:`Finding`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import final
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
-__all__ = ["Audit", "Finding", "compare_rows", "lost_by"]
+__all__ = ["Audit", "Finding", "compare_rows", "lost_by", "spark_input", "spark_table"]
 
 
 @final
@@ -82,6 +86,19 @@ class Audit:
         if self.foreign:
             self.add("foreign", f"{self.foreign} rows the input does not have")
 
+    def count_against_input(self, expected: pa.Table | None, got: pa.Table) -> None:
+        """Compare the Spark act's table ``got`` with its input ``expected`` (see
+        :func:`spark_input`) as multisets of ``(key, value)``; with no whole input yet, rows in
+        the table are a finding of their own."""
+        if expected is not None:
+            self.count_rows(expected, got, ["key", "value"])
+            return
+        if self.complete:
+            self.add("no_input", "the run's input files are incomplete")
+        self.rows_out = got.num_rows
+        if got.num_rows:
+            self.add("rows_without_input", f"{got.num_rows} rows before the input was whole")
+
     def summary(self) -> str:
         """One line: the counts and the findings."""
         head = (
@@ -90,6 +107,29 @@ class Audit:
         )
         others = [f for f in self.findings if f.rule not in ("lost", "duplicated", "foreign")]
         return head + "".join(f"; {f}" for f in others)
+
+
+def spark_input(workdir: Path) -> pa.Table | None:
+    """The Spark act's generated input (``<workdir>/input/part-*.parquet``, each whole: they
+    are renamed into place), or ``None`` when the run had not written all of it yet."""
+    try:
+        asked = json.loads((workdir / "demo-run.json").read_text())
+    except FileNotFoundError:
+        return None
+    files = sorted((workdir / "input").glob("part-*.parquet"))
+    if len(files) < int(asked["batches"]):
+        return None
+    return ds.dataset([str(f) for f in files], format="parquet").to_table()
+
+
+def spark_table(workdir: Path) -> str | None:
+    """The table the Spark act's run in ``workdir`` recorded in its manifest (``None``: no
+    run started; a manifest that names none is an Iceberg run's)."""
+    try:
+        asked = json.loads((workdir / "demo-run.json").read_text())
+    except FileNotFoundError:
+        return None
+    return str(asked.get("table", "iceberg"))
 
 
 def compare_rows(expected: pa.Table, got: pa.Table, columns: Sequence[str]) -> tuple[int, int, int]:

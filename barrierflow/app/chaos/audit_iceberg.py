@@ -16,31 +16,15 @@ Read without any of the pipeline's code: the SQLite catalog under ``<workdir>/wa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.dataset as ds
-
-from barrierflow.app.chaos.audit import Audit
+from barrierflow.app.chaos.audit import Audit, spark_input
 
 __all__ = ["audit_iceberg"]
 
 TABLE = "demo.events"
 _EPOCH = "barrierflow.epoch"
-
-
-def _input(workdir: Path) -> pa.Table | None:
-    """The generated input, or ``None`` when the run had not written all of it yet."""
-    try:
-        asked = json.loads((workdir / "demo-run.json").read_text())
-    except FileNotFoundError:
-        return None
-    files = sorted((workdir / "input").glob("part-*.parquet"))
-    if len(files) < int(asked["batches"]):
-        return None
-    return ds.dataset([str(f) for f in files], format="parquet").to_table()
 
 
 def audit_iceberg(workdir: Path, *, complete: bool) -> Audit:
@@ -50,7 +34,7 @@ def audit_iceberg(workdir: Path, *, complete: bool) -> Audit:
 
     audit = Audit(complete)
     base = (workdir / "warehouse").resolve()
-    expected = _input(workdir)
+    expected = spark_input(workdir)
     if not (base / "catalog.db").exists():
         if complete:
             audit.add("no_table", f"no catalog in {base}")
@@ -67,15 +51,7 @@ def audit_iceberg(workdir: Path, *, complete: bool) -> Audit:
             audit.add("no_table", f"{TABLE} is not in the catalog")
         return audit
     rows = table.scan().to_arrow()
-    if expected is None:
-        if complete:
-            audit.add("no_input", "the run's input files are incomplete")
-        audit.rows_out = rows.num_rows
-        expected = rows.schema.empty_table()
-        if rows.num_rows:
-            audit.add("rows_without_input", f"{rows.num_rows} rows before the input was whole")
-    else:
-        audit.count_rows(expected, rows, ["key", "value"])
+    audit.count_against_input(expected, rows)
     referenced = _check_snapshots(table, audit)
     _check_files(table, referenced, rows.num_rows, audit)
     if complete:

@@ -8,6 +8,10 @@ planned moment, audits the tables as they are, restarts the act with ``--resume`
 repeats; after the round's last kill it lets the run finish and audits again, now also for
 rows lost and leftovers. Rounds go on until ``kills`` kills have landed.
 
+An act with a choice of tables (the Spark act: Iceberg or Delta Lake) writes them in turn, one
+per round of the act, starting from a table drawn from ``seed``; the report and each line name
+the round's table (``spark[delta]/trio``).
+
 A kill is planned one of two ways:
 
 * **at a traced event** (:mod:`.acts`: an event of the run's trace, which occurrence, a short
@@ -122,6 +126,8 @@ class KillReport:
     survivors: list[int]
     audit: str
     clean: bool
+    #: The table the round writes (``""``: the act has no choice).
+    table: str = ""
 
 
 @dataclass(slots=True)
@@ -141,6 +147,8 @@ class RoundReport:
     foreign: int
     missed: str = ""
     findings: list[str] = field(default_factory=list)
+    #: The table the round wrote (``""``: the act has no choice).
+    table: str = ""
 
 
 @dataclass(slots=True)
@@ -155,6 +163,8 @@ class CalibrationReport:
     audit: str
     clean: bool
     findings: list[str] = field(default_factory=list)
+    #: The table the run wrote (``""``: the act has no choice).
+    table: str = ""
 
 
 @dataclass(slots=True)
@@ -258,13 +268,13 @@ def run_chaos(config: ChaosConfig, say: Callable[[str], None] = print) -> ChaosR
     expected: dict[str, float] = {}
     number = 0
     while len(report.kills) < config.kills and number < max_rounds:
-        act = acts[(offset + number) % len(acts)]
+        act = _with_table(acts[(offset + number) % len(acts)], config.seed, report)
         _round(config, root, report, act, number, expected, say)
         report.write(root / REPORT)
         number += 1
     totals = report.totals()
     for (name, aimed), count in summarize(report):
-        say(f"{count:>5} kills  {name:<8} {aimed}")
+        say(f"{count:>5} kills  {name:<14} {aimed}")
     say(
         f"chaos: {totals['kills']} kills ({totals['random']} at random moments, "
         f"{totals['traced']} at traced events) in {totals['rounds']} rounds and "
@@ -273,6 +283,21 @@ def run_chaos(config: ChaosConfig, say: Callable[[str], None] = print) -> ChaosR
         f"findings {totals['findings']} — report: {root / REPORT}"
     )
     return report
+
+
+def _with_table(act: Act, seed: int, report: ChaosReport) -> Act:
+    """``act`` writing the table of its next round: its tables in turn, one per round of the
+    act, from one drawn from ``seed`` (``act`` itself when it has no choice)."""
+    if not act.tables:
+        return act
+    first = _rng(seed, act.name, "table").randrange(len(act.tables))
+    played = sum(r.act == act.name for r in report.rounds)
+    return act.writing(act.tables[(first + played) % len(act.tables)])
+
+
+def _label(act: Act, backend: str) -> str:
+    """``act/backend``, with the act's table if it has one: ``spark[delta]/trio``."""
+    return f"{act.name}[{act.table}]/{backend}" if act.table else f"{act.name}/{backend}"
 
 
 def _round(
@@ -288,7 +313,7 @@ def _round(
     backend = rng.choice(BACKENDS)
     left = config.kills - len(report.kills)
     planned = min(rng.randint(1, config.max_kills_per_round), left)
-    workdir = root / f"round-{number:03d}-{act.name}"
+    workdir = root / f"round-{number:03d}-{act.name}{f'-{act.table}' if act.table else ''}"
     shutil.rmtree(workdir, ignore_errors=True)
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
@@ -321,7 +346,7 @@ def _round(
             entry = _kill_entry(report, number, act, backend, run, plan, kill, outcome, audit)
             clean = clean and entry.clean
             say(
-                f"kill {entry.kill:>3} round {number} {act.name}/{backend} run {run}: aimed "
+                f"kill {entry.kill:>3} round {number} {_label(act, backend)} run {run}: aimed "
                 f"{entry.aimed} ({entry.plan}), landed after '{entry.landed}' at "
                 f"{entry.seconds:.2f} s, {entry.processes} processes killed; audit: {entry.audit}"
             )
@@ -333,11 +358,11 @@ def _round(
         entry_round = RoundReport(
             number, act.name, backend, landed, run, outcome.returncode, audit.summary(),
             audit.clean, audit.lost, audit.duplicated, audit.foreign, missed,
-            [str(f) for f in audit.findings],
+            [str(f) for f in audit.findings], act.table,
         )  # fmt: skip
         report.rounds.append(entry_round)
         say(
-            f"round {number} {act.name}/{backend}: {landed} kills, {run} runs, exit "
+            f"round {number} {_label(act, backend)}: {landed} kills, {run} runs, exit "
             f"{outcome.returncode}{f', missed {missed}' if missed else ''}; final audit: "
             f"{audit.summary()}"
         )
@@ -360,7 +385,7 @@ def _calibrate(
 ) -> float:
     """Run ``act`` once from scratch without a kill and return how long it took: the window
     its random kills are drawn in (see the module). The run is audited as a finished one."""
-    workdir = root / f"calibrate-{act.name}"
+    workdir = root / f"calibrate-{act.name}{f'-{act.table}' if act.table else ''}"
     shutil.rmtree(workdir, ignore_errors=True)
     log = root / "logs" / f"calibrate-{act.name}.log"
     outcome = run_until(
@@ -376,11 +401,11 @@ def _calibrate(
     seconds = round(outcome.seconds, 3)
     entry = CalibrationReport(
         act.name, backend, seconds, outcome.returncode, audit.summary(), audit.clean,
-        [str(f) for f in audit.findings],
+        [str(f) for f in audit.findings], act.table,
     )  # fmt: skip
     report.calibrations.append(entry)
     say(
-        f"calibration {act.name}/{backend}: an unkilled run took {seconds:.2f} s (the window "
+        f"calibration {_label(act, backend)}: an unkilled run took {seconds:.2f} s (the window "
         f"of its random kills), exit {outcome.returncode}; audit: {audit.summary()}"
     )
     if audit.clean and not config.keep:
@@ -416,6 +441,7 @@ def _kill_entry(
         survivors=list(outcome.survivors),
         audit=audit.summary(),
         clean=audit.clean,
+        table=act.table,
     )
     report.kills.append(entry)
     return entry
@@ -440,9 +466,10 @@ def _tail(log: Path, lines: int = 3) -> str:
 
 
 def summarize(report: ChaosReport) -> Sequence[tuple[tuple[str, str], int]]:
-    """Kills per act and part of the pipeline they were aimed at (random kills as one
-    :data:`RANDOM_WHERE` line per act), in act order."""
+    """Kills per act (and table: ``spark[delta]``) and part of the pipeline they were aimed
+    at (random kills as one :data:`RANDOM_WHERE` line per act), in act order."""
     counts: dict[tuple[str, str], int] = {}
     for kill in report.kills:
-        counts[kill.act, kill.aimed] = counts.get((kill.act, kill.aimed), 0) + 1
+        name = f"{kill.act}[{kill.table}]" if kill.table else kill.act
+        counts[name, kill.aimed] = counts.get((name, kill.aimed), 0) + 1
     return sorted(counts.items(), key=lambda item: (item[0][0], -item[1]))
