@@ -195,6 +195,29 @@ async def test_epochs_begin_at_initial_barrier_and_after_each_checkpoint(tmp_pat
     assert table_ids(tmp_path / "table") == [1, 2, 3]
 
 
+async def test_the_writers_options_reach_its_sink_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import barrierflow.actors.sinks.sink_writer as sink_writer
+
+    started: list[tuple[object, ...]] = []
+    start = sink_writer.start_sink_task
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        started.append(tuple(kwargs.get(k) for k in ("name", "capacity", "flush_interval")))
+        return await start(*args, **kwargs)
+
+    monkeypatch.setattr(sink_writer, "start_sink_task", recording)
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    parquet = ParquetFileSink(tmp_path / "t", SCHEMA)
+    writer = lambda: SinkWriter(parquet, capacity=3, flush_interval=7.5)  # noqa: E731
+    rt.add_actor("sink", writer, inputs=["src"])
+    async with rt:
+        await rt.checkpoint()
+    assert started == [("sink", 3, 7.5)]
+
+
 async def test_commit_waits_until_checkpoint_is_durable(tmp_path: Path) -> None:
     calls: list[tuple[Any, ...]] = []
     faults = Faults()
@@ -364,6 +387,7 @@ def test_bad_constructor_arguments_get_typed_errors(tmp_path: Path) -> None:
     cases: list[tuple[dict[str, Any], tuple[str, str, object]]] = [
         ({"connector": parquet, "coordinator": 42}, ("coordinator", "None or a Coordinator", 42)),
         ({"connector": 42}, ("connector", "a SinkConnector or a factory of one", "int")),
+        ({"connector": parquet, "name": ""}, ("name", "a non-empty str", "")),
     ]
     for kwargs, (argument, expected, got) in cases:
         with pytest.raises(InvalidArgumentError) as info:
@@ -374,6 +398,33 @@ def test_bad_constructor_arguments_get_typed_errors(tmp_path: Path) -> None:
             expected,
             got,
         )
+
+
+def test_the_startup_path_check_names_the_writer_else_its_actor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[str] = []
+    monkeypatch.setattr(ParquetFileSink, "check_path", lambda _self, sink: checked.append(sink))
+    for name in (None, "orders"):
+        writer = SinkWriter(ParquetFileSink(tmp_path / "t", SCHEMA), name=name)
+        writer.check_startup(StartupContext("w0", {}, {}))
+    assert checked == ["w0", "orders"]
+
+
+class Schemaless(Recording):
+    """A connector whose schema is not a pyarrow schema (refused when its sink task starts)."""
+
+    @property
+    def schema(self) -> pa.Schema:
+        return "x: int32"  # type: ignore[return-value]
+
+
+def test_the_input_schema_checked_at_start_is_the_connectors_if_it_has_one(
+    tmp_path: Path,
+) -> None:
+    assert SinkWriter(ParquetFileSink(tmp_path / "t", SCHEMA)).input_schema() == SCHEMA
+    schemaless = Schemaless(tmp_path / "u", Faults(), [])
+    assert SinkWriter(schemaless).input_schema() is None  # nothing to check the input by
 
 
 def test_a_factory_must_return_a_connector() -> None:

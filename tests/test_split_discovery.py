@@ -6,7 +6,7 @@ unless the source waits for it. Every record exactly once, on asyncio and trio."
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,9 @@ from barrierflow.actors.sources.split_log import (
     Offset,
     SplitLog,
 )
-from barrierflow.channels import Chunk
-from barrierflow.channels.mutation import SourceChangeSplit, Split
+from barrierflow.channels import Barrier, Chunk, Message
+from barrierflow.channels.barrier import BarrierKind
+from barrierflow.channels.mutation import Add, SourceChangeSplit, Split
 from barrierflow.connectors import ParquetFileSink, RedisStreamLog
 from barrierflow.errors import (
     ActorFailedError,
@@ -95,13 +96,14 @@ class Collector(StreamActor):
 
 
 class Listed(MemorySplitLog):
-    """A memory log that counts its listings and can hide splits from them (a deleted
-    stream), or be declared with a fixed list of splits (as a RedisStreamLog given
-    ``splits=``)."""
+    """A memory log that counts its listings and its readers, and can hide splits from its
+    listings (a deleted stream), or be declared with a fixed list of splits (as a
+    RedisStreamLog given ``splits=``)."""
 
     def __init__(self, splits: list[str], declared: list[str] | None = None) -> None:
         super().__init__(PAYLOAD, splits)
         self.listings = 0
+        self.reads = 0
         self.hidden: set[str] = set()
         self._declared = None if declared is None else tuple(declared)
 
@@ -112,6 +114,29 @@ class Listed(MemorySplitLog):
     async def list_splits(self) -> list[str]:
         self.listings += 1
         return [s for s in await super().list_splits() if s not in self.hidden]
+
+    def read(
+        self, start: Mapping[str, Offset | None], *, batch_rows: int = 4096
+    ) -> AsyncIterator[pa.RecordBatch]:
+        self.reads += 1
+        return super().read(start, batch_rows=batch_rows)
+
+
+class Lenient(Listed):
+    """Reads a split it does not have as empty, as Redis reads a stream not created yet: the
+    source cannot count on its reader to refuse an unknown split."""
+
+    def read(
+        self, start: Mapping[str, Offset | None], *, batch_rows: int = 4096
+    ) -> AsyncIterator[pa.RecordBatch]:
+        return super().read({s: o for s, o in start.items() if self.has(s)}, batch_rows=batch_rows)
+
+    def has(self, split: str) -> bool:
+        try:
+            self.records(split)
+        except UnknownSplitError:
+            return False
+        return True
 
 
 def fill(log: MemorySplitLog, split: str, count: int) -> None:
@@ -167,22 +192,28 @@ async def test_a_split_created_after_the_source_started_is_read_from_its_first_r
     assert sorted(seen.records) == every(log, "a", "b")
 
 
+@pytest.mark.parametrize("discover_every", [None, 2], ids=["default-3", "two"])
 async def test_the_log_is_listed_at_the_first_barrier_and_every_discover_every_barriers(
-    tmp_path: Path,
+    tmp_path: Path, discover_every: int | None
 ) -> None:
+    n = 3 if discover_every is None else discover_every  # the documented default: 3
+    options = {} if discover_every is None else {"discover_every": discover_every}
     log, seen = Listed(["a"]), Seen()
     with anyio.fail_after(scaled(10)):
-        async with live_runtime(tmp_path, log, seen, discover_every=3) as rt:
-            await rt.checkpoint()  # the first barrier (INITIAL) has listed the log
+        async with live_runtime(tmp_path, log, seen, **options) as rt:
+            await rt.checkpoint()  # barrier 1 since the listing at the first barrier (INITIAL)
             assert log.listings == 1
             fill(log, "b", 2)
-            await rt.checkpoint()  # the second barrier since the listing
-            assert (log.listings, seen.records) == (1, [])
-            await rt.checkpoint()  # the third: listed, b assigned at it
+            for _ in range(2, n):  # barriers 2 .. n-1 since the listing: not listed
+                await rt.checkpoint()
+                assert (log.listings, seen.records) == (1, [])
+            await rt.checkpoint()  # barrier n: listed, b assigned at it
             assert log.listings == 2
             await seen.wait_for(lambda: len(seen.records) == 2)
-            for _ in range(3):
+            for _ in range(n - 1):
                 await rt.checkpoint()
+            assert log.listings == 2
+            await rt.checkpoint()
             assert log.listings == 3
     assert sorted(seen.records) == every(log, "b")
 
@@ -245,6 +276,129 @@ async def test_a_split_change_by_mutation_ends_discovery_also_after_a_restart(
     assert again.records == [("a", 3, 0)]
 
 
+async def test_a_listing_that_changes_nothing_keeps_the_reader(tmp_path: Path) -> None:
+    log, seen = Listed(["a"]), Seen()
+    fill(log, "a", 1)
+    with anyio.fail_after(scaled(10)):
+        async with live_runtime(tmp_path, log, seen, discover_every=1) as rt:
+            await seen.wait_for(lambda: len(seen.records) == 1)
+            for _ in range(3):
+                await rt.checkpoint()
+            await anyio.wait_all_tasks_blocked()
+            # Listed at each barrier, the same splits each time: the first reader goes on.
+            assert (log.listings, log.reads) == (4, 1)
+            fill(log, "b", 1)
+            await checkpoint_until(rt, lambda: len(seen.records) == 2)
+            assert log.reads == 2  # b assigned: the reader is rebuilt, once
+    assert sorted(seen.records) == every(log, "a", "b")
+
+
+async def test_a_split_the_log_no_longer_lists_at_a_restart_is_dropped_with_its_offset(
+    tmp_path: Path,
+) -> None:
+    log, first, again, third = Listed(["a", "b"]), Seen(), Seen(), Seen()
+    fill(log, "a", 1)
+    fill(log, "b", 1)
+    with anyio.fail_after(scaled(20)):
+        async with live_runtime(tmp_path, log, first, discover_every=1) as rt:
+            await first.wait_for(lambda: len(first.records) == 2)
+            await rt.checkpoint()
+        log.hidden.add("b")  # deleted while nothing ran
+        fill(log, "a", 1)
+        async with live_runtime(tmp_path, log, again, discover_every=1) as rt:
+            await again.wait_for(lambda: len(again.records) == 1)
+            await rt.checkpoint()
+        async with await StateStore.open(tmp_path / "state.db") as store:
+            assert await store.read_all("src", "offsets") == {"a": "2-0"}
+            assert await store.read_all("src", "assignment") == {"a": ""}
+        log.hidden.discard("b")  # it comes back: a new split, read from its first record
+        async with live_runtime(tmp_path, log, third, discover_every=1) as rt:
+            await third.wait_for(lambda: len(third.records) == 1)
+            await rt.checkpoint()
+    assert again.records == [("a", 2, 0)]
+    assert third.records == [("b", 1, 0)]
+
+
+class InitialAdd(StreamActor):
+    """Turns the graph's INITIAL barrier into one whose ``Add`` assigns ``splits`` to the
+    actor ``target()`` names (what a scheduler assigning splits would send)."""
+
+    def __init__(self, target: Callable[[], int], splits: list[str]) -> None:
+        self.target = target
+        self.splits = splits
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Barrier) and message.kind is BarrierKind.INITIAL:
+            assigned = {self.target(): tuple(Split(s) for s in self.splits)}
+            message = message.with_mutation(Add(splits=assigned))
+        await ctx.emit(message)
+
+
+def assigned_runtime(tmp_path: Path, log: MemorySplitLog, seen: Seen, splits: list[str]) -> Runtime:
+    """Control ``ctl`` (its first barrier's ``Add`` assigns ``splits`` to ``src``) → source
+    ``src`` (a SplitSource of ``log`` that would discover at every barrier) → ``sink``."""
+    rt = Runtime(config(tmp_path))
+    rt.add_source("ctl", lambda: InitialAdd(lambda: rt.actor_id("src"), splits))
+    rt.add_actor("src", lambda: SplitSource(log, discover_every=1), inputs=["ctl"])
+    rt.add_actor("sink", lambda: Collector(seen), inputs=["src"])
+    return rt
+
+
+async def test_an_add_assignment_ends_discovery_also_after_a_restart(tmp_path: Path) -> None:
+    log, seen, again = Listed(["a"]), Seen(), Seen()
+    fill(log, "a", 1)
+    with anyio.fail_after(scaled(20)):
+        async with assigned_runtime(tmp_path, log, seen, ["a"]) as rt:
+            await seen.wait_for(lambda: len(seen.records) == 1)
+            fill(log, "b", 2)  # listed, but the Add decided the splits
+            for _ in range(3):
+                await rt.checkpoint()
+            assert log.listings == 1  # the Add's splits checked at the first barrier, no more
+        async with await StateStore.open(tmp_path / "state.db") as store:
+            assert await store.read_all("src", "assignment") == {"a": ""}
+            assert await store.read_all("src", "discovery") == {"assigned_by": "mutation"}
+        fill(log, "a", 1)
+        fill(log, "c", 1)
+        # Restarted without the Add: the assignment the mutation wrote is kept, no discovery.
+        async with live_runtime(tmp_path, log, again, discover_every=1) as rt:
+            await again.wait_for(lambda: len(again.records) == 1)
+            for _ in range(3):
+                await rt.checkpoint()
+        async with await StateStore.open(tmp_path / "state.db") as store:
+            assert await store.read_all("src", "assignment") == {"a": ""}
+            assert await store.read_all("src", "discovery") == {"assigned_by": "mutation"}
+    assert seen.records == [("a", 1, 0)]
+    assert again.records == [("a", 2, 0)]
+
+
+async def test_an_add_assignment_naming_a_split_the_log_does_not_have_fails_the_source(
+    tmp_path: Path,
+) -> None:
+    log = Lenient(["a"])  # its reader would read the unknown split as empty, for ever
+    with anyio.fail_after(scaled(10)), pytest.raises(ActorFailedError) as info:
+        async with assigned_runtime(tmp_path, log, Seen(), ["a", "evnts"]) as rt:
+            await rt.checkpoint()
+    error = info.value.cause
+    assert isinstance(error, UnknownSplitError)
+    assert (info.value.actor, error.split, error.known) == ("src", "evnts", ["a"])
+
+
+async def test_a_restored_add_assignment_naming_a_split_the_log_lost_fails_the_source(
+    tmp_path: Path,
+) -> None:
+    log = Listed(["a", "b"])
+    with anyio.fail_after(scaled(20)):
+        async with assigned_runtime(tmp_path, log, Seen(), ["a", "b"]) as rt:
+            await rt.checkpoint()
+        log.hidden.add("b")  # deleted while nothing ran; its reader would still read it
+        with pytest.raises(ActorFailedError) as info:
+            async with live_runtime(tmp_path, log, Seen(), discover_every=1) as rt:
+                await rt.checkpoint()
+    error = info.value.cause
+    assert isinstance(error, UnknownSplitError)
+    assert (info.value.actor, error.split, error.known) == ("src", "b", ["a"])
+
+
 # --- explicit splits ----------------------------------------------------------------------------
 
 
@@ -298,22 +452,88 @@ async def test_wait_for_splits_reads_an_explicit_split_once_it_is_created(
     assert sorted(seen.records) == [("a", 1, 0), ("a", 2, 0), *b]
 
 
+async def test_explicit_splits_that_do_not_wait_are_listed_once_and_no_assignment_is_written(
+    tmp_path: Path,
+) -> None:
+    log, seen = Listed(["a", "b"]), Seen()
+    fill(log, "a", 1)
+    with anyio.fail_after(scaled(10)):
+        async with live_runtime(tmp_path, log, seen, splits=["a"], discover_every=1) as rt:
+            await seen.wait_for(lambda: len(seen.records) == 1)
+            fill(log, "c", 1)
+            for _ in range(3):
+                await rt.checkpoint()
+            assert log.listings == 1
+        async with await StateStore.open(tmp_path / "state.db") as store:
+            # The constructor's splits never change: nothing to make durable but offsets.
+            assert await store.read_all("src", "assignment") == {}
+            assert await store.read_all("src", "discovery") == {}
+            assert await store.read_all("src", "offsets") == {"a": "1-0"}
+    assert seen.records == [("a", 1, 0)]
+
+
+async def test_a_waited_for_split_once_read_stays_assigned_when_the_log_no_longer_lists_it(
+    tmp_path: Path,
+) -> None:
+    log, seen = Listed([]), Seen()
+    fill(log, "a", 2)
+    with anyio.fail_after(scaled(10)):
+        async with live_runtime(
+            tmp_path, log, seen, splits=["a", "b"], wait_for_splits=True, discover_every=1
+        ) as rt:
+            await seen.wait_for(lambda: len(seen.records) == 2)
+            log.hidden.add("a")
+            for _ in range(2):  # listed at each: b is still awaited, a is kept
+                await rt.checkpoint()
+            fill(log, "a", 1)
+            await checkpoint_until(rt, lambda: len(seen.records) == 3)
+            fill(log, "b", 1)
+            await checkpoint_until(rt, lambda: len(seen.records) == 4)
+            await rt.checkpoint()
+        async with await StateStore.open(tmp_path / "state.db") as store:
+            assert await store.read_all("src", "assignment") == {"a": "", "b": ""}
+            assert await store.read_all("src", "discovery") == {"assigned_by": "discovery"}
+    assert sorted(seen.records) == every(log, "a", "b")
+
+
+NOT_DISCOVERING = (
+    "False for a source that discovers its splits (True needs splits= or a log declared with "
+    "splits)"
+)
+
+
 @pytest.mark.parametrize(
-    ("kwargs", "argument"),
+    ("kwargs", "argument", "expected", "got"),
     [
-        ({"wait_for_splits": True}, "wait_for_splits"),
-        ({"splits": ["a"], "wait_for_splits": 1}, "wait_for_splits"),
-        ({"splits": ["a"], "pattern": "a*"}, "pattern"),
-        ({"pattern": ""}, "pattern"),
-        ({"pattern": 3}, "pattern"),
-        ({"discover_every": 0}, "discover_every"),
-        ({"discover_every": True}, "discover_every"),
+        ({"wait_for_splits": True}, "wait_for_splits", NOT_DISCOVERING, True),
+        ({"splits": ["a"], "wait_for_splits": 1}, "wait_for_splits", "a bool", 1),
+        (
+            {"splits": ["a"], "pattern": "a*"},
+            "pattern",
+            "None when splits= names the splits (one or the other)",
+            "a*",
+        ),
+        ({"pattern": ""}, "pattern", "None or a non-empty glob", ""),
+        ({"pattern": 3}, "pattern", "None or a non-empty glob", 3),
+        ({"discover_every": 0}, "discover_every", "an int >= 1", 0),
+        ({"discover_every": True}, "discover_every", "an int >= 1", True),
     ],
 )
-async def test_bad_discovery_arguments_are_refused(kwargs: dict[str, Any], argument: str) -> None:
+def test_bad_discovery_arguments_are_refused_with_what_was_expected_and_what_came(
+    kwargs: dict[str, Any], argument: str, expected: str, got: object
+) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         SplitSource(Listed(["a"]), **kwargs)
-    assert info.value.argument == argument
+    error = info.value
+    assert (error.argument, error.expected, error.got) == (argument, expected, got)
+    assert type(error.got) is type(got)  # 1 is not True
+
+
+def test_a_backfill_state_machine_refuses_a_non_bool_adopt_new_splits() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        SplitBackfills({}, adopt_new_splits=1)  # type: ignore[arg-type]
+    error = info.value
+    assert (error.argument, error.expected, error.got) == ("adopt_new_splits", "a bool", 1)
 
 
 # --- a joining backfill job ---------------------------------------------------------------------
@@ -330,6 +550,47 @@ async def backfill_states(tmp_path: Path) -> dict[str, str]:
     async with await StateStore.open(tmp_path / "state.db") as store:
         states = await store.read_all("backfill", "backfill")
     return {split: state["phase"] for split, state in states.items()}
+
+
+@pytest.mark.parametrize("given", ["listed", "add", "splits="])
+async def test_only_a_backfill_that_listed_its_splits_adopts_a_split_it_does_not_own(
+    tmp_path: Path, given: str
+) -> None:
+    # Push source src → (ctl, whose first barrier's Add assigns a to the backfill) → backfill.
+    log, seen = Listed(["a"]), Seen()
+    fill(log, "a", 2)
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    upstream = "src"
+    if given == "add":
+        control = lambda: InitialAdd(lambda: rt.actor_id("backfill"), ["a"])  # noqa: E731
+        rt.add_actor("ctl", control, inputs=["src"])
+        upstream = "ctl"
+    splits = ["a"] if given == "splits=" else None
+    backfill = lambda: SourceBackfill(log, splits=splits)  # noqa: E731
+    rt.add_actor("backfill", backfill, inputs={"upstream": upstream})
+    rt.add_actor("sink", lambda: Collector(seen), inputs=["backfill"])
+    live_b = Chunk(upstream_rows("b", [1, 2]))
+    if given == "listed":
+        with anyio.fail_after(scaled(10)):
+            async with rt:
+                await rt.checkpoint()
+                fill(log, "b", 2)  # created after the backfill listed the log
+                await rt.push("src", live_b)
+                await checkpoint_until(rt, lambda: ("b", 2, 0) in seen.records)
+        # b had no history before the job: adopted as finished, its live rows emitted.
+        assert sorted(r for r in seen.records if r[0] == "b") == every(log, "b")
+        assert (await backfill_states(tmp_path))["b"] == "finished"
+        return
+    with anyio.fail_after(scaled(10)), pytest.raises(ActorFailedError) as info:
+        async with rt:
+            await rt.checkpoint()
+            fill(log, "b", 2)
+            await rt.push("src", live_b)
+            await checkpoint_until(rt, lambda: False)
+    assert info.value.actor == "backfill"
+    assert isinstance(info.value.cause, ProtocolError)
+    assert "got a row of split 'b'" in str(info.value.cause)
 
 
 async def test_a_joining_job_adopts_a_split_created_after_it_listed_the_log(

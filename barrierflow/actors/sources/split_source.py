@@ -433,7 +433,8 @@ class _Reading:
         for split in set(self.positions) - set(starts):
             self.offsets.delete(split)
         self.positions = {s: self.positions.get(s, start) for s, start in starts.items()}
-        self.pending = {}
+        # ``pending`` (splits still awaited) needs no reset: ``discovering()`` is false from
+        # now on, so nothing lists the log or reads it again.
         self.write_assignment(starts, by_mutation=True)
 
     async def check_known(self, splits: Mapping[str, object]) -> None:
