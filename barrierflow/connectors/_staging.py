@@ -16,14 +16,16 @@ The zero padding makes names sort by epoch. Durable writes (fsync) are in
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from barrierflow.connectors.errors import StagedPathError
+from barrierflow.actors.sinks.protocol import CommitMetadata, writers_positions
+from barrierflow.connectors.errors import StagedEpochMismatchError, StagedPathError
 
 __all__ = [
     "MANIFEST",
+    "gather_staged",
     "PRECOMMITTED",
     "STAGING",
     "clean_staging",
@@ -88,3 +90,28 @@ def unstaged_path(root: Path, relative: str) -> Path:
     if not parts or parts[0] != STAGING:
         raise StagedPathError(relative)
     return root.joinpath(*parts[1:])
+
+
+def gather_staged(
+    table: str, epoch: int, metadatas: Sequence[CommitMetadata], *, keep_empty: bool = False
+) -> CommitMetadata | None:
+    """One epoch's commit metadata from every writer's pre-commit record: the staging epoch
+    they all staged under, their files, their rows and the source positions their rows reach;
+    ``None`` when no writer staged a file (nothing to commit) unless ``keep_empty`` (a schema
+    change still has to be committed). What every coordinated table's ``pre_commit`` does.
+
+    Raises:
+        StagedEpochMismatchError: the writers staged different epochs (``table`` names it).
+    """
+    staged = {m.get("epoch") for m in metadatas}
+    if len(staged) != 1:
+        raise StagedEpochMismatchError(table, epoch, staged)
+    paths = [path for m in metadatas for path in m.get("paths", [])]
+    if not paths and not keep_empty:
+        return None
+    return {
+        "staging_epoch": staged.pop(),
+        "paths": paths,
+        "rows": sum(int(m.get("rows", 0)) for m in metadatas),
+        **writers_positions(metadatas),
+    }

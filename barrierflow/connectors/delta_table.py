@@ -68,12 +68,18 @@ from barrierflow._extras import require
 from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
-from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit, writers_positions
+from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._iceberg_schema import check_schema_change, same_fields
 from barrierflow.connectors._parquet_files import check_table_path
-from barrierflow.connectors._staging import clean_staging, kept_epochs, staged_dir, unstaged_path
-from barrierflow.connectors.errors import StagedEpochMismatchError, TwoPhaseOnlyError
+from barrierflow.connectors._staging import (
+    clean_staging,
+    gather_staged,
+    kept_epochs,
+    staged_dir,
+    unstaged_path,
+)
+from barrierflow.connectors.errors import TwoPhaseOnlyError
 from barrierflow.connectors.parquet_sink import ParquetFileSink
 from barrierflow.runtime.positions import (
     SinkCommits,
@@ -286,20 +292,11 @@ class DeltaCommitter:
             InvalidArgumentError: ``schema_change`` is not an ``add_columns`` change.
         """
         await anyio.lowlevel.checkpoint()
-        staged = {m.get("epoch") for m in metadatas}
-        if len(staged) != 1:
-            raise StagedEpochMismatchError(str(self._sink.path), epoch, staged)
         if schema_change is not None:
             check_schema_change(schema_change)
-        paths = [path for m in metadatas for path in m.get("paths", [])]
-        if not paths and schema_change is None:
-            return None
-        return {
-            "staging_epoch": staged.pop(),
-            "paths": paths,
-            "rows": sum(int(m.get("rows", 0)) for m in metadatas),
-            **writers_positions(metadatas),
-        }
+        return gather_staged(
+            str(self._sink.path), epoch, metadatas, keep_empty=schema_change is not None
+        )
 
     async def commit(
         self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None

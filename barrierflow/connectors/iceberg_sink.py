@@ -51,14 +51,19 @@ from barrierflow._extras import require
 from barrierflow._fs import fsync_path, make_directory
 from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
-from barrierflow.actors.sinks.protocol import CommitMetadata, writers_positions
+from barrierflow.actors.sinks.protocol import CommitMetadata
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._iceberg_schema import check_schema_change, evolve, same_fields
 from barrierflow.connectors._parquet_files import check_table_path
-from barrierflow.connectors._staging import clean_staging, kept_epochs, staged_dir, unstaged_path
+from barrierflow.connectors._staging import (
+    clean_staging,
+    gather_staged,
+    kept_epochs,
+    staged_dir,
+    unstaged_path,
+)
 from barrierflow.connectors.errors import (
     SinkPathError,
-    StagedEpochMismatchError,
     TwoPhaseOnlyError,
 )
 from barrierflow.connectors.parquet_sink import ParquetFileSink
@@ -255,20 +260,11 @@ class IcebergCommitter:
     ) -> CommitMetadata | None:
         """Every writer's staged files of the epoch (``None`` if there is nothing to commit)."""
         await anyio.lowlevel.checkpoint()
-        staged = {m.get("epoch") for m in metadatas}
-        if len(staged) != 1:
-            raise StagedEpochMismatchError(self._sink.identifier, epoch, staged)
         if schema_change is not None:
             check_schema_change(schema_change)
-        paths = [path for m in metadatas for path in m.get("paths", [])]
-        if not paths and schema_change is None:
-            return None
-        return {
-            "staging_epoch": staged.pop(),
-            "paths": paths,
-            "rows": sum(int(m.get("rows", 0)) for m in metadatas),
-            **writers_positions(metadatas),
-        }
+        return gather_staged(
+            self._sink.identifier, epoch, metadatas, keep_empty=schema_change is not None
+        )
 
     async def commit(
         self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None

@@ -32,7 +32,7 @@ import anyio.to_thread
 from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
-from barrierflow.actors.sinks.protocol import CommitMetadata, writers_positions
+from barrierflow.actors.sinks.protocol import CommitMetadata
 from barrierflow.connectors._parquet_files import (
     StagedFiles,
     check_table_path,
@@ -43,12 +43,12 @@ from barrierflow.connectors._staging import (
     PRECOMMITTED,
     clean_staging,
     epoch_dir_name,
+    gather_staged,
     kept_epochs,
     staged_dir,
 )
 from barrierflow.connectors.errors import (
     SchemaEvolutionError,
-    StagedEpochMismatchError,
     TwoPhaseOnlyError,
 )
 from barrierflow.runtime.positions import SinkCommits
@@ -113,18 +113,7 @@ class ParquetCommitter:
         await anyio.lowlevel.checkpoint()
         if schema_change is not None:
             raise SchemaEvolutionError(str(self._root), epoch, schema_change)
-        staged = {m.get("epoch") for m in metadatas}
-        if len(staged) != 1:
-            raise StagedEpochMismatchError(str(self._root), epoch, staged)
-        paths = [path for m in metadatas for path in m.get("paths", [])]
-        if not paths:
-            return None
-        return {
-            "staging_epoch": staged.pop(),
-            "paths": paths,
-            "rows": sum(int(m.get("rows", 0)) for m in metadatas),
-            **writers_positions(metadatas),
-        }
+        return gather_staged(str(self._root), epoch, metadatas)
 
     async def commit(
         self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None
