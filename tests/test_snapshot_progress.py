@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from barrierflow import InvalidArgumentError
 from barrierflow.actors.backfill.snapshot_progress import (
-    BackfillPhase,
+    SnapshotPhase,
     SnapshotProgress,
     VnodeProgress,
 )
@@ -41,12 +41,12 @@ def test_the_allowed_lag_only_shrinks_and_the_backfill_reaches_forwarding(
             progress.epoch_replayed()
         progress.after_barrier()
         lags.append(progress.owed)
-        if progress.phase is BackfillPhase.FORWARD:
+        if progress.phase is SnapshotPhase.FORWARD:
             break
     assert lags[1:] == sorted(lags[1:], reverse=True)  # never grows after the first barrier
     if len(replays) > 2 * owed_at_start + 2:
         # Half an epoch less allowed per barrier: at most 2 x the initial lag (+2) barriers.
-        assert progress.phase is BackfillPhase.FORWARD
+        assert progress.phase is SnapshotPhase.FORWARD
         assert progress.owed == 0
 
 
@@ -82,7 +82,7 @@ def test_a_new_progress_owes_every_vnode_and_saves_every_vnode_row() -> None:
     assert (progress.snapshot_epoch, progress.replayed, progress.phase) == (
         7,
         7,
-        BackfillPhase.SNAPSHOT,
+        SnapshotPhase.SNAPSHOT,
     )
     assert progress.unfinished_vnodes() == [1, 3]
     assert progress.rows_to_save() == {
@@ -144,7 +144,7 @@ def test_a_restored_progress_is_the_saved_one() -> None:
         restored.replayed,
         restored.log_offset,
         restored.rows,
-    ) == (7, BackfillPhase.CHANGE_LOG, 9, 4, 25)
+    ) == (7, SnapshotPhase.CHANGE_LOG, 9, 4, 25)
     assert restored.vnodes == {
         0: VnodeProgress([3, "x"], 20, True),
         1: VnodeProgress(),  # no row: from scratch
@@ -191,19 +191,19 @@ def test_an_epoch_already_replayed_is_not_owed_again() -> None:
 @pytest.mark.parametrize(
     ("phase", "owed", "max_lag", "replay"),
     [
-        (BackfillPhase.SNAPSHOT, 3, math.inf, False),  # the snapshot first
-        (BackfillPhase.SNAPSHOT, 1, math.inf, False),
-        (BackfillPhase.FORWARD, 0, 0.0, False),
-        (BackfillPhase.CHANGE_LOG, 0, 0.0, False),  # nothing owed
-        (BackfillPhase.CHANGE_LOG, 1, 3.0, True),  # the only one owed: replayed at once
-        (BackfillPhase.CHANGE_LOG, 2, 3.0, False),  # within the allowed lag
-        (BackfillPhase.CHANGE_LOG, 2, 2.0, False),
-        (BackfillPhase.CHANGE_LOG, 3, 2.0, True),  # more than the allowed lag
-        (BackfillPhase.CHANGE_LOG, 2, 1.5, True),  # half epochs round down
+        (SnapshotPhase.SNAPSHOT, 3, math.inf, False),  # the snapshot first
+        (SnapshotPhase.SNAPSHOT, 1, math.inf, False),
+        (SnapshotPhase.FORWARD, 0, 0.0, False),
+        (SnapshotPhase.CHANGE_LOG, 0, 0.0, False),  # nothing owed
+        (SnapshotPhase.CHANGE_LOG, 1, 3.0, True),  # the only one owed: replayed at once
+        (SnapshotPhase.CHANGE_LOG, 2, 3.0, False),  # within the allowed lag
+        (SnapshotPhase.CHANGE_LOG, 2, 2.0, False),
+        (SnapshotPhase.CHANGE_LOG, 3, 2.0, True),  # more than the allowed lag
+        (SnapshotPhase.CHANGE_LOG, 2, 1.5, True),  # half epochs round down
     ],
 )
 def test_a_barrier_waits_on_replays_while_more_than_the_allowed_lag_is_owed(
-    phase: BackfillPhase, owed: int, max_lag: float, replay: bool
+    phase: SnapshotPhase, owed: int, max_lag: float, replay: bool
 ) -> None:
     progress = SnapshotProgress.new(10, range(2))
     progress.phase, progress.max_lag = phase, max_lag
@@ -217,11 +217,11 @@ def test_the_allowed_lag_shrinks_by_half_an_epoch_per_barrier_until_nothing_is_o
     progress = SnapshotProgress.new(10, range(2))
     progress.pending = [11, 12, 13, 14]
     progress.after_barrier()  # in the snapshot: no lag rule yet
-    assert (progress.phase, progress.max_lag) == (BackfillPhase.SNAPSHOT, math.inf)
+    assert (progress.phase, progress.max_lag) == (SnapshotPhase.SNAPSHOT, math.inf)
     progress.start_change_log()
-    assert (progress.phase, progress.max_lag) == (BackfillPhase.CHANGE_LOG, 4.0)
+    assert (progress.phase, progress.max_lag) == (SnapshotPhase.CHANGE_LOG, 4.0)
     epoch, owed, lags = 15, [], []
-    while progress.phase is BackfillPhase.CHANGE_LOG:
+    while progress.phase is SnapshotPhase.CHANGE_LOG:
         progress.on_closed(epoch)
         epoch += 1
         while progress.must_replay():
@@ -231,7 +231,7 @@ def test_the_allowed_lag_shrinks_by_half_an_epoch_per_barrier_until_nothing_is_o
         lags.append(progress.max_lag)
     assert owed == [4, 3, 3, 2, 2, 0]  # the last one owed is replayed at once
     assert lags[:-1] == [3.5, 3.0, 2.5, 2.0, 1.5]
-    assert progress.phase is BackfillPhase.FORWARD
+    assert progress.phase is SnapshotPhase.FORWARD
     assert progress.replayed == epoch - 1
 
 

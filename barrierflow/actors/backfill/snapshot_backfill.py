@@ -64,7 +64,7 @@ from barrierflow.actors.backfill.errors import (
     VnodeUpdateDuringBackfillError,
 )
 from barrierflow.actors.backfill.materialize import VIEW_TABLE, Materialize
-from barrierflow.actors.backfill.snapshot_progress import BackfillPhase, SnapshotProgress
+from barrierflow.actors.backfill.snapshot_progress import SnapshotPhase, SnapshotProgress
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
@@ -151,23 +151,23 @@ class SnapshotBackfill(StreamActor):
         progress = SnapshotProgress.restore(saved, vnodes)
         if progress is None:
             progress = SnapshotProgress.new(ctx.committed_epoch, vnodes)
-        elif progress.phase is BackfillPhase.FORWARD:
+        elif progress.phase is SnapshotPhase.FORWARD:
             undone = progress.unfinished_vnodes()
             if undone:
                 raise SnapshotBackfillStateError(
                     ctx.name, "every vnode's snapshot done in a finished job", f"vnodes {undone}"
                 )
         self.progress = progress
-        if progress.phase is not BackfillPhase.FORWARD:
+        if progress.phase is not SnapshotPhase.FORWARD:
             for view in views:
                 view.pin(ctx.name, progress.snapshot_epoch)
             progress.pending = self._owed_after(progress.replayed, first.epoch.prev)
-            if progress.phase is BackfillPhase.CHANGE_LOG:
+            if progress.phase is SnapshotPhase.CHANGE_LOG:
                 progress.start_change_log()
             self._paused = first.is_pause_on_startup()
             self._next_emit = anyio.current_time()  # the first chunk may go at once
         await self._pass(ctx, table, first)
-        if progress.phase is not BackfillPhase.FORWARD:
+        if progress.phase is not SnapshotPhase.FORWARD:
             await self._backfill(ctx, table, upstream)
         if not ctx.finished:
             await self._forward(ctx, upstream)
@@ -181,7 +181,7 @@ class SnapshotBackfill(StreamActor):
 
     async def _backfill(self, ctx: ActorContext, table: StateTable, upstream: Any) -> None:
         progress = self.progress
-        while progress.phase is not BackfillPhase.FORWARD and not ctx.finished:
+        while progress.phase is not SnapshotPhase.FORWARD and not ctx.finished:
             try:
                 message = upstream.receive_nowait()
             except anyio.EndOfStream:
@@ -234,7 +234,7 @@ class SnapshotBackfill(StreamActor):
         """The next snapshot or change-log chunk (``None``: nothing left before the next
         barrier); updates the progress as if it was emitted."""
         progress = self.progress
-        if progress.phase is BackfillPhase.SNAPSHOT:
+        if progress.phase is SnapshotPhase.SNAPSHOT:
             chunk = await self._next_snapshot_chunk()
             if chunk is not None:
                 return chunk  # else the snapshot is done: on to the change log
@@ -324,7 +324,7 @@ class SnapshotBackfill(StreamActor):
                 if chunk is not None:
                     await ctx.emit(chunk)
             progress.after_barrier()
-        if progress.phase is BackfillPhase.FORWARD or message.is_stop(ctx.actor_id):
+        if progress.phase is SnapshotPhase.FORWARD or message.is_stop(ctx.actor_id):
             for view in self._views:
                 view.unpin(ctx.name)
         await self._pass(ctx, table, message)
@@ -334,7 +334,7 @@ class SnapshotBackfill(StreamActor):
         progress = self.progress
         for key, value in progress.rows_to_save().items():
             table.put(key, value)
-        done = progress.phase is BackfillPhase.FORWARD
+        done = progress.phase is SnapshotPhase.FORWARD
         ctx.report_progress(
             Progress(
                 finished=done,

@@ -29,10 +29,10 @@ from typing import Any, final
 
 from barrierflow.channels.errors import InvalidArgumentError
 
-__all__ = ["BackfillPhase", "SnapshotProgress", "VnodeProgress"]
+__all__ = ["SnapshotPhase", "SnapshotProgress", "VnodeProgress"]
 
 
-class BackfillPhase(enum.StrEnum):
+class SnapshotPhase(enum.StrEnum):
     """The three phases of a snapshot backfill."""
 
     SNAPSHOT = "snapshot"
@@ -65,7 +65,7 @@ class SnapshotProgress:
 
     snapshot_epoch: int
     vnodes: dict[int, VnodeProgress]
-    phase: BackfillPhase = BackfillPhase.SNAPSHOT
+    phase: SnapshotPhase = SnapshotPhase.SNAPSHOT
     #: The last epoch whose change log was replayed whole (the snapshot epoch at first).
     replayed: int = 0
     #: Rows of the oldest owed epoch's change log already emitted.
@@ -96,7 +96,7 @@ class SnapshotProgress:
         progress = cls(
             int(head["snapshot_epoch"]),
             {},
-            BackfillPhase(head["phase"]),
+            SnapshotPhase(head["phase"]),
             int(head["replayed"]),
             int(head["log_offset"]),
             int(head["rows"]),
@@ -144,7 +144,7 @@ class SnapshotProgress:
 
     def start_change_log(self) -> None:
         """The snapshot is done: the allowed lag starts as what is owed now."""
-        self.phase = BackfillPhase.CHANGE_LOG
+        self.phase = SnapshotPhase.CHANGE_LOG
         self.max_lag = float(len(self.pending))
 
     def on_closed(self, epoch: int) -> None:
@@ -160,7 +160,7 @@ class SnapshotProgress:
         once, the job forwards from the next epoch, as the seed finishes once it consumed the
         latest upstream epoch: a quiet upstream does not keep it waiting on the lag rule)."""
         owed = len(self.pending)
-        return self.phase is BackfillPhase.CHANGE_LOG and (
+        return self.phase is SnapshotPhase.CHANGE_LOG and (
             owed > math.floor(self.max_lag) or owed == 1
         )
 
@@ -177,10 +177,10 @@ class SnapshotProgress:
     def after_barrier(self) -> None:
         """A live barrier was handled: shrink the allowed lag (never grows), and forward once
         nothing is owed."""
-        if self.phase is not BackfillPhase.CHANGE_LOG:
+        if self.phase is not SnapshotPhase.CHANGE_LOG:
             return
         if not self.pending:
-            self.phase = BackfillPhase.FORWARD
+            self.phase = SnapshotPhase.FORWARD
             return
         self.max_lag = max(0.0, min(float(len(self.pending)), self.max_lag - 0.5))
 
