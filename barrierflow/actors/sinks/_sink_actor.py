@@ -11,15 +11,15 @@ import pyarrow as pa
 import structlog
 
 from barrierflow.actors.sinks._sink_commands import (
-    _BeginEpoch,
-    _Close,
-    _CommitEpoch,
-    _Flush,
-    _PreCommit,
-    _Recover,
-    _RollbackEpoch,
-    _State,
-    _WriteBatch,
+    BeginEpoch,
+    Close,
+    CommitEpoch,
+    Flush,
+    PreCommit,
+    Recover,
+    RollbackEpoch,
+    TaskState,
+    WriteBatch,
 )
 from barrierflow.actors.sinks.errors import EpochPoisonedError, SinkConnectorError, SinkEpochError
 from barrierflow.actors.sinks.protocol import (
@@ -40,7 +40,7 @@ class _SinkActor:
     def __init__(
         self,
         connector: SinkConnector,
-        state: _State,
+        state: TaskState,
         schema: pa.Schema,
         flush_interval: float,
         shutdown_timeout: float,
@@ -57,28 +57,28 @@ class _SinkActor:
 
     async def handle(self, command: Any) -> Any:
         match command:
-            case _WriteBatch(batch):
+            case WriteBatch(batch):
                 await self._write(batch)
                 return None
-            case _BeginEpoch(epoch):
+            case BeginEpoch(epoch):
                 await self._begin(epoch)
                 return None
-            case _PreCommit(epoch, positions):
+            case PreCommit(epoch, positions):
                 return await self._pre_commit(epoch, positions)
-            case _CommitEpoch(epoch):
+            case CommitEpoch(epoch):
                 await self._commit(epoch)
                 return None
-            case _RollbackEpoch(epoch):
+            case RollbackEpoch(epoch):
                 await self._rollback(epoch)
                 return None
-            case _Flush():
+            case Flush():
                 await self._call("flush", None, self.connector.flush())
                 self.state.flushes += 1
                 return None
-            case _Recover(pending):
+            case Recover(pending):
                 await self._recover(pending)
                 return None
-            case _Close():
+            case Close():
                 await self.shutdown()
                 return Finish()
         raise InvalidArgumentError("command", "a sink task command", command)  # pragma: no cover

@@ -17,53 +17,66 @@ import pyarrow as pa
 from barrierflow.actors.sinks.protocol import PendingCommit
 from barrierflow.channels.errors import InvalidArgumentError
 
-__all__ = ["SinkTaskStats"]
+__all__ = [
+    "BeginEpoch",
+    "Close",
+    "CommitEpoch",
+    "Flush",
+    "PreCommit",
+    "Recover",
+    "RollbackEpoch",
+    "SinkTaskStats",
+    "TaskState",
+    "WriteBatch",
+    "check_epoch",
+    "check_task_seconds",
+]
 
 DEFAULT_CAPACITY = 128
 DEFAULT_FLUSH_INTERVAL = 5.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 
 
-# The commands (private: the handle is the API).
+# The commands (package-internal: the handle is the API).
 @dataclass(frozen=True, slots=True)
-class _WriteBatch:
+class WriteBatch:
     batch: pa.RecordBatch
 
 
 @dataclass(frozen=True, slots=True)
-class _BeginEpoch:
+class BeginEpoch:
     epoch: int
 
 
 @dataclass(frozen=True, slots=True)
-class _Flush:
+class Flush:
     pass
 
 
 @dataclass(frozen=True, slots=True)
-class _PreCommit:
+class PreCommit:
     epoch: int
     # Source positions the epoch's rows span (after the first, up to the second), if known.
     positions: tuple[dict[str, int], dict[str, int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class _CommitEpoch:
+class CommitEpoch:
     epoch: int
 
 
 @dataclass(frozen=True, slots=True)
-class _RollbackEpoch:
+class RollbackEpoch:
     epoch: int
 
 
 @dataclass(frozen=True, slots=True)
-class _Recover:
+class Recover:
     pending: tuple[PendingCommit, ...]
 
 
 @dataclass(frozen=True, slots=True)
-class _Close:
+class Close:
     pass
 
 
@@ -99,7 +112,7 @@ class SinkTaskStats:
     finished: bool
 
 
-class _State:
+class TaskState:
     """The task's mutable state, shared with its handles (read-only for them)."""
 
     def __init__(self, name: str, exactly_once: bool) -> None:
@@ -140,13 +153,19 @@ class _State:
         )
 
 
-def _check_epoch(epoch: Any) -> int:
+def check_epoch(epoch: Any) -> int:
     if type(epoch) is not int or epoch < 0:
         raise InvalidArgumentError("epoch", "a non-negative int", epoch)
     return epoch
 
 
-def _check_seconds(argument: str, value: Any) -> float:
+def check_task_seconds(argument: str, value: Any) -> float:
+    """``value`` as seconds if it is a positive finite number (a bool is refused).
+
+    Raises:
+        InvalidArgumentError: it is not (the sink task's own type, unlike
+            :func:`barrierflow.runtime.config.check_seconds`'s ``ConfigError``).
+    """
     # ``<= float max``, not ``< inf``: a huge int passes the latter and overflows float().
     if (
         isinstance(value, bool)

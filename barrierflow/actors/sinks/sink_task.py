@@ -50,8 +50,8 @@ from barrierflow.actors.sinks._sink_commands import (
     DEFAULT_FLUSH_INTERVAL,
     DEFAULT_SHUTDOWN_TIMEOUT,
     SinkTaskStats,
-    _check_seconds,
-    _State,
+    TaskState,
+    check_task_seconds,
 )
 from barrierflow.actors.sinks.errors import SinkConnectorError
 from barrierflow.actors.sinks.protocol import SinkConnector
@@ -87,8 +87,8 @@ def check_task_options(
     if type(capacity) is not int or capacity < 1:
         raise InvalidArgumentError("capacity", "an int >= 1", capacity)
     return (
-        _check_seconds("flush_interval", flush_interval),
-        _check_seconds("shutdown_timeout", shutdown_timeout),
+        check_task_seconds("flush_interval", flush_interval),
+        check_task_seconds("shutdown_timeout", shutdown_timeout),
     )
 
 
@@ -124,7 +124,7 @@ async def start_sink_task(
     schema = connector.schema
     if not isinstance(schema, pa.Schema):
         raise InvalidArgumentError("connector.schema", "a pyarrow.Schema", type(schema).__name__)
-    state = _State(name, bool(connector.exactly_once))
+    state = TaskState(name, bool(connector.exactly_once))
     ref, inbox = open_command_actor(name, capacity)
     actor = _SinkActor(connector, state, schema, flush_interval, shutdown_timeout)
 

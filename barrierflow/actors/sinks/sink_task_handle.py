@@ -14,18 +14,18 @@ import structlog
 
 from barrierflow.actors.sinks._sink_commands import (
     DEFAULT_SHUTDOWN_TIMEOUT,
+    BeginEpoch,
+    Close,
+    CommitEpoch,
+    Flush,
+    PreCommit,
+    Recover,
+    RollbackEpoch,
     SinkTaskStats,
-    _BeginEpoch,
-    _check_epoch,
-    _check_seconds,
-    _Close,
-    _CommitEpoch,
-    _Flush,
-    _PreCommit,
-    _Recover,
-    _RollbackEpoch,
-    _State,
-    _WriteBatch,
+    TaskState,
+    WriteBatch,
+    check_epoch,
+    check_task_seconds,
 )
 from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
@@ -47,7 +47,7 @@ class SinkTaskHandle:
 
     __slots__ = ("_ref", "_schema", "_state")
 
-    def __init__(self, ref: ActorRef[Any], state: _State, schema: pa.Schema) -> None:
+    def __init__(self, ref: ActorRef[Any], state: TaskState, schema: pa.Schema) -> None:
         self._ref = ref
         self._state = state
         self._schema = schema
@@ -81,7 +81,7 @@ class SinkTaskHandle:
         """
         if not isinstance(batch, pa.RecordBatch):
             raise InvalidArgumentError("batch", "a pyarrow.RecordBatch", type(batch).__name__)
-        await self._ref.tell(_WriteBatch(batch))
+        await self._ref.tell(WriteBatch(batch))
         if not batch.schema.equals(self._schema):
             raise SchemaMismatchError(f"batch for sink {self.name!r}", self._schema, batch.schema)
 
@@ -93,7 +93,7 @@ class SinkTaskHandle:
                 epoch is still open (neither pre-committed nor rolled back).
             SinkConnectorError: the connector failed (the poison, if any, stays).
         """
-        await self._ref.ask(_BeginEpoch(_check_epoch(epoch)))
+        await self._ref.ask(BeginEpoch(check_epoch(epoch)))
 
     async def flush(self) -> None:
         """Flush the connector now and wait for it (no timeout; the periodic one has one).
@@ -101,7 +101,7 @@ class SinkTaskHandle:
         Raises:
             SinkConnectorError: the connector's flush failed.
         """
-        await self._ref.ask(_Flush())
+        await self._ref.ask(Flush())
 
     async def pre_commit(
         self,
@@ -130,7 +130,7 @@ class SinkTaskHandle:
                 check_positions("positions", positions[0]),
                 check_positions("positions", positions[1]),
             )
-        metadata: CommitMetadata = await self._ref.ask(_PreCommit(_check_epoch(epoch), checked))
+        metadata: CommitMetadata = await self._ref.ask(PreCommit(check_epoch(epoch), checked))
         return metadata
 
     async def commit_epoch(self, epoch: int) -> None:
@@ -141,11 +141,11 @@ class SinkTaskHandle:
             SinkEpochError: ``epoch`` was never pre-committed, or an older one is pending.
             SinkConnectorError: the connector's commit failed (the epoch stays pre-committed).
         """
-        await self._ref.ask(_CommitEpoch(_check_epoch(epoch)))
+        await self._ref.ask(CommitEpoch(check_epoch(epoch)))
 
     async def rollback_epoch(self, epoch: int) -> None:
         """Queue a rollback of ``epoch`` (fire-and-forget: a failure is logged, not raised)."""
-        await self._ref.tell(_RollbackEpoch(_check_epoch(epoch)))
+        await self._ref.tell(RollbackEpoch(check_epoch(epoch)))
 
     async def recover(self, pending: Sequence[PendingCommit]) -> None:
         """Bring the connector to its last checkpoint: commit ``pending``, roll back any other
@@ -159,7 +159,7 @@ class SinkTaskHandle:
         for item in items:
             if not isinstance(item, PendingCommit):
                 raise InvalidArgumentError("pending", "PendingCommit items", item)
-        await self._ref.ask(_Recover(items))
+        await self._ref.ask(Recover(items))
 
     def clone(self) -> SinkTaskHandle:
         """Another handle on the same task."""
@@ -177,11 +177,11 @@ class SinkTaskHandle:
         Returns:
             Whether the task ended within ``timeout`` seconds.
         """
-        timeout = _check_seconds("timeout", timeout)
+        timeout = check_task_seconds("timeout", timeout)
         try:
             with anyio.move_on_after(timeout):
                 with contextlib.suppress(ActorGoneError):  # closing again is a no-op
-                    await self._ref.ask(_Close())
+                    await self._ref.ask(Close())
                 await self._state.finished.wait()
                 return True
             structlog.get_logger("barrierflow.sink").warning(
