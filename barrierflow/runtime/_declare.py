@@ -1,12 +1,19 @@
 """Declaring a runtime's graph: the default job's actors, named jobs, and applying a job's
-declarations to the graph all or nothing (before start, or when a job joins later)."""
+declarations to the graph all or nothing (before start, or when a job joins later).
+
+:class:`Declarations` is the part of a :class:`~barrierflow.runtime.runtime.Runtime` that
+knows *what* runs: the graph and the job records. It depends on nothing else of the runtime;
+the running jobs (:mod:`._jobs`), the running graph (:mod:`._live`) and the lifecycle
+(:mod:`._lifecycle`) read it and grow or shrink it through its methods."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 import pyarrow as pa
 
+from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.errors import DuplicateJobError, GraphError, JobDroppingError
 from barrierflow.runtime.graph import DEFAULT_JOB, Fanout, Graph, Node
@@ -48,7 +55,18 @@ def _check_keys(declaration: ActorDeclaration, nodes: Mapping[str, Node], *, run
 
 
 class Declarations:
-    """The graph of a runtime, made of jobs (see :mod:`barrierflow.runtime.job`)."""
+    """What a runtime runs: its graph and the record of each of its jobs (see
+    :mod:`barrierflow.runtime.job`).
+
+    It owns the :class:`~barrierflow.runtime.graph.Graph` (every actor of every job, declared
+    or joined), the default job that :meth:`add_source` and :meth:`add_actor` grow, and the
+    :class:`~barrierflow.runtime.job.JobRecord` of each job by name (its status, progress and
+    epoch), because every change to the graph is checked against the jobs: a name a service
+    of another job holds, an input of a job being dropped. Until the runtime starts
+    (:meth:`freeze`) the graph is declared through it; afterwards the running jobs
+    (:class:`~barrierflow.runtime._jobs.RunningJobs`) grow and shrink it with :meth:`apply`,
+    :meth:`enroll` and :meth:`remove_job`.
+    """
 
     def __init__(self) -> None:
         self._graph = Graph()
@@ -56,17 +74,58 @@ class Declarations:
         self._records: dict[str, JobRecord] = {DEFAULT_JOB: JobRecord(self._main, declared=True)}
         self._started = False
 
-    def _check_not_started(self) -> None:
+    # What the other parts of the runtime read.
+
+    @property
+    def graph(self) -> Graph:
+        """The graph: every actor of every job that runs (or is being dropped)."""
+        return self._graph
+
+    @property
+    def records(self) -> Mapping[str, JobRecord]:
+        """Job name → its record, in the order the jobs were declared or added (read-only:
+        see :meth:`enroll` and :meth:`remove_job`)."""
+        return MappingProxyType(self._records)
+
+    @property
+    def started(self) -> bool:
+        """Whether the runtime started (no more declarations, see :meth:`freeze`)."""
+        return self._started
+
+    def freeze(self) -> None:
+        """The runtime starts: from now on only jobs join and leave the graph."""
+        self._started = True
+
+    def check_not_started(self) -> None:
+        """Refuse a declaration once the runtime has started.
+
+        Raises:
+            GraphError: the runtime has started.
+        """
         if self._started:
             raise GraphError("graph", "changes before the runtime starts", "a running runtime")
 
-    def _services(self) -> dict[str, Service]:
+    def services(self) -> dict[str, Service]:
+        """Service name → service, of every job that runs (or is being dropped)."""
         return {
             name: service
             for record in self._records.values()
             if record.status != "dropped"
             for name, service in record.job.services.items()
         }
+
+    def actor_id(self, name: str) -> int:
+        """The id of the actor named ``name`` (the contract: ``Runtime.actor_id``).
+
+        Raises:
+            InvalidArgumentError: no actor is named ``name``.
+        """
+        node = self._graph.nodes.get(name) if isinstance(name, str) else None
+        if node is None:
+            raise InvalidArgumentError("name", f"one of {list(self._graph.nodes)}", name)
+        return node.actor_id
+
+    # Declaring, before start (the contracts: the methods of Runtime of the same names).
 
     def add_source(
         self,
@@ -76,19 +135,9 @@ class Declarations:
         fanout: Fanout | None = None,
         schema: pa.Schema | None = None,
     ) -> Node:
-        """Declare a source of the default job (a :class:`PushSource` unless a factory is
-        given). All or nothing, like :meth:`add_actor`.
-
-        ``schema``, if given, is what the source emits (a push source refuses chunks of
-        another schema): the actors declared to read it are checked against it at once — hash
-        key columns, a sink's schema — instead of failing on the first rows (see
-        :mod:`barrierflow.runtime.startup`).
-
-        Raises:
-            GraphError: as for :meth:`add_actor`; ``schema`` is not a ``pyarrow.Schema``; or
-                the runtime has started.
-        """
-        self._check_not_started()
+        """Declare a source of the default job, all or nothing: the job takes the declaration,
+        then the graph does, else the job forgets it again."""
+        self.check_not_started()
         self._check_not_a_service(name)
         self._main.add_source(name, actor, fanout=fanout, schema=schema)
         try:
@@ -107,27 +156,8 @@ class Declarations:
         parallelism: int | None = None,
         key: Sequence[str] | None = None,
     ) -> Node:
-        """Declare an actor of the default job reading ``inputs`` (aligned-merged if more than
-        one, unless the actor reads them independently); see :meth:`Job.add_actor`.
-
-        All or nothing: everything is checked before the graph changes, so a refused
-        declaration leaves no half-declared actor behind and its name stays free. ``inputs``
-        is a list or tuple of declared names (or a mapping of input name to upstream); a str
-        is refused (it is a sequence of letters).
-
-        Returns:
-            The node of the actor (the first one of a parallel group).
-
-        Raises:
-            GraphError: the name is empty, taken (by an actor or a service) or not a str; the
-                actor is not a factory (an instance is refused: it would be reused across
-                restarts); ``inputs`` is not a list, tuple or mapping of declared names, or
-                names one twice; ``fanout`` is not a Fanout; a bad ``parallelism`` or ``key``;
-                or the runtime has started.
-            KeyColumnError: ``key`` (or the hash fan-out of an input) names a column that an
-                input declared with a schema does not have, or cannot hash.
-        """
-        self._check_not_started()
+        """Declare an actor of the default job, all or nothing (as :meth:`add_source`)."""
+        self.check_not_started()
         self._check_not_a_service(name)
         self._main.add_actor(
             name, actor, inputs=inputs, fanout=fanout, parallelism=parallelism, key=key
@@ -146,56 +176,60 @@ class Declarations:
 
     def name_in_use(self, name: str) -> bool:
         """Whether ``name`` is taken by an actor or a service of a declared job."""
-        return name in self._graph.nodes or name in self._services()
+        return name in self._graph.nodes or name in self.services()
 
     def _check_not_a_service(self, name: object) -> None:
-        if isinstance(name, str) and name in self._services():
+        if isinstance(name, str) and name in self.services():
             raise GraphError("name", "a name not used by an actor or a service", name)
 
     def add_service(self, name: str, service: Service) -> None:
-        """Run ``service`` alongside the graph, in every incarnation (see :mod:`.service`).
-
-        Raises:
-            GraphError: ``service`` has no ``run(ctx)``, or ``name`` is taken.
-        """
-        self._check_not_started()
-        if isinstance(name, str) and (name in self._graph.nodes or name in self._services()):
+        """Declare a service of the default job."""
+        self.check_not_started()
+        if isinstance(name, str) and (name in self._graph.nodes or name in self.services()):
             raise GraphError("name", "a new, non-empty service name", name)
         self._main.add_service(name, service)
 
     def connect(self, upstream: str, downstream: str) -> None:
-        """Add an edge between two declared actors.
-
-        Raises:
-            GraphError: an unknown actor, an edge into a source, an edge declared twice, an
-                edge closing a cycle, or the runtime has started.
-        """
-        self._check_not_started()
+        """Add an edge between two declared actors."""
+        self.check_not_started()
         self._graph.connect(upstream, downstream)
 
     def declare_job(self, job: Job) -> None:
-        """Declare a named job before start (a job added at runtime in an earlier run is
-        declared again this way when the program restarts).
-
-        Raises:
-            GraphError: ``job`` is not a Job, or its declarations do not fit the graph.
-            DuplicateJobError: a job of that name is declared.
-        """
-        self._check_not_started()
+        """Declare a named job before start: its actors into the graph, its record kept."""
+        self.check_not_started()
         if not isinstance(job, Job):
             raise GraphError("job", "a Job", type(job).__name__)
         if job.name in self._records:
             raise DuplicateJobError(job.name)
-        self._apply(job, running=False)
+        self.apply(job, running=False)
         self._records[job.name] = JobRecord(job, declared=True)
+
+    # Jobs joining and leaving, after start.
+
+    def enroll(self, record: JobRecord) -> None:
+        """Keep the record of a job that joined the running graph (its actors were applied).
+
+        Raises:
+            DuplicateJobError: a job of that name exists.
+        """
+        if record.job.name in self._records:
+            raise DuplicateJobError(record.job.name)
+        self._records[record.job.name] = record
+
+    def remove_job(self, name: str) -> JobRecord:
+        """Remove job ``name``: its actors from the graph, and its record, which is returned
+        (for the caller to settle: a dropped job, or one that recovery does not keep)."""
+        self._graph.remove([n.name for n in self._graph.nodes.values() if n.job == name])
+        return self._records.pop(name)
 
     def _apply_last(self, job: Job) -> list[Node]:
         """Apply the last declaration of ``job`` to the graph (the default job grows one
         actor at a time)."""
         return self._add_declaration(job, job.declarations[-1], running=False)
 
-    def _apply(self, job: Job, *, running: bool) -> list[Node]:
-        """Every declaration of ``job`` into the graph, all or nothing.
+    def apply(self, job: Job, *, running: bool) -> list[Node]:
+        """Every declaration of ``job`` into the graph, all or nothing; returns the new nodes
+        (``running``: the job joins a running graph, each actor with a dispatcher of its own).
 
         Raises:
             GraphError: a name taken or an input unknown (or an upstream of a job being
@@ -214,7 +248,7 @@ class Declarations:
         self, job: Job, declaration: ActorDeclaration, *, running: bool
     ) -> list[Node]:
         nodes = self._graph.nodes
-        services = self._services()
+        services = self.services()
         upstreams = (
             declaration.inputs.values()
             if isinstance(declaration.inputs, Mapping)

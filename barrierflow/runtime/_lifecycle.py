@@ -1,5 +1,7 @@
-"""Starting, supervising and stopping a runtime's graph: the lifecycle half of
-:class:`~barrierflow.runtime.runtime.Runtime` (the other half drives the running graph).
+"""Starting, supervising and stopping a runtime's graph: the lifecycle part of
+:class:`~barrierflow.runtime.runtime.Runtime` (the graph it runs is declared in
+:mod:`._declare`, the jobs that join and leave are :mod:`._jobs`', and callers drive the running
+graph through :mod:`._live`).
 
 ``async with rt:`` opens the state store (on threads the runtime owns), refuses a job in the
 store that is not declared, then runs :meth:`Lifecycle._supervise` in the runtime's task group:
@@ -15,24 +17,28 @@ runs beside every incarnation and warns about such an actor long before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import anyio
+import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from barrierflow.channels.barrier import BarrierKind
 from barrierflow.channels.mutation import Stop
+from barrierflow.runtime._declare import Declarations
 from barrierflow.runtime._incarnation import Incarnation, check_wiring, create_actors
 from barrierflow.runtime._jobs import RunningJobs
+from barrierflow.runtime._live import LiveGraph
 from barrierflow.runtime._wiring import wire
 from barrierflow.runtime.barrier_manager import BarrierManager
+from barrierflow.runtime.config import RuntimeConfig
 from barrierflow.runtime.errors import (
     ActorFailedError,
     BarrierStuckError,
     JobNotDeclaredError,
-    NotAwaitedError,
     NotRunningError,
 )
 from barrierflow.runtime.logging import configure_logging
@@ -66,20 +72,58 @@ def _first_actor_failure(group: BaseExceptionGroup[BaseException]) -> ActorFaile
     return None
 
 
-class Lifecycle(RunningJobs):
-    """Entering, supervising and leaving a runtime (see the module)."""
+class Lifecycle:
+    """Entering, supervising and leaving a runtime (see the module).
 
-    _clock: Any
-    _task_group: TaskGroup | None
-    _exit_stack: AsyncExitStack | None = None
-    _incarnation: Incarnation | None
-    _restarts: int
-    _failure: ActorFailedError | None
-    _last_failure: ActorFailedError | None
-    _rebuilt: anyio.Event | None
+    It owns the runtime's state store (opened on entering, closed on leaving), the exit stack
+    that keeps the runtime's task group open between ``__aenter__`` and ``__aexit__``, and the
+    count of restarts; it is the one writer of the :class:`~barrierflow.runtime._live.LiveGraph`
+    it is given (which incarnation runs, and how it failed). It builds each incarnation from the
+    graph of the ``declarations`` it is given, and takes from the ``jobs`` it is given what they
+    decide: the jobs recovery keeps, the jobs to forget, the progress of a completed barrier,
+    and the lock that orders the barriers changing which jobs run.
 
-    async def __aenter__(self) -> Self:
-        self._graph.validate()
+    Args:
+        config: how to run.
+        clock: wall-clock seconds for epochs (``None``: the barrier manager's own).
+        declarations: the graph and the job records.
+        jobs: the running jobs.
+        live: the running graph, as callers reach it.
+    """
+
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        clock: Callable[[], float] | None,
+        declarations: Declarations,
+        jobs: RunningJobs,
+        live: LiveGraph,
+    ) -> None:
+        self._config = config
+        self._clock = clock
+        self._declarations = declarations
+        self._jobs = jobs
+        self._live = live
+        self._store: StateStore | None = None
+        self._exit_stack: AsyncExitStack | None = None
+        self._task_group: TaskGroup | None = None
+        self._restarts = 0
+        self._log: Any = structlog.get_logger("barrierflow.runtime")
+
+    @property
+    def store(self) -> StateStore | None:
+        """The state store (``None``: the runtime never started; closed once it left)."""
+        return self._store
+
+    @property
+    def restarts(self) -> int:
+        """Graph restarts so far (recovery)."""
+        return self._restarts
+
+    async def enter(self) -> None:
+        """Open the store, refuse an undeclared stored job, and start the graph (returns once
+        its initial barrier is in)."""
+        self._declarations.graph.validate()
         if self._config.log_format is not None:
             configure_logging(self._config.log_format)
         # The runtime's own worker threads for blocking calls (the store's file checks, and
@@ -92,47 +136,47 @@ class Lifecycle(RunningJobs):
         )
         try:
             catalog = await self._store.read_all("__runtime__", "jobs")
+            records, forgotten = self._declarations.records, self._jobs.forgotten
             for job, entry in catalog.items():
-                if job not in self._records and job not in self._forget:
+                if job not in records and job not in forgotten:
                     raise JobNotDeclaredError(job, int(entry.get("created_epoch", 0)))
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._store.aclose()
             raise
-        self._started = True
-        self._rebuilt = anyio.Event()
-        # The task group outlives this call: it is entered on an exit stack that __aexit__
+        self._declarations.freeze()
+        # The task group outlives this call: it is entered on an exit stack that exit()
         # (or a failed start) closes with the body's exception.
         stack = AsyncExitStack()
         task_group = await stack.enter_async_context(anyio.create_task_group())
         self._exit_stack, self._task_group = stack, task_group
+        self._live.attach(task_group)
         try:
             await task_group.start(self._supervise)
         except BaseException as exc:
             await self._shutdown(type(exc), exc, exc.__traceback__)
             raise
-        return self
 
-    async def __aexit__(
+    async def exit(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is None and self._failure is None:
+        """Leave: stop the graph at a final checkpoint (if the body and the graph did not
+        fail), then cancel what is left and close the store."""
+        if exc is None and self._live.failure is None:
             timeout = self._config.stop_timeout
             with anyio.CancelScope(shield=True), anyio.move_on_after(timeout) as stop:
                 await self._stop_graph()
-            incarnation = self._incarnation
+            incarnation = self._live.incarnation
             if stop.cancelled_caught and incarnation is not None:
                 # What followed the last committed checkpoint is replayed at the next start.
-                stuck = incarnation.stuck_error(self._graph.nodes)
+                stuck = incarnation.stuck_error(self._declarations.graph.nodes)
                 self._log.error(str(stuck), timeout_s=timeout)
                 await self._shutdown(BarrierStuckError, stuck, None)
                 raise stuck
         await self._shutdown(exc_type, exc, tb)
-        if exc is None and self.unawaited_calls.calls:
-            raise NotAwaitedError(self.unawaited_calls.calls)
 
     async def _shutdown(
         self,
@@ -142,6 +186,7 @@ class Lifecycle(RunningJobs):
     ) -> None:
         task_group, self._task_group = self._task_group, None
         stack, self._exit_stack = self._exit_stack, None
+        self._live.detach()
         try:
             if task_group is not None and stack is not None:
                 if exc is not None:
@@ -161,17 +206,19 @@ class Lifecycle(RunningJobs):
             if self._store is not None:
                 with anyio.CancelScope(shield=True):
                     await self._store.aclose()
-        if self._failure is not None and exc is None:
-            raise self._failure from self._failure.cause
+        failure = self._live.failure
+        if failure is not None and exc is None:
+            raise failure from failure.cause
 
     async def _stop_graph(self) -> None:
-        incarnation = self._incarnation
+        incarnation = self._live.incarnation
         if incarnation is None or incarnation.finished:
             return  # nothing runs that a Stop could reach (every actor finished already)
         await incarnation.ready.wait()
         try:
-            async with self._jobs_lock:
-                stop = Stop(frozenset(n.actor_id for n in self._graph.nodes.values()))
+            async with self._jobs.lock:
+                nodes = self._declarations.graph.nodes.values()
+                stop = Stop(frozenset(n.actor_id for n in nodes))
                 flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT, stop)
             await flight.wait()
         except NotRunningError:
@@ -185,13 +232,7 @@ class Lifecycle(RunningJobs):
                 return
             except ActorFailedError as failure:
                 started = True
-                self._last_failure = failure
-                old, self._incarnation = self._incarnation, None
-                self._rebuilt = anyio.Event()
-                if old is not None:
-                    old.manager.fail_in_flight(failure)
-                    for tx in old.channels:
-                        tx.close()  # pushes parked on the dead graph fail now
+                self._live.lose(failure)
                 if not self._config.recovery or self._restarts >= self._config.max_restarts:
                     self._log.error(
                         "actor failed; stopping",
@@ -199,9 +240,8 @@ class Lifecycle(RunningJobs):
                         error=repr(failure.cause),
                         restarts=self._restarts,
                     )
-                    self._failure = failure
-                    self._rebuilt.set()  # wake callers waiting for a rebuild: there is none
-                    for record in self._records.values():
+                    self._live.fail(failure)
+                    for record in self._declarations.records.values():
                         record.error = failure
                         record.ready.set()
                     raise
@@ -217,7 +257,7 @@ class Lifecycle(RunningJobs):
                 assert self._store is not None
                 self._store.release_tables()
                 await self._store.abort_epoch_records_after_committed()
-                await self._restore_jobs()
+                await self._jobs.restore(self._store)
                 await anyio.sleep(delay)
             started = True
 
@@ -234,11 +274,12 @@ class Lifecycle(RunningJobs):
     async def _run_graph(self, task_status: TaskStatus[None] | None) -> None:
         store = self._store
         assert store is not None
-        nodes = list(self._graph.nodes.values())
+        graph, records = self._declarations.graph, self._declarations.records
+        nodes = list(graph.nodes.values())
         capacity, rows = self._config.channel_capacity, self._config.channel_rows
         instances = create_actors(nodes)
         wiring = wire(nodes, {}, capacity=capacity, rows=rows)
-        check_wiring(instances, wiring, self._services())
+        check_wiring(instances, wiring, self._declarations.services())
         manager = BarrierManager(
             store,
             wiring.inboxes,
@@ -248,32 +289,32 @@ class Lifecycle(RunningJobs):
             max_in_flight=self._config.max_in_flight,
             clock=self._clock,
         )
-        manager.on_complete = self._on_complete
+        manager.on_complete = self._jobs.on_complete
         incarnation = Incarnation(store, manager)
         incarnation.channels = wiring.channels
         incarnation.inboxes = {n.name: wiring.inboxes[n.actor_id] for n in nodes if n.is_source}
-        self._incarnation = incarnation
+        self._live.install(incarnation)
         adopted: dict[str, int] = {}
         if store.committed_epoch == 0:
             adopted = await adopt_sink_positions(
                 instances, str(self._config.state_path), adopt=self._config.adopt_sink_positions
             )
         committed = await incarnation.catalog.committed()
-        for record in self._records.values():
+        for record in records.values():
             record.set_backfilling(instances)
         # The initial barrier goes in before anyone may push, so every actor sees it first
         # and knows its epoch before its first chunk. The catalog gains the declared jobs it
         # lacks (and loses the forgotten ones) under its epoch.
-        async with self._jobs_lock:
+        async with self._jobs.lock:
             flight = await manager.inject()
             new = {
                 name: record.job.actor_names()
-                for name, record in self._records.items()
+                for name, record in records.items()
                 if name not in committed
             }
-            gone = tuple(name for name in self._forget if name in committed)
+            gone = tuple(name for name in self._jobs.forgotten if name in committed)
             incarnation.catalog.record(flight.barrier.epoch.curr, created=new, dropped=gone)
-            for name, record in self._records.items():
+            for name, record in records.items():
                 entry = committed.get(name)
                 record.created_epoch = (
                     int(entry["created_epoch"]) if entry else flight.barrier.epoch.curr
@@ -282,20 +323,18 @@ class Lifecycle(RunningJobs):
             tg.start_soon(manager.run, name="barrier manager")
             watchdog = BarrierWatchdog(
                 manager,
-                lambda: incarnation.stuck_error(self._graph.nodes),
+                lambda: incarnation.stuck_error(self._declarations.graph.nodes),
                 after_intervals=self._config.stuck_barrier_intervals,
             )
             tg.start_soon(watchdog.run, name="barrier watchdog")
             incarnation.services = tg
-            for record in self._records.values():
+            for record in records.values():
                 for name, service in record.job.services.items():
                     incarnation.start_service(record.job.name, name, service)
             async with anyio.create_task_group() as actors:
                 incarnation.actors = actors
                 incarnation.start_actors(nodes, instances, wiring, adopted)
-                incarnation.ready.set()
-                if self._rebuilt is not None:
-                    self._rebuilt.set()
+                self._live.announce_ready()
                 if task_status is not None:
                     task_status.started()
             await manager.drain()

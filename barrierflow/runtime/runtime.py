@@ -21,43 +21,40 @@ and pushes them again (the Spark bridge does exactly that).
 
 Leaving ``async with`` normally stops the graph cleanly: a final checkpoint barrier carrying
 ``Stop`` for every actor, then the store is closed.
+
+The runtime is composed of four parts, each owning its state, wired together here and given
+what it needs from the others through its constructor: :class:`~._declare.Declarations` (the
+graph and the job records), :class:`~._live.LiveGraph` (the running graph as callers reach it),
+:class:`~._jobs.RunningJobs` (jobs joining and leaving at barriers) and
+:class:`~._lifecycle.Lifecycle` (the store, supervision and recovery, stopping). ``Runtime`` is
+the facade: every public method checks its arguments where the contract says so, and delegates.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import final
+from types import TracebackType
+from typing import Self, final
 
-import anyio
-import structlog
-from anyio.abc import TaskGroup
+import pyarrow as pa
 
-from barrierflow.channels.barrier import BarrierKind
 from barrierflow.channels.channel import ChannelStatistics
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.epoch import EpochPair
-from barrierflow.channels.errors import ChannelBrokenError, ChannelClosedError, InvalidArgumentError
-from barrierflow.channels.mutation import (
-    MUTATION_TYPES,
-    Add,
-    Mutation,
-    SourceChangeSplit,
-    Stop,
-    Throttle,
-    Update,
-)
-from barrierflow.runtime._awaited import must_await
-from barrierflow.runtime._incarnation import Incarnation
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.mutation import MUTATION_TYPES, Mutation
+from barrierflow.runtime._awaited import UnawaitedCalls, must_await
+from barrierflow.runtime._declare import Declarations
+from barrierflow.runtime._jobs import RunningJobs, trim_dropped_actor
 from barrierflow.runtime._lifecycle import Lifecycle
-from barrierflow.runtime.actor import ActorStats
+from barrierflow.runtime._live import LiveGraph
+from barrierflow.runtime.actor import ActorStats, StreamActor
 from barrierflow.runtime.config import RuntimeConfig, check_seconds
-from barrierflow.runtime.errors import (
-    ActorFailedError,
-    NotRunningError,
-)
-from barrierflow.runtime.job import JobStats, PushSource
+from barrierflow.runtime.errors import NotAwaitedError, NotRunningError
+from barrierflow.runtime.graph import Fanout, Graph, Node
+from barrierflow.runtime.job import Job, JobHandle, JobStats, PushSource
+from barrierflow.runtime.service import Service
 from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore
 
 __all__ = ["PushSource", "Runtime", "RuntimeStats"]
@@ -85,7 +82,7 @@ class RuntimeStats:
 
 
 @final
-class Runtime(Lifecycle):
+class Runtime:
     """Runs a graph of stream actors, made of jobs (see the module docstring).
 
     Args:
@@ -103,41 +100,204 @@ class Runtime(Lifecycle):
             raise InvalidArgumentError("config", "a RuntimeConfig", config)
         if clock is not None and not callable(clock):
             raise InvalidArgumentError("clock", "None or a callable returning seconds", clock)
-        super().__init__()
-        self._config = config
-        self._clock = clock
-        self._store: StateStore | None = None
-        self._task_group: TaskGroup | None = None
-        self._incarnation: Incarnation | None = None
-        self._restarts = 0
-        self._failure: ActorFailedError | None = None
-        self._last_failure: ActorFailedError | None = None
-        self._rebuilt: anyio.Event | None = None
-        self._jobs_lock = anyio.Lock()
-        self._forget: set[str] = set()
-        self._log = structlog.get_logger("barrierflow.runtime")
+        # The parts, each given the others it needs (see the module docstring).
+        self._declarations = Declarations()
+        self._live = LiveGraph(self._declarations)
+        self._jobs = RunningJobs(
+            config,
+            self._declarations,
+            running=self._live.running,
+            as_failure=self._live.as_failure,
+            trim=lambda ctx, epoch: Runtime._trim(ctx, epoch),
+        )
+        self._lifecycle = Lifecycle(config, clock, self._declarations, self._jobs, self._live)
+        self._unawaited = UnawaitedCalls()
+
+    # For tests and tools that look inside a runtime.
+
+    #: How the state of a dropped job's actor is trimmed, looked up on each drop (a test
+    #: replaces it on the class to delay the trim).
+    _trim = staticmethod(trim_dropped_actor)
+
+    @property
+    def _graph(self) -> Graph:
+        return self._declarations.graph
+
+    @property
+    def _store(self) -> StateStore | None:
+        return self._lifecycle.store
+
+    # Entering and leaving.
+
+    async def __aenter__(self) -> Self:
+        await self._lifecycle.enter()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._lifecycle.exit(exc_type, exc, tb)
+        if exc is None and self._unawaited.calls:
+            raise NotAwaitedError(self._unawaited.calls)
+
+    @property
+    def unawaited_calls(self) -> UnawaitedCalls:
+        """This runtime's calls made without ``await`` (see :mod:`barrierflow.runtime._awaited`)."""
+        return self._unawaited
+
+    # Declaring the graph, before start.
+
+    def add_source(
+        self,
+        name: str,
+        actor: Callable[[], StreamActor] | None = None,
+        *,
+        fanout: Fanout | None = None,
+        schema: pa.Schema | None = None,
+    ) -> Node:
+        """Declare a source of the default job (a :class:`PushSource` unless a factory is
+        given). All or nothing, like :meth:`add_actor`.
+
+        ``schema``, if given, is what the source emits (a push source refuses chunks of
+        another schema): the actors declared to read it are checked against it at once — hash
+        key columns, a sink's schema — instead of failing on the first rows (see
+        :mod:`barrierflow.runtime.startup`).
+
+        Raises:
+            GraphError: as for :meth:`add_actor`; ``schema`` is not a ``pyarrow.Schema``; or
+                the runtime has started.
+        """
+        return self._declarations.add_source(name, actor, fanout=fanout, schema=schema)
+
+    def add_actor(
+        self,
+        name: str,
+        actor: Callable[..., StreamActor],
+        *,
+        inputs: Sequence[str] | Mapping[str, str],
+        fanout: Fanout | None = None,
+        parallelism: int | None = None,
+        key: Sequence[str] | None = None,
+    ) -> Node:
+        """Declare an actor of the default job reading ``inputs`` (aligned-merged if more than
+        one, unless the actor reads them independently); see :meth:`Job.add_actor`.
+
+        All or nothing: everything is checked before the graph changes, so a refused
+        declaration leaves no half-declared actor behind and its name stays free. ``inputs``
+        is a list or tuple of declared names (or a mapping of input name to upstream); a str
+        is refused (it is a sequence of letters).
+
+        Returns:
+            The node of the actor (the first one of a parallel group).
+
+        Raises:
+            GraphError: the name is empty, taken (by an actor or a service) or not a str; the
+                actor is not a factory (an instance is refused: it would be reused across
+                restarts); ``inputs`` is not a list, tuple or mapping of declared names, or
+                names one twice; ``fanout`` is not a Fanout; a bad ``parallelism`` or ``key``;
+                or the runtime has started.
+            KeyColumnError: ``key`` (or the hash fan-out of an input) names a column that an
+                input declared with a schema does not have, or cannot hash.
+        """
+        return self._declarations.add_actor(
+            name, actor, inputs=inputs, fanout=fanout, parallelism=parallelism, key=key
+        )
+
+    def declared_schema(self, name: str) -> pa.Schema | None:
+        """The schema source ``name`` was declared to emit (``None``: not declared, or not a
+        declared source)."""
+        return self._declarations.declared_schema(name)
+
+    def name_in_use(self, name: str) -> bool:
+        """Whether ``name`` is taken by an actor or a service of a declared job."""
+        return self._declarations.name_in_use(name)
+
+    def add_service(self, name: str, service: Service) -> None:
+        """Run ``service`` alongside the graph, in every incarnation (see :mod:`.service`).
+
+        Raises:
+            GraphError: ``service`` has no ``run(ctx)``, or ``name`` is taken.
+        """
+        self._declarations.add_service(name, service)
+
+    def connect(self, upstream: str, downstream: str) -> None:
+        """Add an edge between two declared actors.
+
+        Raises:
+            GraphError: an unknown actor, an edge into a source, an edge declared twice, an
+                edge closing a cycle, or the runtime has started.
+        """
+        self._declarations.connect(upstream, downstream)
+
+    def declare_job(self, job: Job) -> None:
+        """Declare a named job before start (a job added at runtime in an earlier run is
+        declared again this way when the program restarts).
+
+        Raises:
+            GraphError: ``job`` is not a Job, or its declarations do not fit the graph.
+            DuplicateJobError: a job of that name is declared.
+        """
+        self._declarations.declare_job(job)
+
+    def forget_job(self, name: str) -> None:
+        """Before start: delete job ``name`` from the state store's catalog at the first
+        checkpoint, instead of declaring it again (its actors' state is left behind unread).
+
+        Raises:
+            GraphError: ``name`` is not a non-empty str, or the runtime has started.
+        """
+        self._jobs.forget_job(name)
+
+    # Jobs joining and leaving the running graph.
+
+    def job(self, name: str) -> JobHandle:
+        """The handle of job ``name`` (the default job is ``"main"``).
+
+        Raises:
+            UnknownJobError: no such job.
+        """
+        return self._jobs.job(name)
+
+    def jobs(self) -> list[str]:
+        """The names of the jobs that run (or are being dropped)."""
+        return self._jobs.jobs()
+
+    @must_await
+    async def add_job(self, job: Job) -> JobHandle:
+        """Join ``job`` to the running graph at one barrier; return once it was collected.
+
+        The job's channels and actors are built first; then a barrier carrying ``Add`` is
+        injected: each running actor the job reads gains its new output exactly at that
+        barrier, which is the new actors' first. The job enters the catalog under that
+        barrier's epoch and is durable with the next checkpoint.
+
+        Raises:
+            GraphError: ``job`` is not a Job, or an actor reads an unknown actor.
+            DuplicateJobError: a job of that name exists.
+            JobDroppingError: an actor reads an actor of a job being dropped.
+            ActorFailedError: a factory of the job raised (nothing was added).
+            NotRunningError: the runtime is not running.
+        """
+        return await self._jobs.add_job(job)
+
+    @must_await
+    async def drop_job(self, name: str) -> int:
+        """Stop job ``name``'s actors at one checkpoint barrier (upstreams drop their outputs
+        to it at the same barrier); once that checkpoint is durable and every actor of the job
+        left (a sink's writers after their last commit), its services stop; its state is
+        trimmed in the checkpoint that follows. Returns the epoch of that barrier.
+
+        Raises:
+            UnknownJobError: no such job.
+            JobError: another running job reads an actor of this one (drop that one first).
+            NotRunningError: the runtime is not running.
+        """
+        return await self._jobs.drop_job(name)
 
     # Driving a running graph.
-
-    async def _running(self) -> Incarnation:
-        """The current graph, waiting while recovery rebuilds it."""
-        while True:
-            if self._task_group is None:
-                raise NotRunningError("the runtime", "use it inside `async with rt:`")
-            if self._failure is not None:
-                # The graph failed for good: a caller outside the runtime's task group (a
-                # blocking portal's call from a Spark thread) must not wait for a rebuild.
-                raise self._failure
-            incarnation = self._incarnation
-            if incarnation is not None:
-                await incarnation.ready.wait()
-                if incarnation.finished:
-                    raise NotRunningError(
-                        "the graph", "a graph with running actors (every actor has finished)"
-                    )
-                return incarnation
-            assert self._rebuilt is not None
-            await self._rebuilt.wait()
 
     @must_await
     async def wait_running(self) -> None:
@@ -147,7 +307,7 @@ class Runtime(Lifecycle):
             ActorFailedError: the graph failed for good (no recovery, or no restarts left).
             NotRunningError: the runtime is not running.
         """
-        await self._running()
+        await self._live.running()
 
     @must_await
     async def push(self, source: str, chunk: Chunk) -> None:
@@ -163,12 +323,7 @@ class Runtime(Lifecycle):
             raise InvalidArgumentError("source", "a source's name (a str)", source)
         if not isinstance(chunk, Chunk):
             raise InvalidArgumentError("chunk", "a Chunk", type(chunk).__name__)
-        incarnation = await self._running()
-        inbox = incarnation.inboxes.get(source)
-        if inbox is None:
-            raise InvalidArgumentError("source", f"one of {list(incarnation.inboxes)}", source)
-        with self._as_failure():
-            await inbox.send(chunk)
+        await self._live.push(source, chunk)
 
     @must_await
     async def checkpoint(self, timeout: float | None = None) -> int:  # noqa: ASYNC109
@@ -188,49 +343,7 @@ class Runtime(Lifecycle):
         """
         if timeout is not None:
             check_seconds("timeout", timeout)
-        incarnation = await self._running()
-        if timeout is None:
-            return await self._checkpoint_in(incarnation)
-        # The checkpoint runs as a task of the runtime, so that giving up on it never cancels
-        # an injection half way (a barrier some sources got and others did not).
-        outcome: list[int | Exception] = []
-        done = anyio.Event()
-
-        async def run() -> None:
-            try:
-                outcome.append(await self._checkpoint_in(incarnation))
-            except Exception as exc:  # handed to the caller below
-                outcome.append(exc)
-            finally:
-                done.set()
-
-        assert self._task_group is not None
-        self._task_group.start_soon(run, name="checkpoint")
-        with anyio.move_on_after(timeout):
-            await done.wait()
-        if not outcome:
-            raise incarnation.stuck_error(self._graph.nodes)
-        result = outcome[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    async def _checkpoint_in(self, incarnation: Incarnation) -> int:
-        with self._as_failure():
-            flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT)
-        barrier = await flight.wait()
-        return barrier.epoch.prev
-
-    @contextlib.contextmanager
-    def _as_failure(self) -> Iterator[None]:
-        """A send into a graph that just failed surfaces as the failure itself."""
-        try:
-            yield
-        except (ChannelClosedError, ChannelBrokenError) as exc:
-            failure = self._last_failure
-            if failure is None:
-                raise
-            raise failure from exc
+        return await self._live.checkpoint(timeout)
 
     @must_await
     async def mutate(self, mutation: Mutation) -> EpochPair:
@@ -244,25 +357,7 @@ class Runtime(Lifecycle):
             raise InvalidArgumentError(
                 "mutation", "a Mutation (Add, Pause, Resume, ...)", type(mutation).__name__
             )
-        ids = {n.actor_id for n in self._graph.nodes.values()}
-        named: set[int] = set()
-        if isinstance(mutation, Add | SourceChangeSplit):
-            named |= set(mutation.splits)
-        elif isinstance(mutation, Throttle):
-            named |= set(mutation.rates)
-        elif isinstance(mutation, Update):
-            named |= set(mutation.splits) | set(mutation.vnode_bitmaps) | mutation.dropped_actors
-        elif isinstance(mutation, Stop):
-            named |= mutation.actors
-        unknown = sorted(named - ids)
-        if unknown:
-            raise InvalidArgumentError(
-                "mutation", f"actor ids of this graph {sorted(ids)}", unknown
-            )
-        incarnation = await self._running()
-        with self._as_failure():
-            flight = await incarnation.manager.inject(mutation=mutation)
-        return (await flight.wait()).epoch
+        return await self._live.mutate(mutation)
 
     def actor_id(self, name: str) -> int:
         """The id of the actor named ``name``.
@@ -270,30 +365,32 @@ class Runtime(Lifecycle):
         Raises:
             InvalidArgumentError: no actor is named ``name``.
         """
-        node = self._graph.nodes.get(name) if isinstance(name, str) else None
-        if node is None:
-            raise InvalidArgumentError("name", f"one of {list(self._graph.nodes)}", name)
-        return node.actor_id
+        return self._declarations.actor_id(name)
+
+    # Reading it.
 
     @property
     def committed_epoch(self) -> int:
         """The last durable checkpoint epoch."""
-        return 0 if self._store is None else self._store.committed_epoch
+        store = self._lifecycle.store
+        return 0 if store is None else store.committed_epoch
 
     def committed_epochs(self) -> CommittedEpochs:
         """The committed epoch now, then each newer one (see ``StateStore.committed_epochs``)."""
-        if self._store is None:
+        store = self._lifecycle.store
+        if store is None:
             raise NotRunningError("the runtime", "use it inside `async with rt:`")
-        return self._store.committed_epochs()
+        return store.committed_epochs()
 
     def stats(self) -> RuntimeStats:
         """Per-actor, per-channel and per-job counters, epochs and restarts."""
-        incarnation = self._incarnation
+        restarts = self._lifecycle.restarts
+        incarnation = self._live.incarnation
         if incarnation is None:
-            return RuntimeStats({}, {}, 0, self.committed_epoch, 0, self._restarts, {})
+            return RuntimeStats({}, {}, 0, self.committed_epoch, 0, restarts, {})
         actors = {name: ctx.stats() for name, ctx in incarnation.contexts.items()}
         jobs: dict[str, JobStats] = {}
-        for name, record in self._records.items():
+        for name, record in self._declarations.records.items():
             members = tuple(n for n in record.job.actor_names() if n in actors)
             jobs[name] = JobStats(
                 job=name,
@@ -309,10 +406,10 @@ class Runtime(Lifecycle):
             current_epoch=incarnation.manager.current_epoch,
             committed_epoch=self.committed_epoch,
             barriers_in_flight=incarnation.manager.in_flight,
-            restarts=self._restarts,
+            restarts=restarts,
             jobs=jobs,
         )
 
     def __repr__(self) -> str:
-        state = "running" if self._task_group is not None else "stopped"
-        return f"<Runtime {state} actors={list(self._graph.nodes)}>"
+        state = "running" if self._live.attached else "stopped"
+        return f"<Runtime {state} actors={list(self._declarations.graph.nodes)}>"
