@@ -1,12 +1,14 @@
-"""The Redis split log's retry policy (issue 24, item 4): the bound is time, not a count —
-retries go on until ``timeout`` seconds after the first failure, the last attempt at that
-bound — and every failed attempt logs one warning line with its attempt number, the wait and
-the error's cause. The policy runs on a fake clock (no real waiting); one test stops a real
-server for about a second under a pipeline with recovery off, which must go on with every
-record exactly once."""
+"""The Redis split log's retry policy (issue 24, item 4): the waits are the library's one
+schedule (the seed's: base^n ms capped, times full jitter, from the first delay again for each
+call), the bound is time, not a count — retries go on until ``timeout`` seconds after the
+first failure, the last attempt at that bound — and every failed attempt logs one warning line
+with its attempt number, the wait and the error's cause. The policy runs on a fake clock (no
+real waiting) and a fixed or seeded jitter draw; one test stops a real server for about a
+second under a pipeline with recovery off, which must go on with every record exactly once."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from barrierflow.actors.sources.split_source import SplitSource
 from barrierflow.channels import Chunk, Message
 from barrierflow.connectors import RedisStreamLog, RetryBackoff
 from barrierflow.connectors._redis_retry import call_with_retry
-from barrierflow.errors import SplitLogUnavailableError
+from barrierflow.errors import InvalidArgumentError, SplitLogUnavailableError
 from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
 from barrierflow.testing.clock import FakeClock
 from barrierflow.testing.redis_server import RedisServer
@@ -68,6 +70,21 @@ async def run(server: Server, backoff: RetryBackoff, *, closed: bool = False) ->
     )
 
 
+class FixedDraw(random.Random):
+    """A jitter source whose every draw is ``draw``: the waits are the schedule's delays times
+    it, exact floats for a draw of 0.5."""
+
+    def __init__(self, draw: float) -> None:
+        super().__init__(0)
+        self.draw = draw
+
+    def random(self) -> float:
+        return self.draw
+
+
+HALF = FixedDraw(0.5)
+
+
 def warnings_of(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in logs if e["log_level"] == "warning"]
 
@@ -76,10 +93,11 @@ async def test_retries_continue_until_the_time_bound_not_a_count() -> None:
     clock = FakeClock(0.0)
     server = Server(clock, back_at=None)
     with pytest.raises(SplitLogUnavailableError) as caught:
-        await run(server, RetryBackoff(initial=0.05, max_delay=2.0, timeout=30.0))
-    # Capped doubling, the last wait shortened so that the last attempt is at the bound.
-    assert server.waits[:7] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0])
-    assert max(server.waits) == 2.0
+        await run(server, RetryBackoff(initial=0.01, max_delay=2.0, timeout=30.0, rng=HALF))
+    # The seed's schedule (10 ms, 100 ms, 1 s, then the 2 s cap, each times the draw of 0.5),
+    # the last wait shortened so that the last attempt is at the bound.
+    assert server.waits[:6] == pytest.approx([0.005, 0.05, 0.5, 1.0, 1.0, 1.0])
+    assert max(server.waits) == 1.0
     assert sum(server.waits) == pytest.approx(30.0)
     assert server.attempts[-1] == pytest.approx(30.0)
     assert len(server.attempts) > 8  # the former count bound was spent in about 7 s
@@ -99,17 +117,18 @@ async def test_every_failed_attempt_logs_one_warning_with_attempt_wait_and_cause
     clock = FakeClock(0.0)
     server = Server(clock, back_at=None)
     with structlog.testing.capture_logs() as logs, pytest.raises(SplitLogUnavailableError):
-        await run(server, RetryBackoff(initial=1.0, max_delay=4.0, timeout=10.0))
+        await run(server, RetryBackoff(initial=1.0, max_delay=4.0, timeout=10.0, rng=HALF))
     warned = warnings_of(logs)
-    # Attempts at 0, 1, 3, 7 and 10 s: four retries, then the one that gives up.
-    assert server.attempts == [0.0, 1.0, 3.0, 7.0, 10.0]
+    # Waits of 1 s, then 1000 s capped at 4 s, times 0.5; the last one shortened to 1.5 s:
+    # six retries, then the one that gives up at the bound.
+    assert server.attempts == [0.0, 0.5, 2.5, 4.5, 6.5, 8.5, 10.0]
     assert len(warned) == len(server.attempts)
     for number, (entry, wait) in enumerate(zip(warned, server.waits, strict=False), start=1):
         assert entry["attempt"] == number
         assert entry["wait"] == wait
         assert entry["log"] == "redis://test:1/0"
-    assert [e.get("wait") for e in warned] == [1.0, 2.0, 4.0, 3.0, None]
-    assert warned[-1]["attempt"] == 5
+    assert [e.get("wait") for e in warned] == [0.5, 2.0, 2.0, 2.0, 2.0, 1.5, None]
+    assert warned[-1]["attempt"] == 7
     assert warned[-1]["elapsed"] == 10.0
     assert "giving up" in warned[-1]["event"]
     for entry in warned:
@@ -122,8 +141,10 @@ async def test_a_call_that_succeeds_after_failures_logs_one_info_line_and_no_mor
     clock = FakeClock(0.0)
     server = Server(clock, back_at=0.3)
     with structlog.testing.capture_logs() as logs:
-        assert await run(server, RetryBackoff(initial=0.1, max_delay=1.0)) == ("ok", True)
-    assert [e["attempt"] for e in warnings_of(logs)] == [1, 2]  # at 0 and 0.1 s; 0.3 s answers
+        backoff = RetryBackoff(initial=0.1, max_delay=1.0, rng=HALF)
+        assert await run(server, backoff) == ("ok", True)
+    # Attempts at 0 and 0.05 s fail; the one at 0.55 s answers.
+    assert [e["attempt"] for e in warnings_of(logs)] == [1, 2]
     assert [e["attempts"] for e in logs if e["log_level"] == "info"] == [3]
 
 
@@ -131,9 +152,9 @@ async def test_a_retry_count_when_set_is_an_earlier_bound() -> None:
     clock = FakeClock(0.0)
     server = Server(clock, back_at=None)
     with pytest.raises(SplitLogUnavailableError) as caught:
-        await run(server, RetryBackoff(initial=0.1, retries=2, timeout=30.0))
+        await run(server, RetryBackoff(initial=0.1, retries=2, timeout=30.0, rng=HALF))
     assert caught.value.attempts == 3
-    assert server.waits == pytest.approx([0.1, 0.2])
+    assert server.waits == pytest.approx([0.05, 1.0])  # 100 ms, then 10 s capped at 2 s; halved
 
 
 async def test_a_closed_log_gives_up_at_the_first_failure() -> None:
@@ -145,11 +166,53 @@ async def test_a_closed_log_gives_up_at_the_first_failure() -> None:
     assert server.waits == []
 
 
-def test_the_policy_waits_the_capped_doubling_shortened_to_the_bound() -> None:
-    backoff = RetryBackoff(initial=0.5, max_delay=2.0, timeout=5.0)
-    assert [backoff.wait(n, 0.0) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 2.0]
-    assert backoff.wait(9, 4.25) == 0.75
-    assert backoff.wait(9, 5.0) is None
+def test_the_policy_waits_the_shared_schedule_shortened_to_the_bound() -> None:
+    backoff = RetryBackoff(initial=0.01, max_delay=2.0, timeout=5.0, rng=HALF)
+    schedule = backoff.schedule()
+    assert [backoff.wait(schedule, n, 0.0) for n in (1, 2, 3, 4, 5)] == pytest.approx(
+        [0.005, 0.05, 0.5, 1.0, 1.0]
+    )
+    assert backoff.wait(schedule, 9, 4.25) == 0.75  # 1.0 shortened to end at the bound
+    assert backoff.wait(schedule, 9, 5.0) is None
+
+
+async def test_the_waits_are_the_seeds_schedule_times_a_full_jitter_draw_of_rng() -> None:
+    # The coordinator's schedule (barrierflow._backoff), not one of the log's own: 10^n ms
+    # capped, each times one draw in [0, 1) of the policy's random source.
+    clock = FakeClock(0.0)
+    server = Server(clock, back_at=None)
+    backoff = RetryBackoff(initial=0.01, max_delay=2.0, timeout=20.0, rng=random.Random(7))
+    with pytest.raises(SplitLogUnavailableError):
+        await run(server, backoff)
+    draws = random.Random(7)
+    unjittered = [0.01, 0.1, 1.0] + [2.0] * (len(server.waits) - 3)
+    expected = [delay * draws.random() for delay in unjittered]
+    assert server.waits[:-1] == pytest.approx(expected[:-1])
+    assert server.waits[-1] <= expected[-1]  # shortened to the bound
+    assert len(set(server.waits[3:-1])) == len(server.waits) - 4  # jittered: no two alike
+
+
+async def test_each_call_starts_the_schedule_from_its_first_delay() -> None:
+    # The seed's "a success starts the schedule over": a call's retries never continue where
+    # an earlier call's stopped.
+    clock = FakeClock(0.0)
+    backoff = RetryBackoff(initial=0.01, max_delay=2.0, rng=HALF)
+    first = Server(clock, back_at=0.6)
+    assert await run(first, backoff) == ("ok", True)
+    assert first.waits == pytest.approx([0.005, 0.05, 0.5, 1.0])
+    second = Server(clock, back_at=clock() + 0.05)
+    assert await run(second, backoff) == ("ok", True)
+    assert second.waits == pytest.approx([0.005, 0.05])
+
+
+@pytest.mark.parametrize("kwargs", [{"initial": 0.0005}, {"rng": 42}, {"rng": None}])
+def test_the_policy_refuses_a_shrinking_schedule_or_a_bad_random_source(
+    kwargs: dict[str, Any],
+) -> None:
+    # Below 1 ms, the base's number of milliseconds would make each delay shorter.
+    with pytest.raises(InvalidArgumentError) as info:
+        RetryBackoff(**kwargs)
+    assert next(iter(kwargs)) in str(info.value.argument)
 
 
 # -- a real server stopped under a running pipeline -----------------------------------------
@@ -210,7 +273,7 @@ async def test_a_pipeline_without_recovery_survives_an_outage_shorter_than_the_b
         if sum(waited) >= 1.0:  # the server has been down for at least a second
             enough_outage.set()
 
-    # Short waits, many of them: a bound of 8 retries would be spent in about 0.3 s.
+    # Short waits, many of them: a bound of 8 retries would be spent in at most 0.4 s.
     backoff = RetryBackoff(initial=0.01, max_delay=0.05, timeout=scaled(5))
 
     async def wait_for(count: int) -> None:

@@ -47,6 +47,7 @@ from barrierflow.actors import (
 )
 from barrierflow.actors.sinks import sink_task
 from barrierflow.actors.sinks.protocol import PositionRecorder
+from barrierflow.channels.epoch import MAX_EPOCH
 
 pytestmark = pytest.mark.anyio
 
@@ -907,7 +908,7 @@ async def test_recover_after_begin_is_refused() -> None:
     assert "recover" not in fake.names()
 
 
-SECONDS = "a positive finite number of seconds"
+SECONDS = "a finite number of seconds > 0"
 
 
 class NoSchema(FakeConnector):
@@ -1007,7 +1008,7 @@ async def test_pre_commit_positions_are_ignored_by_a_connector_that_does_not_rec
 
 
 BATCH = "a pyarrow.RecordBatch"
-EPOCH = "a non-negative int"
+EPOCH = f"an int epoch in 0..{MAX_EPOCH}"
 PAIR = "None or a (start, end) pair"
 MAPPING = "a mapping of position key to batch id"
 ENTRIES = "str keys mapped to non-negative int batch ids"

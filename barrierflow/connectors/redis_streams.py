@@ -50,10 +50,11 @@ the start (a consumer's ``XTRIM MINID``) is reported too. A deleted *last* entry
 gap (the first entry is still at or before the start), and entries deleted one by one
 (``XDEL``) from the middle of the retained history cannot be told from ids never used.
 
-**A server that goes away.** Every call is retried on a connection error with a doubling delay
-(:class:`RetryBackoff`: from 50 ms, capped at 2 s, for 30 s after the first failure by default
-— the bound is time, not a count, so a server back within 30 s is always found again; the
-policy and its loop are in :mod:`barrierflow.connectors._redis_retry`). Each failed attempt
+**A server that goes away.** Every call is retried on a connection error after the library's
+one retry schedule, the seed's (:class:`RetryBackoff`: 10 ms, 100 ms, 1 s, then at most 2 s,
+each times a jitter draw in [0, 1), for 30 s after the first failure by default — the bound is
+time, not a count, so a server back within 30 s is always found again; the policy and its
+loop are in :mod:`barrierflow.connectors._redis_retry`). Each failed attempt
 logs one warning (logger ``barrierflow.split_log``: attempt, wait, cause). Past the bound the
 call raises :class:`~barrierflow.connectors.errors.SplitLogUnavailableError`. A read resumes
 from its last delivered id per split, so nothing is lost or read twice across a reconnection.

@@ -17,7 +17,6 @@ serving it is cancelled; requests still queued then are answered with ``ActorGon
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, final
@@ -25,8 +24,10 @@ from typing import Any, Generic, Protocol, TypeVar, final
 import anyio
 import structlog
 
+from barrierflow._sync import OneShot
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
 from barrierflow.channels.errors import ChannelBrokenError, ChannelClosedError, InvalidArgumentError
+from barrierflow.runtime.config import check_seconds
 from barrierflow.runtime.errors import ActorGoneError
 
 __all__ = [
@@ -48,13 +49,8 @@ class CommandHandler(Protocol[Req_contra]):
     async def handle(self, request: Req_contra, /) -> Any: ...
 
 
-class _Reply:
-    __slots__ = ("done", "error", "value")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
+#: The answer to one ``ask``: the shared one-shot of :mod:`barrierflow._sync`.
+_Reply = OneShot[Any]
 
 
 @final
@@ -94,12 +90,9 @@ class ActorRef(Generic[Req]):
             ActorGoneError: the actor stopped before replying, or this ref was closed.
             Exception: whatever the handler raised for this request.
         """
-        reply = _Reply()
+        reply: _Reply = OneShot()
         await self._post(request, reply)
-        await reply.done.wait()
-        if reply.error is not None:
-            raise reply.error
-        return reply.value
+        return await reply.get()
 
     async def _post(self, request: Req, reply: _Reply | None) -> None:
         try:
@@ -169,14 +162,7 @@ class Ticker:
     def __post_init__(self) -> None:
         if not callable(self.tick):
             raise InvalidArgumentError("tick", "an async callable", self.tick)
-        if (
-            isinstance(self.interval, bool)
-            or not isinstance(self.interval, int | float)
-            or not 0 < self.interval <= sys.float_info.max  # NaN, inf and huge ints too
-        ):
-            raise InvalidArgumentError(
-                "interval", "a positive finite number of seconds", self.interval
-            )
+        check_seconds("interval", self.interval, InvalidArgumentError)
 
 
 async def serve_commands(
@@ -248,8 +234,7 @@ async def _serve_one(
         if reply is None:
             log.warning("request failed", request=type(request).__name__, error=repr(exc))
         else:
-            reply.error = exc
-            reply.done.set()
+            reply.fail(exc)
         return False
     except BaseException:
         # Cancelled mid-request: the asker must not wait for a reply that cannot come.
@@ -257,12 +242,10 @@ async def _serve_one(
         raise
     finish = isinstance(value, Finish)
     if reply is not None:
-        reply.value = value.value if finish else value
-        reply.done.set()
+        reply.set(value.value if finish else value)
     return finish
 
 
 def _gone(name: str, reply: _Reply | None) -> None:
-    if reply is not None and not reply.done.is_set():
-        reply.error = ActorGoneError(name, "it stopped before replying")
-        reply.done.set()
+    if reply is not None:
+        reply.fail(ActorGoneError(name, "it stopped before replying"))  # ignored if answered

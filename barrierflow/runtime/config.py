@@ -7,24 +7,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, final
 
-from barrierflow.channels.errors import ConfigError
+from barrierflow.channels.errors import ConfigError, InvalidArgumentError
 
 __all__ = ["RuntimeConfig"]
 
 _MAX = sys.float_info.max
 
 
-def check_seconds(argument: str, value: Any) -> float:
+def check_seconds(
+    argument: str, value: Any, error: type[InvalidArgumentError] = ConfigError
+) -> float:
     """``value`` if it is a finite number of seconds > 0 (an int or float, not a bool).
 
-    ``value <= 0`` alone would let NaN through; an infinite duration never elapses.
+    ``value <= 0`` alone would let NaN through; an infinite duration never elapses. The one
+    check of every duration barrierflow takes: a configuration value raises ``ConfigError``,
+    an argument of a call (a sink task's timeout) passes ``error=InvalidArgumentError``.
 
     Raises:
-        ConfigError: it is not.
+        ConfigError: it is not (or ``error``).
     """
     # Compared, not math.isfinite(): a huge int overflows it (and float() of it).
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= _MAX:
-        raise ConfigError(argument, "a finite number of seconds > 0", value)
+        raise error(argument, "a finite number of seconds > 0", value)
     return float(value)
 
 

@@ -1,11 +1,11 @@
 """The backfill stage of :class:`~.source_backfill.SourceBackfill`: both sides read at once
 (upstream preferred), the history reader task (rebuilt on rate changes, split changes and
-errors), the per-barrier work, and the test for leaving the stage (see
-:mod:`.source_backfill`)."""
+errors; the live source's mechanism,
+:class:`~barrierflow.actors.sources.split_reader.SplitReader`), the per-barrier work, and the
+test for leaving the stage (see :mod:`.source_backfill`)."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, final
@@ -20,6 +20,7 @@ from barrierflow.actors.backfill.source_backfill_state import (
     SplitBackfills,
 )
 from barrierflow.actors.sources.split_log import Offset, SplitLog
+from barrierflow.actors.sources.split_reader import ReaderFailed, SplitReader
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.channel import create_channel
 from barrierflow.channels.chunk import Chunk
@@ -48,14 +49,15 @@ TABLE = "backfill"
 
 
 @final
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Reading:
     """How a :class:`~.source_backfill.SourceBackfill` reads its splits' history: its
-    constructor's settings, held for its backfill stage. ``rate`` is the one that changes: a
-    Throttle barrier sets it (``None``: unlimited, ``0``: paused) for the rest of the run."""
+    constructor's settings, handed to its backfill stage. Frozen: the stage keeps what a
+    barrier changes (the rate) in its own state, never in its actor's settings."""
 
     log: SplitLog
     batch_rows: int
+    #: The initial rate (rows per second; ``None``: unlimited, ``0``: paused).
     rate: float | None
     #: Barrier intervals without a barrier after which the reader pauses itself.
     wait_intervals: int
@@ -121,16 +123,6 @@ class _EndMarked:
 
 
 @final
-class _ReaderFailed:
-    """What a failed reader task sends instead of a batch."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-
-@final
 class BackfillStage:
     """The backfill stage of one run: both sides, the reader task, the states."""
 
@@ -151,18 +143,26 @@ class BackfillStage:
         self.self_paused = False
         self.state_table_initialized = False
         self.failures = 0
+        #: The reader's rate (rows per second; ``None``: unlimited, ``0``: no reader): a
+        #: Throttle barrier sets it for the rest of the run.
+        self.rate = reading.rate
         # The seed starts its "last barrier" clock when the loop starts, not at the first barrier.
         self.last_barrier = reading.clock()
-        #: The current reader's cancel scope, also the token its batches carry (``None``: no
-        #: reader). A batch that carries another token is from a reader that was replaced.
-        self._reader_scope: anyio.CancelScope | None = None
         #: The backfill offsets of the splits still backfilling, as of the previous barrier.
         self._offsets: dict[str, Offset | None] = {}
 
     async def run(self, upstream: Any) -> bool:
         """Backfill; returns whether the stage was left for forwarding (``False``: stopped)."""
         send, receive = create_channel[Any](2, name=f"{self.ctx.name} backfill reader")
-        self._send = send
+        # The module's ``anyio.sleep``, looked up now: a test replaces this module's ``anyio``
+        # to record the reader's waits (the rate's, and the backoff before a rebuild).
+        self._reader = SplitReader(
+            self.reading.log,
+            self.reading.batch_rows,
+            send.send,
+            sleep=anyio.sleep,
+            report_failures=True,
+        )
         inputs: dict[str, PollableReceiver[Any]] = {
             UPSTREAM: _EndMarked(upstream),
             _BACKFILL: receive,
@@ -189,33 +189,11 @@ class BackfillStage:
         """Cancel the current reader; start one from the latest states, after ``delay``
         seconds (none if nothing is left to read, or the rate is 0). Batches of an older reader
         are dropped on arrival."""
-        if self._reader_scope is not None:
-            self._reader_scope.cancel()
-            self._reader_scope = None
+        self._reader.stop()
         starts = self.states.unfinished()
-        if not starts or self.reading.rate == 0:
+        if not starts or self.rate == 0:
             return
-        scope = anyio.CancelScope()
-        self._reader_scope = scope
-        self._tg.start_soon(self._read, starts, scope, delay)
-
-    async def _read(
-        self, starts: dict[str, Offset | None], scope: anyio.CancelScope, delay: float
-    ) -> None:
-        send = self._send
-        rate = self.reading.rate
-        with scope:
-            if delay:
-                await anyio.sleep(delay)
-            try:
-                reader = self.reading.log.read(starts, batch_rows=self.reading.batch_rows)
-                async with contextlib.aclosing(reader) as batches:  # type: ignore[type-var]
-                    async for batch in batches:
-                        await send.send((scope, batch))
-                        if rate:
-                            await anyio.sleep(batch.num_rows / rate)
-            except Exception as exc:  # a reader failure: the stage decides (rebuild or fail)
-                await send.send((scope, _ReaderFailed(exc)))
+        self._reader.start(self._tg, starts, self.rate, delay=delay)
 
     def _apply_pause(self) -> None:
         if self.command_paused or self.self_paused:
@@ -248,14 +226,13 @@ class BackfillStage:
                         f"watermark from the upstream, got {item!r}"
                     )
                 continue
-            reader, payload = item
-            if reader is not self._reader_scope:
+            if not self._reader.is_current(item):
                 continue  # from a reader that was replaced
-            if isinstance(payload, _ReaderFailed):
-                self._on_reader_failed(payload.error)
+            if isinstance(item, ReaderFailed):
+                self._on_reader_failed(item.error)
                 continue
             self.failures = 0
-            await self._on_backfill_batch(payload)
+            await self._on_backfill_batch(item.batch)
 
     async def _on_upstream_chunk(self, chunk: Chunk) -> None:
         chunk = chunk.compact()  # rows the upstream hid are not records of the split
@@ -310,8 +287,8 @@ class BackfillStage:
             self.command_paused = False
             self._apply_pause()
         changed, rate = barrier.throttle_for(ctx.actor_id)
-        if changed and rate != self.reading.rate:
-            self.reading.rate = rate
+        if changed and rate != self.rate:
+            self.rate = rate
             self._restart_reader()
         new = barrier.new_splits(ctx.actor_id)
         await self._check_stalled()

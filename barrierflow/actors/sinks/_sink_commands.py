@@ -6,16 +6,14 @@ sends the task, the state what the task updates and handles read.
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, final
+from typing import final
 
 import anyio
 import pyarrow as pa
 
 from barrierflow.actors.sinks.protocol import PendingCommit
-from barrierflow.channels.errors import InvalidArgumentError
 
 __all__ = [
     "BeginEpoch",
@@ -28,8 +26,6 @@ __all__ = [
     "SinkTaskStats",
     "TaskState",
     "WriteBatch",
-    "check_epoch",
-    "check_task_seconds",
 ]
 
 DEFAULT_CAPACITY = 128
@@ -151,26 +147,3 @@ class TaskState:
             rollback_errors=self.rollback_errors,
             finished=self.finished.is_set(),
         )
-
-
-def check_epoch(epoch: Any) -> int:
-    if type(epoch) is not int or epoch < 0:
-        raise InvalidArgumentError("epoch", "a non-negative int", epoch)
-    return epoch
-
-
-def check_task_seconds(argument: str, value: Any) -> float:
-    """``value`` as seconds if it is a positive finite number (a bool is refused).
-
-    Raises:
-        InvalidArgumentError: it is not (the sink task's own type, unlike
-            :func:`barrierflow.runtime.config.check_seconds`'s ``ConfigError``).
-    """
-    # ``<= float max``, not ``< inf``: a huge int passes the latter and overflows float().
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 < value <= sys.float_info.max
-    ):
-        raise InvalidArgumentError(argument, "a positive finite number of seconds", value)
-    return float(value)

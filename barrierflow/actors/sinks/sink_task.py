@@ -51,13 +51,13 @@ from barrierflow.actors.sinks._sink_commands import (
     DEFAULT_SHUTDOWN_TIMEOUT,
     SinkTaskStats,
     TaskState,
-    check_task_seconds,
 )
 from barrierflow.actors.sinks.errors import SinkConnectorError
 from barrierflow.actors.sinks.protocol import SinkConnector
 from barrierflow.actors.sinks.sink_task_handle import SinkTaskHandle
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.command import Ticker, open_command_actor, serve_commands
+from barrierflow.runtime.config import check_seconds
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -80,15 +80,15 @@ def check_task_options(
 
     Raises:
         InvalidArgumentError: ``name`` not a non-empty str, ``capacity`` not an int >= 1, or
-            an interval that is not a positive finite number of seconds.
+            an interval that is not a finite number of seconds > 0.
     """
     if not isinstance(name, str) or not name:
         raise InvalidArgumentError("name", "a non-empty str", name)
     if type(capacity) is not int or capacity < 1:
         raise InvalidArgumentError("capacity", "an int >= 1", capacity)
     return (
-        check_task_seconds("flush_interval", flush_interval),
-        check_task_seconds("shutdown_timeout", shutdown_timeout),
+        check_seconds("flush_interval", flush_interval, InvalidArgumentError),
+        check_seconds("shutdown_timeout", shutdown_timeout, InvalidArgumentError),
     )
 
 

@@ -24,12 +24,12 @@ from barrierflow.actors.sinks._sink_commands import (
     SinkTaskStats,
     TaskState,
     WriteBatch,
-    check_epoch,
-    check_task_seconds,
 )
 from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit
+from barrierflow.channels.epoch import check_epoch
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.runtime.command import ActorRef
+from barrierflow.runtime.config import check_seconds
 from barrierflow.runtime.errors import ActorGoneError
 from barrierflow.runtime.positions import check_positions
 
@@ -93,7 +93,7 @@ class SinkTaskHandle:
                 epoch is still open (neither pre-committed nor rolled back).
             SinkConnectorError: the connector failed (the poison, if any, stays).
         """
-        await self._ref.ask(BeginEpoch(check_epoch(epoch)))
+        await self._ref.ask(BeginEpoch(check_epoch("epoch", epoch)))
 
     async def flush(self) -> None:
         """Flush the connector now and wait for it (no timeout; the periodic one has one).
@@ -130,7 +130,9 @@ class SinkTaskHandle:
                 check_positions("positions", positions[0]),
                 check_positions("positions", positions[1]),
             )
-        metadata: CommitMetadata = await self._ref.ask(PreCommit(check_epoch(epoch), checked))
+        metadata: CommitMetadata = await self._ref.ask(
+            PreCommit(check_epoch("epoch", epoch), checked)
+        )
         return metadata
 
     async def commit_epoch(self, epoch: int) -> None:
@@ -141,11 +143,11 @@ class SinkTaskHandle:
             SinkEpochError: ``epoch`` was never pre-committed, or an older one is pending.
             SinkConnectorError: the connector's commit failed (the epoch stays pre-committed).
         """
-        await self._ref.ask(CommitEpoch(check_epoch(epoch)))
+        await self._ref.ask(CommitEpoch(check_epoch("epoch", epoch)))
 
     async def rollback_epoch(self, epoch: int) -> None:
         """Queue a rollback of ``epoch`` (fire-and-forget: a failure is logged, not raised)."""
-        await self._ref.tell(RollbackEpoch(check_epoch(epoch)))
+        await self._ref.tell(RollbackEpoch(check_epoch("epoch", epoch)))
 
     async def recover(self, pending: Sequence[PendingCommit]) -> None:
         """Bring the connector to its last checkpoint: commit ``pending``, roll back any other
@@ -177,7 +179,7 @@ class SinkTaskHandle:
         Returns:
             Whether the task ended within ``timeout`` seconds.
         """
-        timeout = check_task_seconds("timeout", timeout)
+        timeout = check_seconds("timeout", timeout, InvalidArgumentError)
         try:
             with anyio.move_on_after(timeout):
                 with contextlib.suppress(ActorGoneError):  # closing again is a no-op

@@ -77,10 +77,8 @@ splits of rule 1, in ``tests/test_split_discovery.py``):
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import final
 
 import anyio
@@ -98,6 +96,7 @@ from barrierflow.actors.sources._split_positions import (
 )
 from barrierflow.actors.sources.errors import UnknownSplitError
 from barrierflow.actors.sources.split_log import DeclaredSplits, Offset, SplitLog
+from barrierflow.actors.sources.split_reader import ReaderBatch, SplitReader
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
@@ -119,14 +118,8 @@ ASSIGNED_BY = "assigned_by"
 _WAIT_HINT = "or SplitSource(..., wait_for_splits=True) to read it once it is created"
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class _Batch:
-    """A reader batch, tagged with the reader that read it (older readers' are dropped)."""
-
-    generation: int
-    batch: pa.RecordBatch
-
+#: A reader batch, tagged with the reader that read it (older readers' are dropped).
+_Batch = ReaderBatch
 
 #: What reaches the actor's loop: a batch, an inbox message, or ``None`` (the inbox ended).
 _Item = _Batch | Message | None
@@ -262,7 +255,6 @@ class _Reading:
     ) -> None:
         self.actor = actor
         self.ctx = ctx
-        self.send = send
         self.offsets: StateTable = ctx.table(OFFSETS_TABLE)
         self.assignment: StateTable = ctx.table(ASSIGNMENT_TABLE)
         self.discovery: StateTable = ctx.table(DISCOVERY_TABLE)
@@ -276,8 +268,9 @@ class _Reading:
         self.positions: Positions | None = None  # None until the first barrier
         self.paused = False
         self.rate: float | None = None
-        self.generation = 0
-        self.scope: anyio.CancelScope | None = None
+        self.reader = SplitReader(
+            actor._log, actor._batch_rows, send.send, before_send=self.wait_for_barrier_if_late
+        )
         self.task_group: TaskGroup | None = None
         self.last_barrier = anyio.current_time()
         self.barrier_passed = Notifier()
@@ -301,8 +294,8 @@ class _Reading:
         async for item in receive:
             if item is None:
                 return
-            if isinstance(item, _Batch):
-                if item.generation == self.generation:
+            if isinstance(item, ReaderBatch):
+                if self.reader.is_current(item):
                     await self.emit_batch(item.batch)
             elif isinstance(item, Barrier):
                 await self.on_barrier(item)
@@ -464,45 +457,26 @@ class _Reading:
             if offset is not None:
                 self.offsets.put(split, str(offset))
 
-    # The reader.
+    # The reader (the mechanism is :class:`~.split_reader.SplitReader`'s).
+
+    @property
+    def generation(self) -> int:
+        """The current reader's generation: batches tagged with another are dropped."""
+        return self.reader.generation
 
     def stop_reader(self) -> None:
         """Cancel the reader; a batch it already handed over is dropped (its generation is
         old), and the next reader starts after the last offset emitted."""
-        self.generation += 1
-        if self.scope is not None:
-            self.scope.cancel()
-            self.scope = None
+        self.reader.stop()
 
     def start_reader(self) -> None:
         """Start a reader from the positions, unless one runs, the source is paused (by
-        ``Pause`` or a rate of 0), or it has no split."""
-        if self.scope is not None or self.paused or self.rate == 0 or not self.positions:
+        ``Pause`` or a rate of 0), or it has no split (rule 4: it sleeps ``rows / rate``
+        seconds after each batch; rule 6: it waits while barriers are late)."""
+        if self.reader.running or self.paused or self.rate == 0 or not self.positions:
             return
         assert self.task_group is not None
-        scope = anyio.CancelScope()
-        self.scope = scope
-        self.task_group.start_soon(
-            self.read, scope, self.generation, dict(self.positions), self.rate, self.send.clone()
-        )
-
-    async def read(
-        self,
-        scope: anyio.CancelScope,
-        generation: int,
-        start: Positions,
-        rate: float | None,
-        send: MemoryObjectSendStream[_Item],
-    ) -> None:
-        """Follow the log from ``start``, handing each batch to the loop (rules 4 and 6)."""
-        with scope, send:
-            reader = self.actor._log.read(start, batch_rows=self.actor._batch_rows)
-            async with contextlib.aclosing(reader) as batches:  # type: ignore[type-var]
-                async for batch in batches:
-                    await self.wait_for_barrier_if_late()
-                    await send.send(_Batch(generation, batch))
-                    if rate:
-                        await anyio.sleep(batch.num_rows / rate)
+        self.reader.start(self.task_group, self.positions, self.rate)
 
     async def wait_for_barrier_if_late(self) -> None:
         """Rule 6: too long without a barrier, wait for the next one before emitting more."""
