@@ -90,7 +90,6 @@ if _typing.TYPE_CHECKING:
     from barrierflow.connectors.errors import SplitLogUnavailableError as SplitLogUnavailableError
     from barrierflow.connectors.errors import StagedEpochMismatchError as StagedEpochMismatchError
     from barrierflow.connectors.errors import StagedPathError as StagedPathError
-    from barrierflow.connectors.errors import TwoPhaseOnlyError as TwoPhaseOnlyError
     from barrierflow.runtime.errors import ActorError as ActorError
     from barrierflow.runtime.errors import ActorFailedError as ActorFailedError
     from barrierflow.runtime.errors import ActorGoneError as ActorGoneError
@@ -174,7 +173,6 @@ _DEFINED_IN: dict[str, str] = {
     "SplitLogUnavailableError": "barrierflow.connectors.errors",
     "StagedEpochMismatchError": "barrierflow.connectors.errors",
     "StagedPathError": "barrierflow.connectors.errors",
-    "TwoPhaseOnlyError": "barrierflow.connectors.errors",
     "ActorError": "barrierflow.runtime.errors",
     "ActorFailedError": "barrierflow.runtime.errors",
     "ActorGoneError": "barrierflow.runtime.errors",

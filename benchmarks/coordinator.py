@@ -31,7 +31,7 @@ import anyio
 import numpy as np
 import pyarrow as pa
 
-from barrierflow.actors import Coordinator, SinkWriter
+from barrierflow.actors import Coordinator, Manifest, SinkWriter, StagedFile
 from barrierflow.actors.sinks.protocol import CommitMetadata
 from barrierflow.channels import Chunk, VnodeBitmap
 from barrierflow.connectors import IcebergSink, open_local_catalog
@@ -158,19 +158,14 @@ def coordinator_iceberg_rows_per_s(settings: Settings) -> dict[str, Any]:
 class _NoopCommitter:
     two_phase = True
 
-    async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
+    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         await anyio.lowlevel.checkpoint()
 
-    async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
         await anyio.lowlevel.checkpoint()
+        return {"files": len(manifests)}
 
-    async def pre_commit(
-        self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: Any
-    ) -> CommitMetadata | None:
-        await anyio.lowlevel.checkpoint()
-        return {"files": len(metadatas)}
-
-    async def commit(self, epoch: int, metadata: CommitMetadata | None, schema_change: Any) -> None:
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
         await anyio.lowlevel.checkpoint()
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
@@ -193,7 +188,8 @@ async def _coordinator_epochs(path: str, n: int) -> list[float]:
             started = time.perf_counter()
             async with anyio.create_task_group() as writers:
                 for handle in handles:
-                    writers.start_soon(handle.commit, epoch, {"files": ["f"]})
+                    manifest = Manifest(str(handle.handle_id), epoch, (StagedFile("f", 1, 1),))
+                    writers.start_soon(handle.commit, epoch, manifest)
             acked = time.perf_counter()
             await store.commit(epoch)  # the runtime's checkpoint: not the coordinator's cost
             durable = time.perf_counter()

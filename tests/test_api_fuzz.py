@@ -46,6 +46,7 @@ from barrierflow.actors import (
     BatchFeed,
     BatchSource,
     Coordinator,
+    Manifest,
     Materialize,
     Offset,
     PendingCommit,
@@ -55,6 +56,7 @@ from barrierflow.actors import (
     SourceBackfill,
     SplitBackfill,
     SplitSource,
+    StagedFile,
     add_sink,
 )
 from barrierflow.channels import (
@@ -553,6 +555,19 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
         ),
         "Offset": (Offset, {"major": 1, "minor": 0}),
         "PendingCommit": (PendingCommit, {"epoch": 1 << 16, "metadata": {"files": []}}),
+        "StagedFile": (StagedFile, {"path": ".staging/1/w0/part.parquet", "rows": 3, "size": 9}),
+        "Manifest": (
+            Manifest,
+            {
+                "writer": "0",
+                "epoch": 2,
+                "files": (StagedFile("f.parquet", 1, 1),),
+                "vnodes": ((0, 4),),
+                "positions": {"src/a": 3},
+                "positions_from": {"src/a": 1},
+                "schema_change": None,
+            },
+        ),
         "SinkTask": (
             SinkTask,
             {
@@ -683,7 +698,7 @@ KNOWN_BAD: list[tuple[str, str, Any]] = [
 #: with the reason (fuzzed elsewhere, or records and handles the library builds itself).
 CONSTRUCTOR_EXEMPT = {
     # Protocols and type aliases: nothing to construct.
-    "CommitCoordinator", "CoordinatedTable", "SinkConnector", "SplitLog", "CommitMetadata",
+    "Committer", "Table", "SinkConnector", "SplitLog", "CommitMetadata",
     "SchemaChange",
     # Enums and sentinels (their values are fixed).
     "BackfillPhase", "SinkState", "CHECKPOINT", "CRASH", "FAIL", "PAUSE", "RESUME",

@@ -26,9 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from barrierflow.actors.sinks import SinkState, SinkStateRecord, SinkStates
-from barrierflow.actors.sinks.coordinator import CommitCoordinator, Coordinator, WriterHandle
+from barrierflow.actors.sinks.coordinator import Coordinator, WriterHandle
 from barrierflow.actors.sinks.coordinator.commit_queue import RECENT_DELAYS, RetryBackoff
 from barrierflow.actors.sinks.errors import CommittedEpochsEndedError
+from barrierflow.actors.sinks.table import Committer, Manifest
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import (
     ActorGoneError,
@@ -57,7 +58,7 @@ class CommitFailedError(Exception):
 
 
 class FakeCommitter:
-    """A :class:`CommitCoordinator` that records every call, in order.
+    """A :class:`Committer` that records every call, in order.
 
     ``commit`` fails while ``fail_commits`` > 0 (one failure per call), waits for ``gate`` if
     one is set, and is idempotent like a real sink: an epoch at or before the last one committed
@@ -72,8 +73,8 @@ class FakeCommitter:
         #: The store's committed epoch at each commit call (epoch, durable epoch).
         self.durable_at_commit: list[tuple[int, int]] = []
         self.fail_commits = 0
-        self.fail_pre_commit: BaseException | None = None
-        self.fail_commit_data: BaseException | None = None
+        self.fail_prepare: BaseException | None = None
+        self.fail_single_phase: BaseException | None = None  # fails the coordinator
         self.gate: anyio.Event | None = None
         self._changed = anyio.Event()
 
@@ -101,31 +102,28 @@ class FakeCommitter:
     def index(self, name: str, epoch: int) -> int:
         return next(i for i, c in enumerate(self.calls) if c[0] == name and c[1] == epoch)
 
-    async def init(self, pending: Mapping[int, Any]) -> None:
-        self._record("init", dict(pending))
+    async def recover(self, pending: Mapping[int, Any]) -> None:
+        self._record("recover", dict(pending))
 
-    async def commit_data(self, epoch: int, metadatas: Sequence[Mapping[str, Any]]) -> None:
-        self._record("commit_data", epoch, sorted_metas(metadatas))
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.fail_commit_data is not None:
-            raise self.fail_commit_data
-        self.committed.append(epoch)
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> Mapping[str, Any] | None:
+        change = manifests[0].schema_change if manifests else None
+        self._record("prepare", epoch, sorted_metas(manifests), change)
+        if self.fail_prepare is not None:
+            raise self.fail_prepare
+        metadata: dict[str, Any] = {"epoch": epoch, "parts": len(manifests)}
+        if change is not None:
+            metadata["schema_change"] = change
+        return metadata
 
-    async def pre_commit(
-        self, epoch: int, metadatas: Sequence[Mapping[str, Any]], schema_change: Any
-    ) -> Mapping[str, Any] | None:
-        self._record("pre_commit", epoch, sorted_metas(metadatas), schema_change)
-        if self.fail_pre_commit is not None:
-            raise self.fail_pre_commit
-        return {"epoch": epoch, "parts": len(metadatas)}
-
-    async def commit(self, epoch: int, metadata: Any, schema_change: Any) -> None:
-        self._record("commit", epoch, metadata, schema_change)
+    async def commit(self, epoch: int, metadata: Mapping[str, Any]) -> None:
+        data = {k: v for k, v in metadata.items() if k != "schema_change"}
+        self._record("commit", epoch, data, metadata.get("schema_change"))
         if self.store is not None:
             self.durable_at_commit.append((epoch, self.store.committed_epoch))
         if self.gate is not None:
             await self.gate.wait()
+        if self.fail_single_phase is not None:
+            raise self.fail_single_phase
         if self.fail_commits > 0:
             self.fail_commits -= 1
             self._record("commit_failed", epoch)
@@ -138,12 +136,13 @@ class FakeCommitter:
         self._record("abort", epoch, metadata)
 
 
-def sorted_metas(metadatas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return sorted((dict(m) for m in metadatas), key=repr)
+def sorted_metas(manifests: Sequence[Manifest]) -> list[dict[str, Any]]:
+    return sorted((m.to_json() for m in manifests), key=repr)
 
 
-def meta(handle: WriterHandle, epoch: int) -> dict[str, Any]:
-    return {"writer": handle.handle_id, "epoch": epoch}
+def meta(handle: WriterHandle, epoch: int, change: Mapping[str, Any] | None = None) -> Manifest:
+    """Writer ``handle``'s manifest of ``epoch`` (staged under the same epoch number)."""
+    return Manifest(str(handle.handle_id), epoch, schema_change=change)
 
 
 def leaf(exc: BaseException | None) -> BaseException | None:
@@ -234,7 +233,7 @@ async def post(
 ) -> Outcome:
     """Send ``handle``'s commit request of ``epoch`` and return once the coordinator has it (the
     request is posted before its task first blocks), without waiting for the ack."""
-    outcome = spawn(tg, lambda: handle.commit(epoch, meta(handle, epoch), schema_change))
+    outcome = spawn(tg, lambda: handle.commit(epoch, meta(handle, epoch, schema_change)))
     await anyio.wait_all_tasks_blocked()
     return outcome
 
@@ -248,7 +247,7 @@ async def commit_all(
     with anyio.fail_after(WAIT):
         async with anyio.create_task_group() as tg:
             for handle in handles:
-                tg.start_soon(handle.commit, epoch, meta(handle, epoch), schema_change)
+                tg.start_soon(handle.commit, epoch, meta(handle, epoch, schema_change))
 
 
 async def start_fresh(handles: Sequence[WriterHandle], initial: int = 1) -> None:
@@ -267,7 +266,7 @@ async def register_started(coordinator: Coordinator, bitmaps: Sequence[VnodeBitm
     return handles
 
 
-def make(committer: CommitCoordinator, **kwargs: Any) -> Coordinator:
+def make(committer: Committer, **kwargs: Any) -> Coordinator:
     options: dict[str, Any] = {"base_delay": 0.001, "max_delay": 0.004, "rng": random.Random(0)}
     options.update(kwargs)
     return Coordinator(SINK, committer, **options)
@@ -296,7 +295,7 @@ async def test_init_waits_until_the_bitmaps_cover_every_vnode(tmp_path: Path) ->
             assert await started.wait() is None
             with anyio.fail_after(WAIT):
                 assert await second.wait_started() is None
-            assert committer.names() == ["init"]
+            assert committer.names() == ["recover"]
             tg.cancel_scope.cancel()
 
 
@@ -461,7 +460,7 @@ async def test_only_the_oldest_pending_epoch_completes(tmp_path: Path, two_phase
     async with await StateStore.open(tmp_path / "state.db") as store:
         committer = FakeCommitter(two_phase=two_phase)
         coordinator = make(committer)
-        first_call = "pre_commit" if two_phase else "commit_data"
+        first_call = "prepare"
         async with anyio.create_task_group() as tg:
             start(tg, coordinator, ServiceContext(SINK, store))
             a, b = await register_started(coordinator, HALVES)
@@ -571,7 +570,7 @@ async def test_schema_change_mismatch_between_writers_shows_both(tmp_path: Path)
                 aborted = await outcome.wait_error()
                 assert isinstance(aborted, CoordinatorAbortedError)
                 assert leaf(aborted.cause) is error
-            assert "pre_commit" not in committer.names()
+            assert "prepare" not in committer.names()
 
 
 async def test_schema_change_on_one_writer_only_is_a_mismatch(tmp_path: Path) -> None:
@@ -619,7 +618,7 @@ async def test_register_rejects_bad_bitmaps_with_what_was_expected(tmp_path: Pat
             tg.cancel_scope.cancel()
 
 
-async def test_commit_rejects_bad_epochs_metadata_and_schema_changes(tmp_path: Path) -> None:
+async def test_commit_rejects_bad_epochs_manifests_and_schema_changes(tmp_path: Path) -> None:
     async with await StateStore.open(tmp_path / "state.db") as store:
         coordinator = make(FakeCommitter())
         async with anyio.create_task_group() as tg:
@@ -628,18 +627,21 @@ async def test_commit_rejects_bad_epochs_metadata_and_schema_changes(tmp_path: P
             bad_epochs: list[Any] = [-1, 1.0, "1", True, None]
             for epoch in bad_epochs:
                 with pytest.raises(InvalidArgumentError) as info:
-                    await handle.commit(epoch, {"k": 1})
+                    await handle.commit(epoch, meta(handle, 1))
                 assert (info.value.argument, info.value.got) == ("epoch", epoch)
                 with pytest.raises(InvalidArgumentError) as info:
                     await handle.align_initial_epoch(epoch)
                 assert (info.value.argument, info.value.got) == ("epoch", epoch)
-            bad_metadata: list[Any] = [{}, None, [("k", 1)], "k"]
-            for metadata in bad_metadata:
+            bad_manifests: list[Any] = [{}, None, {"writer": "0", "epoch": 1}, "k"]
+            for manifest in bad_manifests:
                 with pytest.raises(InvalidArgumentError) as info:
-                    await handle.commit(1, metadata)
-                assert (info.value.argument, info.value.got) == ("metadata", metadata)
+                    await handle.commit(1, manifest)
+                assert (info.value.argument, info.value.got) == (
+                    "manifest",
+                    type(manifest).__name__,
+                )
             with pytest.raises(InvalidArgumentError) as info:
-                await handle.commit(1, {"k": 1}, ["add x"])
+                Manifest("0", 1, schema_change=["add x"])  # type: ignore[arg-type]
             assert (info.value.argument, info.value.got) == ("schema_change", ["add x"])
             # None of the rejected calls reached the coordinator: it still runs, epoch 1 is fresh.
             await commit_all([handle], 1)
@@ -673,7 +675,7 @@ async def test_align_initial_epoch_after_init_is_an_unexpected_request(tmp_path:
     [
         ({"sink": ""}, "a non-empty str"),
         ({"sink": 3}, "a non-empty str"),
-        ({"committer": object()}, "a CommitCoordinator"),
+        ({"committer": object()}, "a Committer"),
         ({"base_delay": 0}, "a finite number of seconds > 0"),
         ({"base_delay": 0.0005}, "at least 0.001 seconds (1 ms)"),
         ({"max_delay": -1.0}, "a finite number of seconds > 0"),
@@ -721,11 +723,17 @@ async def test_single_phase_commits_every_writers_metadata_before_the_ack(
                         for handle in handles:
                             writers.start_soon(commit, handle, epoch)
             assert committer.calls[1:] == [
-                ("commit_data", epoch, sorted_metas([meta(h, epoch) for h in handles]))
+                call
                 for epoch in (1, 2)
+                for call in (
+                    ("prepare", epoch, sorted_metas([meta(h, epoch) for h in handles]), None),
+                    ("commit", epoch, {"epoch": epoch, "parts": 3}, None),
+                    ("committed", epoch),
+                )
             ]
-            # Every ack came after its epoch's commit_data; nothing waited for durability.
-            assert all("commit_data" in names for names in acked_after)
+            # Every ack came after its epoch's commit; nothing waited for durability.
+            assert all(names.count("committed") >= 1 for names in acked_after)
+            assert [names.count("committed") for names in acked_after] == [1, 1, 1, 2, 2, 2]
             assert committer.committed == [1, 2]
             assert store.committed_epoch == 0
             assert coordinator.is_committed(2)
@@ -760,7 +768,7 @@ async def test_two_phase_persists_pending_before_the_ack_and_commits_once_durabl
 
             await commit_epoch(1)
             assert committer.calls[1] == (
-                "pre_commit",
+                "prepare",
                 1,
                 sorted_metas([meta(a, 1), meta(b, 1)]),
                 None,
@@ -1078,7 +1086,7 @@ async def test_recovery_aborts_aborted_epochs_and_commits_pending_ones_in_order(
             assert committer.calls[:3] == [
                 ("abort", 4, {"m": 4}),
                 ("abort", 5, {"m": 5}),
-                ("init", {2: {"m": 2}, 3: {"m": 3}}),
+                ("recover", {2: {"m": 2}, 3: {"m": 3}}),
             ]
             assert committer.epochs("commit") == [2, 3]
             assert coordinator.stats().aborted_epochs == (4, 5)
@@ -1125,7 +1133,7 @@ async def test_a_commit_is_marked_committed_at_once_and_not_run_again_after_a_re
                 assert [await h.wait_started() for h in handles] == [1, 1]
             await anyio.wait_all_tasks_blocked()
             # Nothing to commit again: init with no pending epoch, and no commit call.
-            assert restarted.calls == [("init", {})]
+            assert restarted.calls == [("recover", {})]
             assert not run.ended.is_set()
             tg.cancel_scope.cancel()
 
@@ -1160,7 +1168,7 @@ async def test_recovery_after_epochs_committed_back_to_back(tmp_path: Path) -> N
                 assert [await h.wait_started() for h in handles] == [3, 3]
             with anyio.fail_after(WAIT):
                 await coordinator.wait_committed(3)
-            assert restarted.calls[0] == ("init", {3: {"epoch": 3, "parts": 2}})
+            assert restarted.calls[0] == ("recover", {3: {"epoch": 3, "parts": 2}})
             assert restarted.epochs("commit") == [3]
             assert not run.ended.is_set()
             tg.cancel_scope.cancel()
@@ -1186,7 +1194,7 @@ async def test_recovery_treats_pending_records_before_a_committed_mark_as_commit
             with anyio.fail_after(WAIT):
                 assert [await h.wait_started() for h in handles] == [3, 3]
                 await coordinator.wait_committed(3)
-            assert committer.calls[0] == ("init", {3: {"epoch": 3}})
+            assert committer.calls[0] == ("recover", {3: {"epoch": 3}})
             assert committer.epochs("commit") == [3]
             # Epoch 3's mark, written at once, pruned epoch 2's.
             assert states(await SinkStates(store, SINK).list()) == [(3, "committed")]
@@ -1202,7 +1210,7 @@ async def test_recovery_with_nothing_recorded_starts_fresh(tmp_path: Path) -> No
         async with anyio.create_task_group() as tg:
             start(tg, coordinator, ServiceContext(SINK, store))
             await register_started(coordinator, [FULL])
-            assert committer.calls == [("init", {})]
+            assert committer.calls == [("recover", {})]
             assert coordinator.stats().aborted_epochs == ()
             tg.cancel_scope.cancel()
 
@@ -1283,7 +1291,10 @@ async def test_writers_start_after_a_recovered_schema_change_is_committed(
     path = tmp_path / "state.db"
     change = {"add_column": "c"}
     async with await StateStore.open(path) as store:
-        await SinkStates(store, SINK).persist_pending(2, {"epoch": 2}, change)
+        # A prepared epoch's metadata carries its change (the committer's prepare put it there).
+        await SinkStates(store, SINK).persist_pending(
+            2, {"epoch": 2, "schema_change": change}, change
+        )
         await store.commit(2)
     committer = FakeCommitter()
     async with await StateStore.open(path) as store:
@@ -1320,7 +1331,7 @@ async def test_single_phase_schema_change_is_committed_once_durable_before_new_w
             assert not any(o.done.is_set() for o in outcomes)
             await store.commit(1)
             assert [await o.wait() for o in outcomes] == [1, 1, 1]
-            assert ("commit", 1, None, change) in committer.calls
+            assert ("commit", 1, {}, change) in committer.calls
             tg.cancel_scope.cancel()
 
 
@@ -1367,8 +1378,8 @@ async def test_rescaling_join_leave_and_bitmap_changes_realign_the_writers(
             with anyio.fail_after(WAIT):
                 assert [await a.wait_started(), await b.wait_started()] == [3, 3]
             await commit_all([a, b], 4)
-            assert committer.epochs("pre_commit") == [1, 2, 3, 4]
-            assert [len(c[2]) for c in committer.calls if c[0] == "pre_commit"] == [2, 3, 2, 2]
+            assert committer.epochs("prepare") == [1, 2, 3, 4]
+            assert [len(c[2]) for c in committer.calls if c[0] == "prepare"] == [2, 3, 2, 2]
             tg.cancel_scope.cancel()
 
 
@@ -1415,7 +1426,7 @@ async def test_a_failing_pre_commit_aborts_every_writer_with_the_cause(tmp_path:
     async with await StateStore.open(tmp_path / "state.db") as store:
         committer = FakeCommitter()
         boom = RuntimeError("pre-commit exploded")
-        committer.fail_pre_commit = boom
+        committer.fail_prepare = boom
         coordinator = make(committer)
         async with anyio.create_task_group() as tg:
             run = start(tg, coordinator, ServiceContext(SINK, store))
@@ -1444,19 +1455,19 @@ async def test_a_failure_also_aborts_requests_still_queued_for_the_coordinator(
 ) -> None:
     async with await StateStore.open(tmp_path / "state.db") as store:
         committer = FakeCommitter(two_phase=False)
-        boom = RuntimeError("commit_data exploded")
+        boom = RuntimeError("single-phase commit exploded")
         coordinator = make(committer)
         async with anyio.create_task_group() as tg:
             run = start(tg, coordinator, ServiceContext(SINK, store))
             a, b = await register_started(coordinator, HALVES)
             committer.gate = anyio.Event()
             first = [await post(tg, h, 1) for h in (a, b)]
-            await committer.wait_for(lambda: "commit_data" in committer.names())
+            await committer.wait_for(lambda: "commit" in committer.names())
             # While the coordinator is busy committing, a request and a registration queue up.
             queued = await post(tg, a, 2)
             joining = spawn(tg, lambda: coordinator.register(FULL))
             await anyio.wait_all_tasks_blocked()
-            committer.fail_commit_data = boom
+            committer.fail_single_phase = boom
             committer.gate.set()
             assert leaf(await run.failure()) is boom
             for outcome in [*first, queued]:
@@ -1502,7 +1513,7 @@ async def test_a_new_run_serves_new_handles_after_a_cancelled_one(tmp_path: Path
             with anyio.fail_after(WAIT):
                 assert [await h.wait_started() for h in handles] == [1, 1]
             await commit_all(handles, 2)
-            assert committer.names().count("init") == 2
+            assert committer.names().count("recover") == 2
             assert coordinator.stats().acked_epochs == 1  # counters are per run
             tg.cancel_scope.cancel()
 
@@ -1645,7 +1656,7 @@ class Scenario:
         assert set(committer.epochs("commit")) <= set(self.acked)
         last_in_run = 0
         for call in committer.calls:
-            if call[0] == "init":
+            if call[0] == "recover":
                 last_in_run = 0
             elif call[0] == "commit":
                 assert call[1] >= last_in_run, committer.calls

@@ -55,6 +55,8 @@ from barrierflow.actors.sinks.coordinator.handles import (
     WriterHandle,
     WriterRegistry,
 )
+from barrierflow.actors.sinks.table import Manifest
+from barrierflow.channels.epoch import MAX_EPOCH
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import (
     ActorGoneError,
@@ -124,8 +126,16 @@ class States:
         self.calls.append(("committed", epoch))
 
 
+def changes(manifests: Sequence[Manifest]) -> list[Any]:
+    return [m.schema_change for m in manifests]
+
+
+def manifests(*writers: str, epoch: int = 1, change: Any = None) -> list[Manifest]:
+    return [Manifest(w, epoch, schema_change=change) for w in writers]
+
+
 class Committer:
-    """A committer whose pre-commit returns ``pre_committed`` and whose commits fail while
+    """A committer whose prepare returns ``pre_committed`` and whose commits fail while
     ``failures`` > 0; ``gate`` holds commits (and single-phase commits) back."""
 
     def __init__(self, *, two_phase: bool = True, pre_committed: Any = "staged") -> None:
@@ -139,20 +149,15 @@ class Committer:
     def two_phase(self) -> bool:
         return self._two_phase
 
-    async def init(self, pending: Mapping[int, Any]) -> None:
-        self.calls.append(("init", dict(pending)))
+    async def recover(self, pending: Mapping[int, Any]) -> None:
+        self.calls.append(("recover", dict(pending)))
 
-    async def commit_data(self, epoch: int, metadatas: Sequence[Any]) -> None:
-        self.calls.append(("commit_data", epoch, list(metadatas)))
-        if self.gate is not None:
-            await self.gate.wait()
-
-    async def pre_commit(self, epoch: int, metadatas: Sequence[Any], schema_change: Any) -> Any:
-        self.calls.append(("pre_commit", epoch, list(metadatas), schema_change))
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> Any:
+        self.calls.append(("prepare", epoch, [m.writer for m in manifests], changes(manifests)))
         return self.pre_committed
 
-    async def commit(self, epoch: int, metadata: Any, schema_change: Any) -> None:
-        self.calls.append(("commit", epoch, metadata, schema_change))
+    async def commit(self, epoch: int, metadata: Any) -> None:
+        self.calls.append(("commit", epoch, metadata))
         if self.gate is not None:
             await self.gate.wait()
         if self.failures > 0:
@@ -279,13 +284,13 @@ async def test_the_next_commit_waits_until_the_previous_committed_mark_is_writte
             tg.cancel_scope.cancel()
 
 
-async def test_two_phase_pre_commits_and_persists_the_epochs_schema_change() -> None:
+async def test_two_phase_prepares_and_persists_the_epochs_schema_change() -> None:
     committer = Committer(pre_committed={"staged": 3})
     states = States()
     q = queue(committer, states)
     change = {"add": "column"}
-    await q.complete(3, [{"w": 1}, {"w": 2}], change)
-    assert committer.calls == [("pre_commit", 3, [{"w": 1}, {"w": 2}], change)]
+    await q.complete(3, manifests("1", "2", epoch=3, change=change), change)
+    assert committer.calls == [("prepare", 3, ["1", "2"], [change, change])]
     assert states.calls == [("pending", 3, {"staged": 3}, change)]
     assert [(i.epoch, i.metadata, i.schema_change) for i in q.pending] == [
         (3, {"staged": 3}, change)
@@ -293,19 +298,32 @@ async def test_two_phase_pre_commits_and_persists_the_epochs_schema_change() -> 
     assert q.has_uncommitted_schema_change()
 
 
-@pytest.mark.parametrize(
-    ("change", "persisted"),
-    [(None, []), ({"add": "column"}, [("pending", 4, None, {"add": "column"})])],
-)
-async def test_an_epoch_with_nothing_to_commit_is_persisted_only_with_a_schema_change(
-    change: Mapping[str, Any] | None, persisted: list[tuple[Any, ...]]
-) -> None:
-    committer = Committer(pre_committed=None)
+@pytest.mark.parametrize("two_phase", [True, False], ids=["two-phase", "single-phase"])
+async def test_an_epoch_with_nothing_to_commit_is_not_persisted(two_phase: bool) -> None:
+    committer = Committer(two_phase=two_phase, pre_committed=None)
     states = States()
     q = queue(committer, states)
-    await q.complete(4, [{"w": 1}], change)
-    assert states.calls == persisted
-    assert [i.epoch for i in q.pending] == [c[1] for c in persisted]
+    await q.complete(4, manifests("1", epoch=4), None)
+    assert states.calls == []
+    assert [c[0] for c in committer.calls] == ["prepare"]  # and nothing committed
+    assert q.is_empty()
+
+
+async def test_single_phase_commits_the_data_now_and_the_schema_change_once_durable() -> None:
+    committer = Committer(two_phase=False, pre_committed={"staged": 5})
+    states = States()
+    q = queue(committer, states)
+    change = {"add": "column"}
+    await q.complete(5, manifests("1", "2", epoch=5, change=change), change)
+    # The data was prepared without the change and committed at once ...
+    assert committer.calls == [
+        ("prepare", 5, ["1", "2"], [None, None]),
+        ("commit", 5, {"staged": 5}),
+    ]
+    assert (q.last_committed, q.commits) == (5, 1)
+    # ... the change waits for durability, persisted as pending.
+    assert states.calls == [("pending", 5, {"schema_change": change}, change)]
+    assert q.has_uncommitted_schema_change()
 
 
 async def test_a_long_single_phase_commit_logs_a_warning_every_interval() -> None:
@@ -315,7 +333,7 @@ async def test_a_long_single_phase_commit_logs_a_warning_every_interval() -> Non
     q = queue(committer, States(), warn_interval=0.001, log=log)
     with anyio.fail_after(WAIT):
         async with anyio.create_task_group() as tg:
-            done = spawn(tg, lambda: q.complete(7, [{"w": 1}], None))
+            done = spawn(tg, lambda: q.complete(7, manifests("1", epoch=7), None))
             await log.wait_for("commit still running", 2)
             committer.gate.set()
             await done.wait()
@@ -360,7 +378,7 @@ def script(events: list[Event]) -> Any:
 
 
 def commit_request(handle: WriterHandle, epoch: int) -> Commit:
-    return Commit(handle, epoch, {"w": handle.handle_id}, None, OneShot())
+    return Commit(handle, epoch, Manifest(str(handle.handle_id), epoch), OneShot())
 
 
 async def test_a_vnode_claimed_twice_names_the_sink_the_vnodes_and_the_round() -> None:
@@ -531,16 +549,19 @@ async def test_an_uncovered_round_warns_once_its_interval_is_over(
 @pytest.mark.parametrize(
     ("call", "expected"),
     [
-        (lambda h: h.align_initial_epoch(-1), ("epoch", "a non-negative int", -1)),
-        (lambda h: h.align_initial_epoch(1.0), ("epoch", "a non-negative int", 1.0)),
-        (lambda h: h.commit(-1, {"w": 1}), ("epoch", "a non-negative int", -1)),
-        (lambda h: h.commit(True, {"w": 1}), ("epoch", "a non-negative int", True)),
-        (lambda h: h.commit(1, {}), ("metadata", "a non-empty mapping", {})),
-        (lambda h: h.commit(1, [("w", 1)]), ("metadata", "a non-empty mapping", [("w", 1)])),
+        (lambda h: h.align_initial_epoch(-1), ("epoch", f"an int epoch in 0..{MAX_EPOCH}", -1)),
+        (lambda h: h.align_initial_epoch(1.0), ("epoch", f"an int epoch in 0..{MAX_EPOCH}", 1.0)),
         (
-            lambda h: h.commit(1, {"w": 1}, ["add"]),
-            ("schema_change", "None or a mapping", ["add"]),
+            lambda h: h.commit(-1, Manifest("1", 1)),
+            ("epoch", f"an int epoch in 0..{MAX_EPOCH}", -1),
         ),
+        (
+            lambda h: h.commit(True, Manifest("1", 1)),
+            ("epoch", f"an int epoch in 0..{MAX_EPOCH}", True),
+        ),
+        (lambda h: h.commit(1, {}), ("manifest", "a Manifest", "dict")),
+        (lambda h: h.commit(1, [("w", 1)]), ("manifest", "a Manifest", "list")),
+        (lambda h: h.commit(1, None), ("manifest", "a Manifest", "NoneType")),
     ],
 )
 async def test_a_bad_argument_to_a_writer_handle_names_it_and_what_was_expected(
@@ -559,7 +580,7 @@ async def test_epoch_zero_is_a_valid_epoch() -> None:
     fake = FakeCoordinator()
     handle = WriterHandle(fake, 1, HALF[0])  # type: ignore[arg-type]
     assert await handle.align_initial_epoch(0) == 0
-    await handle.commit(0, {"w": 1})
+    await handle.commit(0, Manifest("1", 0))
     assert [(type(e).__name__, getattr(e, "epoch", None)) for e in fake.posted] == [
         ("AlignInitial", 0),
         ("Commit", 0),
@@ -573,7 +594,7 @@ async def test_a_stopped_handle_is_gone_for_its_sink() -> None:
     await handle.stop()  # once is enough
     assert [type(e).__name__ for e in fake.posted] == ["StopHandle"]
     with pytest.raises(ActorGoneError) as raised:
-        await handle.commit(1, {"w": 1})
+        await handle.commit(1, Manifest("1", 1))
     assert (raised.value.actor, raised.value.reason) == (SINK, "this writer handle was stopped")
 
 

@@ -27,6 +27,7 @@ from test_coordinator import (
     commit_all,
     leaf,
     make,
+    meta,
     post,
     register_started,
     spawn,
@@ -322,7 +323,7 @@ async def test_persist_pending_rejects_values_that_are_not_json_by_their_name(
 
 
 def commit_event(handle: WriterHandle, epoch: int = 1) -> Commit:
-    return Commit(handle, epoch, {"m": epoch}, None, OneShot())
+    return Commit(handle, epoch, meta(handle, epoch), OneShot())
 
 
 def detached_handle(handle_id: int = 1) -> WriterHandle:
@@ -542,7 +543,7 @@ async def test_a_registration_waiting_on_a_full_inbox_when_the_run_stops_is_acto
             committer.gate = anyio.Event()  # the coordinator is busy in epoch 2's commit
             await post(tg, a, 2)
             await post(tg, b, 2)
-            await committer.wait_for(lambda: committer.epochs("commit_data") == [1, 2])
+            await committer.wait_for(lambda: committer.epochs("commit") == [1, 2])
             with anyio.fail_after(WAIT):
                 queued = [await coordinator.register(FULL) for _ in range(1024)]
             blocked = spawn(tg, lambda: coordinator.register(FULL))
@@ -669,7 +670,7 @@ async def test_errors_of_initial_epoch_alignment_name_the_sink(tmp_path: Path) -
             a, b = [await coordinator.register(h) for h in HALVES]
             with anyio.fail_after(WAIT):
                 await a.wait_started()
-            sent = spawn(tg, lambda: b.commit(3, {"m": 3}))
+            sent = spawn(tg, lambda: b.commit(3, meta(b, 3)))
             error = await run.failure()
         assert isinstance(error, UnexpectedWriterRequestError)
         assert (error.sink, error.stage) == (SINK, "initial epoch alignment")
@@ -883,7 +884,7 @@ async def test_the_inbox_holds_1024_events_then_writers_wait(tmp_path: Path) -> 
             committer.gate = anyio.Event()
             await post(tg, a, 2)
             await post(tg, b, 2)
-            await committer.wait_for(lambda: committer.epochs("commit_data") == [1, 2])
+            await committer.wait_for(lambda: committer.epochs("commit") == [1, 2])
             with anyio.fail_after(WAIT):
                 for _ in range(1024):
                     await coordinator.register(FULL)

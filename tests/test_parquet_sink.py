@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from barrierflow import InvalidArgumentError, SinkRecoveryError
-from barrierflow.actors import PendingCommit, SinkConnector
+from barrierflow.actors import Manifest, PendingCommit, SinkConnector
 from barrierflow.connectors import ParquetFileSink, PrintSink, _parquet_files
 from barrierflow.connectors._staging import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
 
@@ -423,13 +423,16 @@ async def test_a_coordinated_writer_stages_apart_and_leaves_commit_to_its_coordi
     await sink.open()
     await sink.recover([])
     metadata = await epoch_of(sink, 2, 1, 2)
-    assert metadata["writer"] == "3"
-    assert metadata["paths"] == [f"{STAGING}/{2:020d}/w3/part-00000.parquet"]
-    assert (tmp_path / metadata["paths"][0]).exists()
+    # Its pre-commit returns its manifest, as JSON, for the coordinator.
+    manifest = Manifest.from_json(metadata)
+    assert (manifest.writer, manifest.epoch, manifest.rows) == ("3", 2, 2)
+    [staged] = manifest.files
+    assert staged.path == f"{STAGING}/{2:020d}/w3/part-00000.parquet"
+    assert (staged.rows, staged.size) == (2, (tmp_path / staged.path).stat().st_size)
     await sink.commit_epoch(2)  # the coordinator's job
     await sink.recover([PendingCommit(2, metadata)])
     assert visible(tmp_path) == []
-    assert (tmp_path / metadata["paths"][0]).exists()
+    assert (tmp_path / staged.path).exists()
 
 
 @pytest.mark.parametrize(

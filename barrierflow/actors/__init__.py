@@ -7,12 +7,12 @@ from barrierflow.actors.backfill import Materialize as Materialize
 from barrierflow.actors.backfill import SnapshotBackfill as SnapshotBackfill
 from barrierflow.actors.backfill import SourceBackfill as SourceBackfill
 from barrierflow.actors.backfill import SplitBackfill as SplitBackfill
-from barrierflow.actors.sinks import CommitCoordinator as CommitCoordinator
 from barrierflow.actors.sinks import CommitMetadata as CommitMetadata
-from barrierflow.actors.sinks import CoordinatedTable as CoordinatedTable
+from barrierflow.actors.sinks import Committer as Committer
 from barrierflow.actors.sinks import Coordinator as Coordinator
 from barrierflow.actors.sinks import CoordinatorStats as CoordinatorStats
 from barrierflow.actors.sinks import DeclaredSink as DeclaredSink
+from barrierflow.actors.sinks import Manifest as Manifest
 from barrierflow.actors.sinks import PendingCommit as PendingCommit
 from barrierflow.actors.sinks import SchemaChange as SchemaChange
 from barrierflow.actors.sinks import SinkConnector as SinkConnector
@@ -23,6 +23,8 @@ from barrierflow.actors.sinks import SinkTask as SinkTask
 from barrierflow.actors.sinks import SinkTaskHandle as SinkTaskHandle
 from barrierflow.actors.sinks import SinkTaskStats as SinkTaskStats
 from barrierflow.actors.sinks import SinkWriter as SinkWriter
+from barrierflow.actors.sinks import StagedFile as StagedFile
+from barrierflow.actors.sinks import Table as Table
 from barrierflow.actors.sinks import WriterHandle as WriterHandle
 from barrierflow.actors.sinks import add_sink as add_sink
 from barrierflow.actors.sinks import start_sink_task as start_sink_task
@@ -38,12 +40,12 @@ __all__ = [
     "BatchFeed",
     "BatchFeedStats",
     "BatchSource",
-    "CommitCoordinator",
+    "Committer",
     "CommitMetadata",
-    "CoordinatedTable",
     "Coordinator",
     "CoordinatorStats",
     "DeclaredSink",
+    "Manifest",
     "Materialize",
     "Offset",
     "PendingCommit",
@@ -56,6 +58,8 @@ __all__ = [
     "SinkTaskHandle",
     "SinkTaskStats",
     "SinkWriter",
+    "StagedFile",
+    "Table",
     "SnapshotBackfill",
     "SourceBackfill",
     "SplitBackfill",

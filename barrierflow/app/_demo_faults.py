@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from barrierflow.actors import CommitCoordinator, CommitMetadata, SchemaChange
+from barrierflow.actors import CommitMetadata, Committer, Manifest
 from barrierflow.app._trace import trace
 from barrierflow.runtime.positions import SinkCommits
 
@@ -76,35 +76,28 @@ class CrashingCommitter:
     """The table's committer (Iceberg or Delta), killing the process after the armed batch's
     table commit and before the coordinator records it committed."""
 
-    def __init__(self, inner: CommitCoordinator, faults: Faults) -> None:
+    def __init__(self, inner: Committer, faults: Faults) -> None:
         self._inner = inner
         self._faults = faults
         self.two_phase = inner.two_phase
 
-    async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
-        await self._inner.init(pending)
+    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
+        await self._inner.recover(pending)
 
     async def sink_commits(self) -> SinkCommits | None:
         """What the table holds (the runtime asks on an empty state store)."""
         commits: SinkCommits | None = await self._inner.sink_commits()  # type: ignore[attr-defined]
         return commits
 
-    async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
-        await self._inner.commit_data(epoch, metadatas)
-
-    async def pre_commit(
-        self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: SchemaChange | None
-    ) -> CommitMetadata | None:
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
         trace("pre-commit", epoch)
-        return await self._inner.pre_commit(epoch, metadatas, schema_change)
+        return await self._inner.prepare(epoch, manifests)
 
-    async def commit(
-        self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None
-    ) -> None:
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
         trace("commit-begin", epoch)
-        await self._inner.commit(epoch, metadata, schema_change)
+        await self._inner.commit(epoch, metadata)
         trace("commit-done", epoch)
-        if self._faults.armed and self._faults.point == "mid-commit" and metadata is not None:
+        if self._faults.armed and self._faults.point == "mid-commit":
             kill_self(
                 "mid-commit, the table committed, the commit not yet recorded", self._faults.resume
             )
@@ -120,6 +113,12 @@ class CrashingTable:
     def __init__(self, inner: Any, faults: Faults) -> None:
         self._inner = inner
         self._faults = faults
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's schema."""
+        schema: pa.Schema = self._inner.schema
+        return schema
 
     def writer(self, writer_id: str) -> Any:
         """Writer ``writer_id`` of the table, crashing on the armed batch's first write."""

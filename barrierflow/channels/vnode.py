@@ -121,6 +121,13 @@ class VnodeBitmap:
         """The vnodes in the set, ascending."""
         return [int(v) for v in np.flatnonzero(self._bits)]
 
+    def runs(self) -> tuple[tuple[int, int], ...]:
+        """The set as ``(first, end)`` runs of consecutive vnodes (``end`` excluded),
+        ascending: the compact form a sink writer's manifest records."""
+        padded = np.concatenate(([False], self._bits, [False])).astype(np.int8)
+        edges = np.flatnonzero(np.diff(padded))
+        return tuple((int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True))
+
     def count(self) -> int:
         """How many vnodes are in the set."""
         return int(self._bits.sum())

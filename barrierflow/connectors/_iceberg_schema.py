@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from barrierflow._extras import require
-from barrierflow.actors.sinks.coordinator import SchemaChange
+from barrierflow.actors.sinks.table import SchemaChange
 from barrierflow.channels.errors import InvalidArgumentError
 
 __all__ = ["ICEBERG_TYPES", "check_schema_change", "evolve", "same_fields"]

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from barrierflow._fs import directory_problem, fsync_path, make_directory, write_atomically
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.protocol import PendingCommit
+from barrierflow.actors.sinks.table import Manifest, StagedFile
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._dirlock import DirectoryLease, lock_directory
 from barrierflow.connectors._staging import (
@@ -171,6 +172,7 @@ class StagedFiles:
         self.file_rows = 0
         self.epoch: int | None = None
         self.files: list[str] = []  # staged files of the open epoch
+        self.rows_each: list[int] = []  # and the rows of each
         self.rows = 0
         # Source positions of the open epoch: after the first, up to the second.
         self.positions: tuple[dict[str, int], dict[str, int]] = ({}, {})
@@ -271,7 +273,7 @@ class StagedFiles:
     def begin(self, epoch: int) -> None:
         with self.lock:
             self._close_writer()
-            self.epoch, self.files, self.rows = epoch, [], 0
+            self.epoch, self.files, self.rows_each, self.rows = epoch, [], [], 0
             self.positions = ({}, {})
             leftover = self.staged_dir(epoch)
             if leftover.exists():  # an earlier incarnation staged this epoch number
@@ -301,11 +303,13 @@ class StagedFiles:
                         use_dictionary=self.use_dictionary,
                     )
                     self.files.append(name)
+                    self.rows_each.append(0)
                     self.file_rows = 0
                 take = min(table.num_rows - offset, self.rows_per_file - self.file_rows)
                 self.writer.write_table(table.slice(offset, take), row_group_size=take)
                 offset += take
                 self.file_rows += take
+                self.rows_each[-1] += take
                 self.rows += take
                 if self.file_rows >= self.rows_per_file:
                     self._close_writer()
@@ -316,41 +320,52 @@ class StagedFiles:
             self.writer = None
 
     def pre_commit(self, epoch: int) -> dict[str, Any]:
+        """Close and fsync the open epoch's files. A single writer writes its pre-commit
+        record beside them and returns it; a coordinated writer returns its
+        :class:`~barrierflow.actors.sinks.table.Manifest` as JSON (the coordinator's meta
+        store records it)."""
         with self.lock:
             self._close_writer()
-            metadata: dict[str, Any] = {
-                "epoch": epoch,
-                "files": list(self.files),
-                "rows": self.rows,
-            }
+            directory = self.staged_dir(epoch)
             start, end = self.positions
-            if end:
-                metadata["positions_from"], metadata["positions"] = start, end
             if self.files:
-                directory = self.staged_dir(epoch)
                 for name in self.files:
                     fsync_path(directory / name)
-                if self.writer_id is None:
-                    write_json_atomically(directory / PRECOMMITTED, metadata)
-                else:  # the coordinator's meta store records it; paths relative to the root
-                    fsync_path(directory)
-                    metadata["writer"] = self.writer_id
-                    metadata["paths"] = [
-                        str((directory / name).relative_to(self.root)) for name in self.files
-                    ]
+                fsync_path(directory)
                 # The directory entries leading to the files must survive a power loss too.
                 parent = directory.parent
                 while parent != self.root:
                     fsync_path(parent)
                     parent = parent.parent
-            self.epoch, self.files, self.rows = None, [], 0
-            return metadata
+            if self.writer_id is not None:
+                result = Manifest(
+                    self.writer_id,
+                    epoch,
+                    tuple(
+                        StagedFile(
+                            str((directory / name).relative_to(self.root)),
+                            rows,
+                            (directory / name).stat().st_size,
+                        )
+                        for name, rows in zip(self.files, self.rows_each, strict=True)
+                    ),
+                    positions=end,
+                    positions_from=start,
+                ).to_json()
+            else:
+                result = {"epoch": epoch, "files": list(self.files), "rows": self.rows}
+                if end:
+                    result["positions_from"], result["positions"] = start, end
+                if self.files:
+                    write_json_atomically(directory / PRECOMMITTED, result)
+            self.epoch, self.files, self.rows_each, self.rows = None, [], [], 0
+            return result
 
     def rollback(self, epoch: int) -> None:
         with self.lock:
             if self.epoch == epoch:
                 self._close_writer()
-                self.epoch, self.files, self.rows = None, [], 0
+                self.epoch, self.files, self.rows_each, self.rows = None, [], [], 0
             shutil.rmtree(self.staged_dir(epoch), ignore_errors=True)
 
     # Committing.

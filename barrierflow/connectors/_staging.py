@@ -1,5 +1,5 @@
-"""Where the file sinks stage an epoch's files before its commit, shared by the Parquet sink,
-its coordinated committer and the Iceberg committer.
+"""Where the file sinks stage an epoch's files before its commit, shared by the Parquet sink
+and the committers of the coordinated tables (Parquet, Iceberg, Delta).
 
 Layout under a table (or Iceberg data) directory::
 
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from barrierflow.actors.sinks.protocol import CommitMetadata, writers_positions
+from barrierflow.actors.sinks.table import Manifest, manifests_positions
 from barrierflow.connectors.errors import StagedEpochMismatchError, StagedPathError
 
 __all__ = [
@@ -92,26 +92,29 @@ def unstaged_path(root: Path, relative: str) -> Path:
     return root.joinpath(*parts[1:])
 
 
-def gather_staged(
-    table: str, epoch: int, metadatas: Sequence[CommitMetadata], *, keep_empty: bool = False
-) -> CommitMetadata | None:
-    """One epoch's commit metadata from every writer's pre-commit record: the staging epoch
-    they all staged under, their files, their rows and the source positions their rows reach;
-    ``None`` when no writer staged a file (nothing to commit) unless ``keep_empty`` (a schema
-    change still has to be committed). What every coordinated table's ``pre_commit`` does.
+def gather_staged(table: str, epoch: int, manifests: Sequence[Manifest]) -> dict[str, Any] | None:
+    """One epoch's commit metadata from every writer's manifest — what every coordinated
+    table's :meth:`~barrierflow.actors.sinks.table.Committer.prepare` persists: the staging
+    epoch they all staged under, their files, their rows, the source positions their rows
+    reach, and the schema change they carry. ``None`` when no writer staged a file and there
+    is no schema change (nothing to commit).
 
     Raises:
         StagedEpochMismatchError: the writers staged different epochs (``table`` names it).
     """
-    staged = {m.get("epoch") for m in metadatas}
+    staged = {m.epoch for m in manifests}
     if len(staged) != 1:
         raise StagedEpochMismatchError(table, epoch, staged)
-    paths = [path for m in metadatas for path in m.get("paths", [])]
-    if not paths and not keep_empty:
+    paths = [f.path for m in manifests for f in m.files]
+    change = manifests[0].schema_change
+    if not paths and change is None:
         return None
-    return {
+    metadata: dict[str, Any] = {
         "staging_epoch": staged.pop(),
         "paths": paths,
-        "rows": sum(int(m.get("rows", 0)) for m in metadatas),
-        **writers_positions(metadatas),
+        "rows": sum(m.rows for m in manifests),
+        **manifests_positions(manifests),
     }
+    if change is not None:
+        metadata["schema_change"] = dict(change)
+    return metadata

@@ -5,17 +5,17 @@ The parts, shaped like :mod:`barrierflow.connectors.iceberg_sink`:
 
 * **Writers** are Parquet writers in coordinated mode (:meth:`DeltaSink.writer`): each stages
   its rows of sink epoch *S* under ``<table>/.staging/<S>/w<id>/``, fsyncs them at pre-commit
-  and sends their paths to the coordinator. Delta readers see only the files the log names, and
+  and sends its manifest to the coordinator. Delta readers see only the files the log names, and
   ``vacuum`` skips names starting with ``.``, so staged files are invisible and safe.
 * **The committer** (:class:`DeltaCommitter`, the coordinator's two-phase committer):
-  ``pre_commit`` gathers every writer's files; ``commit`` moves them out of staging to
+  ``prepare`` gathers every writer's files; ``commit`` moves them out of staging to
   ``<table>/<S>/w<id>/`` and adds them in **one** Delta commit (``create_write_transaction``
   with one ``add`` action per file) carrying the **application transaction**
   ``(app_id, version=epoch)``. That transaction is Delta's own idempotent-write marker and the
   source of truth for "which epoch is committed": a commit whose epoch is not above the
   table's recorded version for the app id is a replay after a crash and is skipped. It survives
   checkpoints and log cleanup (the snapshot keeps the latest ``txn`` per app id). ``abort``
-  deletes the epoch's files; ``init`` deletes staged files no pending commit references.
+  deletes the epoch's files; ``recover`` deletes staged files no pending commit references.
 * **Source positions** go into the same commit's ``commitInfo`` (custom metadata):
   ``barrierflow.positions`` (this epoch's) and ``barrierflow.source-positions`` (every position
   the table holds, merged), with ``barrierflow.app-id`` and ``barrierflow.epoch``. They are
@@ -66,9 +66,9 @@ import pyarrow.parquet as pq
 
 from barrierflow._extras import require
 from barrierflow._fs import fsync_path
-from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit
+from barrierflow.actors.sinks.table import Manifest, SchemaChange
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._iceberg_schema import check_schema_change, same_fields
 from barrierflow.connectors._parquet_files import check_table_path
@@ -79,7 +79,6 @@ from barrierflow.connectors._staging import (
     staged_dir,
     unstaged_path,
 )
-from barrierflow.connectors.errors import TwoPhaseOnlyError
 from barrierflow.connectors.parquet_sink import ParquetFileSink
 from barrierflow.runtime.positions import (
     SinkCommits,
@@ -227,9 +226,9 @@ class DeltaSink:
 class DeltaCommitter:
     """The two-phase committer of a :class:`DeltaSink` (see the module docstring).
 
-    Lifecycle: that of :class:`~barrierflow.actors.sinks.coordinator.CommitCoordinator`:
-    ``abort`` of aborted epochs, ``init`` once, then ``pre_commit`` and ``commit`` per epoch in
-    epoch order; ``commit`` may be repeated after a crash and is then a no-op.
+    Lifecycle: that of a :class:`~barrierflow.actors.sinks.table.Committer`: ``abort`` of
+    aborted epochs, ``recover`` once, then ``prepare`` and ``commit`` per epoch in epoch
+    order; ``commit`` may be repeated after a crash and is then a no-op.
     """
 
     two_phase = True
@@ -274,60 +273,49 @@ class DeltaCommitter:
         table this app id never committed to)."""
         return self._committed(self._sink.table())
 
-    async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
+    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         """Delete staged epochs that no pending commit references."""
         await self._run(clean_staging, self._sink.path, kept_epochs(pending.values()))
 
-    async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
-        """Not used: this committer is two-phase."""
-        raise TwoPhaseOnlyError("DeltaCommitter", "commit_data")
-
-    async def pre_commit(
-        self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: SchemaChange | None
-    ) -> CommitMetadata | None:
-        """Every writer's staged files of the epoch (``None`` if there is nothing to commit).
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
+        """Every writer's staged files of the epoch and its schema change (``None`` if there
+        is nothing to commit).
 
         Raises:
             StagedEpochMismatchError: the writers staged different epochs.
-            InvalidArgumentError: ``schema_change`` is not an ``add_columns`` change.
+            InvalidArgumentError: the schema change is not an ``add_columns`` change.
         """
         await anyio.lowlevel.checkpoint()
-        if schema_change is not None:
-            check_schema_change(schema_change)
-        return gather_staged(
-            str(self._sink.path), epoch, metadatas, keep_empty=schema_change is not None
-        )
+        if manifests and manifests[0].schema_change is not None:
+            check_schema_change(manifests[0].schema_change)
+        return gather_staged(str(self._sink.path), epoch, manifests)
 
-    async def commit(
-        self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None
-    ) -> None:
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
         """Move the epoch's files out of staging and add them in one Delta commit carrying
-        the app transaction ``(app_id, epoch)`` (a no-op if the table has it already).
+        the app transaction ``(app_id, epoch)``, the positions and the schema change (a
+        no-op if the table has the transaction already).
 
         Raises:
             SinkRecoveryError: a file of the epoch is neither staged nor moved, or the
                 positions the table holds cannot be read.
             PositionOverlapError: the epoch's source batches are partly held already.
         """
-        await self._run(
-            self._commit, epoch, None if metadata is None else dict(metadata), schema_change
-        )
+        await self._run(self._commit, epoch, dict(metadata))
 
-    def _commit(
-        self, epoch: int, metadata: dict[str, Any] | None, schema_change: SchemaChange | None
-    ) -> None:
+    def _commit(self, epoch: int, metadata: dict[str, Any]) -> None:
         delta = _deltalake()
         table = self._latest()
         committed = self._committed(table)
         if epoch <= committed:
             self._drop_staging(metadata)  # a replayed commit
             return
-        paths = [] if metadata is None else metadata.get("paths", [])
+        paths = metadata.get("paths", [])
+        schema_change = metadata.get("schema_change")
         if not paths and schema_change is None:
             return  # nothing to publish
         held = self._held_positions(table, committed)
-        positions = {} if metadata is None else metadata.get("positions", {})
-        if metadata is not None and epoch_already_held(
+        positions = metadata.get("positions", {})
+        if epoch_already_held(
             str(self._sink.path), epoch, held, metadata.get("positions_from", {}), positions
         ):
             # The runtime's store went back in time and the upstream replayed rows this table
@@ -517,9 +505,9 @@ class DeltaSingleWriter:
 
     async def recover(self, pending: Sequence[PendingCommit]) -> None:
         """Delete staged epochs not in ``pending``, then commit those (oldest first)."""
-        await self._committer.init({p.epoch: p.metadata for p in pending})
+        await self._committer.recover({p.epoch: p.metadata for p in pending})
         for commit in sorted(pending, key=lambda p: p.epoch):
-            await self._committer.commit(commit.epoch, commit.metadata, None)
+            await self._committer.commit(commit.epoch, commit.metadata)
 
     async def begin_epoch(self, epoch: int) -> None:
         """Start staging ``epoch``."""
@@ -541,18 +529,18 @@ class DeltaSingleWriter:
 
     async def pre_commit(self, epoch: int) -> CommitMetadata:
         """Close and fsync the staged files; the epoch's commit metadata (``{}``: empty)."""
-        staged = await self._writer.pre_commit(epoch)
-        metadata = await self._committer.pre_commit(epoch, [staged], None)
+        staged = Manifest.from_json(await self._writer.pre_commit(epoch))
+        metadata = await self._committer.prepare(epoch, [staged])
         self._prepared[epoch] = {} if metadata is None else dict(metadata)
         return self._prepared[epoch]
 
     async def commit_epoch(self, epoch: int) -> None:
         """Add the pre-committed epoch's files in one Delta commit (idempotent)."""
         metadata = self._prepared.get(epoch)
-        if metadata is None:
+        if not metadata:  # not pre-committed here, or nothing staged
             await anyio.lowlevel.checkpoint()
             return
-        await self._committer.commit(epoch, metadata, None)
+        await self._committer.commit(epoch, metadata)
         del self._prepared[epoch]  # kept until it went through: a failed commit is retried
 
     async def rollback_epoch(self, epoch: int) -> None:

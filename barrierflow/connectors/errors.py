@@ -19,7 +19,6 @@ __all__ = [
     "SplitLogUnavailableError",
     "StagedEpochMismatchError",
     "StagedPathError",
-    "TwoPhaseOnlyError",
 ]
 
 
@@ -40,21 +39,6 @@ class SinkLockedError(SinkError):
             f"sink {sink!r}: expected to be its only writer group, but {holder} holds its lock; "
             "stop it first or write to another location"
         )
-
-
-@final
-class TwoPhaseOnlyError(ProtocolError):
-    """A two-phase committer was asked for a single-phase commit.
-
-    Attributes:
-        committer: the committer's class name.
-        got: the call that arrived (``"commit_data"``).
-    """
-
-    def __init__(self, committer: str, got: str) -> None:
-        self.committer = committer
-        self.got = got
-        super().__init__(f"{committer} is two-phase: expected pre_commit, got {got}")
 
 
 @final

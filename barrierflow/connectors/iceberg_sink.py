@@ -5,15 +5,15 @@ local directory (:func:`open_local_catalog`). The parts:
 
 * **Writers** are Parquet writers in coordinated mode (:meth:`IcebergSink.writer`): each stages
   its rows of sink epoch *S* under ``<table>/data/.staging/<S>/w<id>/``, fsyncs them at
-  pre-commit and sends their paths to the coordinator.
+  pre-commit and send their manifests to the coordinator.
 * **The committer** (:class:`IcebergCommitter`, the coordinator's two-phase committer):
-  ``pre_commit`` gathers every writer's files; ``commit`` moves them out of staging to
+  ``prepare`` gathers every writer's files; ``commit`` moves them out of staging to
   ``<table>/data/<S>/w<id>/`` and adds them in **one** transaction that also sets the table
   property ``barrierflow.committed-epoch`` (and the snapshot summary's ``barrierflow.epoch``):
   one atomic snapshot per epoch. A commit whose epoch is not above that property is a replay
   after a crash and is skipped — the property, not the snapshot summaries, is the source of
   truth, because snapshot expiry deletes old summaries. ``abort`` deletes the epoch's files;
-  ``init`` deletes staged files no pending commit references.
+  ``recover`` deletes staged files no pending commit references.
 * **Source positions**: the same transaction records the positions the epoch's rows reach in
   the snapshot summary (``barrierflow.positions``) and, merged, in the table property
   ``barrierflow.source-positions``; an epoch whose batches the table holds already is dropped
@@ -49,9 +49,9 @@ import pyarrow as pa
 
 from barrierflow._extras import require
 from barrierflow._fs import fsync_path, make_directory
-from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.protocol import CommitMetadata
+from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._iceberg_schema import check_schema_change, evolve, same_fields
 from barrierflow.connectors._parquet_files import check_table_path
@@ -62,10 +62,7 @@ from barrierflow.connectors._staging import (
     staged_dir,
     unstaged_path,
 )
-from barrierflow.connectors.errors import (
-    SinkPathError,
-    TwoPhaseOnlyError,
-)
+from barrierflow.connectors.errors import SinkPathError
 from barrierflow.connectors.parquet_sink import ParquetFileSink
 from barrierflow.runtime.positions import (
     SinkCommits,
@@ -247,42 +244,35 @@ class IcebergCommitter:
         """The table property's last committed epoch (blocking; 0 for a new table)."""
         return int(self._sink.table().properties.get(COMMITTED_EPOCH_PROPERTY, "0"))
 
-    async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
+    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         """Delete staged epochs that no pending commit references."""
         await self._run(clean_staging, self._sink.data_path, kept_epochs(pending.values()))
 
-    async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
-        """Not used: this committer is two-phase."""
-        raise TwoPhaseOnlyError("IcebergCommitter", "commit_data")
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
+        """Every writer's staged files of the epoch and its schema change (``None`` if there
+        is nothing to commit).
 
-    async def pre_commit(
-        self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: SchemaChange | None
-    ) -> CommitMetadata | None:
-        """Every writer's staged files of the epoch (``None`` if there is nothing to commit)."""
+        Raises:
+            InvalidArgumentError: the schema change is not an ``add_columns`` change.
+        """
         await anyio.lowlevel.checkpoint()
-        if schema_change is not None:
-            check_schema_change(schema_change)
-        return gather_staged(
-            self._sink.identifier, epoch, metadatas, keep_empty=schema_change is not None
-        )
+        if manifests and manifests[0].schema_change is not None:
+            check_schema_change(manifests[0].schema_change)
+        return gather_staged(self._sink.identifier, epoch, manifests)
 
-    async def commit(
-        self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None
-    ) -> None:
-        """Move the epoch's files out of staging and add them as one snapshot (idempotent)."""
-        await self._run(
-            self._commit, epoch, None if metadata is None else dict(metadata), schema_change
-        )
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
+        """Move the epoch's files out of staging and add them as one snapshot, with the
+        schema change and the positions (idempotent)."""
+        await self._run(self._commit, epoch, dict(metadata))
 
-    def _commit(
-        self, epoch: int, metadata: dict[str, Any] | None, schema_change: SchemaChange | None
-    ) -> None:
+    def _commit(self, epoch: int, metadata: dict[str, Any]) -> None:
         table = self._sink.table()
         if epoch <= int(table.properties.get(COMMITTED_EPOCH_PROPERTY, "0")):
             return  # a replayed commit
         held = self._held_positions(table)
-        positions = {} if metadata is None else metadata.get("positions", {})
-        if metadata is not None and epoch_already_held(
+        positions = metadata.get("positions", {})
+        schema_change = metadata.get("schema_change")
+        if epoch_already_held(
             self._sink.identifier, epoch, held, metadata.get("positions_from", {}), positions
         ):
             # The runtime's store went back in time and the upstream replayed rows this table
@@ -290,7 +280,7 @@ class IcebergCommitter:
             self._abort_files(epoch, metadata)
             return
         finals: list[str] = []
-        for relative in [] if metadata is None else metadata.get("paths", []):
+        for relative in metadata.get("paths", []):
             staged = self._sink.data_path / relative
             final = unstaged_path(self._sink.data_path, relative)
             if staged.exists():
@@ -326,9 +316,8 @@ class IcebergCommitter:
         self.commits += 1
         if self.commits % self._expire_every == 0:
             self._expire()
-        if metadata is not None:
-            staging = staged_dir(self._sink.data_path, metadata["staging_epoch"])
-            shutil.rmtree(staging, ignore_errors=True)
+        staging = staged_dir(self._sink.data_path, metadata["staging_epoch"])
+        shutil.rmtree(staging, ignore_errors=True)
 
     def _expire(self) -> None:
         table = self._sink.table()

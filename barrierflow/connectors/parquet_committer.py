@@ -2,17 +2,17 @@
 
 Each parallel writer is a :class:`~barrierflow.connectors.parquet_sink.ParquetFileSink` created
 with ``writer=<id>``: it stages its rows of sink epoch *S* under ``.staging/<S>/w<id>/``,
-fsyncs them at pre-commit and sends their paths to the :class:`~.coordinator.Coordinator`,
+fsyncs them at pre-commit and sends its manifest to the :class:`~.coordinator.Coordinator`,
 whose committer is a :class:`ParquetCommitter` on the same directory:
 
-* ``pre_commit(epoch, metadatas)`` checks that every writer staged the same sink epoch and
+* ``prepare(epoch, manifests)`` checks that every writer staged the same sink epoch and
   returns the epoch's file list (persisted as *pending* by the coordinator);
 * ``commit(epoch, metadata)`` renames ``.staging/<S>/`` — every writer's files at once — to
   ``epoch=<S>/`` (the atomic commit point readers see), then records the coordinator's epoch in
   the manifest; a commit at or below the manifest's epoch, or whose directory is already in
   place, only completes the record (a replay after a crash is a no-op);
 * ``abort(epoch, metadata)`` deletes the epoch's staged files;
-* ``init(pending)`` deletes every staged epoch no pending commit references (a writer staged
+* ``recover(pending)`` deletes every staged epoch no pending commit references (a writer staged
   it, but the epoch never reached the meta store, so the upstream replays its rows).
 
 Schema changes are not supported by Parquet files: a commit request carrying one is refused.
@@ -30,9 +30,9 @@ import anyio
 import anyio.to_thread
 
 from barrierflow._fs import fsync_path
-from barrierflow.actors.sinks.coordinator import SchemaChange
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.protocol import CommitMetadata
+from barrierflow.actors.sinks.table import Manifest
 from barrierflow.connectors._parquet_files import (
     StagedFiles,
     check_table_path,
@@ -47,10 +47,7 @@ from barrierflow.connectors._staging import (
     kept_epochs,
     staged_dir,
 )
-from barrierflow.connectors.errors import (
-    SchemaEvolutionError,
-    TwoPhaseOnlyError,
-)
+from barrierflow.connectors.errors import SchemaEvolutionError
 from barrierflow.runtime.positions import SinkCommits
 
 __all__ = ["ParquetCommitter"]
@@ -88,7 +85,7 @@ class ParquetCommitter:
             self._limiter = anyio.CapacityLimiter(1)
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
-    async def init(self, pending: Mapping[int, CommitMetadata | None]) -> None:
+    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         """Create the directories; delete staged epochs no pending commit references."""
         await self._run(self._clean_staging, kept_epochs(pending.values()))
 
@@ -97,35 +94,24 @@ class ParquetCommitter:
         self._files.read_manifest()  # refuse a foreign or corrupt manifest early
         clean_staging(self._root, keep)
 
-    async def commit_data(self, epoch: int, metadatas: Sequence[CommitMetadata]) -> None:
-        """Not used: this committer is two-phase."""
-        raise TwoPhaseOnlyError("ParquetCommitter", "commit_data")
-
-    async def pre_commit(
-        self, epoch: int, metadatas: Sequence[CommitMetadata], schema_change: SchemaChange | None
-    ) -> CommitMetadata | None:
-        """The epoch's files, from every writer's metadata (``None`` if nobody wrote rows).
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
+        """The epoch's files, from every writer's manifest (``None`` if nobody wrote rows).
 
         Raises:
-            SchemaEvolutionError: a schema change.
+            SchemaEvolutionError: a schema change (Parquet files cannot evolve).
             StagedEpochMismatchError: writers that staged different sink epochs.
         """
         await anyio.lowlevel.checkpoint()
-        if schema_change is not None:
-            raise SchemaEvolutionError(str(self._root), epoch, schema_change)
-        return gather_staged(str(self._root), epoch, metadatas)
+        if manifests and manifests[0].schema_change is not None:
+            raise SchemaEvolutionError(str(self._root), epoch, manifests[0].schema_change)
+        return gather_staged(str(self._root), epoch, manifests)
 
-    async def commit(
-        self, epoch: int, metadata: CommitMetadata | None, schema_change: SchemaChange | None
-    ) -> None:
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
         """Rename the staged epoch into the table and record ``epoch`` (idempotent).
 
         Raises:
             SinkRecoveryError: the epoch is neither staged nor committed (its files are lost).
         """
-        if metadata is None:
-            await anyio.lowlevel.checkpoint()
-            return
         await self._run(self._commit, epoch, dict(metadata))
 
     def _commit(self, epoch: int, metadata: dict[str, Any]) -> None:

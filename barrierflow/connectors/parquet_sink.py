@@ -92,7 +92,8 @@ class ParquetFileSink:
             encoding; ``True`` for every column (pyarrow's default), ``False`` for none, or a
             list of column names.
         writer: makes this one of the parallel writers of a coordinated sink: its files are
-            staged under ``.staging/<epoch>/w<writer>/``, its pre-commit returns their paths,
+            staged under ``.staging/<epoch>/w<writer>/``, its pre-commit returns its
+            :class:`~barrierflow.actors.sinks.table.Manifest` as JSON (files, rows, sizes),
             and commit and recovery belong to the coordinator's
             :class:`~barrierflow.connectors.parquet_committer.ParquetCommitter` (``commit_epoch``
             and ``recover`` are no-ops here).

@@ -5,8 +5,9 @@ ids, hash-dispatched by the key so each owns a share of the vnodes; one coordina
 holding the sink's committer; and each writer pointing at that coordinator. :func:`add_sink`
 makes all three from one description, so none can be forgotten or mismatched:
 
-* ``connector`` a **coordinated table** — an object with ``writer(writer_id)`` and
-  ``committer()``, such as :class:`~barrierflow.connectors.IcebergSink` or
+* ``connector`` a **table** (:class:`~barrierflow.actors.sinks.table.Table`: ``schema``,
+  ``writer(writer_id)`` and ``committer()``), such as
+  :class:`~barrierflow.connectors.IcebergSink`, :class:`~barrierflow.connectors.DeltaSink` or
   :class:`~barrierflow.connectors.ParquetTable`: ``parallelism`` writers (default 1) named
   ``<name>.0`` … ``<name>.N-1`` with writer ids ``"0"`` … ``"N-1"``, and a
   :class:`~barrierflow.actors.sinks.coordinator.Coordinator` service named
@@ -26,13 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, final, runtime_checkable
+from typing import Protocol, final
 
 import pyarrow as pa
 
-from barrierflow.actors.sinks.coordinator import CommitCoordinator, Coordinator
+from barrierflow.actors.sinks.coordinator import Coordinator
 from barrierflow.actors.sinks.protocol import SinkConnector
 from barrierflow.actors.sinks.sink_writer import SinkWriter
+from barrierflow.actors.sinks.table import Table
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.errors import GraphError
@@ -40,20 +42,7 @@ from barrierflow.runtime.job import parallel_names
 from barrierflow.runtime.service import Service
 from barrierflow.runtime.startup import check_input_schema
 
-__all__ = ["CoordinatedTable", "DeclaredSink", "add_sink"]
-
-
-@runtime_checkable
-class CoordinatedTable(Protocol):
-    """A sink written by parallel writers and committed by one coordinator."""
-
-    def writer(self, writer_id: str) -> SinkConnector:
-        """The connector of parallel writer ``writer_id``."""
-        ...
-
-    def committer(self) -> CommitCoordinator:
-        """The coordinator's committer (one per table and process)."""
-        ...
+__all__ = ["DeclaredSink", "add_sink"]
 
 
 class _Declares(Protocol):
@@ -92,7 +81,7 @@ class DeclaredSink:
 def add_sink(
     target: _Declares,
     name: str,
-    connector: CoordinatedTable | Callable[[], SinkConnector],
+    connector: Table | Callable[[], SinkConnector],
     *,
     input: str,
     parallelism: int | None = None,
@@ -125,7 +114,7 @@ def add_sink(
         raise GraphError("name", "a non-empty sink name", name)
     if not isinstance(input, str) or not input:
         raise InvalidArgumentError("input", "the name of the actor the sink reads", input)
-    if isinstance(connector, CoordinatedTable):
+    if isinstance(connector, Table):
         count = 1 if parallelism is None else parallelism
         return _add_coordinated(target, name, connector, input, count, key)
     if not callable(connector):
@@ -148,7 +137,7 @@ def add_sink(
 def _add_coordinated(
     target: _Declares,
     name: str,
-    table: CoordinatedTable,
+    table: Table,
     upstream: str,
     parallelism: int,
     key: Sequence[str] | None,
@@ -158,9 +147,8 @@ def _add_coordinated(
     # is itself all or nothing), so a refused sink leaves no writer without its coordinator.
     if target.name_in_use(service):
         raise GraphError("name", "a sink name whose coordinator name is free", service)
-    schema = getattr(table, "schema", None)
-    if isinstance(schema, pa.Schema):
-        check_input_schema(name, schema, upstream, target.declared_schema(upstream))
+    if isinstance(table.schema, pa.Schema):
+        check_input_schema(name, table.schema, upstream, target.declared_schema(upstream))
     coordinator = Coordinator(name, table.committer())
 
     def writer(index: int) -> SinkWriter:

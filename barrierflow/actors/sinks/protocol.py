@@ -39,7 +39,6 @@ from typing import Any, Protocol, final, runtime_checkable
 import pyarrow as pa
 
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.runtime.positions import merge_positions
 
 __all__ = ["CommitMetadata", "PathChecked", "PendingCommit", "PositionRecorder", "SinkConnector"]
 
@@ -155,14 +154,3 @@ class PathChecked(Protocol):
             SinkPathError: it cannot, naming ``sink``.
         """
         ...
-
-
-def writers_positions(metadatas: Sequence[CommitMetadata]) -> dict[str, Any]:
-    """The positions of one epoch as its parallel writers reported them in their pre-commit
-    metadata (``positions`` and ``positions_from``), merged for the committer: every writer
-    saw the same barriers, so they agree; the key-wise maximum is taken regardless."""
-    ends = [m["positions"] for m in metadatas if m.get("positions")]
-    if not ends:
-        return {}
-    starts = [m.get("positions_from", {}) for m in metadatas if m.get("positions")]
-    return {"positions": merge_positions(*ends), "positions_from": merge_positions(*starts)}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, final
 
 import anyio
@@ -26,6 +26,7 @@ from barrierflow._sync import Notifier
 from barrierflow.actors.sinks.coordinator import Coordinator, WriterHandle
 from barrierflow.actors.sinks.protocol import PendingCommit, SinkConnector
 from barrierflow.actors.sinks.sink_task import SinkTaskHandle
+from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
@@ -203,10 +204,17 @@ class CoordinatedCommits:
         self, handle: SinkTaskHandle, table: StateTable, epoch: int, checkpoint: int,
         metadata: Mapping[str, Any],
     ) -> None:  # fmt: skip
-        """Send the metadata; acknowledged only once every writer's part of the epoch is in
-        and recorded as pending — the checkpoint cannot become durable without that record."""
+        """Send the manifest (what the connector's pre-commit returned, with this writer's
+        vnodes); acknowledged only once every writer's part of the epoch is in and recorded
+        as pending — the checkpoint cannot become durable without that record.
+
+        Raises:
+            InvalidArgumentError: the connector's pre-commit did not return a manifest (a
+                connector of a coordinated table returns ``Manifest.to_json()``).
+        """
         assert self._handle is not None
-        await self._handle.commit(checkpoint, dict(metadata))
+        manifest = replace(Manifest.from_json(metadata), vnodes=self._handle.bitmap.runs())
+        await self._handle.commit(checkpoint, manifest)
         await handle.commit_epoch(epoch)  # the sink task's bookkeeping; a no-op write
         self._last_checkpoint = checkpoint
 

@@ -200,7 +200,15 @@ class BatchSource(StreamActor):
 
     @staticmethod
     async def _forward_inbox(ctx: ActorContext, send: SendChannel[FeedItem]) -> None:
-        """Barriers from the runtime join the feed's rows in one ordered stream."""
+        """Barriers from the runtime join the feed's rows in one ordered stream.
+
+        This hop is kept on purpose (one channel send per barrier, a few microseconds): the
+        driver puts a batch's end mark into the feed *before* it asks for the checkpoint that
+        must hold the batch, so in one FIFO stream that checkpoint's barrier always comes after
+        the end mark. Reading the inbox and the feed side by side (a select) would let the
+        barrier overtake a batch still queued in the feed, and the checkpoint the driver waits
+        for would not hold it: Spark would then commit a micro-batch the runtime has not made
+        durable."""
         with send:
             async for message in ctx.messages():
                 if isinstance(message, Chunk):

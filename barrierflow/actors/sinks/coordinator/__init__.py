@@ -1,4 +1,4 @@
-"""The coordinator worker of a sink: exactly-once commits across its parallel writers.
+r"""The coordinator worker of a sink: exactly-once commits across its parallel writers.
 
 After RisingWave's ``coordinator_worker.rs``. The rules:
 
@@ -11,8 +11,10 @@ After RisingWave's ``coordinator_worker.rs``. The rules:
   once; only the oldest pending epoch can complete; requests come only from running writers;
   the writers of an epoch must send the same schema change
   (:class:`~barrierflow.errors.SchemaChangeMismatchError` shows both).
-* **Single-phase** committers commit at once. **Two-phase** committers pre-commit, the epoch is
-  persisted as *pending* (metadata and schema change) in the meta store (:mod:`.meta_store`),
+* The writers send :class:`~barrierflow.actors.sinks.table.Manifest`\ s; the
+  :class:`~barrierflow.actors.sinks.table.Committer` prepares one commit from an epoch's
+  manifests. **Single-phase** committers commit it at once. **Two-phase** committers: the epoch
+  is persisted as *pending* (metadata and schema change) in the meta store (:mod:`.meta_store`),
   the writers are acknowledged — a writer passes its checkpoint barrier only after that, so no
   checkpoint can be durable without its pending record — and the commit runs only once the
   runtime's committed epoch has reached the epoch, in epoch order, retried after the seed's
@@ -34,8 +36,6 @@ restart), :mod:`.meta_store` (those records, persisted), :mod:`.replies` (the an
 writers, failed with the cause when a run fails) and :mod:`.coordinator` (the service).
 """
 
-from barrierflow.actors.sinks.coordinator.committer import CommitCoordinator as CommitCoordinator
-from barrierflow.actors.sinks.coordinator.committer import SchemaChange as SchemaChange
 from barrierflow.actors.sinks.coordinator.coordinator import Coordinator as Coordinator
 from barrierflow.actors.sinks.coordinator.handles import WriterHandle as WriterHandle
 from barrierflow.actors.sinks.coordinator.meta_store import SinkState as SinkState
@@ -44,10 +44,8 @@ from barrierflow.actors.sinks.coordinator.meta_store import SinkStates as SinkSt
 from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats as CoordinatorStats
 
 __all__ = [
-    "CommitCoordinator",
     "Coordinator",
     "CoordinatorStats",
-    "SchemaChange",
     "SinkState",
     "SinkStateRecord",
     "SinkStates",

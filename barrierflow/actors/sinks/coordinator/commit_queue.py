@@ -4,7 +4,8 @@ committed epoch, then committed in epoch order, a failed commit retried after a 
 An epoch is *pending* while its checkpoint is not durable, then *prepared* (due). A commit that
 fails is retried after the seed's exponential backoff (tokio-retry's
 ``ExponentialBackoff::from_millis(10)``: the n-th retry waits 10^n ms — 10 ms, 100 ms, 1 s,
-10 s — base^n, not doubling, capped at ``max_delay``, full jitter) while the coordinator keeps
+10 s — base^n, not doubling, capped at ``max_delay``, full jitter; the library's one schedule,
+:class:`barrierflow._backoff.RetryBackoff`) while the coordinator keeps
 serving writers; the next epoch's retries start again from the first delay. A commit running
 long logs a warning every ``warn_interval`` seconds. A commit that went through is marked
 *committed* in the meta store at once (:meth:`CommitQueue.write_marks`), so a restart does not
@@ -14,35 +15,32 @@ run it again.
 from __future__ import annotations
 
 import math
-import random
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 
+# The retry schedule lives at the library's root, shared with the Redis split log's retries;
+# imported here under its former names too (the coordinator and tests import it from here).
+from barrierflow._backoff import MILLISECOND as MILLISECOND
+from barrierflow._backoff import RECENT_DELAYS, RetryBackoff
 from barrierflow._taskgroups import single_error
-from barrierflow.actors.sinks.coordinator.committer import CommitCoordinator, SchemaChange
 from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
 from barrierflow.actors.sinks.protocol import CommitMetadata
+from barrierflow.actors.sinks.table import Committer, Manifest, SchemaChange
 
 __all__ = ["RECENT_DELAYS", "CommitItem", "CommitQueue", "RetryBackoff", "run_with_warnings"]
-
-#: One millisecond: the unit of the seed's backoff (tokio-retry's ``from_millis``).
-MILLISECOND = 0.001
-
-#: How many of the latest retry delays a coordinator keeps for its stats: a sink whose commits
-#: fail for days must not grow a list for ever.
-RECENT_DELAYS = 64
 
 
 @dataclass
 class CommitItem:
-    """One pre-committed epoch: what its commit publishes."""
+    """One prepared epoch: what its commit publishes, and the schema change it carries (new
+    writers wait until it is committed)."""
 
     epoch: int
-    metadata: CommitMetadata | None
+    metadata: CommitMetadata
     schema_change: SchemaChange | None
 
 
@@ -63,7 +61,7 @@ class CommitQueue:
 
     def __init__(
         self,
-        committer: CommitCoordinator,
+        committer: Committer,
         states: SinkStates,
         committed_epoch: int,
         last_committed: int,
@@ -130,24 +128,32 @@ class CommitQueue:
         return any(item.schema_change is not None for item in (*self.prepared, *self.pending))
 
     async def complete(
-        self, epoch: int, metadatas: list[CommitMetadata], change: SchemaChange | None
+        self, epoch: int, manifests: list[Manifest], change: SchemaChange | None
     ) -> None:
-        """Every vnode's writer sent its metadata of ``epoch``: commit it now (single-phase)
-        or pre-commit it and persist it as pending (two-phase). Returns once the writers may
-        be acknowledged."""
-        if not self.committer.two_phase:
+        """Every vnode's writer sent its manifest of ``epoch``: prepare its commit, then commit
+        it now (single-phase) or persist it as pending (two-phase). Returns once the writers
+        may be acknowledged.
+
+        A single-phase committer commits the data at once, as the seed's does, but a schema
+        change only once the epoch is durable: the data is prepared from the manifests
+        without it, and the change is persisted as pending with the metadata
+        ``{"schema_change": change}`` for its later commit."""
+        if self.committer.two_phase:
+            metadata = await self.committer.prepare(epoch, manifests)
+            if metadata is not None:
+                await self._persist_pending(CommitItem(epoch, metadata, change))
+            return
+        if change is not None:
+            manifests = [replace(manifest, schema_change=None) for manifest in manifests]
+        data = await self.committer.prepare(epoch, manifests)
+        if data is not None:
             await run_with_warnings(
-                self.committer.commit_data(epoch, metadatas), self._warn_interval, self._log,
-                epoch,
-            )  # fmt: skip
+                self.committer.commit(epoch, data), self._warn_interval, self._log, epoch
+            )
             self.commits += 1
             self.last_committed = epoch
-            if change is not None:  # the schema change still commits in phase 2
-                await self._persist_pending(CommitItem(epoch, None, change))
-        else:
-            metadata = await self.committer.pre_commit(epoch, metadatas, change)
-            if metadata is not None or change is not None:
-                await self._persist_pending(CommitItem(epoch, metadata, change))
+        if change is not None:
+            await self._persist_pending(CommitItem(epoch, {"schema_change": dict(change)}, change))
 
     async def commit(self, item: CommitItem) -> bool:
         """Commit ``item`` (the due head); returns whether it went through. On failure, log
@@ -157,7 +163,7 @@ class CommitQueue:
             await self._mark_written.wait()
         try:
             await run_with_warnings(
-                self.committer.commit(item.epoch, item.metadata, item.schema_change),
+                self.committer.commit(item.epoch, item.metadata),
                 self._warn_interval, self._log, item.epoch,
             )  # fmt: skip
         except Exception as exc:
@@ -215,53 +221,6 @@ class CommitQueue:
         if epoch is not None:
             with anyio.move_on_after(2, shield=True):
                 await self.states.commit_and_prune(epoch)
-
-
-class RetryBackoff:
-    """The seed's retry schedule of failed commits, and the counters a coordinator reports.
-
-    tokio-retry's ``ExponentialBackoff::from_millis(base).max_delay(max)`` mapped through
-    ``jitter``: with ``base_delay`` = *b* ms, the n-th retry (n = 1, 2, ...) of one commit
-    waits *b*^n ms — 10 ms, 100 ms, 1 s, 10 s, ... for the default 10 ms, base^n and not a
-    doubling — capped at ``max_delay``, times one uniform draw in [0, 1) (full jitter). A
-    success starts the schedule over. Every failure is counted; only the latest
-    :data:`RECENT_DELAYS` delays are kept.
-
-    Args:
-        base_delay: the first delay, in seconds (at least 1 ms: its number of milliseconds is
-            the growth factor).
-        max_delay: the cap, in seconds.
-        rng: the jitter's random source.
-    """
-
-    def __init__(self, base_delay: float, max_delay: float, rng: random.Random) -> None:
-        self._base_ms = base_delay / MILLISECOND
-        self._max = max_delay
-        self._rng = rng
-        self._current_ms = self._base_ms
-        #: Failed commit attempts in this run.
-        self.failures = 0
-        #: The latest backoff delays waited (seconds), oldest first.
-        self.recent: deque[float] = deque(maxlen=RECENT_DELAYS)
-
-    def next_delay(self) -> float:
-        """The un-jittered delay of the next retry (seconds), and step the schedule."""
-        delay = min(self._max, self._current_ms * MILLISECOND)
-        # Saturate like tokio-retry's checked multiplication: once past the cap it stays there.
-        if self._current_ms * MILLISECOND < self._max:
-            self._current_ms *= self._base_ms
-        return delay
-
-    def failed(self) -> float:
-        """A commit failed: returns the (jittered) delay before its retry."""
-        self.failures += 1
-        jittered = self.next_delay() * self._rng.random()  # full jitter, as the seed's backoff
-        self.recent.append(jittered)
-        return jittered
-
-    def succeeded(self) -> None:
-        """A commit went through: the next failure waits the first delay again."""
-        self._current_ms = self._base_ms
 
 
 async def run_with_warnings(

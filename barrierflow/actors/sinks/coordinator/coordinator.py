@@ -26,7 +26,6 @@ from barrierflow.actors.sinks.coordinator.commit_queue import (
     CommitQueue,
     RetryBackoff,
 )
-from barrierflow.actors.sinks.coordinator.committer import CommitCoordinator
 from barrierflow.actors.sinks.coordinator.coverage import (
     CoverageRound,
     EpochRounds,
@@ -55,6 +54,7 @@ from barrierflow.actors.sinks.errors import (
     SchemaChangeMismatchError,
     UnexpectedWriterRequestError,
 )
+from barrierflow.actors.sinks.table import Committer
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
 from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
@@ -86,7 +86,7 @@ class Coordinator:
     def __init__(
         self,
         sink: str,
-        committer: CommitCoordinator,
+        committer: Committer,
         *,
         vnode_count: int = DEFAULT_VNODE_COUNT,
         base_delay: float = 0.01,
@@ -96,8 +96,8 @@ class Coordinator:
     ) -> None:
         if not isinstance(sink, str) or not sink:
             raise InvalidArgumentError("sink", "a non-empty str", sink)
-        if not isinstance(committer, CommitCoordinator):
-            raise InvalidArgumentError("committer", "a CommitCoordinator", committer)
+        if not isinstance(committer, Committer):
+            raise InvalidArgumentError("committer", "a Committer", committer)
         for name, value in (
             ("base_delay", base_delay),
             ("max_delay", max_delay),
@@ -133,7 +133,7 @@ class Coordinator:
         return self._vnode_count
 
     @property
-    def committer(self) -> CommitCoordinator:
+    def committer(self) -> Committer:
         """The sink side that commits."""
         return self._committer
 
@@ -312,7 +312,9 @@ class Coordinator:
         tg.start_soon(queue.write_marks)
         for item in recovered.pending:
             queue.push(item)
-        await self._committer.init({item.epoch: item.metadata for item in recovered.pending})
+        await self._committer.recover(
+            {item.epoch: item.metadata for item in recovered.pending if item.metadata is not None}
+        )
         running = await register_all(self.sink, self._vnode_count, self._round_event, self._writers)
         await self._try_start(running)
         epochs = EpochRounds(self.sink, self._vnode_count)
@@ -418,12 +420,14 @@ class Coordinator:
             await self._complete_epoch(epoch, requests)
 
     async def _complete_epoch(self, oldest: int, requests: list[Commit]) -> None:
-        change = requests[0].schema_change
+        change = requests[0].manifest.schema_change
         for request in requests[1:]:
-            if request.schema_change != change:
-                raise SchemaChangeMismatchError(self.sink, oldest, change, request.schema_change)
+            if request.manifest.schema_change != change:
+                raise SchemaChangeMismatchError(
+                    self.sink, oldest, change, request.manifest.schema_change
+                )
         assert self._queue is not None
-        await self._queue.complete(oldest, [request.metadata for request in requests], change)
+        await self._queue.complete(oldest, [request.manifest for request in requests], change)
         for request in requests:
             self._replies.answer(request.reply)
         self._acked += 1

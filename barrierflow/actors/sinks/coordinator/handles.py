@@ -1,16 +1,16 @@
 """What writers hold: a :class:`WriterHandle` per registered writer, and the requests it posts
-to its coordinator's inbox (each with a :class:`~barrierflow._sync.OneShot` for the answer)."""
+to its coordinator's inbox (each with a :class:`~barrierflow._sync.OneShot` for the answer).
+A writer's commit request carries its :class:`~barrierflow.actors.sinks.table.Manifest`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, final
 
 from barrierflow._sync import OneShot
-from barrierflow.actors.sinks.coordinator.committer import SchemaChange
 from barrierflow.actors.sinks.errors import DuplicateWriterError
-from barrierflow.actors.sinks.protocol import CommitMetadata
+from barrierflow.actors.sinks.table import Manifest
+from barrierflow.channels.epoch import check_epoch
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.errors import ActorGoneError
@@ -39,8 +39,7 @@ class StopHandle:
 class Commit:
     handle: WriterHandle
     epoch: int
-    metadata: CommitMetadata
-    schema_change: SchemaChange | None
+    manifest: Manifest
     reply: OneShot[None]
 
 
@@ -62,11 +61,6 @@ Event = NewHandle | UpdateBitmap | StopHandle | Commit | AlignInitial | Committe
 def event_name(event: Event) -> str:
     """The request's name in errors (``"Commit"``, ``"AlignInitial"``, ...)."""
     return type(event).__name__
-
-
-def check_epoch(epoch: Any) -> None:
-    if type(epoch) is not int or epoch < 0:
-        raise InvalidArgumentError("epoch", "a non-negative int", epoch)
 
 
 class CoordinatorLine(Protocol):
@@ -142,31 +136,24 @@ class WriterHandle:
 
     async def align_initial_epoch(self, epoch: int) -> int:
         """Send this writer's initial epoch; returns the one aligned across all writers."""
-        check_epoch(epoch)
+        check_epoch("epoch", epoch)
         reply: OneShot[int] = OneShot()
         await self._post(AlignInitial(self, epoch, reply))
         return await reply.get()
 
-    async def commit(
-        self,
-        epoch: int,
-        metadata: CommitMetadata,
-        schema_change: SchemaChange | None = None,
-    ) -> None:
-        """Send this writer's metadata of ``epoch`` and wait for the acknowledgement (sent once
-        every vnode's writer sent theirs and the epoch is persisted or committed).
+    async def commit(self, epoch: int, manifest: Manifest) -> None:
+        """Send this writer's manifest of checkpoint ``epoch`` and wait for the
+        acknowledgement (sent once every vnode's writer sent theirs and the epoch is persisted
+        or committed).
 
         Raises:
-            InvalidArgumentError: a bad epoch, empty metadata or a schema change that is not a
-                mapping.
+            InvalidArgumentError: a bad epoch, or ``manifest`` is not a Manifest.
         """
-        check_epoch(epoch)
-        if not isinstance(metadata, Mapping) or not metadata:
-            raise InvalidArgumentError("metadata", "a non-empty mapping", metadata)
-        if schema_change is not None and not isinstance(schema_change, Mapping):
-            raise InvalidArgumentError("schema_change", "None or a mapping", schema_change)
+        check_epoch("epoch", epoch)
+        if not isinstance(manifest, Manifest):
+            raise InvalidArgumentError("manifest", "a Manifest", type(manifest).__name__)
         reply: OneShot[None] = OneShot()
-        await self._post(Commit(self, epoch, metadata, schema_change, reply))
+        await self._post(Commit(self, epoch, manifest, reply))
         await reply.get()
 
     async def update_vnode_bitmap(self, bitmap: VnodeBitmap) -> None:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from barrierflow.actors.sinks.coordinator.commit_queue import CommitItem
-from barrierflow.actors.sinks.coordinator.committer import CommitCoordinator
 from barrierflow.actors.sinks.coordinator.meta_store import SinkState, SinkStateRecord, SinkStates
 from barrierflow.actors.sinks.errors import SinkRecordsOrderError
+from barrierflow.actors.sinks.table import Committer
 
 __all__ = ["Recovered", "recover"]
 
@@ -41,9 +41,7 @@ def _listing(records: list[SinkStateRecord]) -> list[tuple[int, str]]:
     return [(r.epoch, r.state.value) for r in records]
 
 
-async def recover(
-    sink: str, states: SinkStates, committer: CommitCoordinator, log: Any
-) -> Recovered:
+async def recover(sink: str, states: SinkStates, committer: Committer, log: Any) -> Recovered:
     """Read ``sink``'s records, abort the aborted epochs and delete the stale records.
 
     Raises:

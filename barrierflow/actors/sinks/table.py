@@ -1,0 +1,262 @@
+"""The commit protocol of a coordinated sink: **writers stage, a coordinator commits.**
+
+::
+
+    writer 0 ─ stage ─► Manifest ─┐
+    writer 1 ─ stage ─► Manifest ─┼─► Coordinator ─ prepare ─► meta store (pending)
+    (any process: a Spark task)   ┘        │          once the checkpoint is durable
+                                           └──────── commit ─► Table (one atomic commit,
+                                                               with the source positions)
+
+A sink is a **table** (:class:`Table`): ``table.writer(writer_id)`` gives each parallel writer
+its connector, which stages rows and never makes anything visible, and ``table.committer()``
+gives the one :class:`Committer` the sink's coordinator drives.
+
+* A writer describes what it staged for an epoch in a :class:`Manifest`: small,
+  JSON-serializable and self-describing (writer id, the epoch it staged, the vnodes it covers,
+  its files with row counts and sizes, the source positions its rows reach, an optional schema
+  change). Anything that can produce one is a writer — an actor of this process, or a task on
+  another machine — because the manifest crosses to the coordinator as JSON
+  (:meth:`Manifest.to_json` / :meth:`Manifest.from_json`).
+* The coordinator (:mod:`barrierflow.actors.sinks.coordinator`) waits for every vnode's
+  manifest of an epoch, asks the committer to :meth:`~Committer.prepare` one commit from them,
+  records the result in the meta store as *pending* before acknowledging the writers, and
+  calls :meth:`~Committer.commit` once the runtime's checkpoint holding the epoch is durable.
+* The committer's :meth:`~Committer.commit` is idempotent through the table's **own committed
+  marker** (a manifest file's epoch, an Iceberg snapshot property, a Delta application
+  transaction) and records the source positions in the same atomic commit, so the table is the
+  source of truth for which input it holds.
+
+One epoch's fate lives in two places: the meta store's record (pending, committed, aborted)
+and the table's committed marker. Everything else (the coordinator's queue, the writers'
+staged files) is derived from them or garbage that recovery deletes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, final, runtime_checkable
+
+import pyarrow as pa
+
+from barrierflow.actors.sinks.protocol import CommitMetadata, SinkConnector
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.runtime.positions import check_positions, merge_positions
+
+__all__ = ["Committer", "Manifest", "SchemaChange", "StagedFile", "Table", "manifests_positions"]
+
+#: A schema change a manifest may carry (JSON-serializable, compared for equality), such as
+#: ``{"add_columns": [{"name": "note", "type": "string"}]}``.
+SchemaChange = Mapping[str, Any]
+
+
+def _count(argument: str, value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise InvalidArgumentError(argument, "a non-negative int", value)
+    return value
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StagedFile:
+    """One file a writer staged.
+
+    Attributes:
+        path: where it is, relative to the table's root (a staging path, not visible yet).
+        rows: the rows it holds.
+        size: its size in bytes.
+    """
+
+    path: str
+    rows: int
+    size: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise InvalidArgumentError("path", "a non-empty path relative to the table", self.path)
+        _count("rows", self.rows)
+        _count("size", self.size)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What one writer staged for one epoch: everything a committer needs, nothing visible.
+
+    Attributes:
+        writer: the writer's id (unique within the sink).
+        epoch: the epoch the writer staged its rows under (its sink epoch, the ``curr`` epoch
+            of the barrier that opened it).
+        files: the staged files, in the order written.
+        vnodes: the vnodes the writer's rows cover, as ``(first, end)`` runs (``end``
+            excluded); empty when unknown (a writer outside the runtime's vnode ownership).
+        positions: the source positions its rows reach (position key → last batch id).
+        positions_from: the positions its epoch started after.
+        schema_change: a schema change the epoch carries, or ``None``.
+
+    Raises:
+        InvalidArgumentError: a field of the wrong type or a negative count.
+    """
+
+    writer: str
+    epoch: int
+    files: tuple[StagedFile, ...] = ()
+    vnodes: tuple[tuple[int, int], ...] = ()
+    positions: Mapping[str, int] = field(default_factory=dict)
+    positions_from: Mapping[str, int] = field(default_factory=dict)
+    schema_change: SchemaChange | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.writer, str) or not self.writer:
+            raise InvalidArgumentError("writer", "a non-empty writer id", self.writer)
+        _count("epoch", self.epoch)
+        if not isinstance(self.files, tuple) or not all(
+            isinstance(f, StagedFile) for f in self.files
+        ):
+            raise InvalidArgumentError("files", "a tuple of StagedFile", self.files)
+        if not isinstance(self.vnodes, tuple) or not all(
+            isinstance(run, tuple)
+            and len(run) == 2
+            and all(type(v) is int and v >= 0 for v in run)
+            and run[0] < run[1]
+            for run in self.vnodes
+        ):
+            raise InvalidArgumentError(
+                "vnodes", "a tuple of (first, end) runs with 0 <= first < end", self.vnodes
+            )
+        object.__setattr__(self, "positions", check_positions("positions", self.positions))
+        object.__setattr__(
+            self, "positions_from", check_positions("positions_from", self.positions_from)
+        )
+        if self.schema_change is not None and not isinstance(self.schema_change, Mapping):
+            raise InvalidArgumentError("schema_change", "None or a mapping", self.schema_change)
+
+    @property
+    def rows(self) -> int:
+        """The rows of every staged file."""
+        return sum(f.rows for f in self.files)
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as plain JSON values (what crosses a process boundary)."""
+        return {
+            "writer": self.writer,
+            "epoch": self.epoch,
+            "files": [{"path": f.path, "rows": f.rows, "size": f.size} for f in self.files],
+            "vnodes": [list(run) for run in self.vnodes],
+            "positions": dict(self.positions),
+            "positions_from": dict(self.positions_from),
+            "schema_change": None if self.schema_change is None else dict(self.schema_change),
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> Manifest:
+        """Read a manifest made by :meth:`to_json` (in this process or another).
+
+        Raises:
+            InvalidArgumentError: ``value`` is not such a manifest, naming what is wrong.
+        """
+        if not isinstance(value, Mapping):
+            raise InvalidArgumentError("manifest", "a JSON object made by Manifest.to_json", value)
+        unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+        if unknown or "writer" not in value or "epoch" not in value:
+            raise InvalidArgumentError(
+                "manifest",
+                f"the keys {sorted(cls.__dataclass_fields__)} (writer and epoch required)",
+                sorted(value),
+            )
+        try:
+            files = tuple(
+                StagedFile(f["path"], f["rows"], f["size"]) for f in value.get("files", ())
+            )
+            vnodes = tuple((run[0], run[1]) for run in value.get("vnodes", ()))
+        except (KeyError, TypeError, IndexError) as exc:
+            raise InvalidArgumentError(
+                "manifest", "files of {path, rows, size} and vnodes of [first, end]", value
+            ) from exc
+        return cls(
+            value["writer"],
+            value["epoch"],
+            files,
+            vnodes,
+            value.get("positions") or {},
+            value.get("positions_from") or {},
+            value.get("schema_change"),
+        )
+
+
+def manifests_positions(manifests: Sequence[Manifest]) -> dict[str, Any]:
+    """The positions one epoch's rows reach, as every writer's manifest reports them, merged
+    for the committer (``{"positions", "positions_from"}``; empty without positions): every
+    writer saw the same barriers, so they agree; the key-wise maximum is taken regardless."""
+    reported = [m for m in manifests if m.positions]
+    if not reported:
+        return {}
+    return {
+        "positions": merge_positions(*(m.positions for m in reported)),
+        "positions_from": merge_positions(*(m.positions_from for m in reported)),
+    }
+
+
+@runtime_checkable
+class Committer(Protocol):
+    """The table side of a coordinator: one commit per epoch from its writers' manifests.
+
+    Called by one coordinator, one call at a time. Lifecycle per coordinator run:
+    :meth:`abort` for each epoch recovery found aborted, :meth:`recover` once, then per epoch
+    :meth:`prepare` and — once the epoch's checkpoint is durable — :meth:`commit`, in epoch
+    order. ``commit`` may be called again for an epoch after a failure or a crash.
+
+    ``two_phase`` false is the seed's *single-phase* coordinator: each epoch's data is
+    committed as soon as it is prepared, without waiting for the checkpoint — only for tables
+    that tell replays apart themselves; a schema change is still committed once durable, by a
+    second ``commit`` of the epoch with the metadata ``{"schema_change": change}``. Every
+    table of :mod:`barrierflow.connectors` is two-phase.
+    """
+
+    @property
+    def two_phase(self) -> bool:
+        """Whether commits wait for the epoch's checkpoint to be durable."""
+        ...
+
+    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
+        """Prepare (load the table, ...) once per coordinator run. ``pending`` maps the epochs
+        that will still be committed to their metadata: anything staged that none of them
+        references belongs to epochs that never reached the meta store, and may be deleted
+        (their rows will be replayed)."""
+        ...
+
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
+        """Phase 1: the JSON-serializable metadata that commits ``epoch`` (persisted in the
+        meta store), from every writer's manifest; ``None``: nothing to commit. The manifests
+        agree on their schema change (the coordinator checks it)."""
+        ...
+
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
+        """Phase 2: publish ``epoch`` in one atomic commit, with its source positions; a
+        no-op if the table's committed marker shows it is committed already."""
+        ...
+
+    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
+        """Discard what ``epoch`` staged (its rows will be replayed). Errors are logged."""
+        ...
+
+
+@runtime_checkable
+class Table(Protocol):
+    """A sink written by parallel writers and committed by one coordinator (what
+    :func:`~barrierflow.actors.sinks.add_sink` declares)."""
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The schema of every row written."""
+        ...
+
+    def writer(self, writer_id: str) -> SinkConnector:
+        """The connector of parallel writer ``writer_id``: it stages, its pre-commit returns
+        its :class:`Manifest` as JSON, and it never makes a row visible."""
+        ...
+
+    def committer(self) -> Committer:
+        """The coordinator's committer (one per table and process)."""
+        ...
