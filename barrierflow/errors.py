@@ -52,6 +52,7 @@ if _typing.TYPE_CHECKING:
     from barrierflow.actors.sinks.errors import DuplicateVnodeError as DuplicateVnodeError
     from barrierflow.actors.sinks.errors import DuplicateWriterError as DuplicateWriterError
     from barrierflow.actors.sinks.errors import EpochPoisonedError as EpochPoisonedError
+    from barrierflow.actors.sinks.errors import PositionOverlapError as PositionOverlapError
     from barrierflow.actors.sinks.errors import (
         SchemaChangeMismatchError as SchemaChangeMismatchError,
     )
@@ -104,7 +105,6 @@ if _typing.TYPE_CHECKING:
     from barrierflow.runtime.errors import KeyColumnError as KeyColumnError
     from barrierflow.runtime.errors import NotAwaitedError as NotAwaitedError
     from barrierflow.runtime.errors import NotRunningError as NotRunningError
-    from barrierflow.runtime.errors import PositionOverlapError as PositionOverlapError
     from barrierflow.runtime.errors import SinkError as SinkError
     from barrierflow.runtime.errors import SinkSchemaError as SinkSchemaError
     from barrierflow.runtime.errors import SinkStateMismatchError as SinkStateMismatchError
@@ -187,7 +187,7 @@ _DEFINED_IN: dict[str, str] = {
     "KeyColumnError": "barrierflow.runtime.errors",
     "NotAwaitedError": "barrierflow.runtime.errors",
     "NotRunningError": "barrierflow.runtime.errors",
-    "PositionOverlapError": "barrierflow.runtime.errors",
+    "PositionOverlapError": "barrierflow.actors.sinks.errors",
     "SinkError": "barrierflow.runtime.errors",
     "SinkSchemaError": "barrierflow.runtime.errors",
     "SinkStateMismatchError": "barrierflow.runtime.errors",

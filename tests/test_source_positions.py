@@ -19,11 +19,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from barrierflow.actors import BatchFeed, Coordinator, SinkWriter
+from barrierflow.actors.sinks.positions import epoch_already_held
 from barrierflow.connectors import IcebergSink, ParquetFileSink, open_local_catalog
 from barrierflow.connectors.iceberg_sink import POSITIONS_PROPERTY
 from barrierflow.errors import PositionOverlapError, SinkStateMismatchError
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig
-from barrierflow.runtime.positions import epoch_already_held
 
 pytestmark = pytest.mark.anyio
 

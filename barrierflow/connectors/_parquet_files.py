@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from barrierflow._fs import directory_problem, fsync_path, make_directory, write_atomically
 from barrierflow.actors.sinks.errors import SinkRecoveryError
+from barrierflow.actors.sinks.positions import epoch_already_held
 from barrierflow.actors.sinks.protocol import PendingCommit
 from barrierflow.actors.sinks.table import Manifest, StagedFile
 from barrierflow.channels.errors import InvalidArgumentError
@@ -37,7 +38,6 @@ from barrierflow.connectors.errors import SinkPathError
 from barrierflow.runtime.positions import (
     SinkCommits,
     check_positions,
-    epoch_already_held,
     merge_positions,
 )
 

@@ -67,6 +67,7 @@ import pyarrow.parquet as pq
 from barrierflow._extras import require
 from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.errors import SinkRecoveryError
+from barrierflow.actors.sinks.positions import epoch_already_held
 from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit
 from barrierflow.actors.sinks.table import Manifest, SchemaChange
 from barrierflow.channels.errors import InvalidArgumentError
@@ -83,7 +84,6 @@ from barrierflow.connectors.parquet_sink import ParquetFileSink
 from barrierflow.runtime.positions import (
     SinkCommits,
     check_positions,
-    epoch_already_held,
     merge_positions,
 )
 

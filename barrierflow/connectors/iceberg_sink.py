@@ -50,6 +50,7 @@ import pyarrow as pa
 from barrierflow._extras import require
 from barrierflow._fs import fsync_path, make_directory
 from barrierflow.actors.sinks.errors import SinkRecoveryError
+from barrierflow.actors.sinks.positions import epoch_already_held
 from barrierflow.actors.sinks.protocol import CommitMetadata
 from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels.errors import InvalidArgumentError
@@ -67,7 +68,6 @@ from barrierflow.connectors.parquet_sink import ParquetFileSink
 from barrierflow.runtime.positions import (
     SinkCommits,
     check_positions,
-    epoch_already_held,
     merge_positions,
 )
 

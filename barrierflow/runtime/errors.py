@@ -19,7 +19,6 @@ __all__ = [
     "SinkError",
     "NotRunningError",
     "SinkStateMismatchError",
-    "PositionOverlapError",
     "JobError",
     "DuplicateJobError",
     "UnknownJobError",
@@ -107,31 +106,6 @@ class SinkStateMismatchError(SinkError):
             f"state store {state_path!r} is new or empty; expected the store those commits came "
             "with — restore it, write to a new sink location, or set "
             "RuntimeConfig(adopt_sink_positions=True) to continue from the sink's positions"
-        )
-
-
-@final
-class PositionOverlapError(SinkError):
-    """An epoch holds batches the sink already committed together with new ones, so neither
-    committing nor skipping it is exact.
-
-    Attributes:
-        sink, epoch: where.
-        key: the position key (``"<source>/<stream>"``).
-        first, last: the batch ids of ``key`` in the epoch.
-        held: the last batch id of ``key`` the sink holds.
-    """
-
-    def __init__(self, sink: str, epoch: int, key: str, first: int, last: int, held: int) -> None:
-        self.sink = sink
-        self.epoch = epoch
-        self.key = key
-        self.first = first
-        self.last = last
-        self.held = held
-        super().__init__(
-            f"sink {sink!r}: epoch {epoch} holds batches {first}..{last} of {key!r}, but the "
-            f"sink already holds up to batch {held}; expected an epoch wholly new or wholly held"
         )
 
 

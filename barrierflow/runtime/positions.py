@@ -20,8 +20,9 @@ version. This module holds what the runtime and the sinks share for that:
   positions recorded with it. A sink writer that can read it implements
   :class:`SinkCommitsReader`; the runtime asks before the graph starts on an **empty** store
   (see ``RuntimeConfig.adopt_sink_positions``).
-* :func:`epoch_already_held` decides, at commit, whether an epoch's rows are already in the
-  sink (a replay after the store went back in time) and must be skipped.
+* Whether an epoch's rows are already in a sink (a replay after the store went back in
+  time) is the sink's decision at commit:
+  :func:`barrierflow.actors.sinks.positions.epoch_already_held`.
 """
 
 from __future__ import annotations
@@ -31,14 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, final, runtime_checkable
 
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.runtime.errors import PositionOverlapError
 
 __all__ = [
     "SinkCommits",
     "SinkCommitsReader",
     "SourcePositions",
     "check_positions",
-    "epoch_already_held",
     "merge_positions",
     "position_key",
 ]
@@ -78,45 +77,6 @@ def merge_positions(*maps: SourcePositions) -> dict[str, int]:
             if value > merged.get(key, -1):
                 merged[key] = value
     return merged
-
-
-def epoch_already_held(
-    sink: str,
-    epoch: int,
-    held: SourcePositions,
-    start: SourcePositions,
-    end: SourcePositions,
-) -> bool:
-    """Whether the rows of ``epoch`` — batches after ``start`` up to ``end``, per key — are all
-    already in a sink whose last commit recorded ``held``.
-
-    ``True`` means the epoch is a replay of committed rows (the runtime's store went back in
-    time and the upstream delivered them again): the sink skips its commit. ``False`` means
-    every batch of the epoch is new. An epoch without positions is never held.
-
-    Raises:
-        PositionOverlapError: some of the epoch's batches are held and others are not, so
-            neither committing nor skipping it is exact.
-    """
-    held_parts: list[str] = []
-    new_parts: list[str] = []
-    for key, last in end.items():
-        first = start.get(key, -1)
-        if last <= first:
-            continue  # no batch of this key in the epoch
-        have = held.get(key, -1)
-        if last <= have:
-            held_parts.append(key)
-        elif first >= have:
-            new_parts.append(key)
-        else:
-            raise PositionOverlapError(sink, epoch, key, first + 1, last, have)
-    if held_parts and new_parts:
-        key = held_parts[0]
-        raise PositionOverlapError(
-            sink, epoch, key, start.get(key, -1) + 1, end[key], held.get(key, -1)
-        )
-    return bool(held_parts)
 
 
 @final

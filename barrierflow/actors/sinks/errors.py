@@ -12,19 +12,20 @@ from barrierflow.channels.errors import ProtocolError, short_vnodes
 from barrierflow.runtime.errors import GraphError, SinkError
 
 __all__ = [
-    "EpochPoisonedError",
-    "SinkEpochError",
-    "SinkConnectorError",
-    "SinkRecoveryError",
-    "DuplicateVnodeError",
-    "SchemaChangeMismatchError",
-    "CoordinatorAbortedError",
-    "DuplicateWriterError",
-    "CoordinatorMissingError",
-    "UnexpectedWriterRequestError",
-    "SinkRecordsOrderError",
-    "SinkWriterInputError",
     "CommittedEpochsEndedError",
+    "CoordinatorAbortedError",
+    "CoordinatorMissingError",
+    "DuplicateVnodeError",
+    "DuplicateWriterError",
+    "EpochPoisonedError",
+    "PositionOverlapError",
+    "SchemaChangeMismatchError",
+    "SinkConnectorError",
+    "SinkEpochError",
+    "SinkRecordsOrderError",
+    "SinkRecoveryError",
+    "SinkWriterInputError",
+    "UnexpectedWriterRequestError",
 ]
 
 
@@ -300,4 +301,29 @@ class CommittedEpochsEndedError(SinkError):
             f"sink {sink!r}: expected the runtime's committed epochs to continue while the "
             f"coordinator runs, got the end of the stream {after}; epochs "
             f"{short_vnodes(list(self.waiting))} wait for their commit"
+        )
+
+
+@final
+class PositionOverlapError(SinkError):
+    """An epoch holds batches the sink already committed together with new ones, so neither
+    committing nor skipping it is exact.
+
+    Attributes:
+        sink, epoch: where.
+        key: the position key (``"<source>/<stream>"``).
+        first, last: the batch ids of ``key`` in the epoch.
+        held: the last batch id of ``key`` the sink holds.
+    """
+
+    def __init__(self, sink: str, epoch: int, key: str, first: int, last: int, held: int) -> None:
+        self.sink = sink
+        self.epoch = epoch
+        self.key = key
+        self.first = first
+        self.last = last
+        self.held = held
+        super().__init__(
+            f"sink {sink!r}: epoch {epoch} holds batches {first}..{last} of {key!r}, but the "
+            f"sink already holds up to batch {held}; expected an epoch wholly new or wholly held"
         )
