@@ -1,6 +1,6 @@
 """One knob for deadlines on a slow or busy machine: ``BARRIERFLOW_TEST_TIMEOUT_SCALE``.
 
-The test suite, the crash part of :func:`~barrierflow.testing.check_sink_connector` and
+The test suite, the crash part of :func:`~barrierflow.testing.check_table` and
 ``barrierflow chaos`` all multiply their deadlines by it (default 1): on a loaded machine
 everything takes longer while nothing is wrong, and a deadline is there to turn a hang into a
 failure, never to judge speed.

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from barrierflow.actors import Coordinator, Manifest, SinkWriter, StagedFile
-from barrierflow.actors.sinks.protocol import CommitMetadata
+from barrierflow.actors.sinks.table import CommitMetadata
 from barrierflow.channels import Chunk, VnodeBitmap
 from barrierflow.connectors import IcebergSink, open_local_catalog
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig, ServiceContext, StateStore
@@ -82,7 +82,9 @@ class _Pipeline:
             self.runtime.add_actor(
                 f"writer{i}",
                 lambda i=i: SinkWriter(
-                    lambda: self.sink.writer(str(i)), coordinator=self.coordinator
+                    lambda: self.sink.writer(str(i)),
+                    coordinator=self.coordinator,
+                    writer_id=str(i),
                 ),
                 inputs=["src"],
             )

@@ -1,9 +1,11 @@
 """Sink benchmarks: rows/s through the exactly-once Parquet path vs pyarrow writing directly.
 
 Candidate: one runtime (SQLite state) with a push source → sink writer → sink task →
-:class:`~barrierflow.actors.ParquetFileSink`; per repetition ``n`` chunks of 4,096 rows are
-pushed, then one checkpoint, timed until the sink has committed it: files closed and fsynced
-(pre-commit), checkpoint durable, epoch renamed into the table and the manifest written.
+:class:`~barrierflow.connectors.ParquetStagingWriter`, committed by the coordinator of a
+one-writer :class:`~barrierflow.connectors.ParquetTable`; per repetition ``n`` chunks of 4,096
+rows are pushed, then one checkpoint, timed until the sink has committed it: files closed and
+fsynced (staged), the manifest pending in the meta store, checkpoint durable, epoch renamed
+into the table and the manifest written.
 Everything a user pays to get the rows exactly once is timed; starting the runtime is not.
 
 Baseline: ``pyarrow.parquet.ParquetWriter`` writing the same ``n`` batches into one file, then
@@ -35,9 +37,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from barrierflow.actors import Coordinator, SinkWriter, add_sink
+from barrierflow.actors import add_sink
 from barrierflow.channels import Chunk
-from barrierflow.connectors import DeltaSink, ParquetFileSink
+from barrierflow.connectors import DeltaSink, ParquetTable
 from barrierflow.runtime import Runtime, RuntimeConfig
 from benchmarks.harness import (
     Comparison,
@@ -99,19 +101,13 @@ class _Dirs:
 
 
 class _SinkPipeline:
-    """One runtime for every repetition: push source → sink writer → Parquet sink."""
+    """One runtime for every repetition: push source → sink writer → Parquet table."""
 
     def __init__(self, root: str) -> None:
         self.table = os.path.join(root, "table")
         self.runtime = Runtime(RuntimeConfig(state_path=os.path.join(root, "state.db")))
         self.runtime.add_source("src")
-        self.writers: list[SinkWriter] = []
-        self.runtime.add_actor("sink", self._writer, inputs=["src"])
-
-    def _writer(self) -> SinkWriter:
-        writer = SinkWriter(ParquetFileSink(self.table, SCHEMA))
-        self.writers.append(writer)
-        return writer
+        self.sink = add_sink(self.runtime, "sink", ParquetTable(self.table, SCHEMA), input="src")
 
     async def write(self, chunks: list[Chunk], n: int) -> None:
         """Push ``n`` chunks, checkpoint, and wait until the sink committed them."""
@@ -119,7 +115,7 @@ class _SinkPipeline:
         for i in range(n):
             await rt.push("src", chunks[i % len(chunks)])
         durable = await rt.checkpoint()
-        await self.writers[-1].wait_committed(durable)
+        await self.sink.coordinator.wait_committed(durable)
 
 
 def _baseline(dirs: _Dirs, batches: list[pa.RecordBatch]) -> Callable[[int], Any]:
@@ -181,10 +177,10 @@ def sink_parquet_rows_per_s(settings: Settings) -> dict[str, Any]:
             "samples": samples(ours),
             "baseline_samples": samples(theirs),
             "paired_ratio": paired_ratio(ours, theirs),
-            "candidate": "push source -> sink writer -> sink task -> ParquetFileSink (its "
-            "defaults: 128K-row row groups, dictionary on string columns); one checkpoint per "
-            "run, timed until the sink committed it (pre-commit fsync, durable checkpoint, "
-            "rename, manifest)",
+            "candidate": "push source -> sink writer -> sink task -> ParquetStagingWriter (its "
+            "defaults: 128K-row row groups, dictionary on string columns) -> coordinator of a "
+            "one-writer ParquetTable; one checkpoint per run, timed until the sink committed "
+            "it (staging fsync, pending record, durable checkpoint, rename, manifest)",
             "baseline_impl": "pyarrow.parquet.ParquetWriter (pyarrow defaults) write_batch per "
             "batch, close; no fsync, no commit",
         },
@@ -220,8 +216,7 @@ class _DeltaPipeline:
         self.runtime.add_source("src")
         # Round robin: an append-only table needs no key, so rows are not hashed to writers.
         declared = add_sink(self.runtime, "delta", self.sink, input="src", parallelism=writers)
-        assert declared.coordinator is not None
-        self.coordinator: Coordinator = declared.coordinator
+        self.coordinator = declared.coordinator
 
     async def epochs(self, chunks: list[Chunk], n: int) -> None:
         """``n`` epochs of rows, each closed by a checkpoint; returns once the last is

@@ -32,13 +32,13 @@ picked from what the child observed at a barrier it injected (never from a sleep
   - ``between_barrier_and_checkpoint_finished``: the same, on the first commit that would
     make every split ``FINISHED`` durable (the child appends one record per stream once the
     job is ready, so the splits caching up finish);
-  - ``mid_chunk``: ``ParquetFileSink.write_batch`` is patched to kill the process right after
+  - ``mid_chunk``: ``ParquetStagingWriter.write`` is patched to kill the process right after
     its :data:`WRITE_KILL`-th call after the job became durable (the sink's row groups are
     :data:`ROW_GROUP_ROWS` rows, so a chunk has been half written into a staged file);
-  - ``after_checkpoint_before_sink_commit``: ``ParquetFileSink.commit_epoch`` is patched to
-    kill the process on its :data:`SINK_COMMIT_KILL`-th call for an epoch with rows after the
-    job became durable, before it runs: the checkpoint is durable, the sink epoch only
-    pre-committed.
+  - ``after_checkpoint_before_sink_commit``: ``ParquetCommitter.commit`` is patched to kill
+    the process on its :data:`SINK_COMMIT_KILL`-th call for an epoch with rows after the job
+    became durable, before it runs: the checkpoint is durable, the epoch only pending in the
+    coordinator's meta store.
 
 Each line of its own on stdout is ``@ MARKER value...`` (structlog logs to stdout too). A child
 that misses its kill point prints ``@ MISSED`` and exits with code 3.
@@ -62,12 +62,16 @@ import pyarrow.dataset as ds
 import redis
 
 from barrierflow.actors.backfill.source_backfill import SourceBackfill
-from barrierflow.actors.sinks.sink_writer import SinkWriter
+from barrierflow.actors.sinks.add_sink import DeclaredSink, add_sink
 from barrierflow.actors.sources.split_log import OFFSET_MAJOR, OFFSET_MINOR, SPLIT_COLUMN
 from barrierflow.actors.sources.split_source import SplitSource
 from barrierflow.channels import Chunk, Message
-from barrierflow.connectors import ParquetFileSink, RedisStreamLog
-from barrierflow.connectors._staging import PRECOMMITTED, STAGING
+from barrierflow.connectors import (
+    ParquetCommitter,
+    ParquetStagingWriter,
+    ParquetTable,
+    RedisStreamLog,
+)
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StateStore, StreamActor
 
 PAYLOAD = pa.schema([("n", pa.int64())])
@@ -83,7 +87,7 @@ BACKFILL_ROWS = 25
 #: Rows per Parquet row group: a chunk of the backfill is written in more than one.
 ROW_GROUP_ROWS = 10
 #: The commit (after the job became durable) during which ``between_barrier_and_checkpoint``
-#: kills the process, and the ``write_batch`` call after which ``mid_chunk`` does.
+#: kills the process, and the ``write`` call after which ``mid_chunk`` does.
 COMMIT_KILL = 3
 WRITE_KILL = 12
 SINK_COMMIT_KILL = 2
@@ -154,25 +158,18 @@ def runtime(
 
 
 def history_job(
-    state_dir: Path, log: RedisStreamLog, writers: list[SinkWriter], *, rate: float | None
+    state_dir: Path, log: RedisStreamLog, sinks: list[DeclaredSink], *, rate: float | None
 ) -> Job:
-    """Job ``history``: the source backfill and the exactly-once Parquet sink writer ``out``
-    (each writer made is appended to ``writers``)."""
-    table = state_dir / "table"
-
-    def writer() -> SinkWriter:
-        writers.append(
-            SinkWriter(lambda: ParquetFileSink(table, log.schema, row_group_rows=ROW_GROUP_ROWS))
-        )
-        return writers[-1]
-
+    """Job ``history``: the source backfill and the exactly-once Parquet table ``out`` (its
+    declaration is appended to ``sinks``)."""
+    table = ParquetTable(state_dir / "table", log.schema, row_group_rows=ROW_GROUP_ROWS)
     job = Job("history")
     job.add_actor(
         "backfill",
         lambda: SourceBackfill(log, batch_rows=BACKFILL_ROWS, rate_limit=rate),
         inputs={"upstream": "events"},
     )
-    job.add_actor("out", writer, inputs=["backfill"])
+    sinks.append(add_sink(job, "out", table, input="backfill"))
     return job
 
 
@@ -204,7 +201,7 @@ async def main(state_dir: Path, url: str, prefix: str, point: str) -> None:
     keys = stream_keys(prefix)
     log = make_log(url, prefix)
     live: dict[str, Any] = {}
-    writers: list[SinkWriter] = []
+    sinks: list[DeclaredSink] = []
     rt = runtime(state_dir, log, lambda: Count(live), barrier_interval=3600)
     armed = {"commits": 0, "writes": 0, "sink_commits": 0, "on": False}
     handle: Any = None
@@ -214,7 +211,7 @@ async def main(state_dir: Path, url: str, prefix: str, point: str) -> None:
         return dict(actor.detail) if actor is not None and actor.detail else {}
 
     real_commit = StateStore.commit
-    real_write = ParquetFileSink.write_batch
+    real_write = ParquetStagingWriter.write
 
     async def commit(self: StateStore, epoch: int) -> None:
         if armed["on"] and point in UNCOMMITTED:
@@ -228,26 +225,25 @@ async def main(state_dir: Path, url: str, prefix: str, point: str) -> None:
                 die(point, epoch=epoch, committed=self.committed_epoch, sealed=sealed)
         await real_commit(self, epoch)
 
-    async def write_batch(self: ParquetFileSink, batch: pa.RecordBatch) -> None:
+    async def write(self: ParquetStagingWriter, batch: pa.RecordBatch) -> None:
         await real_write(self, batch)
         if armed["on"] and point == "mid_chunk":
             armed["writes"] += 1
             if armed["writes"] == WRITE_KILL:
                 die(point, rows=batch.num_rows, phases=phases())
 
-    real_sink_commit = ParquetFileSink.commit_epoch
+    real_sink_commit = ParquetCommitter.commit
 
-    async def commit_epoch(self: ParquetFileSink, epoch: int) -> None:
-        staged = self.path / STAGING / f"{epoch:020d}" / PRECOMMITTED
-        if armed["on"] and point == "after_checkpoint_before_sink_commit" and staged.exists():
+    async def table_commit(self: ParquetCommitter, epoch: int, metadata: Any) -> None:
+        if armed["on"] and point == "after_checkpoint_before_sink_commit" and metadata["paths"]:
             armed["sink_commits"] += 1  # an epoch with rows (an empty one stages nothing)
             if armed["sink_commits"] == SINK_COMMIT_KILL:
                 die(point, epoch=epoch, phases=phases())
-        await real_sink_commit(self, epoch)
+        await real_sink_commit(self, epoch, metadata)
 
-    ParquetFileSink.commit_epoch = commit_epoch  # type: ignore[method-assign]
+    ParquetCommitter.commit = table_commit  # type: ignore[method-assign]
     StateStore.commit = commit  # type: ignore[method-assign]
-    ParquetFileSink.write_batch = write_batch  # type: ignore[method-assign]
+    ParquetStagingWriter.write = write  # type: ignore[method-assign]
 
     slow = point not in ("caching_up", "finished", UNCOMMITTED[2])
     conn = redis.Redis.from_url(url, protocol=2)
@@ -256,7 +252,7 @@ async def main(state_dir: Path, url: str, prefix: str, point: str) -> None:
             await rt.checkpoint()
         say("LIVE_READ", live["rows"])
         handle = await rt.add_job(
-            history_job(state_dir, log, writers, rate=SLOW_RATE if slow else None)
+            history_job(state_dir, log, sinks, rate=SLOW_RATE if slow else None)
         )
         say("ADDED", handle.created_epoch)
         await anyio.to_thread.run_sync(partial(append, conn, keys, LIVE_APPENDS))
@@ -267,7 +263,7 @@ async def main(state_dir: Path, url: str, prefix: str, point: str) -> None:
         if point == "backfilling":
             for _ in range(1000):
                 epoch = await rt.checkpoint()
-                await writers[-1].wait_committed(epoch)
+                await sinks[-1].coordinator.wait_committed(epoch)
                 now = phases()
                 if "backfilling" not in now.values():
                     break
@@ -281,7 +277,7 @@ async def main(state_dir: Path, url: str, prefix: str, point: str) -> None:
             await handle.wait_ready()
             for _ in range(2):
                 epoch = await rt.checkpoint()
-            await writers[-1].wait_committed(epoch)
+            await sinks[-1].coordinator.wait_committed(epoch)
             now = phases()
             if set(now.values()) - {"caching_up", "finished"} or "caching_up" not in now.values():
                 say("MISSED", json.dumps(now, separators=(",", ":")))
@@ -295,7 +291,7 @@ async def main(state_dir: Path, url: str, prefix: str, point: str) -> None:
                     break
             for _ in range(3):
                 epoch = await rt.checkpoint()
-            await writers[-1].wait_committed(epoch)
+            await sinks[-1].coordinator.wait_committed(epoch)
             die(point, epoch=epoch, phases=phases())
         else:  # killed by a patched method
             appended = False

@@ -28,7 +28,7 @@ import pyarrow.dataset as ds
 import redis
 
 from barrierflow.actors import SourceBackfill, SplitSource, add_sink
-from barrierflow.connectors import ParquetFileSink, RedisStreamLog
+from barrierflow.connectors import ParquetTable, RedisStreamLog
 from barrierflow.runtime import Job, Runtime, RuntimeConfig
 
 PAYLOAD = pa.schema([("v", pa.int64())])
@@ -52,7 +52,7 @@ def history_job(state_dir: Path, log: RedisStreamLog) -> Job:
     job = Job("history")
     job.add_actor("backfill", lambda: SourceBackfill(log), inputs={"upstream": "src"})
     table = state_dir / "history"
-    add_sink(job, "history", lambda: ParquetFileSink(table, log.schema), input="backfill")
+    add_sink(job, "history", ParquetTable(table, log.schema), input="backfill")
     return job
 
 
@@ -60,7 +60,7 @@ def runtime(state_dir: Path, log: RedisStreamLog, *, declare_job: bool) -> Runti
     rt = Runtime(RuntimeConfig(state_path=state_dir / "state.db", barrier_interval=3600.0))
     rt.add_source("src", lambda: SplitSource(log, discover_every=1, batch_rows=16))
     table = state_dir / "live"
-    add_sink(rt, "live", lambda: ParquetFileSink(table, log.schema), input="src")
+    add_sink(rt, "live", ParquetTable(table, log.schema), input="src")
     if declare_job:
         rt.declare_job(history_job(state_dir, log))
     return rt

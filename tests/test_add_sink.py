@@ -14,8 +14,9 @@ from _timeouts import scaled
 from barrierflow import GraphError, InvalidArgumentError
 from barrierflow.actors import Coordinator, add_sink
 from barrierflow.channels import Chunk, Message
-from barrierflow.connectors import ParquetFileSink, ParquetTable
+from barrierflow.connectors import ParquetTable
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
+from barrierflow.testing import ListTable
 
 pytestmark = pytest.mark.anyio
 
@@ -87,18 +88,45 @@ async def test_round_robin_writers_of_a_coordinated_table_each_register_a_share(
             assert shares == [30, 30, 30]
 
 
-async def test_add_sink_with_a_factory_declares_one_self_committing_writer(
-    tmp_path: Path,
-) -> None:
+async def test_add_sink_with_one_writer_declares_its_coordinator_too(tmp_path: Path) -> None:
     rt = runtime(tmp_path)
-    sink = add_sink(rt, "out", lambda: ParquetFileSink(tmp_path / "out", SCHEMA), input="events")
+    sink = add_sink(rt, "out", ParquetTable(tmp_path / "out", SCHEMA), input="events")
     assert sink.writers == ("out",)
-    assert sink.coordinator is None
-    assert not rt.name_in_use("out.coordinator")
+    assert isinstance(sink.coordinator, Coordinator)
+    assert sink.coordinator.sink == "out"
+    assert rt.name_in_use("out.coordinator")
     with anyio.fail_after(scaled(30)):
         async with rt:
             await rt.push("events", chunk(1, 2, 3))
-    assert users_in(tmp_path / "out") == [1, 2, 3]
+            epoch = await rt.checkpoint()
+            await sink.coordinator.wait_committed(epoch)
+            assert users_in(tmp_path / "out") == [1, 2, 3]
+            assert sink.coordinator.stats().writers == 1
+            await rt.push("events", chunk(4))
+    # The graceful stop committed the last epoch through the coordinator.
+    assert users_in(tmp_path / "out") == [1, 2, 3, 4]
+
+
+async def test_two_sinks_in_one_job_each_have_their_coordinator(tmp_path: Path) -> None:
+    rt = runtime(tmp_path)
+    with anyio.fail_after(scaled(30)):
+        async with rt:
+            job = Job("export")
+            left, right = ListTable(SCHEMA), ListTable(SCHEMA)
+            first = add_sink(job, "left", left, input="events")
+            second = add_sink(job, "right", right, input="events", parallelism=2)
+            assert first.coordinator is not second.coordinator
+            assert (first.coordinator.sink, second.coordinator.sink) == ("left", "right")
+            handle = await rt.add_job(job)
+            assert handle.actors == ["left", "right.0", "right.1"]
+            await rt.push("events", chunk(1, 2, 3))
+            epoch = await rt.checkpoint()
+            await first.coordinator.wait_committed(epoch)
+            await second.coordinator.wait_committed(epoch)
+            assert first.coordinator.stats().writers == 1
+            assert second.coordinator.stats().writers == 2
+    assert sorted(left.rows()["user"].to_pylist()) == [1, 2, 3]
+    assert sorted(right.rows()["user"].to_pylist()) == [1, 2, 3]
 
 
 async def test_a_sink_job_joining_a_running_pipeline_writes_exactly_the_rows_after_it(
@@ -146,26 +174,28 @@ async def test_a_refused_sink_declares_nothing(tmp_path: Path) -> None:
 
 def test_add_sink_rejects_bad_input(tmp_path: Path) -> None:
     rt = runtime(tmp_path)
-    factory = lambda: ParquetFileSink(tmp_path / "out", SCHEMA)  # noqa: E731
-    with pytest.raises(InvalidArgumentError) as parallel:
-        add_sink(rt, "out", factory, input="events", parallelism=2)
-    assert (parallel.value.argument, parallel.value.got) == ("parallelism", 2)
-    with pytest.raises(InvalidArgumentError) as keyed:
-        add_sink(rt, "out", factory, input="events", key=("user",))
-    assert keyed.value.argument == "parallelism"
+    table = ParquetTable(tmp_path / "out", SCHEMA)
+    factory = lambda: table.writer("0")  # noqa: E731
     with pytest.raises(InvalidArgumentError) as connector:
+        add_sink(rt, "out", factory, input="events")  # type: ignore[arg-type]
+    assert (connector.value.argument, connector.value.got) == ("table", "function")
+    with pytest.raises(InvalidArgumentError) as not_a_table:
         add_sink(rt, "out", "not a sink", input="events")  # type: ignore[arg-type]
-    assert connector.value.argument == "connector"
+    assert (not_a_table.value.argument, not_a_table.value.got) == ("table", "str")
     with pytest.raises(InvalidArgumentError) as no_input:
-        add_sink(rt, "out", factory, input=["events"])  # type: ignore[arg-type]
+        add_sink(rt, "out", table, input=["events"])  # type: ignore[arg-type]
     assert no_input.value.argument == "input"
+    with pytest.raises(InvalidArgumentError) as empty_input:
+        add_sink(rt, "out", table, input="")
+    assert empty_input.value.argument == "input"
     with pytest.raises(GraphError) as no_name:
-        add_sink(rt, "", factory, input="events")
+        add_sink(rt, "", table, input="events")
     assert no_name.value.argument == "name"
     with pytest.raises(GraphError) as bad_parallelism:
-        add_sink(rt, "out", ParquetTable(tmp_path / "t", SCHEMA), input="events", parallelism=0)
+        add_sink(rt, "out", table, input="events", parallelism=0)
     assert bad_parallelism.value.argument == "parallelism"
     with pytest.raises(InvalidArgumentError) as writer_option:
         ParquetTable(tmp_path / "t", SCHEMA, writer="0")
     assert writer_option.value.argument == "options"
     assert not rt.name_in_use("out")
+    assert not rt.name_in_use("out.coordinator")

@@ -49,7 +49,6 @@ from barrierflow.actors import (
     Manifest,
     Materialize,
     Offset,
-    PendingCommit,
     SinkTask,
     SinkWriter,
     SnapshotBackfill,
@@ -92,7 +91,7 @@ from barrierflow.channels import (
 )
 from barrierflow.connectors import (
     ParquetCommitter,
-    ParquetFileSink,
+    ParquetStagingWriter,
     ParquetTable,
     PrintSink,
     RedisStreamLog,
@@ -122,9 +121,9 @@ from barrierflow.runtime import (
 from barrierflow.runtime.barrier_manager import BarrierManager, InFlightBarrier
 from barrierflow.spark_bridge import SparkBridge
 from barrierflow.testing import (
-    FailingConnector,
+    FailingTable,
     FakeClock,
-    ListSink,
+    ListTable,
     RedisServer,
     ScriptedSource,
 )
@@ -525,6 +524,7 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
     feed = BatchFeed(ROWS)
     blocking = BlockingRuntime(Runtime(RuntimeConfig(str(root / "unused.db"))), "trio")
     committer = ParquetCommitter(table)
+    coordinator = Coordinator("s", committer)
 
     def add_sink_to_a_fresh_runtime(**kwargs: Any) -> Any:
         rt = Runtime(RuntimeConfig(str(root / "sink.db")))
@@ -554,7 +554,6 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
             {"schema": KEYED, "primary_key": ["k"], "distribution_key": None, "compact_after": 4},
         ),
         "Offset": (Offset, {"major": 1, "minor": 0}),
-        "PendingCommit": (PendingCommit, {"epoch": 1 << 16, "metadata": {"files": []}}),
         "StagedFile": (StagedFile, {"path": ".staging/1/w0/part.parquet", "rows": 3, "size": 9}),
         "Manifest": (
             Manifest,
@@ -571,7 +570,7 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
         "SinkTask": (
             SinkTask,
             {
-                "connector": ListSink(ROWS),
+                "writer": ListTable(ROWS).writer("0"),
                 "name": "s",
                 "capacity": 4,
                 "flush_interval": 1.0,
@@ -581,11 +580,12 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
         "SinkWriter": (
             SinkWriter,
             {
-                "connector": lambda: ListSink(ROWS),
+                "writer": lambda: ListTable(ROWS).writer("0"),
+                "coordinator": coordinator,
+                "writer_id": "0",
                 "name": "s",
                 "flush_interval": 1.0,
                 "capacity": 4,
-                "coordinator": None,
             },
         ),
         "SnapshotBackfill": (SnapshotBackfill, {"view": "v", "batch_rows": 8, "rate_limit": None}),
@@ -611,7 +611,7 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
             add_sink_to_a_fresh_runtime,
             {
                 "name": "out",
-                "connector": ParquetTable(table, ROWS),
+                "table": ParquetTable(table, ROWS),
                 "input": "src",
                 "parallelism": None,
                 "key": None,
@@ -619,16 +619,16 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
         ),
         # connectors
         "ParquetCommitter": (ParquetCommitter, {"path": table}),
-        "ParquetFileSink": (
-            ParquetFileSink,
+        "ParquetStagingWriter": (
+            ParquetStagingWriter,
             {
-                "path": table,
+                "root": table,
                 "schema": ROWS,
+                "writer": "0",
                 "rows_per_file": 10,
                 "row_group_rows": 5,
                 "compression": "zstd",
                 "use_dictionary": None,
-                "writer": None,
             },
         ),
         "ParquetTable": (
@@ -646,9 +646,9 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
         ),
         "open_local_catalog": (open_local_catalog, {"root": root / "lake", "name": "c"}),
         # testing
-        "FailingConnector": (FailingConnector, {"inner": ListSink(ROWS)}),
+        "FailingTable": (FailingTable, {"inner": ListTable(ROWS)}),
         "FakeClock": (FakeClock, {"start": 0.0}),
-        "ListSink": (ListSink, {"schema": ROWS}),
+        "ListTable": (ListTable, {"schema": ROWS}),
         "RedisServer": (
             RedisServer,
             {
@@ -674,14 +674,18 @@ KNOWN_BAD: list[tuple[str, str, Any]] = [
     ("SinkTask", "capacity", 0),
     ("SinkTask", "flush_interval", -1.0),
     ("SinkTask", "shutdown_timeout", INF),
-    ("ParquetFileSink", "compression", "bogus"),
-    ("ParquetFileSink", "compression", "bz2"),
-    ("ParquetFileSink", "rows_per_file", 0),
-    ("ParquetFileSink", "row_group_rows", -1),
-    ("ParquetFileSink", "use_dictionary", ["nope"]),
+    ("SinkWriter", "writer_id", ""),
+    ("SinkWriter", "coordinator", None),
+    ("SinkTask", "writer", ListTable(ROWS)),  # a table, not its writer
+    ("ParquetStagingWriter", "compression", "bogus"),
+    ("ParquetStagingWriter", "compression", "bz2"),
+    ("ParquetStagingWriter", "rows_per_file", 0),
+    ("ParquetStagingWriter", "row_group_rows", -1),
+    ("ParquetStagingWriter", "use_dictionary", ["nope"]),
+    ("ParquetStagingWriter", "writer", None),
     ("ParquetTable", "compression", "bogus"),
     ("ParquetTable", "rows_per_file", 0),
-    ("ParquetTable", "options", 1),  # an option ParquetFileSink does not have
+    ("ParquetTable", "options", 1),  # an option ParquetStagingWriter does not have
     ("PrintSink", "max_rows", -1),
     ("Coordinator", "vnode_count", 0),
     ("Coordinator", "base_delay", -1.0),
@@ -698,7 +702,7 @@ KNOWN_BAD: list[tuple[str, str, Any]] = [
 #: with the reason (fuzzed elsewhere, or records and handles the library builds itself).
 CONSTRUCTOR_EXEMPT = {
     # Protocols and type aliases: nothing to construct.
-    "Committer", "Table", "SinkConnector", "SplitLog", "CommitMetadata",
+    "Committer", "Table", "StagingWriter", "SplitLog", "CommitMetadata",
     "SchemaChange",
     # Enums and sentinels (their values are fixed).
     "BackfillPhase", "SinkState", "CHECKPOINT", "CRASH", "FAIL", "PAUSE", "RESUME",
@@ -715,7 +719,7 @@ CONSTRUCTOR_EXEMPT = {
     "SparkReader", "read_spark", "spark_session", "require_spark", "arrow_schema_of",
     "unwrap_spark_error",  # need Spark or its errors: tests/test_spark_bridge.py
     # Functions of the testing kit that run a whole conformance suite or a script.
-    "check_sink_connector", "check_split_reader", "check_stream_actor", "drain", "play",
+    "check_table", "check_split_reader", "check_stream_actor", "drain", "play",
     "rows_per_epoch",
 }  # fmt: skip
 

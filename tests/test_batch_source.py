@@ -14,10 +14,10 @@ import pytest
 from _timeouts import scaled
 from hypothesis import given, settings
 
-from barrierflow.actors import BatchFeed, SinkWriter
+from barrierflow.actors import BatchFeed, add_sink
 from barrierflow.channels import Barrier, Chunk, Message
 from barrierflow.channels.schema import conform_schema
-from barrierflow.connectors import ParquetFileSink
+from barrierflow.connectors import ParquetTable
 from barrierflow.errors import (
     ActorFailedError,
     BatchAbortedError,
@@ -62,9 +62,7 @@ def build(
     )
     rt = Runtime(config)
     rt.add_source("src", feed.source)
-    rt.add_actor(
-        "sink", lambda: SinkWriter(ParquetFileSink(tmp_path / "table", SCHEMA)), inputs=["src"]
-    )
+    add_sink(rt, "sink", ParquetTable(tmp_path / "table", SCHEMA), input="src")
     return rt
 
 
@@ -218,7 +216,7 @@ def run_with_fault(
         rt = Runtime(config)
         rt.add_source("src", feed.source)
         rt.add_actor("flaky", FailOnce, inputs=["src"])
-        rt.add_actor("sink", lambda: SinkWriter(ParquetFileSink(table, SCHEMA)), inputs=["flaky"])
+        add_sink(rt, "sink", ParquetTable(table, SCHEMA), input="flaky")
         async with rt:
             start = 0
             for batch, size in enumerate(sizes):

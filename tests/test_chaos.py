@@ -22,7 +22,7 @@ import pytest
 from _timeouts import scaled
 
 from barrierflow import InvalidArgumentError
-from barrierflow.app._trace import TracedConnector, follow_job
+from barrierflow.app._trace import TracedTable, follow_job
 from barrierflow.app.chaos import ChaosConfig, harness
 from barrierflow.app.chaos.acts import ACTS, Act, Target
 from barrierflow.app.chaos.audit import Audit
@@ -30,7 +30,7 @@ from barrierflow.app.chaos.harness import RANDOM_WHERE, _plan
 from barrierflow.app.chaos.process import KillAfter, KillAt, RunOutcome, run_until
 from barrierflow.app.cli import main
 from barrierflow.runtime.progress import JobProgress, Progress
-from barrierflow.testing import ListSink
+from barrierflow.testing import ListTable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -370,17 +370,19 @@ async def test_a_job_s_phases_are_traced_as_they_change_then_ready(traced: Path)
 
 
 @pytest.mark.anyio
-async def test_a_traced_connector_traces_its_two_phases_and_stays_the_connector(
+async def test_a_traced_table_traces_its_commit_steps_and_stays_the_table(
     traced: Path,
 ) -> None:
-    inner = ListSink(pa.schema([("id", pa.int64())]))
-    sink = TracedConnector(inner)
-    await sink.open()
-    await sink.recover([])
-    await sink.begin_epoch(7)
-    await sink.write_batch(pa.record_batch({"id": [1]}, schema=inner.schema))
-    await sink.pre_commit(7)
-    await sink.commit_epoch(7)
+    inner = ListTable(pa.schema([("id", pa.int64())]))
+    table = TracedTable(inner)
+    writer, committer = table.writer("0"), table.committer()
+    await writer.open()
+    await committer.recover({})
+    await writer.begin(7)
+    await writer.write(pa.record_batch({"id": [1]}, schema=inner.schema))
+    metadata = await committer.prepare(7, [await writer.stage(7)])
+    assert metadata is not None
+    await committer.commit(7, metadata)
     assert events(traced) == ["pre-commit 7", "commit-begin 7", "commit-done 7"]
     assert inner.rows().column("id").to_pylist() == [1]
 

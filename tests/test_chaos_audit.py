@@ -280,7 +280,8 @@ def test_an_epoch_missing_from_the_change_log_is_lost_keys(views_run: Path) -> N
 
 def test_a_file_no_commit_record_lists_is_found(views_run: Path) -> None:
     directory = epoch_dirs(views_run / "copy")[0]
-    shutil.copy(next(directory.glob("*.parquet")), directory / "part-extra.parquet")
+    first = next(directory.glob("w*/*.parquet"))
+    shutil.copy(first, first.parent / "part-extra.parquet")
     audit = audit_views(views_run, complete=True)
     assert {"files_not_as_recorded", "rows_not_as_recorded"} <= rules(audit)
 
@@ -312,11 +313,12 @@ def test_the_backfill_tables_are_clean_then_a_row_too_many_is_found(
     assert audit.clean, audit.summary()
     assert audit.rows_in == audit.rows_out == 2 * 2 * 1500
     directory = epoch_dirs(tmp_path / "history")[0]
-    rows = pq.read_table(next(directory.glob("*.parquet")))
+    first = next(directory.glob("w*/*.parquet"))
+    rows = pq.read_table(first)
     foreign = rows.set_column(rows.schema.get_field_index("value"), "value", pa.array(
         [-1] * rows.num_rows, pa.int64()
     ))  # fmt: skip
-    pq.write_table(foreign, directory / "part-foreign.parquet")
+    pq.write_table(foreign, first.parent / "part-foreign.parquet")
     audit = audit_backfill(tmp_path, complete=True)
     assert audit.foreign == rows.num_rows
     assert "history.files_not_as_recorded" in rules(audit)
@@ -345,14 +347,15 @@ def stream_records(stream: int) -> pa.Table:
 
 
 def write_parquet_table(path: Path, epochs: list[pa.Table]) -> None:
-    """A table directory as the exactly-once Parquet sink commits it: an epoch directory per
-    epoch with its file and commit record, and the manifest over them."""
+    """A table directory as a one-writer Parquet table commits it: an epoch directory per
+    epoch with its writer's file and commit record, and the manifest over them."""
     path.mkdir(parents=True)
     for epoch, rows in enumerate(epochs, start=1):
         directory = path / f"epoch={epoch:020d}"
-        directory.mkdir()
-        pq.write_table(rows, directory / "part-00000.parquet")
-        record = {"epoch": epoch, "files": ["part-00000.parquet"], "rows": rows.num_rows}
+        (directory / "w0").mkdir(parents=True)
+        pq.write_table(rows, directory / "w0" / "part-00000.parquet")
+        staged = f".staging/{epoch:020d}/w0/part-00000.parquet"
+        record = {"files": [staged], "rows": rows.num_rows}
         (directory / "_PRECOMMITTED.json").write_text(json.dumps(record))
     manifest = {"committed_epoch": len(epochs), "files": len(epochs)}
     (path / "_manifest.json").write_text(

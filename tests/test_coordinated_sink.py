@@ -12,7 +12,7 @@ from _timeouts import scaled
 
 from barrierflow.actors import Coordinator, SinkWriter
 from barrierflow.channels import Chunk, Update, VnodeBitmap
-from barrierflow.connectors import ParquetCommitter, ParquetFileSink
+from barrierflow.connectors import ParquetTable
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig
 
 pytestmark = pytest.mark.anyio
@@ -32,7 +32,8 @@ def ids(table: Path) -> list[int]:
 
 def build(tmp_path: Path, writers: int) -> tuple[Runtime, Coordinator]:
     table = tmp_path / "table"
-    coordinator = Coordinator("table", ParquetCommitter(table))
+    parquet = ParquetTable(table, SCHEMA)
+    coordinator = Coordinator("table", parquet.committer())
     rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600.0))
     rt.add_source("src", fanout=Fanout("hash", ("id",)))
     rt.add_service("coordinator", coordinator)
@@ -40,7 +41,7 @@ def build(tmp_path: Path, writers: int) -> tuple[Runtime, Coordinator]:
         rt.add_actor(
             f"writer{i}",
             lambda i=i: SinkWriter(
-                lambda: ParquetFileSink(table, SCHEMA, writer=str(i)), coordinator=coordinator
+                lambda: parquet.writer(str(i)), coordinator=coordinator, writer_id=str(i)
             ),
             inputs=["src"],
         )

@@ -23,11 +23,11 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
-from barrierflow.actors import BatchFeed, SinkWriter, SplitSource, add_sink
+from barrierflow.actors import BatchFeed, Coordinator, SinkWriter, SplitSource, add_sink
 from barrierflow.channels import Chunk, Message
 from barrierflow.connectors import (
     ParquetCommitter,
-    ParquetFileSink,
+    ParquetStagingWriter,
     ParquetTable,
     open_local_catalog,
 )
@@ -66,6 +66,19 @@ class Pass(StreamActor):
 
     async def process(self, message: Message, ctx: ActorContext) -> None:
         await ctx.emit(message)
+
+
+def hand_sink(target: Runtime | Job, name: str, path: Path, schema: pa.Schema, input: str) -> None:
+    """A writer and its coordinator declared by hand (add_sink would check the schema at
+    declaration already)."""
+    table = ParquetTable(path, schema)
+    coordinator = Coordinator(name, table.committer())
+    target.add_service(f"{name}.coordinator", coordinator)
+    target.add_actor(
+        name,
+        lambda: SinkWriter(lambda: table.writer("0"), coordinator=coordinator, writer_id="0"),
+        inputs=[input],
+    )
 
 
 async def start_and_stop(rt: Runtime) -> None:
@@ -166,9 +179,7 @@ def test_sink_schema_differing_from_its_input_is_refused_at_declaration(tmp_path
 async def test_sink_schema_differing_from_its_input_is_refused_at_start(tmp_path: Path) -> None:
     rt = runtime(tmp_path)
     rt.add_source("events", schema=NARROW)
-    rt.add_actor(
-        "out", lambda: SinkWriter(ParquetFileSink(tmp_path / "out", EVENTS)), inputs=["events"]
-    )
+    hand_sink(rt, "out", tmp_path / "out", EVENTS, "events")
     with pytest.raises(SinkSchemaError) as info:
         await start_and_stop(rt)
     error = info.value
@@ -181,9 +192,7 @@ async def test_sink_schema_differing_from_its_input_is_refused_at_start(tmp_path
 async def test_sink_schema_that_differs_by_more_than_a_cast_gives_no_fix(tmp_path: Path) -> None:
     rt = runtime(tmp_path)
     rt.add_source("events", schema=pa.schema([("user", pa.int64())]))
-    rt.add_actor(
-        "out", lambda: SinkWriter(ParquetFileSink(tmp_path / "out", EVENTS)), inputs=["events"]
-    )
+    hand_sink(rt, "out", tmp_path / "out", EVENTS, "events")
     with pytest.raises(SinkSchemaError) as info:
         await start_and_stop(rt)
     assert "column 'ts' (timestamp[us]) is missing from the input" in info.value.difference
@@ -211,13 +220,13 @@ def unusable(tmp_path: Path) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("case", ["under-a-file", "a-file"])
-@pytest.mark.parametrize("kind", ["ParquetFileSink", "ParquetTable", "ParquetCommitter"])
+@pytest.mark.parametrize("kind", ["ParquetStagingWriter", "ParquetTable", "ParquetCommitter"])
 def test_unusable_sink_path_is_refused_by_the_constructor(
     tmp_path: Path, case: str, kind: str
 ) -> None:
     path = unusable(tmp_path)[case]
     make: dict[str, Any] = {
-        "ParquetFileSink": lambda: ParquetFileSink(path, EVENTS),
+        "ParquetStagingWriter": lambda: ParquetStagingWriter(path, EVENTS, "0"),
         "ParquetTable": lambda: ParquetTable(path, EVENTS),
         "ParquetCommitter": lambda: ParquetCommitter(path),
     }
@@ -248,14 +257,14 @@ def test_sink_path_that_is_not_writable_is_refused_by_the_constructor(
 
     monkeypatch.setattr(os, "access", no_write_to_locked)
     with pytest.raises(SinkPathError) as info:
-        ParquetFileSink(Path(locked) / "out", EVENTS)
+        ParquetTable(Path(locked) / "out", EVENTS)
     assert info.value.got == f"a parent {locked!r} that is not writable"
 
 
 def test_sink_path_and_state_path_are_refused_in_the_same_words(tmp_path: Path) -> None:
     path = unusable(tmp_path)["under-a-file"]
     with pytest.raises(SinkPathError) as sink:
-        ParquetFileSink(path, EVENTS)
+        ParquetTable(path, EVENTS)
 
     async def open_store() -> None:
         await StateStore.open(path / "state.db")
@@ -273,18 +282,15 @@ def test_catalog_root_under_a_file_is_a_sink_path_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc on this system")
-@pytest.mark.parametrize("coordinated", [False, True])
+@pytest.mark.parametrize("parallelism", [1, 2])
 async def test_sink_path_that_cannot_be_created_is_refused_at_start_naming_the_sink(
-    tmp_path: Path, coordinated: bool
+    tmp_path: Path, parallelism: int
 ) -> None:
     # /proc passes every stat check (a directory root may write to); only mkdir tells.
     path = Path("/proc/barrierflow-out")
     rt = runtime(tmp_path)
     rt.add_source("events", schema=EVENTS)
-    if coordinated:
-        add_sink(rt, "clicks", ParquetTable(path, EVENTS), input="events", parallelism=2)
-    else:
-        rt.add_actor("clicks", lambda: SinkWriter(ParquetFileSink(path, EVENTS)), inputs=["events"])
+    add_sink(rt, "clicks", ParquetTable(path, EVENTS), input="events", parallelism=parallelism)
     with pytest.raises(SinkPathError) as info:
         await start_and_stop(rt)
     error = info.value
@@ -305,9 +311,7 @@ async def test_a_joining_job_is_checked_against_the_running_graph(tmp_path: Path
             assert (key.value.actor, key.value.column) == ("agg", "u")
             export = Job("export")
             out = tmp_path / "out"
-            export.add_actor(
-                "out", lambda: SinkWriter(ParquetFileSink(out, AWARE)), inputs=["events"]
-            )
+            hand_sink(export, "out", out, AWARE, "events")
             with pytest.raises(SinkSchemaError) as sink:
                 await rt.add_job(export)
             assert (sink.value.sink, sink.value.upstream) == ("out", "events")

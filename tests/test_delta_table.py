@@ -1,6 +1,6 @@
-"""What only the Delta Lake table does: the connector conformance suite over its one-writer
-mode (crash steps included), the schema change committed in one Delta commit or in two that
-survive a crash between them, the single writer, its arguments and its optional extra.
+"""What only the Delta Lake table does: the table conformance suite (crash steps included),
+the schema change committed in one Delta commit or in two that survive a crash between them,
+one writer, its arguments and its optional extra.
 
 The rules every coordinated table keeps (one commit per epoch carrying the app transaction,
 replays skipped, abort, recovery, positions, rescaling, schema changes, SIGKILLed commits)
@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
@@ -26,13 +27,9 @@ from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors import DeltaSink
-from barrierflow.connectors.delta_table import (
-    APP_ID_KEY,
-    EPOCH_KEY,
-    DeltaSingleWriter,
-)
+from barrierflow.connectors.delta_table import APP_ID_KEY, EPOCH_KEY
 from barrierflow.runtime import Runtime, RuntimeConfig
-from barrierflow.testing.conformance import check_sink_connector
+from barrierflow.testing.conformance import check_table
 from barrierflow.testing.crash_conformance import CRASH_RULES
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False)])
@@ -66,18 +63,18 @@ def barrierflow_commits(sink: DeltaSink) -> list[dict[str, Any]]:
     return [c for c in sink.table().history() if APP_ID_KEY in c]
 
 
-# The conformance suite, unchanged: a one-writer Delta table, importable by name for the
-# crash children, over the storage named by STORAGE_ENV.
+# The conformance suite: a Delta table, importable by name for the crash children, over the
+# storage named by STORAGE_ENV.
 
 
-def conformance_connector() -> DeltaSingleWriter:
-    """A one-writer Delta table over ``$STORAGE_ENV/delta`` (what the suite drives)."""
+def conformance_table() -> DeltaSink:
+    """A Delta table over ``$STORAGE_ENV/delta`` (what the suite drives)."""
     path = Path(os.environ[STORAGE_ENV]) / "delta"
-    return DeltaSink(path, pa.schema([("id", pa.int64())])).single_writer()
+    return DeltaSink(path, pa.schema([("id", pa.int64())]))
 
 
 def conformance_read() -> list[int]:
-    """The ids deltalake's reader sees in :func:`conformance_connector`'s table."""
+    """The ids deltalake's reader sees in :func:`conformance_table`'s table."""
     path = Path(os.environ[STORAGE_ENV]) / "delta"
     if not (path / "_delta_log").exists():
         return []
@@ -87,18 +84,18 @@ def conformance_read() -> list[int]:
     return found
 
 
-def with_change(staged: Any, change: Any) -> Manifest:
-    """A writer's manifest (its pre-commit, as JSON) carrying a schema change."""
-    return replace(Manifest.from_json(staged), schema_change=change)
+def with_change(staged: Manifest, change: Any) -> Manifest:
+    """A writer's manifest carrying a schema change."""
+    return replace(staged, schema_change=change)
 
 
-async def test_the_delta_table_keeps_the_connector_contract_across_crashes(
+async def test_the_delta_table_keeps_the_commit_protocol_across_crashes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(STORAGE_ENV, str(tmp_path))
-    report = await check_sink_connector(conformance_connector, conformance_read, crash_steps=True)
+    report = await check_table(conformance_table, conformance_read, crash_steps=True)
     report.raise_for_failures()
-    assert [r.rule for r in report.results][8:] == list(CRASH_RULES)
+    assert [r.rule for r in report.results][-len(CRASH_RULES) :] == list(CRASH_RULES)
 
 
 async def test_a_schema_only_change_is_one_atomic_commit(tmp_path: Path) -> None:
@@ -108,6 +105,7 @@ async def test_a_schema_only_change_is_one_atomic_commit(tmp_path: Path) -> None
     committer = sink.committer()
     change = {"add_columns": [{"name": "note", "type": "string"}]}
     pre = await committer.prepare(5, [Manifest("0", 1, schema_change=change)])
+    assert pre is not None
     await committer.commit(5, pre)
     table = sink.table()
     assert table.version() == 1  # the columns, the transaction and the epoch in one commit
@@ -122,13 +120,14 @@ async def test_a_schema_change_with_files_survives_a_crash_between_its_two_commi
     sink = DeltaSink(tmp_path / "delta", SCHEMA, app_id="s")
     writer = sink.writer("0")
     await writer.open()
-    await writer.begin_epoch(9)
-    await writer.write_batch(batch(0, 4).batch)
-    staged = await writer.pre_commit(9)
+    await writer.begin(9)
+    await writer.write(batch(0, 4).batch)
+    staged = await writer.stage(9)
     await writer.close()
     change = {"add_columns": [{"name": "score", "type": "double"}]}
     committer = sink.committer()
     pre = await committer.prepare(9, [with_change(staged, change)])
+    assert pre is not None
     # A crash after the columns were added, before the files: the table has the column only.
     from deltalake.schema import Field, PrimitiveType
 
@@ -142,16 +141,18 @@ async def test_a_schema_change_with_files_survives_a_crash_between_its_two_commi
     assert sink.table().transaction_version("s") == 9
 
 
-async def test_a_single_writer_commits_its_own_epochs_once(tmp_path: Path) -> None:
+async def test_one_writer_commits_its_epochs_once_across_runs(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path / "delta", SCHEMA, app_id="one")
     for start in (0, 20):  # a second run over the same state and table
         rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600.0))
         rt.add_source("src")
-        declared = add_sink(rt, "one", sink.single_writer, input="src")
-        assert declared.coordinator is None
+        declared = add_sink(rt, "one", sink, input="src")
+        assert declared.writers == ("one",)  # one writer keeps the sink's name
         async with rt:
             await rt.push("src", batch(start, 20))
-            await rt.checkpoint()
+            epoch = await rt.checkpoint()
+            with anyio.fail_after(scaled(30)):
+                await declared.coordinator.wait_committed(epoch)
     assert ids(sink) == list(range(40))
     assert dataset_ids(sink) == list(range(40))
     assert len(barrierflow_commits(sink)) == 2

@@ -1,4 +1,5 @@
-"""What only the Iceberg sink does: snapshot expiry, opening its catalog off the event loop.
+"""What only the Iceberg sink does: the table conformance suite (crash steps included),
+snapshot expiry, opening its catalog off the event loop.
 
 The rules every coordinated table keeps (one snapshot per epoch recording it, replays
 skipped by the committed-epoch property, abort, recovery, positions, rescaling, schema
@@ -7,11 +8,14 @@ Iceberg and Delta alike."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pyarrow as pa
+import pyiceberg.catalog.sql  # what the tables import lazily: imported once by the crash
+import pyiceberg.io.pyarrow  # noqa: F401  # suite's fork server, not in each child (1 s each)
 import pytest
 from _timeouts import scaled
 
@@ -20,8 +24,12 @@ from barrierflow.actors import Coordinator, SinkWriter, add_sink
 from barrierflow.channels import Chunk
 from barrierflow.connectors import IcebergSink, open_local_catalog
 from barrierflow.runtime import Fanout, Job, Runtime, RuntimeConfig
+from barrierflow.testing.conformance import check_table
+from barrierflow.testing.crash_conformance import CRASH_RULES
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+#: The directory the conformance factory reaches, in this process and in the suite's children.
+STORAGE_ENV = "BARRIERFLOW_ICEBERG_CONFORMANCE_STORAGE"
 
 
 def batch(start: int, count: int) -> Chunk:
@@ -41,7 +49,9 @@ def build(
     for i in range(writers):
         rt.add_actor(
             f"writer{i}",
-            lambda i=i: SinkWriter(lambda: sink.writer(str(i)), coordinator=coordinator),
+            lambda i=i: SinkWriter(
+                lambda: sink.writer(str(i)), coordinator=coordinator, writer_id=str(i)
+            ),
             inputs=["src"],
         )
     return rt, sink, coordinator
@@ -49,6 +59,32 @@ def build(
 
 def ids(sink: IcebergSink) -> list[int]:
     return sorted(sink.table().scan().to_arrow()["id"].to_pylist())
+
+
+# The conformance suite: an Iceberg table, importable by name for the crash children, over
+# the storage named by STORAGE_ENV.
+
+
+def conformance_table() -> IcebergSink:
+    """An Iceberg table in a local catalog under ``$STORAGE_ENV`` (what the suite drives)."""
+    catalog = open_local_catalog(Path(os.environ[STORAGE_ENV]) / "catalog")
+    return IcebergSink(catalog, "ns.conformance", pa.schema([("id", pa.int64())]))
+
+
+def conformance_read() -> list[int]:
+    """The ids pyiceberg's scan sees in :func:`conformance_table`'s table."""
+    found: list[int] = conformance_table().table().scan().to_arrow()["id"].to_pylist()
+    return found
+
+
+@pytest.mark.anyio
+async def test_the_iceberg_table_keeps_the_commit_protocol_across_crashes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(STORAGE_ENV, str(tmp_path))
+    report = await check_table(conformance_table, conformance_read, crash_steps=True)
+    report.raise_for_failures()
+    assert [r.rule for r in report.results][-len(CRASH_RULES) :] == list(CRASH_RULES)
 
 
 @pytest.mark.anyio

@@ -72,12 +72,21 @@ import pytest
 
 from barrierflow.actors import add_sink
 from barrierflow.runtime import RuntimeConfig
-from barrierflow.testing import ListSink
+from barrierflow.testing import ListTable
 from barrierflow.testing.scripted import CHECKPOINT, CRASH, ScriptedSource, play
 
 pytestmark = pytest.mark.anyio
 SCHEMA = pa.schema([("n", pa.int64())])
-SINK = ListSink(SCHEMA)
+
+
+@pytest.fixture
+def sink():
+    return ListTable(SCHEMA)  # one per test: a new store next to old commits is refused
+
+
+@pytest.fixture
+def declared():
+    return []  # the sink as bf_graph declared it
 
 
 @pytest.fixture
@@ -89,20 +98,20 @@ def bf_config(bf_state_dir):
 
 
 @pytest.fixture
-def bf_graph():
+def bf_graph(sink, declared):
     def declare(rt):
         rt.add_source("events", ScriptedSource)
-        add_sink(rt, "out", lambda: SINK, input="events")
+        declared.append(add_sink(rt, "out", sink, input="events"))
     return declare
 
 
-async def test_crash_and_recover(bf_runtime, bf_state_dir):
-    SINK.committed.clear()
+async def test_crash_and_recover(bf_runtime, bf_state_dir, sink, declared):
     one, two = (pa.record_batch({"n": [i]}, schema=SCHEMA) for i in (1, 2))
     playback = await play(bf_runtime, "events", [one, CHECKPOINT, two, CRASH, CHECKPOINT])
-    await bf_runtime.checkpoint()
+    epoch = await bf_runtime.checkpoint()
+    await declared[0].coordinator.wait_committed(epoch)  # committed once durable
     assert playback.crashes == 1
-    assert sorted(SINK.rows().column("n").to_pylist()) == [1, 2]
+    assert sorted(sink.rows().column("n").to_pylist()) == [1, 2]
     assert (bf_state_dir / "mine.db").exists()
 """
     )

@@ -46,7 +46,7 @@ def test_readme_examples_run(tmp_path: Path) -> None:
     assert outputs[5] == "[(1, 15), (2, 20), (3, 5)]"
     assert outputs[6] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
     assert "Barrier(" in outputs[7]
-    assert outputs[8] == "8 rules kept; committed [1, 2] once"
+    assert outputs[8] == "9 rules kept; committed [1, 2] once"
     assert outputs[9].startswith("2 passed")  # on asyncio and on trio
 
 

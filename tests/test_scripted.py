@@ -14,7 +14,7 @@ from barrierflow.actors import add_sink
 from barrierflow.channels import Barrier, Chunk, Message
 from barrierflow.errors import ActorFailedError, InvalidArgumentError
 from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
-from barrierflow.testing import ListSink
+from barrierflow.testing import ListTable
 from barrierflow.testing.scripted import (
     CHECKPOINT,
     CRASH,
@@ -42,19 +42,19 @@ def config(path: Path, *, recovery: bool = True) -> RuntimeConfig:
     )
 
 
-def scripted_graph(path: Path, sink: ListSink, *, recovery: bool = True) -> Runtime:
+def scripted_graph(path: Path, sink: ListTable, *, recovery: bool = True) -> Runtime:
     rt = Runtime(config(path, recovery=recovery))
     rt.add_source("src", ScriptedSource)
-    add_sink(rt, "out", lambda: sink, input="src")
+    add_sink(rt, "out", sink, input="src")
     return rt
 
 
-def committed(sink: ListSink) -> list[int]:
+def committed(sink: ListTable) -> list[int]:
     return sorted(sink.rows().column("n").to_pylist())
 
 
-async def run(path: Path, script: list[Item]) -> tuple[ListSink, Runtime, Any]:
-    sink = ListSink(SCHEMA)
+async def run(path: Path, script: list[Item]) -> tuple[ListTable, Runtime, Any]:
+    sink = ListTable(SCHEMA)
     rt = scripted_graph(path, sink)
     async with rt:
         playback = await play(rt, "src", script)
@@ -81,7 +81,7 @@ async def test_rows_a_runtime_checkpoint_sealed_are_not_pushed_again(
 ) -> None:
     # every=1: the Pause barrier is a checkpoint (row 1 is durable, not pushed again);
     # every=2: it is not (row 1 is lost with the crash and pushed again).
-    sink = ListSink(SCHEMA)
+    sink = ListTable(SCHEMA)
     rt = Runtime(
         RuntimeConfig(
             state_path=tmp_path / "s.db",
@@ -92,7 +92,7 @@ async def test_rows_a_runtime_checkpoint_sealed_are_not_pushed_again(
         )
     )
     rt.add_source("src", ScriptedSource)
-    add_sink(rt, "out", lambda: sink, input="src")
+    add_sink(rt, "out", sink, input="src")
     async with rt:
         playback = await play(rt, "src", [batch(1), PAUSE, CRASH, RESUME, batch(2), CHECKPOINT])
         await rt.checkpoint()
@@ -101,7 +101,7 @@ async def test_rows_a_runtime_checkpoint_sealed_are_not_pushed_again(
 
 
 async def test_fail_ends_the_run_with_the_typed_error(tmp_path: Path) -> None:
-    sink = ListSink(SCHEMA)
+    sink = ListTable(SCHEMA)
     rt = scripted_graph(tmp_path / "s.db", sink)  # recovery on: FAIL still ends the run
     with pytest.raises(ActorFailedError) as failed:
         async with rt:
@@ -183,10 +183,10 @@ async def test_a_pause_in_force_at_the_checkpoint_is_applied_after_a_crash(
 
 
 async def test_crash_needs_a_scripted_source(tmp_path: Path) -> None:
-    sink = ListSink(SCHEMA)
+    sink = ListTable(SCHEMA)
     rt = Runtime(config(tmp_path / "s.db"))
     rt.add_source("src")  # a plain push source lets the poison through
-    add_sink(rt, "out", lambda: sink, input="src")
+    add_sink(rt, "out", sink, input="src")
     async with rt:
         with pytest.raises(InvalidArgumentError) as refused:
             await play(rt, "src", [batch(1), CRASH])
@@ -208,7 +208,7 @@ async def test_crash_needs_a_scripted_source(tmp_path: Path) -> None:
 async def test_bad_input_is_refused_before_anything_is_played(
     tmp_path: Path, rt_ok: bool, source: Any, script: Any, argument: str
 ) -> None:
-    sink = ListSink(SCHEMA)
+    sink = ListTable(SCHEMA)
     rt = scripted_graph(tmp_path / "s.db", sink)
     async with rt:
         with pytest.raises(InvalidArgumentError) as refused:

@@ -1,6 +1,7 @@
 """The Parquet sink under real SIGKILLs: a child process runs a runtime writing numbered rows
-through a SinkWriter into a ParquetFileSink and kills itself at an exact point of one epoch's
-life; a fresh runtime on the same state store and table directory then recovers and resumes.
+through a sink writer into a ParquetTable (one writer and its coordinator) and kills itself at
+an exact point of one epoch's life; a fresh runtime on the same state store and table
+directory then recovers and resumes.
 
 The table must hold every row of every durable checkpoint exactly once and nothing else; what
 is durable is read from the SQLite state store, not guessed from timing.
@@ -14,7 +15,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pyarrow as pa
@@ -23,9 +23,9 @@ import pyarrow.dataset as ds
 import pytest
 from _timeouts import scaled
 
-from barrierflow.actors import SinkWriter
+from barrierflow.actors import SinkState, SinkStateRecord, SinkStates, add_sink
 from barrierflow.channels import Chunk
-from barrierflow.connectors import ParquetFileSink
+from barrierflow.connectors import ParquetTable
 from barrierflow.connectors._staging import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
 from barrierflow.runtime import Runtime, RuntimeConfig, StateStore
 
@@ -36,14 +36,14 @@ ROWS = 100  # rows per batch: ids k * ROWS ... (k + 1) * ROWS - 1 for batch k
 KILLED_BATCH = 2  # the child dies in the life of the epoch holding this batch
 BARRIER_INTERVAL = 0.05  # periodic checkpoint barriers too (checkpoint_frequency 1)
 
-# The child: the kill point comes from KILL_POINT (pre_commit, commit or record), the epoch
-# from the one whose staged rows include KILL_ID; the StagedFiles methods run on a worker thread,
-# and os.kill there kills the whole process at once.
+# The child: the kill point comes from KILL_POINT (stage, commit or record), the epoch from the
+# sink epoch whose staged rows include KILL_ID; the StagedFiles and ParquetCommitter methods run
+# on a worker thread, and os.kill there kills the whole process at once.
 CHILD = """
 import os, signal, sys
 import anyio, pyarrow as pa
-from barrierflow.actors import SinkWriter
-from barrierflow.connectors import ParquetFileSink, _parquet_files
+from barrierflow.actors import add_sink
+from barrierflow.connectors import ParquetTable, _parquet_files, parquet_committer
 from barrierflow.channels import Chunk
 from barrierflow.runtime import Runtime, RuntimeConfig
 
@@ -52,9 +52,11 @@ batches, rows = int(sys.argv[3]), int(sys.argv[4])
 POINT, KILL_ID = os.environ["KILL_POINT"], int(os.environ["KILL_ID"])
 SCHEMA = pa.schema([("id", pa.int64())])
 Files = _parquet_files.StagedFiles
-real_write, real_pre_commit = Files.write, Files.pre_commit
-real_commit, real_record = Files.commit, Files.record
+Committer = parquet_committer.ParquetCommitter
+real_write, real_stage = Files.write, Files.stage
+real_commit, real_record = Committer._commit, Files.record
 target = set()
+committing = []
 
 def die(epoch):
     print("KILLED", POINT, epoch, flush=True)
@@ -65,37 +67,32 @@ def write(self, batches):
         target.add(self.epoch)
     real_write(self, batches)
 
-def pre_commit(self, epoch):
-    metadata = real_pre_commit(self, epoch)
-    if POINT == "pre_commit" and epoch in target:  # staged and recorded, barrier not passed
+def stage(self, epoch):
+    manifest = real_stage(self, epoch)
+    if POINT == "stage" and epoch in target:  # staged, its manifest not sent: not durable
         die(epoch)
-    return metadata
+    return manifest
 
-def commit(self, epoch):
-    if POINT == "commit" and epoch in target:  # its checkpoint is durable: commit is called
-        die(epoch)
-    real_commit(self, epoch)
+def commit(self, epoch, metadata):
+    staged = metadata["staging_epoch"]
+    if POINT == "commit" and staged in target:  # its checkpoint is durable: commit is called
+        die(staged)
+    committing[:] = [staged]
+    real_commit(self, epoch, metadata)
 
 def record(self, manifest, epoch, files, rows, positions=None):
-    if POINT == "record" and epoch in target:  # renamed into epoch=..., manifest not written
-        die(epoch)
+    if POINT == "record" and committing and committing[0] in target:
+        die(committing[0])  # renamed into epoch=..., manifest not written
     real_record(self, manifest, epoch, files, rows, positions)
 
-Files.write, Files.pre_commit, Files.commit, Files.record = write, pre_commit, commit, record
+Files.write, Files.stage, Committer._commit, Files.record = write, stage, commit, record
 
 async def main():
     config = RuntimeConfig(state_path=os.path.join(root, "state.db"), barrier_interval=0.05)
     rt = Runtime(config)
-    writers = []
-
-    def make():
-        table = os.path.join(root, "table")
-        writers.append(SinkWriter(lambda: ParquetFileSink(table, SCHEMA, row_group_rows=32,
-                                                          rows_per_file=64)))
-        return writers[-1]
-
     rt.add_source("src")
-    rt.add_actor("sink", make, inputs=["src"])
+    table = ParquetTable(os.path.join(root, "table"), SCHEMA, row_group_rows=32, rows_per_file=64)
+    sink = add_sink(rt, "sink", table, input="src")
     async with rt:
         for k in range(batches):
             ids = pa.array(range(k * rows, (k + 1) * rows), pa.int64())
@@ -103,7 +100,7 @@ async def main():
             epoch = await rt.checkpoint()
             print("DURABLE", (k + 1) * rows - 1, epoch, flush=True)
             # The next batch only once this one is committed: the kill point stays exact.
-            await writers[-1].wait_committed(epoch)
+            await sink.coordinator.wait_committed(epoch)
     print("DONE", flush=True)
 
 anyio.run(main, backend=backend)
@@ -143,31 +140,25 @@ def run_child(tmp_path: Path, backend: str, point: str) -> tuple[list[int], int]
     return durable, killed
 
 
-async def durable_state(path: Path) -> tuple[int, dict[str, Any]]:
-    """The store's committed epoch and the sink writer's durable pre-commit records."""
+async def durable_state(path: Path) -> tuple[int, list[SinkStateRecord]]:
+    """The store's committed epoch and the sink coordinator's records."""
     async with await StateStore.open(path) as store:
-        return store.committed_epoch, await store.read_all("sink", "sink")
+        return store.committed_epoch, await SinkStates(store, "sink").list()
 
 
 async def restart_and_resume(tmp_path: Path, durable_batches: int) -> tuple[list[int], int]:
     """Recover on the same store and table, check the table holds exactly the durable rows,
     then push the batches that were not durable (as a pushing driver does) and stop."""
     table = tmp_path / "table"
-    writers: list[SinkWriter] = []
-
-    def make() -> SinkWriter:
-        writers.append(SinkWriter(lambda: ParquetFileSink(table, SCHEMA, rows_per_file=64)))
-        return writers[-1]
-
     config = RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=BARRIER_INTERVAL)
     rt = Runtime(config)
     rt.add_source("src")
-    rt.add_actor("sink", make, inputs=["src"])
+    sink = add_sink(rt, "sink", ParquetTable(table, SCHEMA, rows_per_file=64), input="src")
     with anyio.fail_after(scaled(30)):
         async with rt:
             restarted_from = rt.committed_epoch
             epoch = await rt.checkpoint()
-            await writers[-1].wait_committed(epoch)
+            await sink.coordinator.wait_committed(epoch)
             recovered = ids_of(table)
             assert list((table / STAGING).iterdir()) == []
             for k in range(durable_batches, BATCHES):
@@ -182,9 +173,10 @@ async def restart_and_resume(tmp_path: Path, durable_batches: int) -> tuple[list
 @pytest.mark.parametrize(
     ("point", "durable_batches"),
     [
-        # Killed in the pre-commit of the epoch (staged and recorded, the barrier not passed):
-        # its checkpoint never becomes durable, so recovery deletes it and the upstream replays.
-        ("pre_commit", KILLED_BATCH),
+        # Killed when the writer staged the epoch (its manifest not sent, the barrier not
+        # passed): its checkpoint never becomes durable, so recovery deletes it and the
+        # upstream replays.
+        ("stage", KILLED_BATCH),
         # Killed after its checkpoint is durable, before the sink's commit: recovery commits it.
         ("commit", KILLED_BATCH + 1),
         # Killed mid-commit, after the rename into epoch=..., before the manifest write:
@@ -201,7 +193,7 @@ def test_killed_sink_recovers_every_durable_row_exactly_once(
     # Every checkpoint the child saw return made its batch durable; the killed one's line may
     # or may not have been printed when its commit began (and never is before durability).
     assert [(i + 1) * ROWS - 1 for i in range(len(reported))] == reported
-    if point == "pre_commit":
+    if point == "stage":
         assert len(reported) == KILLED_BATCH  # blocked in the checkpoint that never came
     else:
         assert len(reported) in (KILLED_BATCH, KILLED_BATCH + 1)
@@ -210,19 +202,24 @@ def test_killed_sink_recovers_every_durable_row_exactly_once(
     committed_epoch, records = anyio.run(durable_state, tmp_path / "state.db", backend=backend)
     manifest = json.loads((table / MANIFEST).read_text(encoding="utf-8"))
     assert manifest["committed_epoch"] < killed
-    record = records.get(f"{killed:020d}")
-    if point == "pre_commit":
-        assert (table / STAGING / f"{killed:020d}" / PRECOMMITTED).exists()
-        assert record is None  # the pre-commit record was never sealed by a barrier
+    staged = table / STAGING / f"{killed:020d}"
+    [record] = [r for r in records if r.metadata and r.metadata["staging_epoch"] == killed] or [
+        None
+    ]
+    if point == "stage":
+        assert list((staged / "w0").glob("part-*.parquet")) != []  # staged, fsynced
+        assert not (staged / PRECOMMITTED).exists()
+        assert record is None  # the manifest never reached the coordinator
         assert committed_epoch < killed
         assert ids_of(table) == batch_ids(KILLED_BATCH)
     else:
         assert record is not None
-        assert record["epoch"] == killed
-        assert record["metadata"]["rows"] == ROWS
-        assert committed_epoch >= record["checkpoint"]  # durable: the commit may proceed
+        assert record.state is SinkState.PENDING
+        assert record.epoch == killed
+        assert record.metadata["rows"] == ROWS
+        assert committed_epoch >= record.epoch  # durable: the commit may proceed
         if point == "commit":
-            assert (table / STAGING / f"{killed:020d}" / PRECOMMITTED).exists()
+            assert list((staged / "w0").glob("part-*.parquet")) != []
             assert ids_of(table) == batch_ids(KILLED_BATCH)  # not committed: invisible
         else:
             assert (table / epoch_dir_name(killed)).is_dir()  # the rename is the commit point

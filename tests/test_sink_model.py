@@ -3,7 +3,7 @@ exactly the acknowledged rows — nothing lost, nothing duplicated.
 
 A driver behaves as the Spark bridge does: a row is *acknowledged* once a checkpoint taken
 after it returned; rows not acknowledged when the graph fails or the process crashes are
-pushed again. Faults are injected into the connector (a write or a commit that fails once) and
+pushed again. Faults are injected into the table (a write or a commit that fails once) and
 crashes end the runtime abruptly (no graceful stop), after which a new runtime opens the same
 state file and table.
 """
@@ -11,7 +11,6 @@ state file and table.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,14 @@ import anyio
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from _timeouts import scaled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from barrierflow import ActorFailedError
-from barrierflow.actors import CommitMetadata, PendingCommit, SinkWriter
+from barrierflow.actors import CommitMetadata, Committer, DeclaredSink, StagingWriter, add_sink
 from barrierflow.channels import Chunk
-from barrierflow.connectors import ParquetFileSink
+from barrierflow.connectors import ParquetTable
 from barrierflow.runtime import Runtime, RuntimeConfig
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -38,50 +38,56 @@ class Faults:
 
 
 class Faulty:
-    """A Parquet sink whose next write or commit fails when armed."""
-
-    exactly_once = True
+    """A Parquet table whose writers' next write or its committer's next commit fails when
+    armed (a failed commit is retried by the coordinator)."""
 
     def __init__(self, path: Path, faults: Faults) -> None:
-        self.inner = ParquetFileSink(path, SCHEMA, row_group_rows=4)
+        self.inner = ParquetTable(path, SCHEMA, row_group_rows=4)
         self.faults = faults
 
     @property
     def schema(self) -> pa.Schema:
         return SCHEMA
 
-    async def open(self) -> None:
-        await self.inner.open()
+    def writer(self, writer_id: str) -> FaultyWriter:
+        return FaultyWriter(self.inner.writer(writer_id), self.faults)
 
-    async def recover(self, pending: Sequence[PendingCommit]) -> None:
-        await self.inner.recover(pending)
+    def committer(self) -> FaultyCommitter:
+        return FaultyCommitter(self.inner.committer(), self.faults)
 
-    async def begin_epoch(self, epoch: int) -> None:
-        await self.inner.begin_epoch(epoch)
 
-    async def write_batch(self, batch: pa.RecordBatch) -> None:
+class FaultyWriter:
+    """A staging writer whose next write fails when armed."""
+
+    def __init__(self, inner: StagingWriter, faults: Faults) -> None:
+        self.inner = inner
+        self.faults = faults
+        self.schema = inner.schema
+        self.open, self.begin, self.flush = inner.open, inner.begin, inner.flush
+        self.stage, self.discard, self.close = inner.stage, inner.discard, inner.close
+
+    async def write(self, batch: pa.RecordBatch) -> None:
         if self.faults.writes:
             self.faults.writes -= 1
             raise OSError("injected write failure")
-        await self.inner.write_batch(batch)
+        await self.inner.write(batch)
 
-    async def flush(self) -> None:
-        await self.inner.flush()
 
-    async def pre_commit(self, epoch: int) -> CommitMetadata:
-        return await self.inner.pre_commit(epoch)
+class FaultyCommitter:
+    """A committer whose next commit fails when armed."""
 
-    async def commit_epoch(self, epoch: int) -> None:
+    two_phase = True
+
+    def __init__(self, inner: Committer, faults: Faults) -> None:
+        self.inner = inner
+        self.faults = faults
+        self.recover, self.prepare, self.abort = inner.recover, inner.prepare, inner.abort
+
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
         if self.faults.commits:
             self.faults.commits -= 1
             raise OSError("injected commit failure")
-        await self.inner.commit_epoch(epoch)
-
-    async def rollback_epoch(self, epoch: int) -> None:
-        await self.inner.rollback_epoch(epoch)
-
-    async def close(self) -> None:
-        await self.inner.close()
+        await self.inner.commit(epoch, metadata)
 
 
 class SimulatedCrashError(Exception):
@@ -116,6 +122,7 @@ class Driver:
         self.next_id = 0
         self.acked: list[int] = []
         self.unacked: list[int] = []
+        self.sink: DeclaredSink | None = None
 
     def runtime(self) -> Runtime:
         rt = Runtime(
@@ -128,21 +135,18 @@ class Driver:
             )
         )
         rt.add_source("src")
-        rt.add_actor(
-            "sink",
-            lambda: SinkWriter(lambda: Faulty(self.table, self.faults), flush_interval=60.0),
-            inputs=["src"],
-        )
+        self.sink = add_sink(rt, "sink", Faulty(self.table, self.faults), input="src")
         return rt
 
     async def push(self, rt: Runtime, ids: list[int]) -> None:
         await rt.push("src", Chunk(pa.record_batch([pa.array(ids, pa.int64())], schema=SCHEMA)))
 
-    async def checkpoint(self, rt: Runtime) -> None:
-        """Checkpoint until it succeeds, pushing the unacknowledged rows again after a failure."""
+    async def checkpoint(self, rt: Runtime) -> int:
+        """Checkpoint until it succeeds, pushing the unacknowledged rows again after a failure;
+        the checkpoint's epoch."""
         for _ in range(20):
             try:
-                await rt.checkpoint()
+                epoch = await rt.checkpoint()
             except ActorFailedError:
                 for i in range(0, len(self.unacked), 3):
                     await self._push_retrying(rt, self.unacked[i : i + 3])
@@ -152,7 +156,7 @@ class Driver:
             committed = committed_ids(self.table)
             assert len(set(committed)) == len(committed), "a row was committed twice"
             assert set(committed) <= set(self.acked), "an unacknowledged row was committed"
-            return
+            return epoch
         raise AssertionError("no checkpoint succeeded in 20 tries")
 
     async def _push_retrying(self, rt: Runtime, ids: list[int]) -> None:
@@ -171,7 +175,13 @@ class Driver:
                 async with self.runtime() as rt:
                     # After a (re)start the table holds exactly the acknowledged rows.
                     lost, self.unacked = self.unacked, []
-                    await self.checkpoint(rt)
+                    epoch = await self.checkpoint(rt)
+                    # The coordinator commits what recovery found durable (retrying a failed
+                    # commit): once it committed the checkpoint, the table holds exactly the
+                    # acknowledged rows.
+                    assert self.sink is not None
+                    with anyio.fail_after(scaled(30)):
+                        await self.sink.coordinator.wait_committed(epoch)
                     assert committed_ids(self.table) == sorted(self.acked)
                     self.unacked = lost
                     for i in range(0, len(self.unacked), 3):  # replay what the crash lost

@@ -1,9 +1,8 @@
 """Sink wiring mistakes that used to lose rows or hang are refused with typed errors.
 
-Duplicate writer ids, a coordinator that is not a service, a parallel writer without a
-coordinator, a coordinated Parquet writer without ``writer=`` (and ``writer=`` without a
-coordinator), a table directory held by another process; and a coordinator waiting for vnode
-coverage says what it is waiting for.
+Duplicate writer ids, a coordinator that is not a service, a parallel writer whose siblings'
+coordinator is another, a table directory held by another process; and a coordinator waiting
+for vnode coverage says what it is waiting for.
 """
 
 from __future__ import annotations
@@ -19,12 +18,13 @@ import pytest
 import structlog
 from _timeouts import scaled
 
-from barrierflow.actors import Coordinator, SinkWriter
+from barrierflow.actors import Coordinator, SinkWriter, add_sink
 from barrierflow.channels import VnodeBitmap
 from barrierflow.connectors import (
     IcebergSink,
     ParquetCommitter,
-    ParquetFileSink,
+    ParquetStagingWriter,
+    ParquetTable,
     open_local_catalog,
 )
 from barrierflow.errors import (
@@ -32,7 +32,6 @@ from barrierflow.errors import (
     CoordinatorAbortedError,
     CoordinatorMissingError,
     DuplicateWriterError,
-    InvalidArgumentError,
     SinkConnectorError,
     SinkLockedError,
 )
@@ -52,24 +51,29 @@ def runtime(tmp_path: Path) -> Runtime:
 def parallel_writers(
     rt: Runtime,
     table: Path,
-    coordinators: list[Coordinator | None],
-    writer_ids: list[str | None],
+    coordinators: list[Coordinator],
+    writer_ids: list[str],
 ) -> None:
+    parquet = ParquetTable(table, SCHEMA)
     for i, (coordinator, writer_id) in enumerate(zip(coordinators, writer_ids, strict=True)):
         rt.add_actor(
             f"writer{i}",
             lambda c=coordinator, w=writer_id: SinkWriter(
-                lambda: ParquetFileSink(table, SCHEMA, writer=w), coordinator=c
+                lambda: parquet.writer(w), coordinator=c, writer_id=w
             ),
             inputs=["src"],
         )
+
+
+def committer(table: Path) -> ParquetCommitter:
+    return ParquetTable(table, SCHEMA).committer()
 
 
 async def test_two_parallel_writers_with_one_writer_id_are_refused_at_start(
     tmp_path: Path,
 ) -> None:
     table = tmp_path / "table"
-    coordinator = Coordinator("table", ParquetCommitter(table))
+    coordinator = Coordinator("table", committer(table))
     rt = runtime(tmp_path)
     rt.add_service("coordinator", coordinator)
     parallel_writers(rt, table, [coordinator, coordinator], ["a", "a"])
@@ -83,12 +87,10 @@ async def test_two_parallel_writers_with_one_writer_id_are_refused_at_start(
 async def test_the_coordinator_refuses_a_second_writer_with_the_same_id(tmp_path: Path) -> None:
     # Writers that are not siblings in one graph (or registered by hand) meet the coordinator's
     # own check: it fails, and every writer handle learns why.
-    coordinator = Coordinator("table", ParquetCommitter(tmp_path / "table"), warn_interval=60)
+    coordinator = Coordinator("table", committer(tmp_path / "table"), warn_interval=60)
     rt = runtime(tmp_path)
     rt.add_service("coordinator", coordinator)
-    rt.add_actor(
-        "sink", lambda: SinkWriter(lambda: ParquetFileSink(tmp_path / "t2", SCHEMA)), inputs=["src"]
-    )
+    add_sink(rt, "sink", ParquetTable(tmp_path / "t2", SCHEMA), input="src")
     halves = VnodeBitmap.split(2)
     with pytest.raises(ActorFailedError) as caught:
         async with rt:
@@ -107,7 +109,7 @@ async def test_the_coordinator_refuses_a_second_writer_with_the_same_id(tmp_path
 
 async def test_a_coordinator_that_is_not_a_service_is_refused_at_start(tmp_path: Path) -> None:
     table = tmp_path / "table"
-    coordinator = Coordinator("orders", ParquetCommitter(table))
+    coordinator = Coordinator("orders", committer(table))
     rt = runtime(tmp_path)  # the coordinator is never added with add_service
     parallel_writers(rt, table, [coordinator, coordinator], ["0", "1"])
     with pytest.raises(CoordinatorMissingError) as caught:
@@ -117,62 +119,29 @@ async def test_a_coordinator_that_is_not_a_service_is_refused_at_start(tmp_path:
     assert caught.value.sink == "orders"
 
 
-async def test_a_parallel_writer_without_its_siblings_coordinator_is_refused(
+async def test_a_parallel_writer_whose_coordinator_is_not_a_service_is_refused(
     tmp_path: Path,
 ) -> None:
+    # Each sibling is checked for its own coordinator: one running coordinator of the same
+    # sink name does not cover a sibling pointing at another.
     table = tmp_path / "table"
-    coordinator = Coordinator("orders", ParquetCommitter(table))
+    coordinator = Coordinator("orders", committer(table))
+    stray = Coordinator("orders", committer(table))
     rt = runtime(tmp_path)
     rt.add_service("coordinator", coordinator)
-    rt.add_actor(
-        "writer0",
-        lambda: SinkWriter(
-            lambda: ParquetFileSink(table, SCHEMA, writer="0"), coordinator=coordinator
-        ),
-        inputs=["src"],
-    )
-    rt.add_actor(
-        "writer1",
-        lambda: SinkWriter(lambda: ParquetFileSink(tmp_path / "other", SCHEMA)),
-        inputs=["src"],
-    )
+    parallel_writers(rt, table, [coordinator, stray], ["0", "1"])
     with pytest.raises(CoordinatorMissingError) as caught:
         async with rt:
             pass
     assert caught.value.writer == "writer1"
-    assert caught.value.sink is None
-
-
-async def test_coordinated_parquet_writers_need_a_writer_id(tmp_path: Path) -> None:
-    table = tmp_path / "table"
-    coordinator = Coordinator("orders", ParquetCommitter(table))
-    rt = runtime(tmp_path)
-    rt.add_service("coordinator", coordinator)
-    parallel_writers(rt, table, [coordinator, coordinator], [None, None])
-    with pytest.raises(InvalidArgumentError) as caught:
-        async with rt:
-            pass
-    assert caught.value.argument == "sink writer 'writer0'"
-    assert "writer=" in caught.value.expected
-
-
-async def test_a_writer_id_without_a_coordinator_is_refused(tmp_path: Path) -> None:
-    # Its commits would be no-ops: the rows would never become visible.
-    rt = runtime(tmp_path)
-    parallel_writers(rt, tmp_path / "table", [None], ["0"])
-    with pytest.raises(InvalidArgumentError) as caught:
-        async with rt:
-            pass
-    assert "coordinator=" in caught.value.expected
+    assert caught.value.sink == "orders"
 
 
 async def test_a_coordinator_waiting_for_coverage_logs_what_is_missing(tmp_path: Path) -> None:
-    coordinator = Coordinator("table", ParquetCommitter(tmp_path / "table"), warn_interval=0.05)
+    coordinator = Coordinator("table", committer(tmp_path / "table"), warn_interval=0.05)
     rt = runtime(tmp_path)
     rt.add_service("coordinator", coordinator)
-    rt.add_actor(
-        "sink", lambda: SinkWriter(lambda: ParquetFileSink(tmp_path / "t2", SCHEMA)), inputs=["src"]
-    )
+    add_sink(rt, "sink", ParquetTable(tmp_path / "t2", SCHEMA), input="src")
     with structlog.testing.capture_logs() as logs:
         async with rt:
             await coordinator.register(VnodeBitmap.split(2)[0], writer="0", name="left")
@@ -192,10 +161,10 @@ HOLD_DIRECTORY = """
 import sys, time
 import anyio
 import pyarrow as pa
-from barrierflow.connectors import ParquetFileSink
+from barrierflow.connectors import ParquetStagingWriter
 
 async def main():
-    sink = ParquetFileSink(sys.argv[1], pa.schema([("id", pa.int64())]), writer=sys.argv[2] or None)
+    sink = ParquetStagingWriter(sys.argv[1], pa.schema([("id", pa.int64())]), sys.argv[2])
     await sink.open()
     print("READY", flush=True)
     sys.stdin.read()  # hold until the test closes our stdin
@@ -217,23 +186,23 @@ def hold_directory(path: Path, writer: str) -> subprocess.Popen[str]:
     return holder
 
 
-@pytest.mark.parametrize("writer", ["", "0"], ids=["single", "coordinated"])
+@pytest.mark.parametrize("writer", ["0", "1"], ids=["same-writer", "other-writer"])
 def test_a_table_directory_held_by_another_process_is_refused(tmp_path: Path, writer: str) -> None:
     table = tmp_path / "table"
     table.mkdir()
     link = tmp_path / "link"
     link.symlink_to(table)
-    holder = hold_directory(table, writer)
+    holder = hold_directory(table, "0")
     try:
         for path in (table, link):  # another spelling of the same directory too
-            sink = ParquetFileSink(path, SCHEMA, writer=writer or None)
+            sink = ParquetStagingWriter(path, SCHEMA, writer)
             with pytest.raises(SinkLockedError) as caught:
                 anyio.run(sink.open)
             assert caught.value.holder == "another process"
     finally:
         holder.communicate("", timeout=scaled(30))
     # Once the other process is gone, the directory is free.
-    sink = ParquetFileSink(table, SCHEMA)
+    sink = ParquetStagingWriter(table, SCHEMA, writer)
 
     async def open_and_close() -> None:
         await sink.open()
@@ -262,12 +231,10 @@ async def test_a_sink_task_reports_a_locked_directory_as_a_connector_error(
     # Through a runtime the lock error reaches the user as the sink's failure, typed.
     table = tmp_path / "table"
     table.mkdir()
-    holder = hold_directory(table, "")
+    holder = hold_directory(table, "7")
     try:
         rt = runtime(tmp_path)
-        rt.add_actor(
-            "sink", lambda: SinkWriter(lambda: ParquetFileSink(table, SCHEMA)), inputs=["src"]
-        )
+        add_sink(rt, "sink", ParquetTable(table, SCHEMA), input="src")
         with pytest.raises(ActorFailedError) as caught:
             async with rt:
                 await rt.checkpoint()

@@ -41,14 +41,14 @@ from _backfill_child import (
 from _killed_child import run_killed_child
 from _timeouts import scaled
 
-from barrierflow.actors.sinks.sink_writer import SinkWriter
+from barrierflow.actors.sinks.add_sink import DeclaredSink
 from barrierflow.actors.sources.split_log import (
     OFFSET_MAJOR,
     OFFSET_MINOR,
     SPLIT_COLUMN,
     split_log_schema,
 )
-from barrierflow.connectors._staging import MANIFEST, PRECOMMITTED, STAGING
+from barrierflow.connectors._staging import MANIFEST, STAGING
 from barrierflow.runtime import StateStore
 from barrierflow.testing.redis_server import RedisServer
 
@@ -148,9 +148,9 @@ async def restart(tmp_path: Path, server: RedisServer, prefix: str) -> dict[str,
     keys = stream_keys(prefix)
     log = make_log(server.url, prefix)
     live: dict[str, Any] = {}
-    writers: list[SinkWriter] = []
+    sinks: list[DeclaredSink] = []
     rt = runtime(tmp_path, log, lambda: Count(live), barrier_interval=0.05)
-    rt.declare_job(history_job(tmp_path, log, writers, rate=None))
+    rt.declare_job(history_job(tmp_path, log, sinks, rate=None))
     with server.client() as conn, anyio.fail_after(scaled(60)):
         async with log, rt:
             handle = rt.job("history")
@@ -166,7 +166,7 @@ async def restart(tmp_path: Path, server: RedisServer, prefix: str) -> dict[str,
                 await rt.checkpoint()
             # Every record reached the forwarding backfill before this barrier: committed.
             epoch = await rt.checkpoint()
-            await writers[-1].wait_committed(epoch)
+            await sinks[-1].coordinator.wait_committed(epoch)
     return expected
 
 
@@ -223,11 +223,11 @@ async def test_a_source_backfill_killed_and_restarted_writes_every_record_exactl
     elif point == "mid_chunk":  # a chunk half written into a staged file
         assert committed >= job_durable
         assert list((tmp_path / "table" / STAGING).rglob("*.parquet"))
-    else:  # after_checkpoint_before_sink_commit: durable, pre-committed, not committed
+    else:  # after_checkpoint_before_sink_commit: durable, pending, not committed
         table = tmp_path / "table"
         epoch = facts["epoch"]
         assert committed >= epoch >= job_durable
-        assert (table / STAGING / f"{epoch:020d}" / PRECOMMITTED).exists()
+        assert list((table / STAGING).rglob("*.parquet"))  # its files still staged
         manifest = json.loads((table / MANIFEST).read_text(encoding="utf-8"))
         assert manifest["committed_epoch"] < epoch
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -18,12 +20,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barrierflow.actors import BatchFeed, Coordinator, SinkWriter
+from barrierflow.actors import (
+    BatchFeed,
+    CommitMetadata,
+    Coordinator,
+    Manifest,
+    SinkWriter,
+    add_sink,
+)
 from barrierflow.actors.sinks.positions import epoch_already_held
-from barrierflow.connectors import IcebergSink, ParquetFileSink, open_local_catalog
+from barrierflow.channels import VnodeBitmap
+from barrierflow.connectors import IcebergSink, ParquetTable, open_local_catalog
 from barrierflow.connectors.iceberg_sink import POSITIONS_PROPERTY
 from barrierflow.errors import PositionOverlapError, SinkStateMismatchError
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig
+from barrierflow.testing import ListTable
 
 pytestmark = pytest.mark.anyio
 
@@ -49,11 +60,7 @@ def parquet_runtime(tmp_path: Path, feed: BatchFeed, *, adopt: bool = False) -> 
         )
     )
     rt.add_source("src", feed.source)
-    rt.add_actor(
-        "sink",
-        lambda: SinkWriter(lambda: ParquetFileSink(tmp_path / "table", SCHEMA)),
-        inputs=["src"],
-    )
+    add_sink(rt, "sink", ParquetTable(tmp_path / "table", SCHEMA), input="src")
     return rt
 
 
@@ -165,7 +172,9 @@ def iceberg_runtime(
     for i in range(2):
         rt.add_actor(
             f"writer{i}",
-            lambda i=i: SinkWriter(lambda: table.writer(str(i)), coordinator=coordinator),
+            lambda i=i: SinkWriter(
+                lambda: table.writer(str(i)), coordinator=coordinator, writer_id=str(i)
+            ),
             inputs=["src"],
         )
     return rt, table
@@ -234,3 +243,65 @@ def test_an_epoch_is_held_new_or_refused_as_overlapping(
         return
     # Held: every batch of the epoch is in the sink; new: none is.
     assert epoch_already_held("t", 1, held, start, end) == (bool(in_sink) and all(in_sink))
+
+
+class Capturing:
+    """A ListTable whose committer keeps every epoch's manifests, as the writers sent them."""
+
+    def __init__(self) -> None:
+        self.inner = ListTable(SCHEMA)
+        self.manifests: dict[int, list[Manifest]] = {}
+        self.schema = SCHEMA
+
+    def writer(self, writer_id: str) -> Any:
+        return self.inner.writer(writer_id)
+
+    def committer(self) -> Any:
+        return CapturingCommitter(self)
+
+
+class CapturingCommitter:
+    two_phase = True
+
+    def __init__(self, table: Capturing) -> None:
+        self.table = table
+        self.inner = table.inner.committer()
+
+    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
+        await self.inner.recover(pending)
+
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
+        self.table.manifests[epoch] = sorted(manifests, key=lambda m: m.writer)
+        return await self.inner.prepare(epoch, manifests)
+
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
+        await self.inner.commit(epoch, metadata)
+
+    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
+        await self.inner.abort(epoch, metadata)
+
+
+async def test_manifests_carry_the_writers_vnodes_and_the_positions_their_epoch_spans(
+    tmp_path: Path,
+) -> None:
+    feed = BatchFeed(SCHEMA)
+    table = Capturing()
+    rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600.0))
+    rt.add_source("src", feed.source)
+    add_sink(rt, "sink", table, input="src", parallelism=2, key=("id",))
+    async with rt:
+        epochs = await deliver(rt, feed, range(3))
+    halves = VnodeBitmap.split(2)
+    spans = []
+    for epoch in epochs:
+        assert epoch is not None
+        manifests = table.manifests[epoch]
+        assert [m.writer for m in manifests] == ["0", "1"]
+        assert [m.vnodes for m in manifests] == [halves[0].runs(), halves[1].runs()]
+        # Every writer saw the same barriers: they report the same span.
+        assert manifests[0].positions == manifests[1].positions
+        assert manifests[0].positions_from == manifests[1].positions_from
+        spans.append((dict(manifests[0].positions_from), dict(manifests[0].positions)))
+    assert spans == [({}, {"src/q": 0}), ({"src/q": 0}, {"src/q": 1}), ({"src/q": 1}, {"src/q": 2})]
+    assert table.inner.positions == {"src/q": 2}
+    assert sorted(table.inner.rows()["id"].to_pylist()) == list(range(3 * ROWS))

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from _timeouts import scaled
 
-from barrierflow.actors import BatchFeed, SinkWriter
+from barrierflow.actors import BatchFeed, add_sink
 from barrierflow.channels import Chunk, Message
-from barrierflow.connectors import ParquetFileSink
+from barrierflow.connectors import ParquetTable
 from barrierflow.errors import (
     ActorFailedError,
     BatchOrderError,
@@ -54,9 +54,7 @@ def build(tmp_path: Path) -> tuple[Runtime, BatchFeed]:
     feed = BatchFeed(SCHEMA, chunk_rows=100, capacity=4)
     rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=0.05))
     rt.add_source("events", feed.source)
-    rt.add_actor(
-        "sink", lambda: SinkWriter(ParquetFileSink(tmp_path / "table", SCHEMA)), inputs=["events"]
-    )
+    add_sink(rt, "sink", ParquetTable(tmp_path / "table", SCHEMA), input="events")
     return rt, feed
 
 
@@ -371,9 +369,7 @@ def test_a_graph_failure_mid_micro_batch_is_recovered_inside_the_callback(
     rt = Runtime(config)
     rt.add_source("events", feed.source)
     rt.add_actor("flaky", FailOnce, inputs=["events"])
-    rt.add_actor(
-        "sink", lambda: SinkWriter(ParquetFileSink(tmp_path / "table", SCHEMA)), inputs=["flaky"]
-    )
+    add_sink(rt, "sink", ParquetTable(tmp_path / "table", SCHEMA), input="flaky")
     with BlockingRuntime(rt, backend=backend) as handle:
         bridge = SparkBridge(handle, feed, stream="q")
         query = bridge.start(
@@ -404,11 +400,7 @@ def build_for(
     if fail:
         rt.add_actor("flaky", Explode, inputs=["events"])
         upstream = "flaky"
-    rt.add_actor(
-        "sink",
-        lambda: SinkWriter(ParquetFileSink(tmp_path / "table", schema)),
-        inputs=[upstream],
-    )
+    add_sink(rt, "sink", ParquetTable(tmp_path / "table", schema), input=upstream)
     return rt, feed
 
 

@@ -34,7 +34,7 @@ from barrierflow.actors.sources.split_log import (
 from barrierflow.channels import Barrier, Chunk, Message
 from barrierflow.channels.barrier import BarrierKind
 from barrierflow.channels.mutation import Add, SourceChangeSplit, Split
-from barrierflow.connectors import ParquetFileSink, RedisStreamLog
+from barrierflow.connectors import ParquetTable, RedisStreamLog
 from barrierflow.errors import (
     ActorFailedError,
     InvalidArgumentError,
@@ -662,7 +662,7 @@ def both_tables(tmp_path: Path, log: MemorySplitLog, *, declare_job: bool) -> Ru
     ``history`` (declared again when restarting a run that added it)."""
     rt = Runtime(config(tmp_path))
     rt.add_source("src", lambda: SplitSource(log, discover_every=1, batch_rows=3))
-    add_sink(rt, "live", lambda: ParquetFileSink(tmp_path / "live", log.schema), input="src")
+    add_sink(rt, "live", ParquetTable(tmp_path / "live", log.schema), input="src")
     if declare_job:
         rt.declare_job(history_table_job(tmp_path, log))
     return rt
@@ -671,9 +671,7 @@ def both_tables(tmp_path: Path, log: MemorySplitLog, *, declare_job: bool) -> Ru
 def history_table_job(tmp_path: Path, log: MemorySplitLog) -> Job:
     job = Job("history")
     job.add_actor("backfill", lambda: SourceBackfill(log), inputs={"upstream": "src"})
-    add_sink(
-        job, "history", lambda: ParquetFileSink(tmp_path / "history", log.schema), input="backfill"
-    )
+    add_sink(job, "history", ParquetTable(tmp_path / "history", log.schema), input="backfill")
     return job
 
 

@@ -28,7 +28,7 @@ from barrierflow.channels.mutation import (
 )
 from barrierflow.errors import InvalidArgumentError
 from barrierflow.runtime import Job, Runtime, RuntimeConfig
-from barrierflow.testing import ListSink
+from barrierflow.testing import ListTable
 from barrierflow.testing.graph_strategies import (
     AddJob,
     CheckpointStep,
@@ -214,13 +214,13 @@ def test_bad_arguments_are_refused(strategy: Any, kwargs: dict[str, Any], argume
 
 async def interpret(
     schedule: GraphSchedule, path: Path
-) -> tuple[list[ListSink], dict[str, ListSink]]:
-    """Play ``schedule``: a scripted source per source, each into its own ListSink, and every
-    job a ListSink of its source. A crash pushes again what the last committed checkpoint
+) -> tuple[list[ListTable], dict[str, ListTable]]:
+    """Play ``schedule``: a scripted source per source, each into its own ListTable, and every
+    job a ListTable of its source. A crash pushes again what the last committed checkpoint
     does not hold: the chunks pushed in a newer epoch than it (as ``play`` does)."""
     names = schedule.source_names()
-    sinks = [ListSink(SCHEMA) for _ in names]
-    job_sinks: dict[str, ListSink] = {}
+    sinks = [ListTable(SCHEMA) for _ in names]
+    job_sinks: dict[str, ListTable] = {}
     config = RuntimeConfig(
         state_path=path, barrier_interval=3600, recovery=True, max_restarts=100,
         restart_backoff=0.001,
@@ -228,7 +228,7 @@ async def interpret(
     rt = Runtime(config)
     for name, sink in zip(names, sinks, strict=True):
         rt.add_source(name, ScriptedSource)
-        add_sink(rt, f"{name}_out", lambda sink=sink: sink, input=name)
+        add_sink(rt, f"{name}_out", sink, input=name)
     pushed: list[tuple[int, PushStep]] = []  # (the epoch it was pushed in, at most; step)
     async with rt:
         for step in schedule.steps:
@@ -247,9 +247,9 @@ async def interpret(
                     await rt.push(names[again.source], again.chunk)
                     pushed.append((rt.stats().current_epoch, again))
             elif isinstance(step, AddJob):
-                job, sink = Job(step.name), ListSink(SCHEMA)
+                job, sink = Job(step.name), ListTable(SCHEMA)
                 job_sinks[step.name] = sink
-                add_sink(job, f"{step.name}_out", lambda s=sink: s, input=names[step.source])
+                add_sink(job, f"{step.name}_out", sink, input=names[step.source])
                 await rt.add_job(job)
             else:
                 await rt.drop_job(step.name)

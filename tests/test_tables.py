@@ -19,7 +19,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -237,14 +237,15 @@ def staging_is_empty(adapter: Adapter, table: Any) -> bool:
     return staging.is_dir() and not any(staging.iterdir())
 
 
-async def stage(table: Any, writer_id: str, epoch: int, start: int, count: int) -> Any:
-    """One writer's manifest (its pre-commit, as JSON) of ``count`` rows staged in ``epoch``."""
+async def stage(table: Any, writer_id: str, epoch: int, start: int, count: int) -> Manifest:
+    """One writer's manifest of ``count`` rows staged in ``epoch``."""
     writer = table.writer(writer_id)
     await writer.open()
     try:
-        await writer.begin_epoch(epoch)
-        await writer.write_batch(batch(start, count).batch)
-        return await writer.pre_commit(epoch)
+        await writer.begin(epoch)
+        await writer.write(batch(start, count).batch)
+        manifest: Manifest = await writer.stage(epoch)
+        return manifest
     finally:
         await writer.close()
 
@@ -302,7 +303,7 @@ async def test_abort_deletes_the_files_of_an_uncommitted_epoch(
 ) -> None:
     table = adapter.make(tmp_path)
     before = adapter.state(table)
-    manifest = Manifest.from_json(await stage(table, "0", 7, 0, 3))
+    manifest = await stage(table, "0", 7, 0, 3)
     staged = [adapter.root(table) / f.path for f in manifest.files]
     assert staged
     assert all(p.exists() for p in staged)
@@ -324,7 +325,7 @@ async def test_recover_deletes_staged_epochs_no_pending_commit_references(
     table = adapter.make(tmp_path)
     kept: dict[int, Any] = {}
     for epoch in (3, 4):
-        manifest = Manifest.from_json(await stage(table, "0", epoch, epoch * 10, 2))
+        manifest = await stage(table, "0", epoch, epoch * 10, 2)
         kept[epoch] = await table.committer().prepare(epoch, [manifest])
     committer = table.committer()
     await committer.recover({4: kept[4]})
@@ -346,12 +347,15 @@ async def test_source_positions_are_in_the_commit_and_read_back(
     await writer.open()
     held: list[Any] = []
     for epoch, (start, end) in ((3, (-1, 4)), (4, (4, 6))):
-        await writer.begin_epoch(epoch)
-        await writer.write_batch(batch(epoch * 10, 1).batch)
-        await writer.record_positions(epoch, {} if start < 0 else {"src/a": start}, {"src/a": end})
-        staged = await writer.pre_commit(epoch)
+        await writer.begin(epoch)
+        await writer.write(batch(epoch * 10, 1).batch)
+        staged = replace(
+            await writer.stage(epoch),
+            positions={"src/a": end},
+            positions_from={} if start < 0 else {"src/a": start},
+        )  # as the sink writer fills them in
         committer = table.committer()  # a new committer reads what the table holds
-        pre = await committer.prepare(epoch, [Manifest.from_json(staged)])
+        pre = await committer.prepare(epoch, [staged])
         await committer.commit(epoch, pre)
         held.append(await table.committer().sink_commits())
     await writer.close()

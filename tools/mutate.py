@@ -78,7 +78,7 @@ BACKFILL = "barrierflow/actors/backfill"
 GROUPS: tuple[Group, ...] = (
     Group(
         "sink_task",
-        (f"{SINKS}/sink_task.py", f"{SINKS}/sink_task_handle.py"),
+        (f"{SINKS}/sink_task.py", f"{SINKS}/sink_task_handle.py", f"{SINKS}/_sink_actor.py"),
         ("tests/test_sink_task.py", "tests/test_sink_wiring.py"),
     ),
     Group(

@@ -13,9 +13,7 @@ from barrierflow.actors.sinks import Coordinator as Coordinator
 from barrierflow.actors.sinks import CoordinatorStats as CoordinatorStats
 from barrierflow.actors.sinks import DeclaredSink as DeclaredSink
 from barrierflow.actors.sinks import Manifest as Manifest
-from barrierflow.actors.sinks import PendingCommit as PendingCommit
 from barrierflow.actors.sinks import SchemaChange as SchemaChange
-from barrierflow.actors.sinks import SinkConnector as SinkConnector
 from barrierflow.actors.sinks import SinkState as SinkState
 from barrierflow.actors.sinks import SinkStateRecord as SinkStateRecord
 from barrierflow.actors.sinks import SinkStates as SinkStates
@@ -24,6 +22,7 @@ from barrierflow.actors.sinks import SinkTaskHandle as SinkTaskHandle
 from barrierflow.actors.sinks import SinkTaskStats as SinkTaskStats
 from barrierflow.actors.sinks import SinkWriter as SinkWriter
 from barrierflow.actors.sinks import StagedFile as StagedFile
+from barrierflow.actors.sinks import StagingWriter as StagingWriter
 from barrierflow.actors.sinks import Table as Table
 from barrierflow.actors.sinks import WriterHandle as WriterHandle
 from barrierflow.actors.sinks import add_sink as add_sink
@@ -48,9 +47,7 @@ __all__ = [
     "Manifest",
     "Materialize",
     "Offset",
-    "PendingCommit",
     "SchemaChange",
-    "SinkConnector",
     "SinkState",
     "SinkStateRecord",
     "SinkStates",
@@ -59,6 +56,7 @@ __all__ = [
     "SinkTaskStats",
     "SinkWriter",
     "StagedFile",
+    "StagingWriter",
     "Table",
     "SnapshotBackfill",
     "SourceBackfill",

@@ -13,15 +13,14 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import pyarrow as pa
 
-from barrierflow.actors import CommitMetadata, Committer, Manifest
-from barrierflow.app._trace import trace
+from barrierflow.actors import CommitMetadata, Manifest, StagingWriter, Table
+from barrierflow.app._trace import TracedCommitter, TracedTable, trace
 from barrierflow.runtime.positions import SinkCommits
 
-__all__ = ["CrashingCommitter", "CrashingWriter", "Faults", "kill_self"]
+__all__ = ["CrashingCommitter", "CrashingTable", "CrashingWriter", "Faults", "kill_self"]
 
 
 def kill_self(where: str, resume: str) -> None:
@@ -56,74 +55,89 @@ class Faults:
 
 
 class CrashingWriter:
-    """A sink connector that kills the process on its first write of the armed batch."""
+    """A staging writer that kills the process on its first write of the armed batch."""
 
-    def __init__(self, inner: Any, faults: Faults) -> None:
-        self._inner = inner
+    def __init__(self, inner: StagingWriter, faults: Faults) -> None:
+        self.inner = inner
         self._faults = faults
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    @property
+    def schema(self) -> pa.Schema:
+        return self.inner.schema
 
-    async def write_batch(self, batch: pa.RecordBatch) -> None:
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def begin(self, epoch: int) -> None:
+        await self.inner.begin(epoch)
+
+    async def write(self, batch: pa.RecordBatch) -> None:
         trace("write", batch.num_rows)
-        await self._inner.write_batch(batch)
+        await self.inner.write(batch)
         if self._faults.armed and self._faults.point == "mid-batch":
             kill_self("mid-batch, rows written but not committed", self._faults.resume)
 
+    async def flush(self) -> None:
+        await self.inner.flush()
+
+    async def stage(self, epoch: int) -> Manifest:
+        return await self.inner.stage(epoch)
+
+    async def discard(self, epoch: int) -> None:
+        await self.inner.discard(epoch)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
 
 class CrashingCommitter:
-    """The table's committer (Iceberg or Delta), killing the process after the armed batch's
-    table commit and before the coordinator records it committed."""
+    """The table's traced committer (Iceberg or Delta), killing the process after the armed
+    batch's table commit and before the coordinator records it committed."""
 
-    def __init__(self, inner: Committer, faults: Faults) -> None:
-        self._inner = inner
+    def __init__(self, inner: TracedCommitter, faults: Faults) -> None:
+        self.inner = inner
         self._faults = faults
         self.two_phase = inner.two_phase
 
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
-        await self._inner.recover(pending)
+        await self.inner.recover(pending)
 
     async def sink_commits(self) -> SinkCommits | None:
         """What the table holds (the runtime asks on an empty state store)."""
-        commits: SinkCommits | None = await self._inner.sink_commits()  # type: ignore[attr-defined]
-        return commits
+        return await self.inner.sink_commits()
 
     async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
-        trace("pre-commit", epoch)
-        return await self._inner.prepare(epoch, manifests)
+        return await self.inner.prepare(epoch, manifests)
 
     async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
-        trace("commit-begin", epoch)
-        await self._inner.commit(epoch, metadata)
-        trace("commit-done", epoch)
+        await self.inner.commit(epoch, metadata)
         if self._faults.armed and self._faults.point == "mid-commit":
             kill_self(
                 "mid-commit, the table committed, the commit not yet recorded", self._faults.resume
             )
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
-        await self._inner.abort(epoch, metadata)
+        await self.inner.abort(epoch, metadata)
 
 
 class CrashingTable:
-    """The demo's table (Iceberg or Delta) behind :func:`~barrierflow.actors.add_sink`: its
-    writers and its committer, each wrapped to kill the process at the armed point."""
+    """The demo's table (Iceberg or Delta) behind :func:`~barrierflow.actors.add_sink`,
+    traced (:class:`~barrierflow.app._trace.TracedTable`): its writers and its committer, each
+    wrapped to kill the process at the armed point."""
 
-    def __init__(self, inner: Any, faults: Faults) -> None:
-        self._inner = inner
+    def __init__(self, inner: Table, faults: Faults) -> None:
+        self._traced = TracedTable(inner)
         self._faults = faults
 
     @property
     def schema(self) -> pa.Schema:
         """The table's schema."""
-        schema: pa.Schema = self._inner.schema
-        return schema
+        return self._traced.schema
 
-    def writer(self, writer_id: str) -> Any:
+    def writer(self, writer_id: str) -> CrashingWriter:
         """Writer ``writer_id`` of the table, crashing on the armed batch's first write."""
-        return CrashingWriter(self._inner.writer(writer_id), self._faults)
+        return CrashingWriter(self._traced.writer(writer_id), self._faults)
 
     def committer(self) -> CrashingCommitter:
-        """The table's committer, crashing after the armed batch's commit."""
-        return CrashingCommitter(self._inner.committer(), self._faults)
+        """The table's traced committer, crashing after the armed batch's commit."""
+        return CrashingCommitter(self._traced.committer(), self._faults)

@@ -129,7 +129,7 @@ def read_changes(table: Path) -> pa.Table:
     if manifest is None:
         return WITH_OPS.empty_table()
     for directory in sorted(table.glob("epoch=*")):
-        for file in sorted(directory.glob("*.parquet")):
+        for file in sorted(directory.glob("w*/*.parquet")):
             parts.append(pq.read_table(file, schema=WITH_OPS))
     return pa.concat_tables(parts) if parts else WITH_OPS.empty_table()
 

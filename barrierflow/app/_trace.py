@@ -16,11 +16,24 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
+import anyio.lowlevel
+import pyarrow as pa
 
-__all__ = ["ENV", "TracedConnector", "follow_job", "trace", "tracing"]
+from barrierflow.actors.sinks.positions import table_commits
+from barrierflow.actors.sinks.table import (
+    CommitMetadata,
+    Committer,
+    Manifest,
+    StagingWriter,
+    Table,
+)
+from barrierflow.runtime.positions import SinkCommits
+
+__all__ = ["ENV", "TracedCommitter", "TracedTable", "follow_job", "trace", "tracing"]
 
 #: The environment variable that names the trace file.
 ENV = "BARRIERFLOW_CHAOS_TRACE"
@@ -72,21 +85,52 @@ async def follow_job(handle: Any, every: float = 0.01) -> None:
         await anyio.sleep(every)
 
 
-class TracedConnector:
-    """A sink connector that traces its two-phase steps (``pre-commit <epoch>``,
-    ``commit-begin <epoch>``, ``commit-done <epoch>``) and otherwise is ``inner``."""
+class TracedCommitter:
+    """A table's committer that traces its steps (``pre-commit <epoch>`` when an epoch is
+    prepared, ``commit-begin <epoch>`` and ``commit-done <epoch>`` around its commit) and
+    otherwise is ``inner``."""
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+    def __init__(self, inner: Committer) -> None:
+        self.inner = inner
+        self.two_phase = inner.two_phase
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
+        await self.inner.recover(pending)
 
-    async def pre_commit(self, epoch: int) -> Any:
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
         trace("pre-commit", epoch)
-        return await self._inner.pre_commit(epoch)
+        return await self.inner.prepare(epoch, manifests)
 
-    async def commit_epoch(self, epoch: int) -> None:
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
         trace("commit-begin", epoch)
-        await self._inner.commit_epoch(epoch)
+        await self.inner.commit(epoch, metadata)
         trace("commit-done", epoch)
+
+    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
+        await self.inner.abort(epoch, metadata)
+
+    async def sink_commits(self) -> SinkCommits | None:
+        """What the table holds, if its committer can tell (the runtime asks on an empty
+        state store)."""
+        return await table_commits(self.inner)
+
+
+class TracedTable:
+    """A table whose committer traces its steps (:class:`TracedCommitter`); its writers are
+    ``inner``'s."""
+
+    def __init__(self, inner: Table) -> None:
+        self.inner = inner
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's schema."""
+        return self.inner.schema
+
+    def writer(self, writer_id: str) -> StagingWriter:
+        """Writer ``writer_id`` of ``inner``."""
+        return self.inner.writer(writer_id)
+
+    def committer(self) -> TracedCommitter:
+        """``inner``'s committer, traced."""
+        return TracedCommitter(self.inner.committer())

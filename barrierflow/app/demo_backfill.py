@@ -75,9 +75,9 @@ from barrierflow.app._demo_backfill_streams import (
 )
 from barrierflow.app._demo_faults import kill_self
 from barrierflow.app._demo_runs import resume_command as resume_words
-from barrierflow.app._trace import TracedConnector, follow_job, trace, tracing
+from barrierflow.app._trace import TracedTable, follow_job, trace, tracing
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.connectors import ParquetFileSink, RedisStreamLog
+from barrierflow.connectors import ParquetTable, RedisStreamLog
 from barrierflow.runtime import Job, Runtime, RuntimeConfig, stored_jobs
 
 __all__ = [
@@ -253,7 +253,7 @@ def _history_job(workdir: Path, log: RedisStreamLog) -> Job:
     add_sink(
         history,
         "history_out",
-        lambda: TracedConnector(ParquetFileSink(workdir / "history", schema)),
+        TracedTable(ParquetTable(workdir / "history", schema)),
         input="backfill",
     )
     return history
@@ -272,7 +272,7 @@ async def _pipeline(
     rt = Runtime(RuntimeConfig(state_path=state_path, barrier_interval=0.2))
     # The keys are declared: a stream not created yet is waited for, not an error.
     rt.add_source("events", lambda: SplitSource(log, batch_rows=4096, wait_for_splits=True))
-    add_sink(rt, "live", lambda: ParquetFileSink(workdir / "live", schema), input="events")
+    add_sink(rt, "live", ParquetTable(workdir / "live", schema), input="events")
     if declared:
         rt.declare_job(_history_job(workdir, log))
     producer = Producer(url, keys, manifest.history + manifest.live)

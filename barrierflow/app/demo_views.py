@@ -54,9 +54,9 @@ from barrierflow.app._demo_views_graph import (
     expected_totals,
     read_changes,
 )
-from barrierflow.app._trace import TracedConnector, follow_job, trace, tracing
+from barrierflow.app._trace import TracedTable, follow_job, trace, tracing
 from barrierflow.channels.errors import ConfigError, InvalidArgumentError
-from barrierflow.connectors import ParquetFileSink
+from barrierflow.connectors import ParquetTable
 from barrierflow.connectors._staging import STAGING
 from barrierflow.runtime import Job, Runtime, RuntimeConfig, stored_jobs
 
@@ -179,7 +179,7 @@ def _copy_job(workdir: Path) -> Job:
     add_sink(
         job,
         "copy_out",
-        lambda: TracedConnector(ParquetFileSink(workdir / "copy", WITH_OPS)),
+        TracedTable(ParquetTable(workdir / "copy", WITH_OPS)),
         input="changes",
     )
     return job

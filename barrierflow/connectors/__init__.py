@@ -1,6 +1,7 @@
-"""The real systems behind the sink and split log protocols: Parquet files (one writer, or
-parallel writers under a coordinator), Iceberg tables (one snapshot per epoch), Delta Lake
-tables (one commit per epoch), the console, and Redis streams as a split log."""
+"""The real systems behind the table and split log protocols: Parquet files (one directory
+per epoch), Iceberg tables (one snapshot per epoch), Delta Lake tables (one commit per epoch),
+the console, and Redis streams as a split log. Every table stages through
+:class:`ParquetStagingWriter` (the console prints instead)."""
 
 from barrierflow.connectors.delta_table import DeltaCommitter as DeltaCommitter
 from barrierflow.connectors.delta_table import DeltaSink as DeltaSink
@@ -8,8 +9,8 @@ from barrierflow.connectors.iceberg_sink import IcebergCommitter as IcebergCommi
 from barrierflow.connectors.iceberg_sink import IcebergSink as IcebergSink
 from barrierflow.connectors.iceberg_sink import open_local_catalog as open_local_catalog
 from barrierflow.connectors.parquet_committer import ParquetCommitter as ParquetCommitter
-from barrierflow.connectors.parquet_sink import ParquetFileSink as ParquetFileSink
 from barrierflow.connectors.parquet_table import ParquetTable as ParquetTable
+from barrierflow.connectors.parquet_writer import ParquetStagingWriter as ParquetStagingWriter
 from barrierflow.connectors.print_sink import PrintSink as PrintSink
 from barrierflow.connectors.redis_streams import RedisStreamLog as RedisStreamLog
 from barrierflow.connectors.redis_streams import RetryBackoff as RetryBackoff
@@ -20,7 +21,7 @@ __all__ = [
     "IcebergCommitter",
     "IcebergSink",
     "ParquetCommitter",
-    "ParquetFileSink",
+    "ParquetStagingWriter",
     "ParquetTable",
     "PrintSink",
     "RedisStreamLog",

@@ -1,10 +1,11 @@
-"""The blocking half of the Parquet file sink: the table directory's files.
+"""The blocking half of the Parquet tables: a table directory's files.
 
-Everything here runs on a worker thread, one call at a time, under :attr:`StagedFiles.lock`: staged
-files of the open epoch, pre-commit records, the atomic rename that commits an epoch, the
-manifest, recovery, and the directory lock. :class:`~.parquet_sink.ParquetFileSink` is the
-async connector around it; :class:`~.parquet_committer.ParquetCommitter` commits through its
-manifest helpers. The layout and the rules are in :mod:`.parquet_sink`'s docstring.
+Everything here runs on a worker thread, one call at a time, under :attr:`StagedFiles.lock`:
+a writer's staged files of the open epoch and the manifest describing them, the table's
+``_manifest.json`` (its committed marker), and the directory lock.
+:class:`~.parquet_writer.ParquetStagingWriter` is the async staging writer around it;
+:class:`~.parquet_committer.ParquetCommitter` commits through its manifest helpers. The layout
+and the rules are in :mod:`.parquet_committer`'s docstring.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import pyarrow.parquet as pq
 from barrierflow._fs import directory_problem, fsync_path, make_directory, write_atomically
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.positions import epoch_already_held
-from barrierflow.actors.sinks.protocol import PendingCommit
 from barrierflow.actors.sinks.table import Manifest, StagedFile
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._dirlock import DirectoryLease, lock_directory
@@ -31,7 +31,6 @@ from barrierflow.connectors._staging import (
     MANIFEST,
     PRECOMMITTED,
     STAGING,
-    epoch_dir_name,
     staged_name,
 )
 from barrierflow.connectors.errors import SinkPathError
@@ -174,8 +173,6 @@ class StagedFiles:
         self.files: list[str] = []  # staged files of the open epoch
         self.rows_each: list[int] = []  # and the rows of each
         self.rows = 0
-        # Source positions of the open epoch: after the first, up to the second.
-        self.positions: tuple[dict[str, int], dict[str, int]] = ({}, {})
         self.lease: DirectoryLease | None = None
 
     # Manifest.
@@ -274,7 +271,6 @@ class StagedFiles:
         with self.lock:
             self._close_writer()
             self.epoch, self.files, self.rows_each, self.rows = epoch, [], [], 0
-            self.positions = ({}, {})
             leftover = self.staged_dir(epoch)
             if leftover.exists():  # an earlier incarnation staged this epoch number
                 shutil.rmtree(leftover)
@@ -319,15 +315,13 @@ class StagedFiles:
             self.writer.close()
             self.writer = None
 
-    def pre_commit(self, epoch: int) -> dict[str, Any]:
-        """Close and fsync the open epoch's files. A single writer writes its pre-commit
-        record beside them and returns it; a coordinated writer returns its
-        :class:`~barrierflow.actors.sinks.table.Manifest` as JSON (the coordinator's meta
-        store records it)."""
+    def stage(self, epoch: int) -> Manifest:
+        """Close and fsync the open epoch's files (and the directories leading to them);
+        return the writer's manifest of them."""
+        assert self.writer_id is not None  # only a writer stages
         with self.lock:
             self._close_writer()
             directory = self.staged_dir(epoch)
-            start, end = self.positions
             if self.files:
                 for name in self.files:
                     fsync_path(directory / name)
@@ -337,96 +331,27 @@ class StagedFiles:
                 while parent != self.root:
                     fsync_path(parent)
                     parent = parent.parent
-            if self.writer_id is not None:
-                result = Manifest(
-                    self.writer_id,
-                    epoch,
-                    tuple(
-                        StagedFile(
-                            str((directory / name).relative_to(self.root)),
-                            rows,
-                            (directory / name).stat().st_size,
-                        )
-                        for name, rows in zip(self.files, self.rows_each, strict=True)
-                    ),
-                    positions=end,
-                    positions_from=start,
-                ).to_json()
-            else:
-                result = {"epoch": epoch, "files": list(self.files), "rows": self.rows}
-                if end:
-                    result["positions_from"], result["positions"] = start, end
-                if self.files:
-                    write_json_atomically(directory / PRECOMMITTED, result)
+            manifest = Manifest(
+                self.writer_id,
+                epoch,
+                tuple(
+                    StagedFile(
+                        str((directory / name).relative_to(self.root)),
+                        rows,
+                        (directory / name).stat().st_size,
+                    )
+                    for name, rows in zip(self.files, self.rows_each, strict=True)
+                ),
+            )
             self.epoch, self.files, self.rows_each, self.rows = None, [], [], 0
-            return result
+            return manifest
 
-    def rollback(self, epoch: int) -> None:
+    def discard(self, epoch: int) -> None:
         with self.lock:
             if self.epoch == epoch:
                 self._close_writer()
                 self.epoch, self.files, self.rows_each, self.rows = None, [], [], 0
             shutil.rmtree(self.staged_dir(epoch), ignore_errors=True)
-
-    # Committing.
-
-    def commit(self, epoch: int) -> None:
-        with self.lock:
-            self._commit(self.read_manifest(), epoch)
-
-    def _commit(self, manifest: dict[str, Any], epoch: int) -> None:
-        staged = self.staging / staged_name(epoch)
-        final = self.root / epoch_dir_name(epoch)
-        if epoch <= manifest["committed_epoch"]:
-            shutil.rmtree(staged, ignore_errors=True)  # a replayed commit: nothing to do
-            return
-        if staged.exists() and not final.exists():
-            record = json.loads((staged / PRECOMMITTED).read_text(encoding="utf-8"))
-            if self.skip_if_held(manifest, epoch, record):
-                shutil.rmtree(staged, ignore_errors=True)  # its rows are in the table already
-                return
-            os.rename(staged, final)  # the commit point: the whole epoch appears at once
-            fsync_path(self.root)
-            self.record(
-                manifest, epoch, len(record["files"]), record["rows"], record.get("positions")
-            )
-        elif final.exists():
-            self._record_renamed(manifest, epoch)
-        # else: an empty epoch — nothing was staged, nothing to publish.
-
-    def _record_renamed(self, manifest: dict[str, Any], epoch: int) -> None:
-        final = self.root / epoch_dir_name(epoch)
-        record = json.loads((final / PRECOMMITTED).read_text(encoding="utf-8"))
-        self.record(manifest, epoch, len(record["files"]), record["rows"], record.get("positions"))
-
-    def recover(self, pending: Sequence[PendingCommit]) -> None:
-        with self.lock:
-            make_table_directory(self.root, str(self.root))
-            manifest = self.read_manifest()
-            # Renamed but not recorded: committed (a rename only follows a durable checkpoint).
-            renamed = sorted(
-                int(p.name.removeprefix("epoch="))
-                for p in self.root.glob("epoch=*")
-                if p.is_dir() and int(p.name.removeprefix("epoch=")) > manifest["committed_epoch"]
-            )
-            for epoch in renamed:
-                self._record_renamed(manifest, epoch)
-            durable = {p.epoch: p for p in pending}
-            for epoch in sorted(durable):
-                if epoch <= manifest["committed_epoch"]:
-                    continue
-                staged = self.staging / staged_name(epoch)
-                files = durable[epoch].metadata.get("files", [])
-                if not staged.exists() and files:
-                    raise SinkRecoveryError(
-                        str(self.root),
-                        f"epoch {epoch} was pre-committed with {len(files)} file(s) and its "
-                        "checkpoint is durable, but it is neither staged nor committed",
-                    )
-                self._commit(manifest, epoch)
-            for staged in self.staging.iterdir():
-                # Not in the checkpoint: the upstream replays these rows, so they must go.
-                shutil.rmtree(staged, ignore_errors=True)
 
     def close(self) -> None:
         with self.lock:

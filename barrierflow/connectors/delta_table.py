@@ -3,7 +3,7 @@
 
 The parts, shaped like :mod:`barrierflow.connectors.iceberg_sink`:
 
-* **Writers** are Parquet writers in coordinated mode (:meth:`DeltaSink.writer`): each stages
+* **Writers** are Parquet staging writers (:meth:`DeltaSink.writer`): each stages
   its rows of sink epoch *S* under ``<table>/.staging/<S>/w<id>/``, fsyncs them at pre-commit
   and sends its manifest to the coordinator. Delta readers see only the files the log names, and
   ``vacuum`` skips names starting with ``.``, so staged files are invisible and safe.
@@ -36,9 +36,6 @@ The parts, shaped like :mod:`barrierflow.connectors.iceberg_sink`:
   transaction are added. A crash between the two leaves a table with the new nullable columns
   and no new rows. The replay then skips the columns and adds the files, so the change is
   **not atomic**, but it is idempotent and readers never see a wrong row.
-* :class:`DeltaSingleWriter` is the same table written by one writer that commits its own
-  epochs (a :class:`~barrierflow.actors.sinks.protocol.SinkConnector`): the form the connector
-  conformance suite drives, and what ``add_sink(..., lambda: sink.single_writer())`` runs.
 
 deltalake calls are blocking: they run on a worker thread, one at a time. deltalake is imported
 when a sink is first built (:func:`barrierflow._extras.require`), not when
@@ -68,8 +65,7 @@ from barrierflow._extras import require
 from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.positions import epoch_already_held
-from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit
-from barrierflow.actors.sinks.table import Manifest, SchemaChange
+from barrierflow.actors.sinks.table import CommitMetadata, Manifest, SchemaChange
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._iceberg_schema import check_schema_change, same_fields
 from barrierflow.connectors._parquet_files import check_table_path
@@ -80,7 +76,7 @@ from barrierflow.connectors._staging import (
     staged_dir,
     unstaged_path,
 )
-from barrierflow.connectors.parquet_sink import ParquetFileSink
+from barrierflow.connectors.parquet_writer import ParquetStagingWriter
 from barrierflow.runtime.positions import (
     SinkCommits,
     check_positions,
@@ -93,7 +89,6 @@ __all__ = [
     "POSITIONS_KEY",
     "RECENT_COMMITS",
     "DeltaCommitter",
-    "DeltaSingleWriter",
     "DeltaSink",
 ]
 
@@ -124,11 +119,10 @@ def _deltalake() -> Any:
 
 @final
 class DeltaSink:
-    """A Delta table opened for a coordinated exactly-once sink.
+    """A Delta table opened for an exactly-once sink.
 
     Use :meth:`committer` for the :class:`~barrierflow.actors.sinks.coordinator.Coordinator`
-    and :meth:`writer` for each parallel writer (:func:`~barrierflow.actors.add_sink` does
-    both), or :meth:`single_writer` for one writer committing its own epochs.
+    and :meth:`writer` for each writer (:func:`~barrierflow.actors.add_sink` does both).
 
     Args:
         path: the table directory (local); the table is created if it has no Delta log.
@@ -186,13 +180,13 @@ class DeltaSink:
             functools.partial(cls, path, schema, app_id=app_id), limiter=limiter
         )
 
-    def writer(self, writer_id: str, **options: Any) -> ParquetFileSink:
-        """The sink connector of parallel writer ``writer_id``: a coordinated Parquet writer
-        staging under the table directory. ``options`` go to
-        :class:`~barrierflow.connectors.parquet_sink.ParquetFileSink`. Row groups default to
+    def writer(self, writer_id: str, **options: Any) -> ParquetStagingWriter:
+        """The staging writer of writer ``writer_id``: a Parquet writer staging under the
+        table directory. ``options`` go to
+        :class:`~barrierflow.connectors.parquet_writer.ParquetStagingWriter`. Row groups default to
         32 K rows, as for Iceberg, so encoding overlaps the dataflow."""
         options.setdefault("row_group_rows", 32_768)
-        return ParquetFileSink(self.path, self.schema, writer=writer_id, **options)
+        return ParquetStagingWriter(self.path, self.schema, writer_id, **options)
 
     def committer(self, *, checkpoint_every: int | None = None) -> DeltaCommitter:
         """The coordinator's committer for this table (one per table and process).
@@ -203,12 +197,6 @@ class DeltaSink:
                 ``delta.checkpointInterval``, 100 by default).
         """
         return DeltaCommitter(self, checkpoint_every=checkpoint_every)
-
-    def single_writer(self, **options: Any) -> DeltaSingleWriter:
-        """The table written by one writer that commits its own epochs (a
-        :class:`~barrierflow.actors.sinks.protocol.SinkConnector`). ``options`` go to the
-        writer."""
-        return DeltaSingleWriter(self, **options)
 
     def table(self) -> Any:
         """The ``deltalake.DeltaTable`` at its latest version (blocking)."""
@@ -463,97 +451,3 @@ class DeltaCommitter:
             shutil.rmtree(
                 staged_dir(self._sink.path, metadata["staging_epoch"]), ignore_errors=True
             )
-
-
-@final
-class DeltaSingleWriter:
-    """A :class:`DeltaSink` written by one writer that commits its own epochs: a
-    :class:`~barrierflow.actors.sinks.protocol.SinkConnector` joining a coordinated writer
-    (staging as writer ``"0"``) and a :class:`DeltaCommitter`.
-
-    Lifecycle: the sink connector contract. ``pre_commit`` stages and returns the committer's
-    metadata, ``commit_epoch`` makes the one Delta commit of the epoch (a no-op for an epoch
-    this instance did not pre-commit or committed already, since the table's transaction
-    version rules replays out), ``recover`` commits the pending epochs and deletes every other
-    staged one, and ``close`` commits nothing.
-    """
-
-    exactly_once = True
-
-    def __init__(self, sink: DeltaSink, **options: Any) -> None:
-        self._writer = sink.writer("0", **options)
-        self._committer = sink.committer()
-        self._prepared: dict[int, dict[str, Any]] = {}
-
-    @property
-    def schema(self) -> pa.Schema:
-        """The schema every batch must have."""
-        return self._writer.schema
-
-    @property
-    def committer(self) -> DeltaCommitter:
-        """This writer's committer (its commit counters)."""
-        return self._committer
-
-    def check_path(self, sink: str) -> None:
-        """Create the table's staging directory (blocking; see ``ParquetFileSink``)."""
-        self._writer.check_path(sink)
-
-    async def open(self) -> None:
-        """Create the staging directory and lock the table against other processes."""
-        await self._writer.open()
-
-    async def recover(self, pending: Sequence[PendingCommit]) -> None:
-        """Delete staged epochs not in ``pending``, then commit those (oldest first)."""
-        await self._committer.recover({p.epoch: p.metadata for p in pending})
-        for commit in sorted(pending, key=lambda p: p.epoch):
-            await self._committer.commit(commit.epoch, commit.metadata)
-
-    async def begin_epoch(self, epoch: int) -> None:
-        """Start staging ``epoch``."""
-        await self._writer.begin_epoch(epoch)
-
-    async def write_batch(self, batch: pa.RecordBatch) -> None:
-        """Buffer ``batch`` into the open epoch."""
-        await self._writer.write_batch(batch)
-
-    async def flush(self) -> None:
-        """Write the buffered rows into the staged file (nothing becomes visible)."""
-        await self._writer.flush()
-
-    async def record_positions(
-        self, epoch: int, start: Mapping[str, int], end: Mapping[str, int]
-    ) -> None:
-        """The source positions the rows of open epoch ``epoch`` span (committed with them)."""
-        await self._writer.record_positions(epoch, start, end)
-
-    async def pre_commit(self, epoch: int) -> CommitMetadata:
-        """Close and fsync the staged files; the epoch's commit metadata (``{}``: empty)."""
-        staged = Manifest.from_json(await self._writer.pre_commit(epoch))
-        metadata = await self._committer.prepare(epoch, [staged])
-        self._prepared[epoch] = {} if metadata is None else dict(metadata)
-        return self._prepared[epoch]
-
-    async def commit_epoch(self, epoch: int) -> None:
-        """Add the pre-committed epoch's files in one Delta commit (idempotent)."""
-        metadata = self._prepared.get(epoch)
-        if not metadata:  # not pre-committed here, or nothing staged
-            await anyio.lowlevel.checkpoint()
-            return
-        await self._committer.commit(epoch, metadata)
-        del self._prepared[epoch]  # kept until it went through: a failed commit is retried
-
-    async def rollback_epoch(self, epoch: int) -> None:
-        """Delete what ``epoch`` staged (also if it was pre-committed)."""
-        await self._writer.rollback_epoch(epoch)
-        metadata = self._prepared.pop(epoch, None)
-        if metadata:
-            await self._committer.abort(epoch, metadata)
-
-    async def sink_commits(self) -> SinkCommits | None:
-        """What the table holds (see :meth:`DeltaCommitter.sink_commits`)."""
-        return await self._committer.sink_commits()
-
-    async def close(self) -> None:
-        """Close the open staged file; a pre-committed epoch stays staged for recovery."""
-        await self._writer.close()

@@ -3,7 +3,7 @@
 No server: the catalog is pyiceberg's ``SqlCatalog`` on a local SQLite file and the warehouse a
 local directory (:func:`open_local_catalog`). The parts:
 
-* **Writers** are Parquet writers in coordinated mode (:meth:`IcebergSink.writer`): each stages
+* **Writers** are Parquet staging writers (:meth:`IcebergSink.writer`): each stages
   its rows of sink epoch *S* under ``<table>/data/.staging/<S>/w<id>/``, fsyncs them at
   pre-commit and send their manifests to the coordinator.
 * **The committer** (:class:`IcebergCommitter`, the coordinator's two-phase committer):
@@ -51,8 +51,7 @@ from barrierflow._extras import require
 from barrierflow._fs import fsync_path, make_directory
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.positions import epoch_already_held
-from barrierflow.actors.sinks.protocol import CommitMetadata
-from barrierflow.actors.sinks.table import Manifest
+from barrierflow.actors.sinks.table import CommitMetadata, Manifest
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._iceberg_schema import check_schema_change, evolve, same_fields
 from barrierflow.connectors._parquet_files import check_table_path
@@ -64,7 +63,7 @@ from barrierflow.connectors._staging import (
     unstaged_path,
 )
 from barrierflow.connectors.errors import SinkPathError
-from barrierflow.connectors.parquet_sink import ParquetFileSink
+from barrierflow.connectors.parquet_writer import ParquetStagingWriter
 from barrierflow.runtime.positions import (
     SinkCommits,
     check_positions,
@@ -197,13 +196,13 @@ class IcebergSink:
         """Where writers stage and the committer places data files."""
         return self.location / "data"
 
-    def writer(self, writer_id: str, **options: Any) -> ParquetFileSink:
-        """The sink connector of parallel writer ``writer_id`` (a coordinated Parquet writer;
-        ``options`` go to :class:`~barrierflow.connectors.parquet_sink.ParquetFileSink`). Row groups
+    def writer(self, writer_id: str, **options: Any) -> ParquetStagingWriter:
+        """The staging writer of writer ``writer_id`` (``options`` go to
+        :class:`~barrierflow.connectors.parquet_writer.ParquetStagingWriter`). Row groups
         default to 32 K rows: a writer gets a share of each epoch, and encoding them as they
-        fill overlaps the encoding with the dataflow instead of leaving it all to pre-commit."""
+        fill overlaps the encoding with the dataflow instead of leaving it all to staging."""
         options.setdefault("row_group_rows", 32_768)
-        return ParquetFileSink(self.data_path, self.schema, writer=writer_id, **options)
+        return ParquetStagingWriter(self.data_path, self.schema, writer_id, **options)
 
     def committer(self, *, keep_snapshots: int = 10, expire_every: int = 10) -> IcebergCommitter:
         """The coordinator's committer for this table (one per table and process)."""

@@ -1,16 +1,33 @@
-"""The coordinated mode of the Parquet file sink: parallel writers, one commit per epoch.
+"""The committer of a Parquet table: every writer's files of an epoch appear in one rename.
 
-Each parallel writer is a :class:`~barrierflow.connectors.parquet_sink.ParquetFileSink` created
-with ``writer=<id>``: it stages its rows of sink epoch *S* under ``.staging/<S>/w<id>/``,
-fsyncs them at pre-commit and sends its manifest to the :class:`~.coordinator.Coordinator`,
-whose committer is a :class:`ParquetCommitter` on the same directory:
+Layout of the table directory ``path``::
+
+    path/
+      epoch=00000000000123456789/w0/part-00000.parquet   committed rows of one epoch
+      epoch=00000000000123456789/_PRECOMMITTED.json       what it holds, and the positions
+      .staging/00000000000123456790/w1/part-00000.parquet rows of an epoch not committed yet
+      _manifest.json                                      the last committed epoch, totals
+
+Readers never look at staged files (``pyarrow.dataset`` skips names starting with ``.`` or
+``_``). The directory names carry the epoch, so a hive partitioning also yields an ``epoch``
+column; epochs exceed int32, so declare its type:
+``ds.dataset(path, partitioning=ds.partitioning(pa.schema([("epoch", pa.int64())]),
+flavor="hive"))``.
+
+Each writer is a :class:`~barrierflow.connectors.parquet_writer.ParquetStagingWriter`: it
+stages its rows of sink epoch *S* under ``.staging/<S>/w<id>/``, fsyncs them when it stages
+the epoch and sends its manifest to the coordinator, whose committer is a
+:class:`ParquetCommitter` on the same directory:
 
 * ``prepare(epoch, manifests)`` checks that every writer staged the same sink epoch and
   returns the epoch's file list (persisted as *pending* by the coordinator);
-* ``commit(epoch, metadata)`` renames ``.staging/<S>/`` — every writer's files at once — to
-  ``epoch=<S>/`` (the atomic commit point readers see), then records the coordinator's epoch in
-  the manifest; a commit at or below the manifest's epoch, or whose directory is already in
-  place, only completes the record (a replay after a crash is a no-op);
+* ``commit(epoch, metadata)`` writes the epoch's record (its files, rows and source positions)
+  into ``.staging/<S>/``, renames it — every writer's files at once — to ``epoch=<S>/`` (the
+  atomic commit point readers see), then records the coordinator's epoch in the manifest (the
+  committed marker: written to a temporary file, fsynced, renamed over the old one); a commit
+  at or below the manifest's epoch, or whose directory is already in place, only completes
+  the record (a replay after a crash is a no-op), and an epoch whose source batches the table
+  holds already is dropped;
 * ``abort(epoch, metadata)`` deletes the epoch's staged files;
 * ``recover(pending)`` deletes every staged epoch no pending commit references (a writer staged
   it, but the epoch never reached the meta store, so the upstream replays its rows).
@@ -31,8 +48,7 @@ import anyio.to_thread
 
 from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.errors import SinkRecoveryError
-from barrierflow.actors.sinks.protocol import CommitMetadata
-from barrierflow.actors.sinks.table import Manifest
+from barrierflow.actors.sinks.table import CommitMetadata, Manifest
 from barrierflow.connectors._parquet_files import (
     StagedFiles,
     check_table_path,

@@ -3,7 +3,9 @@
 **Not exactly-once.** Rows are printed as they are written, before their epoch is durable, so
 after a crash the rows since the last checkpoint are printed again (the upstream replays
 them). Use it to see what flows, never as a record of what was committed; for that use an
-exactly-once sink such as :class:`~barrierflow.connectors.parquet_sink.ParquetFileSink`.
+exactly-once table such as :class:`~barrierflow.connectors.ParquetTable`. It is a table like
+the others (``add_sink(rt, "show", PrintSink(schema), input=...)``), with a committer that has
+nothing to commit.
 
 Each batch prints as one header line (epoch and row count) and up to ``max_rows`` rows as
 ``key=value`` pairs; printing is a per-row Python loop, which is fine for a debugging aid and
@@ -13,21 +15,22 @@ the reason this sink is not for production volumes.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TextIO, final
 
 import anyio.lowlevel
 import pyarrow as pa
 
-from barrierflow.actors.sinks.protocol import CommitMetadata, PendingCommit
+from barrierflow.actors.sinks.table import CommitMetadata, Manifest
 from barrierflow.channels.errors import InvalidArgumentError
 
-__all__ = ["PrintSink"]
+__all__ = ["NothingToCommit", "PrintSink", "PrintWriter"]
 
 
 @final
 class PrintSink:
-    """Prints each written batch to ``out`` (default: standard output). At-least-once.
+    """A table that prints each written batch to ``out`` (default: standard output) as its
+    writers receive it. At-least-once: its committer has nothing to commit.
 
     Args:
         schema: the schema of every batch.
@@ -35,8 +38,6 @@ class PrintSink:
         max_rows: rows printed per batch (the rest are counted, not printed).
         prefix: starts every line (e.g. the sink's name).
     """
-
-    exactly_once = False
 
     def __init__(
         self,
@@ -50,12 +51,13 @@ class PrintSink:
             raise InvalidArgumentError("schema", "a pyarrow.Schema", type(schema).__name__)
         if type(max_rows) is not int or max_rows < 0:
             raise InvalidArgumentError("max_rows", "an int >= 0", max_rows)
+        if not isinstance(prefix, str):
+            raise InvalidArgumentError("prefix", "a str", prefix)
         self._schema = schema
         self._out = out
-        self._max_rows = max_rows
-        self._prefix = prefix
-        self._epoch: int | None = None
-        #: Rows printed (or counted) so far, and epochs seen through pre-commit.
+        self.max_rows = max_rows
+        self.prefix = prefix
+        #: Rows printed (or counted) so far, and epochs staged, by every writer.
         self.rows = 0
         self.epochs = 0
 
@@ -64,54 +66,98 @@ class PrintSink:
         """The schema of every batch."""
         return self._schema
 
-    def _print(self, line: str) -> None:
-        out = self._out if self._out is not None else sys.stdout
-        print(f"{self._prefix}{line}", file=out)
+    def print(self, line: str) -> None:
+        """Print one line (with the prefix) to ``out``."""
+        print(f"{self.prefix}{line}", file=self.out)
+
+    @property
+    def out(self) -> TextIO:
+        """Where the lines go."""
+        return self._out if self._out is not None else sys.stdout
+
+    def writer(self, writer_id: str) -> PrintWriter:
+        """Writer ``writer_id``: prints what it is given."""
+        return PrintWriter(self, writer_id)
+
+    def committer(self) -> NothingToCommit:
+        """A committer with nothing to do: the rows were printed already."""
+        return NothingToCommit()
+
+
+@final
+class PrintWriter:
+    """One writer of a :class:`PrintSink`: prints each batch when it is written."""
+
+    def __init__(self, table: PrintSink, writer_id: str) -> None:
+        self._table = table
+        self._writer = writer_id
+        self._epoch: int | None = None
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's schema."""
+        return self._table.schema
 
     async def open(self) -> None:
         """Nothing to open."""
         await anyio.lowlevel.checkpoint()
 
-    async def recover(self, pending: Sequence[PendingCommit]) -> None:
-        """Nothing to recover: rows since the last checkpoint will simply be printed again."""
-        await anyio.lowlevel.checkpoint()
-
-    async def begin_epoch(self, epoch: int) -> None:
+    async def begin(self, epoch: int) -> None:
         """Remember the epoch, for the header lines."""
         self._epoch = epoch
         await anyio.lowlevel.checkpoint()
 
-    async def write_batch(self, batch: pa.RecordBatch) -> None:
+    async def write(self, batch: pa.RecordBatch) -> None:
         """Print ``batch``: a header, then up to ``max_rows`` rows."""
-        self.rows += batch.num_rows
-        self._print(f"epoch={self._epoch} rows={batch.num_rows}")
-        for row in batch.slice(0, self._max_rows).to_pylist():
-            self._print("  " + " ".join(f"{k}={v!r}" for k, v in row.items()))
-        if batch.num_rows > self._max_rows:
-            self._print(f"  ... {batch.num_rows - self._max_rows} more")
+        table = self._table
+        table.rows += batch.num_rows
+        table.print(f"epoch={self._epoch} rows={batch.num_rows}")
+        for row in batch.slice(0, table.max_rows).to_pylist():
+            table.print("  " + " ".join(f"{k}={v!r}" for k, v in row.items()))
+        if batch.num_rows > table.max_rows:
+            table.print(f"  ... {batch.num_rows - table.max_rows} more")
         await anyio.lowlevel.checkpoint()
 
     async def flush(self) -> None:
         """Flush ``out``."""
-        out = self._out if self._out is not None else sys.stdout
-        out.flush()
+        self._table.out.flush()
         await anyio.lowlevel.checkpoint()
 
-    async def pre_commit(self, epoch: int) -> CommitMetadata:
-        """Flush; there is nothing to stage."""
-        self.epochs += 1
+    async def stage(self, epoch: int) -> Manifest:
+        """Flush; there is nothing to stage (an empty manifest)."""
+        self._table.epochs += 1
         await self.flush()
-        return {"epoch": epoch}
+        return Manifest(self._writer, epoch)
 
-    async def commit_epoch(self, epoch: int) -> None:
-        """Nothing to publish: the rows were printed already."""
-        await anyio.lowlevel.checkpoint()
-
-    async def rollback_epoch(self, epoch: int) -> None:
+    async def discard(self, epoch: int) -> None:
         """Printed rows cannot be taken back; says so."""
-        self._print(f"epoch={epoch} rolled back (its rows above may be printed again)")
+        self._table.print(f"epoch={epoch} discarded (its rows above may be printed again)")
         await anyio.lowlevel.checkpoint()
 
     async def close(self) -> None:
         """Flush ``out``."""
         await self.flush()
+
+
+@final
+class NothingToCommit:
+    """The committer of an at-least-once table whose writers publish as they write."""
+
+    two_phase = True
+
+    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
+        """Nothing staged, nothing to recover."""
+        await anyio.lowlevel.checkpoint()
+
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
+        """Nothing to commit (``None``)."""
+        await anyio.lowlevel.checkpoint()
+        return None
+
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
+        """Never called: nothing was prepared."""
+        await anyio.lowlevel.checkpoint()
+
+    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
+        """Nothing staged to delete."""
+        await anyio.lowlevel.checkpoint()

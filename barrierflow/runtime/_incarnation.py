@@ -86,7 +86,8 @@ class Incarnation:
         self.actors: TaskGroup | None = None
         self.services: TaskGroup | None = None
         #: Job name → the cancel scope of its services (cancelled when the job is dropped).
-        self.job_scopes: dict[str, anyio.CancelScope] = {}
+        #: Each job's services' cancel scopes (one per service: a scope enters one block).
+        self.job_scopes: dict[str, list[anyio.CancelScope]] = {}
         #: Actor name → set once its task ended (a dropped job's services outlive its actors).
         self.actor_done: dict[str, anyio.Event] = {}
         self._services_started = 0
@@ -106,7 +107,8 @@ class Incarnation:
     def start_service(self, job: str, name: str, service: Service) -> None:
         """Run ``service`` of ``job`` in the incarnation's service group."""
         assert self.services is not None
-        scope = self.job_scopes.setdefault(job, anyio.CancelScope())
+        scope = anyio.CancelScope()
+        self.job_scopes.setdefault(job, []).append(scope)
         service_id = _FIRST_SERVICE_ID + self._services_started
         self._services_started += 1
         self.services.start_soon(_run_service, name, service_id, service, self.store, scope)

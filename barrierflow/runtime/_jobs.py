@@ -204,8 +204,7 @@ class RunningJobs:
             done = incarnation.actor_done.pop(node.name, None)
             if done is not None:
                 await done.wait()
-        scope = incarnation.job_scopes.pop(name, None)
-        if scope is not None:
+        for scope in incarnation.job_scopes.pop(name, []):
             scope.cancel()
         for node in nodes:
             incarnation.inboxes.pop(node.name, None)

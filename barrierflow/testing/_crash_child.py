@@ -5,41 +5,50 @@ server that starts them (:func:`serve`), its client (:class:`ForkServer`), and t
 once (about a second — a fresh interpreter per scenario would make the suite a dozen seconds
 slower), then reads one JSON spec a line from stdin, forks a child for it, waits for the
 child and answers its exit code (``-9``: killed by SIGKILL) on a line of stdout. Like
-multiprocessing's forkserver it imports the factory's module before forking (and the event
-loop's library); it runs no event loop and no connector code, so nothing is in flight when
+multiprocessing's forkserver it imports the table factory's module before forking (and the
+event loop's library); it runs no event loop and no table code, so nothing is in flight when
 it forks. (A module that starts threads at import would lose them in the children.)
 
-Each child imports the user's factory by name, builds a connector, drives it through one
-scripted lifecycle over the factory's storage and SIGKILLs itself at the kill point the spec
-names — after the call of that name returned, before anything else happens. No cleanup runs:
-that is the point. Its stdout and stderr go to ``<report>.out``.
+Each child imports the user's table factory (``make``) by name, builds a table, takes its
+staging writer ``"0"`` and its committer, drives them through one scripted epoch sequence over
+the table's storage — what one writer and its coordinator do — and SIGKILLs itself at the kill
+point the spec names: after the call of that name returned, before anything else happens. No
+cleanup runs: that is the point. Its stdout and stderr go to ``<report>.out``.
 
-What a runtime would have made durable is appended to the report file, one JSON object a line,
-written and fsynced *before* the child goes on — the parent reads it after the child died, so
-"durable" means exactly "the parent received it":
+What the coordinator would have made durable is appended to the report file, one JSON object a
+line, written and fsynced *before* the child goes on — the parent reads it after the child
+died, so "durable" means exactly "the parent received it":
 
-* ``{"pre_committed": epoch, "metadata": {...}}`` — the epoch's checkpoint is durable: a
-  recovering runtime passes it to ``recover``;
-* ``{"committed": epoch}`` — the runtime recorded the commit: it is not passed any more;
+* ``{"pending": epoch, "metadata": {...}}`` — the coordinator persisted the epoch's commit
+  metadata as *pending* in its meta store (the epoch is durable): a restarted coordinator
+  passes it to ``recover`` and commits it;
+* ``{"committed": epoch}`` — the coordinator marked the epoch committed: it is not pending
+  any more;
 * ``{"killing": point}`` — the last line before the SIGKILL, so the parent knows the child
   died where it was meant to and not of something else.
 
 The script, with its kill points in order (``e1``, ``e2``, ``e3`` and their ids come from the
-spec)::
+spec, ``pending`` too: the epochs earlier children of the scenario left pending)::
 
-    open                                   -> "open"
-    recover(pending from the spec)         -> "recover"
-    begin_epoch(e1)                        -> "begin_epoch"
-    write_batch(ids1)                      -> "write_batch"
-    flush()                                -> "flush"
-    pre_commit(e1)                         -> "pre_commit_unrecorded"  (checkpoint not durable)
-    report pre_committed e1                -> "pre_commit"
-    begin_epoch(e2); write_batch(ids2)        (the next epoch begins before e1 commits)
-    commit_epoch(e1)                       -> "commit_epoch"  (returned, not yet recorded)
-    report committed e1
-    rollback_epoch(e2)                     -> "rollback_epoch"
-    begin_epoch(e3); write_batch(ids3); pre_commit(e3)   (never reported)
-    close()                                -> "close"
+    w = table.writer("0"); c = table.committer()
+    w.open()                                        -> "open"
+    c.recover(pending); c.commit(e, metadata) for each pending epoch, oldest first
+                                                    -> "recover"
+    w.begin(e1)                                     -> "begin"
+    w.write(ids1)                                   -> "write"
+    w.flush()                                       -> "flush"
+    meta1 = c.prepare(e1, [w.stage(e1)])            -> "prepare_unrecorded"  (not durable)
+    report {"pending": e1, "metadata": meta1}       -> "prepare"  (persisted: durable)
+    w.begin(e2); w.write(ids2)                         (the next epoch begins before e1 commits)
+    c.commit(e1, meta1)                             -> "commit"   (returned, its mark not recorded)
+    report {"committed": e1}
+    w.discard(e2)                                   -> "discard"
+    w.begin(e3); w.write(ids3); c.prepare(e3, [w.stage(e3)])   (never reported)
+    w.close()                                       -> "close"
+
+``prepare`` returning ``None`` for an epoch with rows, or metadata that is not JSON (the meta
+store could not persist it), ends the child with an error instead of the SIGKILL: the
+scenario's rule fails with the child's output.
 """
 
 from __future__ import annotations
@@ -60,21 +69,19 @@ import pyarrow as pa
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from barrierflow.actors.sinks.protocol import PendingCommit
-
 __all__ = ["KILL_POINTS", "ForkServer", "resolve_name", "serve"]
 
 #: Every kill point of the script, in the order the script passes them.
 KILL_POINTS = (
     "open",
     "recover",
-    "begin_epoch",
-    "write_batch",
+    "begin",
+    "write",
     "flush",
-    "pre_commit_unrecorded",
-    "pre_commit",
-    "commit_epoch",
-    "rollback_epoch",
+    "prepare_unrecorded",
+    "prepare",
+    "commit",
+    "discard",
     "close",
 )
 
@@ -109,53 +116,64 @@ class _Report:
 
 
 async def _drive(spec: dict[str, Any]) -> None:
-    factory: Callable[[], Any] = resolve_name(spec["factory"])
+    make: Callable[[], Any] = resolve_name(spec["make"])
     report = _Report(spec["report"])
     kill = spec["kill"]
     e1, e2, e3 = spec["epochs"]
     ids1, ids2, ids3 = spec["ids"]
+    pending = {int(epoch): metadata for epoch, metadata in spec["pending"]}
 
     def reached(point: str) -> None:
         if point == kill:
             report.write({"killing": point})
             os.kill(os.getpid(), signal.SIGKILL)
 
-    sink = factory()
+    table = make()
     if spec["rows"] is not None:
-        make: Callable[[list[int]], pa.RecordBatch] = resolve_name(spec["rows"])
+        rows: Callable[[list[int]], pa.RecordBatch] = resolve_name(spec["rows"])
     else:
-        schema = sink.schema  # a single integer column ``id``: the parent checked it
+        schema = table.schema  # a single integer column ``id``: the parent checked it
 
-        def make(ids: list[int]) -> pa.RecordBatch:
+        def rows(ids: list[int]) -> pa.RecordBatch:
             return pa.record_batch([pa.array(ids, schema.field(0).type)], schema=schema)
 
+    async def prepare(epoch: int) -> Any:
+        metadata = await committer.prepare(epoch, [await writer.stage(epoch)])
+        if metadata is None:
+            raise RuntimeError(f"prepare({epoch}) returned None for an epoch with rows")
+        return metadata
+
+    writer = table.writer("0")
+    committer = table.committer()
     # File I/O here is a few small appends on the way to a SIGKILL: done inline on purpose,
     # so nothing is in flight on another thread when the process dies.
-    await sink.open()
+    await writer.open()
     reached("open")
-    await sink.recover([PendingCommit(epoch, metadata) for epoch, metadata in spec["pending"]])
+    await committer.recover(pending)
+    for epoch in sorted(pending):
+        await committer.commit(epoch, pending[epoch])
     reached("recover")
-    await sink.begin_epoch(e1)
-    reached("begin_epoch")
-    await sink.write_batch(make(ids1))
-    reached("write_batch")
-    await sink.flush()
+    await writer.begin(e1)
+    reached("begin")
+    await writer.write(rows(ids1))
+    reached("write")
+    await writer.flush()
     reached("flush")
-    metadata = await sink.pre_commit(e1)
-    reached("pre_commit_unrecorded")
-    report.write({"pre_committed": e1, "metadata": dict(metadata)})
-    reached("pre_commit")
-    await sink.begin_epoch(e2)
-    await sink.write_batch(make(ids2))
-    await sink.commit_epoch(e1)
-    reached("commit_epoch")
+    metadata = await prepare(e1)
+    reached("prepare_unrecorded")
+    report.write({"pending": e1, "metadata": dict(metadata)})  # TypeError: not JSON
+    reached("prepare")
+    await writer.begin(e2)
+    await writer.write(rows(ids2))
+    await committer.commit(e1, metadata)
+    reached("commit")
     report.write({"committed": e1})
-    await sink.rollback_epoch(e2)
-    reached("rollback_epoch")
-    await sink.begin_epoch(e3)
-    await sink.write_batch(make(ids3))
-    await sink.pre_commit(e3)
-    await sink.close()
+    await writer.discard(e2)
+    reached("discard")
+    await writer.begin(e3)
+    await writer.write(rows(ids3))
+    await prepare(e3)
+    await writer.close()
     reached("close")
 
 
@@ -185,7 +203,7 @@ def serve() -> None:
         # the child's whole run. A failure shows in the child, which imports them again.
         with contextlib.suppress(Exception):
             importlib.import_module(spec["backend"])
-            for name in (spec["factory"], spec["rows"]):
+            for name in (spec["make"], spec["rows"]):
                 if name is not None:
                     resolve_name(name)
         pid = os.fork()

@@ -1,57 +1,71 @@
-"""The crash half of the sink connector conformance suite: SIGKILL a process driving the
-connector at every step of its lifecycle, recover in this process, and check the rows.
+"""The crash half of the table conformance suite: SIGKILL a process driving a table's writer
+and committer at every step of the commit protocol, recover in this process as a restarted
+coordinator would, and check the rows.
 
-``check_sink_connector(factory, read, crash_steps=True)`` runs it after the in-process rules
+``check_table(make, read, crash_steps=True)`` runs it after the in-process rules
 (:mod:`.conformance`). For each scenario a child process
-(:mod:`barrierflow.testing._crash_child`) builds a connector with ``factory``, runs the
-two-phase lifecycle over the factory's storage and kills itself with SIGKILL right after one
-step. The child reports each pre-commit's metadata to this process (a line written and
-fsynced to a report file) before it goes on: an epoch is *durable* — its checkpoint reached
-the runtime's store — exactly when this process received its metadata. Then, as a restarted
-runtime would, this process makes a new connector, calls ``open()`` and ``recover(pending)``
-with the durable epochs whose commit was not recorded, and checks with ``read()`` that the
-rows of every durable epoch are visible exactly once and no row of any other epoch is.
+(:mod:`barrierflow.testing._crash_child`) builds a table with ``make``, takes its writer
+``"0"`` and its committer, runs one writer's epochs and their commits over the table's
+storage (stage, prepare, commit, discard, close) and kills itself with SIGKILL right after one
+step. The child reports each epoch's commit metadata to this process (a line written and
+fsynced to a report file) before it goes on: an epoch is *durable* — the coordinator persisted
+it as pending in its meta store — exactly when this process received its metadata. Then, as a
+restarted coordinator does, this process takes a new committer (``make().committer()``), calls
+``recover(pending)`` with the durable epochs whose commit was not recorded, then
+``commit(epoch, metadata)`` for each of them in epoch order, and checks with ``read()`` that
+the rows of every durable epoch are visible exactly once and no other row of the scenario is.
 
-Rules, one per kill point (the connector was killed right after the named call returned):
+Rules, one per kill point (the child was killed right after the named call returned):
 
-* ``crash_after_open_recovers`` — after ``open`` of a second incarnation, with a durable
-  pre-committed epoch left by a first one killed after ``pre_commit``;
-* ``crash_after_recover_recovers`` — after ``recover`` of that second incarnation returned:
-  recovering the same epochs again commits nothing twice;
-* ``crash_after_begin_epoch_recovers`` / ``crash_after_write_batch_recovers`` /
+* ``crash_after_open_recovers`` — after the writer's ``open`` of a second incarnation, with a
+  durable pending epoch left by a first one killed after ``prepare``;
+* ``crash_after_recover_recovers`` — after that second incarnation's ``recover`` and its
+  commits of the pending epochs returned, their marks not recorded: committing the same epochs
+  again adds nothing;
+* ``crash_after_begin_recovers`` / ``crash_after_write_recovers`` /
   ``crash_after_flush_recovers`` — the open epoch's rows never appear;
-* ``crash_before_checkpoint_drops_epoch`` — ``pre_commit`` returned but its checkpoint is not
-  durable: the epoch is not passed to ``recover`` and must not appear;
-* ``crash_after_pre_commit_recovers`` — the checkpoint is durable: ``recover`` commits it;
-* ``crash_after_commit_recovers`` — ``commit_epoch`` returned but the runtime did not record
-  it, so ``recover`` gets the epoch again: its rows appear once;
-* ``crash_after_rollback_recovers`` — the rolled back epoch never appears;
-* ``crash_after_close_recovers`` — ``close`` with an epoch pre-committed whose checkpoint is
-  not durable committed nothing;
-* ``recover_is_idempotent`` — after each of the above, another connector recovering the same
-  epochs (a crash right after recover) leaves the same rows.
+* ``crash_before_checkpoint_drops_epoch`` — ``prepare`` returned but its metadata never
+  reached the meta store: the epoch is not pending, ``recover`` drops what it staged and its
+  rows never appear;
+* ``crash_after_prepare_recovers`` — the epoch is pending: the recovery commits it;
+* ``crash_after_commit_recovers`` — ``commit`` returned but the coordinator did not record
+  it, so the recovery commits the epoch again: its rows appear once;
+* ``crash_after_discard_recovers`` — the discarded epoch never appears;
+* ``crash_after_close_recovers`` — ``close`` with an epoch staged and prepared but never
+  pending made nothing visible;
+* ``recover_is_idempotent`` — after each of the above, another committer recovering and
+  committing the same pending epochs (a crash right after the recovery) leaves the same rows.
 
 Decisions, and why:
 
 * **Opt-in, by the same factory.** Crash checks run only with ``crash_steps=True`` (13 child
-  processes: a few seconds; POSIX only). A child builds its own connector, so ``factory`` and
+  processes: a few seconds; POSIX only). A child builds its own table, so ``make`` and
   ``rows`` (if given) must be importable by name — a module-level function or class, not a
   lambda, closure, bound method or anything of ``__main__`` — else InvalidArgumentError,
   before anything runs: a check that cannot run is refused, never reported as passed.
-* **Storage.** ``factory()`` takes no argument and must reach the same durable storage in
-  every process, as it does across calls already: a fixed path, or one read from an
-  environment variable. The child inherits this process's environment, working directory and
-  ``sys.path`` (as ``PYTHONPATH``). The storage starts empty and all scenarios share it, each
-  with its own epochs (above 1000) and ids, so each rule is judged on its own ids only.
-* **In-memory connectors.** A :class:`~barrierflow.testing.sinks.ListSink` keeps its rows in
+* **One writer, one committer.** The children drive writer ``"0"`` and the committer as one
+  coordinator and its only writer do; what several writers of one epoch must keep is checked
+  in process (``parallel_writers_commit_at_once``).
+* **Storage.** ``make()`` takes no argument and must reach the same durable storage in every
+  process, as it does across calls already: a fixed path, or one read from an environment
+  variable. The child inherits this process's environment, working directory and
+  ``sys.path`` (as ``PYTHONPATH``). All scenarios share the storage, each with its own epochs
+  (above 1000, increasing from one scenario to the next, as a table's committed marker
+  expects) and ids, so each rule is judged on its own ids only.
+* **The meta store is this process.** Pending metadata crosses to the children and back as
+  JSON, as it would through a meta store: metadata that is not JSON fails the rules that need
+  it to be persisted.
+* **In-memory tables.** A :class:`~barrierflow.testing.sinks.ListTable` keeps its rows in
   memory a SIGKILL frees: crash checks on one are an InvalidArgumentError, not a dozen
-  predictable failures. Other in-memory connectors fail the crash rules, which is the truth.
+  predictable failures. Other in-memory tables fail the crash rules, which is the truth.
 * **Deadlines.** Each child and each recovery must finish within 30 seconds times
   ``BARRIERFLOW_TEST_TIMEOUT_SCALE`` (default 1), the variable that stretches every deadline
   of a test suite on a loaded machine; past it the rule fails and the child is killed.
 * **Children are forked** from one server process that imported barrierflow and the
   factory's module once (:mod:`._crash_child`): a fresh interpreter per child would spend
   about a second each importing them. Each child runs on the backend this function runs on.
+  What a table imports lazily (at its first call) each child imports again: import it in the
+  factory's module to pay it once.
 """
 
 from __future__ import annotations
@@ -71,10 +85,10 @@ import sniffio
 
 from barrierflow._timeout_scale import ENV as TIMEOUT_SCALE_ENV
 from barrierflow._timeout_scale import timeout_scale
-from barrierflow.actors.sinks.protocol import PendingCommit, SinkConnector
+from barrierflow.actors.sinks.table import CommitMetadata, Table
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.testing._crash_child import KILL_POINTS, ForkServer, resolve_name
-from barrierflow.testing.sinks import ListSink
+from barrierflow.testing.sinks import ListTable
 
 __all__ = [
     "CRASH_RULES",
@@ -88,15 +102,15 @@ __all__ = [
 #: Each crash rule, and the kill points of the children run one after the other before
 #: recovering (each child gets the epochs made durable by the ones before it).
 _SCENARIOS: dict[str, tuple[str, ...]] = {
-    "crash_after_open_recovers": ("pre_commit", "open"),
-    "crash_after_recover_recovers": ("pre_commit", "recover"),
-    "crash_after_begin_epoch_recovers": ("begin_epoch",),
-    "crash_after_write_batch_recovers": ("write_batch",),
+    "crash_after_open_recovers": ("prepare", "open"),
+    "crash_after_recover_recovers": ("prepare", "recover"),
+    "crash_after_begin_recovers": ("begin",),
+    "crash_after_write_recovers": ("write",),
     "crash_after_flush_recovers": ("flush",),
-    "crash_before_checkpoint_drops_epoch": ("pre_commit_unrecorded",),
-    "crash_after_pre_commit_recovers": ("pre_commit",),
-    "crash_after_commit_recovers": ("commit_epoch",),
-    "crash_after_rollback_recovers": ("rollback_epoch",),
+    "crash_before_checkpoint_drops_epoch": ("prepare_unrecorded",),
+    "crash_after_prepare_recovers": ("prepare",),
+    "crash_after_commit_recovers": ("commit",),
+    "crash_after_discard_recovers": ("discard",),
     "crash_after_close_recovers": ("close",),
 }
 assert all(point in KILL_POINTS for points in _SCENARIOS.values() for point in points)
@@ -104,10 +118,7 @@ assert all(point in KILL_POINTS for points in _SCENARIOS.values() for point in p
 #: Every rule the crash half reports, in order.
 CRASH_RULES = (*_SCENARIOS, "recover_is_idempotent")
 
-#: The variable multiplying the deadlines (a positive number, default 1).
-
 _DEADLINE = 30.0  # seconds, times the scale, for one child or one recovery
-_CLOSE_DEADLINE = 5.0
 
 #: Records one rule: its name, whether it held, what was seen.
 Record = Callable[[str, bool, str], None]
@@ -138,32 +149,32 @@ def importable_name(obj: object, argument: str) -> str:
 
 
 def check_crash_arguments(
-    factory: Callable[[], SinkConnector],
+    make: Callable[[], Table],
     rows: Callable[[list[int]], Any] | None,
-    probe: SinkConnector,
+    probe: Table,
 ) -> tuple[str, str | None]:
     """Refuse what the crash half cannot check, before anything runs; the names to import.
 
     Raises:
-        InvalidArgumentError: not a POSIX system (no fork), ``factory`` or ``rows`` is not
-            importable by name, ``probe`` is a ListSink, or the timeout scale is malformed.
+        InvalidArgumentError: not a POSIX system (no fork), ``make`` or ``rows`` is not
+            importable by name, ``probe`` is a ListTable, or the timeout scale is malformed.
     """
     if not hasattr(os, "fork"):
         raise InvalidArgumentError("crash_steps", "a POSIX system (fork, SIGKILL)", sys.platform)
-    if isinstance(probe, ListSink):
+    if isinstance(probe, ListTable):
         raise InvalidArgumentError(
-            "factory",
-            "a factory of connectors over durable storage for crash_steps (a ListSink keeps "
+            "make",
+            "a factory of tables over durable storage for crash_steps (a ListTable keeps "
             "its rows in the process memory a SIGKILL frees)",
             type(probe).__name__,
         )
     timeout_scale()
-    names = importable_name(factory, "factory")
-    return names, None if rows is None else importable_name(rows, "rows")
+    name = importable_name(make, "make")
+    return name, None if rows is None else importable_name(rows, "rows")
 
 
 async def check_crashes(
-    factory: Callable[[], SinkConnector],
+    make: Callable[[], Table],
     names: tuple[str, str | None],
     seen: Callable[[], Awaitable[list[int]]],
     record: Record,
@@ -182,7 +193,7 @@ async def check_crashes(
                 scenario = _Scenario(rule, 1000 + 10 * index, Path(reports) / f"{index}.jsonl")
                 failure = await scenario.crash(server, names, points)
                 if failure is None:
-                    failure, repeat = await scenario.recover(factory, seen, scale)
+                    failure, repeat = await scenario.recover(make, seen, scale)
                     if repeat:
                         not_idempotent.append(f"{rule}: {repeat}")
                 record(rule, failure is None, failure or "")
@@ -200,8 +211,8 @@ class _Scenario:
         self.ids = [[base + 1, base + 2], [base + 3], [base + 4, base + 5]]
         self.span = range(base + 1, base + 10)
         self.report = report
-        self.pending: list[PendingCommit] = []
-        self.durable: set[int] = set()  # epochs whose checkpoint the parent received
+        self.pending: dict[int, CommitMetadata] = {}  # durable, commit not recorded
+        self.durable: set[int] = set()  # epochs whose metadata the parent received
 
     async def crash(
         self, server: ForkServer, names: tuple[str, str | None], points: Sequence[str]
@@ -210,12 +221,12 @@ class _Scenario:
         for point in points:
             answer = await server.run(
                 {
-                    "factory": names[0],
+                    "make": names[0],
                     "rows": names[1],
                     "kill": point,
                     "epochs": self.epochs,
                     "ids": self.ids,
-                    "pending": [[p.epoch, dict(p.metadata)] for p in self.pending],
+                    "pending": [[epoch, dict(m)] for epoch, m in sorted(self.pending.items())],
                     "report": str(self.report),
                     "backend": sniffio.current_async_library(),
                 }
@@ -229,13 +240,13 @@ class _Scenario:
                     f"{out or '(empty)'}"
                 )
             committed = {f["committed"] for f in facts if "committed" in f}
-            pre_committed = {f["pre_committed"]: f["metadata"] for f in facts if "metadata" in f}
-            self.durable = set(pre_committed)
-            self.pending = [
-                PendingCommit(epoch, metadata)
-                for epoch, metadata in sorted(pre_committed.items())
+            durable = {f["pending"]: f["metadata"] for f in facts if "pending" in f}
+            self.durable = set(durable)
+            self.pending = {
+                epoch: metadata
+                for epoch, metadata in sorted(durable.items())
                 if epoch not in committed
-            ]
+            }
         return None
 
     def _output(self) -> str:
@@ -249,15 +260,15 @@ class _Scenario:
 
     async def recover(
         self,
-        factory: Callable[[], SinkConnector],
+        make: Callable[[], Table],
         seen: Callable[[], Awaitable[list[int]]],
         scale: float,
     ) -> tuple[str | None, str | None]:
-        """Recover as a restarted runtime would, twice; what broke the scenario's rule (or
-        None), and how the second recovery changed the rows (or None)."""
+        """Recover as a restarted coordinator would, twice; what broke the scenario's rule
+        (or None), and how the second recovery changed the rows (or None)."""
         try:
-            first = await self._recovered_ids(factory, seen, scale)
-        except Exception as error:  # the connector's failure is the finding
+            first = await self._recovered_ids(make, seen, scale)
+        except Exception as error:  # the table's failure is the finding
             return f"{self._context()} raised {error!r}", None
         expected = [
             i
@@ -269,7 +280,7 @@ class _Scenario:
         if problem is not None:
             problem = f"{self._context()} left {problem}"
         try:
-            second = await self._recovered_ids(factory, seen, scale)
+            second = await self._recovered_ids(make, seen, scale)
         except Exception as error:
             return problem, f"recovering again raised {error!r}"
         if sorted(second) == sorted(first):
@@ -278,25 +289,24 @@ class _Scenario:
 
     async def _recovered_ids(
         self,
-        factory: Callable[[], SinkConnector],
+        make: Callable[[], Table],
         seen: Callable[[], Awaitable[list[int]]],
         scale: float,
     ) -> list[int]:
-        sink = factory()
-        try:
-            with anyio.fail_after(_DEADLINE * scale):
-                await sink.open()
-                await sink.recover(self.pending)
-        finally:
-            with anyio.move_on_after(_CLOSE_DEADLINE * scale, shield=True):
-                await sink.close()
+        with anyio.fail_after(_DEADLINE * scale):
+            committer = make().committer()
+            await committer.recover(dict(self.pending))
+            for epoch, metadata in sorted(self.pending.items()):
+                await committer.commit(epoch, metadata)
         return [i for i in await seen() if i in self.span]
 
     def _context(self) -> str:
         """What happened, for a failure's detail."""
         kills = " then ".join(_SCENARIOS[self.rule])
-        pending = [p.epoch for p in self.pending]
-        return f"killed after {kills} (epochs {self.epochs}), recover(pending epochs {pending})"
+        return (
+            f"killed after {kills} (epochs {self.epochs}), recover(pending epochs "
+            f"{sorted(self.pending)}) and their commits"
+        )
 
 
 def _compare(got: list[int], expected: list[int]) -> str | None:

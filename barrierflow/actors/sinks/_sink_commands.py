@@ -1,31 +1,26 @@
-"""The sink task's commands, its shared state and its stats record, and argument checks.
+"""The sink task's commands, its shared state and its stats record.
 
-Private: :class:`~barrierflow.actors.sinks.SinkTaskHandle` is the API; the commands are what it
-sends the task, the state what the task updates and handles read.
+Package-internal: :class:`~barrierflow.actors.sinks.SinkTaskHandle` is the API; the commands
+are what it sends the task, the state what the task updates and handles read.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import final
 
 import anyio
 import pyarrow as pa
 
-from barrierflow.actors.sinks.protocol import PendingCommit
-
 __all__ = [
-    "BeginEpoch",
+    "Begin",
     "Close",
-    "CommitEpoch",
+    "Discard",
     "Flush",
-    "PreCommit",
-    "Recover",
-    "RollbackEpoch",
     "SinkTaskStats",
+    "Stage",
     "TaskState",
-    "WriteBatch",
+    "Write",
 ]
 
 DEFAULT_CAPACITY = 128
@@ -33,14 +28,14 @@ DEFAULT_FLUSH_INTERVAL = 5.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 
 
-# The commands (package-internal: the handle is the API).
+# The commands, one per StagingWriter method the task guards.
 @dataclass(frozen=True, slots=True)
-class WriteBatch:
+class Write:
     batch: pa.RecordBatch
 
 
 @dataclass(frozen=True, slots=True)
-class BeginEpoch:
+class Begin:
     epoch: int
 
 
@@ -50,25 +45,13 @@ class Flush:
 
 
 @dataclass(frozen=True, slots=True)
-class PreCommit:
-    epoch: int
-    # Source positions the epoch's rows span (after the first, up to the second), if known.
-    positions: tuple[dict[str, int], dict[str, int]] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CommitEpoch:
+class Stage:
     epoch: int
 
 
 @dataclass(frozen=True, slots=True)
-class RollbackEpoch:
+class Discard:
     epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class Recover:
-    pending: tuple[PendingCommit, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +64,9 @@ class Close:
 class SinkTaskStats:
     """A snapshot of one sink task's counters."""
 
-    #: The sink's name, and whether its connector is exactly-once.
+    #: The sink's name.
     name: str
-    exactly_once: bool
-    #: Batches and rows the connector accepted.
+    #: Batches and rows the writer accepted.
     batches_written: int
     rows_written: int
     #: Writes that failed (each poisoned its epoch).
@@ -95,15 +77,14 @@ class SinkTaskStats:
     flushes: int
     flush_errors: int
     stuck_flushes: int
-    #: The epoch begun and not yet pre-committed or rolled back, if any.
+    #: The epoch begun and not yet staged or discarded, if any.
     open_epoch: int | None
-    #: Pre-committed epochs waiting for their commit, oldest first.
-    pre_committed: tuple[int, ...]
-    #: The last epoch committed by this task (or by recovery); 0 before the first.
-    committed_epoch: int
-    #: Rollbacks run, and those that failed.
-    rollbacks: int
-    rollback_errors: int
+    #: Epochs staged (their manifests went to the coordinator), and the last one (0: none).
+    staged_epochs: int
+    last_staged: int
+    #: Discards run, and those that failed.
+    discards: int
+    discard_errors: int
     #: Whether the task has stopped.
     finished: bool
 
@@ -111,9 +92,8 @@ class SinkTaskStats:
 class TaskState:
     """The task's mutable state, shared with its handles (read-only for them)."""
 
-    def __init__(self, name: str, exactly_once: bool) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.exactly_once = exactly_once
         self.batches_written = 0
         self.rows_written = 0
         self.write_errors = 0
@@ -123,16 +103,15 @@ class TaskState:
         self.stuck_flushes = 0
         self.last_begun: int | None = None
         self.open_epoch: int | None = None
-        self.pre_committed: deque[int] = deque()
-        self.committed_epoch = 0
-        self.rollbacks = 0
-        self.rollback_errors = 0
+        self.staged_epochs = 0
+        self.last_staged = 0
+        self.discards = 0
+        self.discard_errors = 0
         self.finished = anyio.Event()
 
     def snapshot(self) -> SinkTaskStats:
         return SinkTaskStats(
             name=self.name,
-            exactly_once=self.exactly_once,
             batches_written=self.batches_written,
             rows_written=self.rows_written,
             write_errors=self.write_errors,
@@ -141,9 +120,9 @@ class TaskState:
             flush_errors=self.flush_errors,
             stuck_flushes=self.stuck_flushes,
             open_epoch=self.open_epoch,
-            pre_committed=tuple(self.pre_committed),
-            committed_epoch=self.committed_epoch,
-            rollbacks=self.rollbacks,
-            rollback_errors=self.rollback_errors,
+            staged_epochs=self.staged_epochs,
+            last_staged=self.last_staged,
+            discards=self.discards,
+            discard_errors=self.discard_errors,
             finished=self.finished.is_set(),
         )

@@ -1,21 +1,20 @@
-"""A sink in one call: ``add_sink(rt_or_job, name, connector, input=..., parallelism=N, key=...)``.
+"""A sink in one call: ``add_sink(rt_or_job, name, table, input=..., parallelism=N, key=...)``.
 
-Declaring a sink by hand takes three parts that must agree: N writer actors with unique writer
-ids, hash-dispatched by the key so each owns a share of the vnodes; one coordinator service
-holding the sink's committer; and each writer pointing at that coordinator. :func:`add_sink`
+Declaring a sink by hand takes three parts that must agree: N writer actors
+(:class:`~barrierflow.actors.sinks.SinkWriter`) with unique writer ids, hash-dispatched by the
+key so each owns a share of the vnodes; one coordinator service holding the table's committer;
+and each writer pointing at that coordinator. :func:`add_sink`
 makes all three from one description, so none can be forgotten or mismatched:
 
-* ``connector`` a **table** (:class:`~barrierflow.actors.sinks.table.Table`: ``schema``,
+* ``table`` a **table** (:class:`~barrierflow.actors.sinks.table.Table`: ``schema``,
   ``writer(writer_id)`` and ``committer()``), such as
   :class:`~barrierflow.connectors.IcebergSink`, :class:`~barrierflow.connectors.DeltaSink` or
   :class:`~barrierflow.connectors.ParquetTable`: ``parallelism`` writers (default 1) named
-  ``<name>.0`` … ``<name>.N-1`` with writer ids ``"0"`` … ``"N-1"``, and a
+  ``<name>.0`` … ``<name>.N-1`` with writer ids ``"0"`` … ``"N-1"`` (one writer declared
+  without ``parallelism`` or ``key`` is named ``<name>``, writer id ``"0"``), and a
   :class:`~barrierflow.actors.sinks.coordinator.Coordinator` service named
-  ``<name>.coordinator`` that commits every epoch once, across all of them;
-* ``connector`` a **factory** of a single-writer connector (``lambda: ParquetFileSink(...)``):
-  one writer actor named ``name`` that commits its own epochs. Parallel writers need a
-  coordinated table (each would otherwise commit a part of an epoch on its own), so
-  ``parallelism`` above 1 is refused.
+  ``<name>.coordinator`` that commits every epoch once, across all of them — for one writer
+  too, so a sink commits the same way whatever its parallelism.
 
 ``rt_or_job`` is a :class:`~barrierflow.runtime.Runtime` before it starts (the sink joins its
 default job), or a :class:`~barrierflow.runtime.Job` to be added to a running runtime with
@@ -32,7 +31,6 @@ from typing import Protocol, final
 import pyarrow as pa
 
 from barrierflow.actors.sinks.coordinator import Coordinator
-from barrierflow.actors.sinks.protocol import SinkConnector
 from barrierflow.actors.sinks.sink_writer import SinkWriter
 from barrierflow.actors.sinks.table import Table
 from barrierflow.channels.errors import InvalidArgumentError
@@ -74,14 +72,14 @@ class DeclaredSink:
     name: str
     #: Its writer actors' names.
     writers: tuple[str, ...]
-    #: Its coordinator (a service of the runtime or job), or ``None`` for a single writer.
-    coordinator: Coordinator | None
+    #: Its coordinator (a service of the runtime or job).
+    coordinator: Coordinator
 
 
 def add_sink(
     target: _Declares,
     name: str,
-    connector: Table | Callable[[], SinkConnector],
+    table: Table,
     *,
     input: str,
     parallelism: int | None = None,
@@ -94,17 +92,16 @@ def add_sink(
             :class:`~barrierflow.runtime.Job`.
         name: the sink's name: its writers' names, its coordinator's, and its key in the
             meta store.
-        connector: a coordinated table, or a factory of a single-writer connector.
+        table: the table (``schema``, ``writer(id)``, ``committer()``).
         input: the actor whose output the sink writes.
-        parallelism: writers of a coordinated table (default 1).
+        parallelism: writers (default 1).
         key: the columns rows are hash-dispatched to the writers by (round robin without).
 
     Returns:
         The writers' names and the coordinator.
 
     Raises:
-        InvalidArgumentError: ``connector`` is neither a coordinated table nor a callable;
-            ``parallelism`` above 1 for a single-writer connector; ``input`` not a str.
+        InvalidArgumentError: ``table`` is not a table; ``input`` not a str.
         GraphError: a bad or taken name, a bad ``parallelism`` or ``key`` (from the graph).
         KeyColumnError: ``key`` names a column the input's declared schema lacks.
         SinkSchemaError: the table's schema differs from the input's declared schema (a
@@ -114,24 +111,11 @@ def add_sink(
         raise GraphError("name", "a non-empty sink name", name)
     if not isinstance(input, str) or not input:
         raise InvalidArgumentError("input", "the name of the actor the sink reads", input)
-    if isinstance(connector, Table):
-        count = 1 if parallelism is None else parallelism
-        return _add_coordinated(target, name, connector, input, count, key)
-    if not callable(connector):
+    if not isinstance(table, Table):
         raise InvalidArgumentError(
-            "connector",
-            "a coordinated table (writer(id) and committer()) or a factory of a SinkConnector",
-            type(connector).__name__,
+            "table", "a table (schema, writer(id) and committer())", type(table).__name__
         )
-    if parallelism not in (None, 1) or key is not None:
-        raise InvalidArgumentError(
-            "parallelism",
-            "1 for a single-writer connector (parallel writers need a coordinated table)",
-            parallelism if parallelism not in (None, 1) else f"key={key!r}",
-        )
-    factory = connector
-    target.add_actor(name, lambda: SinkWriter(factory, name=name), inputs=[input])
-    return DeclaredSink(name, (name,), None)
+    return _add_coordinated(target, name, table, input, parallelism, key)
 
 
 def _add_coordinated(
@@ -139,7 +123,7 @@ def _add_coordinated(
     name: str,
     table: Table,
     upstream: str,
-    parallelism: int,
+    parallelism: int | None,
     key: Sequence[str] | None,
 ) -> DeclaredSink:
     service = f"{name}.coordinator"
@@ -152,8 +136,20 @@ def _add_coordinated(
     coordinator = Coordinator(name, table.committer())
 
     def writer(index: int) -> SinkWriter:
-        return SinkWriter(lambda: table.writer(str(index)), name=name, coordinator=coordinator)
+        writer_id = str(index)
+        return SinkWriter(
+            lambda: table.writer(writer_id),
+            coordinator=coordinator,
+            writer_id=writer_id,
+            name=name,
+        )
 
-    target.add_actor(name, writer, inputs=[upstream], parallelism=parallelism, key=key)
+    if parallelism is None and key is None:
+        # One writer, named as the sink (writer id "0"): the coordinator runs for it too.
+        target.add_actor(name, lambda: writer(0), inputs=[upstream])
+    else:
+        count = 1 if parallelism is None else parallelism
+        target.add_actor(name, writer, inputs=[upstream], parallelism=count, key=key)
+        parallelism = count
     target.add_service(service, coordinator)
     return DeclaredSink(name, tuple(parallel_names(name, parallelism)), coordinator)

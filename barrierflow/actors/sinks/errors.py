@@ -31,14 +31,14 @@ __all__ = [
 
 @final
 class EpochPoisonedError(SinkError):
-    """A write of the current epoch failed, so the epoch cannot be pre-committed or committed.
+    """A write of the current epoch failed, so the epoch cannot be staged.
 
-    Committing it would publish an epoch with rows missing; the only way forward is to roll it
-    back and begin a new epoch (whose successful begin clears the poison).
+    Staging it would send the coordinator an epoch with rows missing; the only way forward is
+    to discard it and begin a new epoch (whose successful begin clears the poison).
 
     Attributes:
         sink: the sink's name.
-        operation: ``"pre_commit"`` or ``"commit_epoch"``.
+        operation: ``"stage"``.
         epoch: the epoch that was asked for.
         write_errors: failed writes counted by the sink so far.
     """
@@ -50,18 +50,18 @@ class EpochPoisonedError(SinkError):
         self.write_errors = write_errors
         super().__init__(
             f"sink {sink!r}: {operation} of epoch {epoch} refused: the epoch is poisoned by a "
-            f"failed write ({write_errors} write error(s) so far); expected a rollback and a "
-            "successful begin_epoch first"
+            f"failed write ({write_errors} write error(s) so far); expected a discard and a "
+            "successful begin first"
         )
 
 
 @final
 class SinkEpochError(SinkError, ProtocolError):
-    """An epoch command arrived out of the sink's order (begin → pre-commit → commit).
+    """An epoch command arrived out of the sink's order (begin → write → stage or discard).
 
     Attributes:
         sink: the sink's name.
-        operation: the refused operation (``"begin_epoch"``, ``"pre_commit"``, ...).
+        operation: the refused operation (``"begin"``, ``"stage"``, ...).
         epoch: the epoch that was asked for.
         expected: what the sink would have accepted, in words.
     """
@@ -76,11 +76,11 @@ class SinkEpochError(SinkError, ProtocolError):
 
 @final
 class SinkConnectorError(SinkError):
-    """A sink's connector raised; ``__cause__`` is what it raised.
+    """A sink's staging writer raised; ``__cause__`` is what it raised.
 
     Attributes:
         sink: the sink's name.
-        operation: the connector method that failed.
+        operation: the writer method that failed.
         epoch: the epoch it concerned, if any.
     """
 

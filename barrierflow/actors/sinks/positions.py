@@ -9,10 +9,26 @@ commit as the rows.
 
 from __future__ import annotations
 
-from barrierflow.actors.sinks.errors import PositionOverlapError
-from barrierflow.runtime.positions import SourcePositions
+from typing import Any
 
-__all__ = ["epoch_already_held"]
+import anyio.lowlevel
+
+from barrierflow.actors.sinks.errors import PositionOverlapError
+from barrierflow.runtime.positions import SinkCommits, SourcePositions
+
+__all__ = ["epoch_already_held", "table_commits"]
+
+
+async def table_commits(committer: Any) -> SinkCommits | None:
+    """What a table holds, as its committer tells (``sink_commits()``, optional: a committer
+    that cannot tell, or holds nothing yet, gives ``None``). Asked on an empty state store,
+    through the sink writer, and passed on by the committers that wrap another."""
+    reader = getattr(committer, "sink_commits", None)
+    if reader is None:
+        await anyio.lowlevel.checkpoint()
+        return None
+    commits: SinkCommits | None = await reader()
+    return commits
 
 
 def epoch_already_held(

@@ -1,35 +1,36 @@
-"""The sink task: one command actor per sink that owns its connector exclusively.
+"""The sink task: one command actor per sink writer that owns its staging writer exclusively.
 
-Writers and a checkpoint driver talk to the sink through :class:`SinkTaskHandle`\\ s — cheap to
-clone — over one bounded inbox (default 128 commands), so nobody contends on a lock around the
-connector and a slow sink slows its writers down instead of filling memory. Commands are
-served one at a time, in arrival order.
+The sink writer actor and a checkpoint driver talk to the staging writer through
+:class:`SinkTaskHandle`\\ s — cheap to clone — over one bounded inbox (default 128 commands),
+so nobody contends on a lock around the writer and a slow sink slows its writers down instead
+of filling memory. Commands are served one at a time, in arrival order. The task stages; it
+never commits: commits are the coordinator's (:mod:`barrierflow.actors.sinks.coordinator`),
+once per epoch, for every writer of the table.
 
 The rules (after LaminarDB's ``sink_task.rs``):
 
-* **Writes are fire-and-forget; a failed write poisons the epoch.** ``write_batch`` returns once
-  the batch is queued. If the connector then fails it (or its schema is not the sink's), the
-  write-error counter goes up and the epoch is *poisoned*: ``pre_commit`` and ``commit_epoch``
-  raise :class:`~barrierflow.errors.EpochPoisonedError` until the next *successful*
-  ``begin_epoch`` — committing would publish an epoch with rows missing.
-* **Epoch commands are ordered.** ``begin_epoch`` takes increasing epochs, and only once the
-  previous epoch was pre-committed or rolled back; ``pre_commit`` takes the open epoch;
-  ``commit_epoch`` takes the oldest pre-committed epoch. Anything else is
+* **Writes are fire-and-forget; a failed write poisons the epoch.** ``write`` returns once
+  the batch is queued. If the writer then fails it (or its schema is not the sink's), the
+  write-error counter goes up and the epoch is *poisoned*: ``stage`` raises
+  :class:`~barrierflow.errors.EpochPoisonedError` until the next *successful* ``begin`` —
+  staging would hand the coordinator an epoch with rows missing.
+* **Epoch commands are ordered.** ``begin`` takes increasing epochs, and only once the
+  previous epoch was staged or discarded; ``stage`` takes the open epoch. Anything else is
   :class:`~barrierflow.errors.SinkEpochError`.
 * **A periodic flush** runs every ``flush_interval`` (first one an interval after start; ticks
   missed while a command ran are skipped, not bursted), bounded by a timeout equal to the
   interval. A flush that overruns it is cancelled and reported as a stuck sink (a warning
   naming the sink, ``stuck_flushes`` in the stats); the task goes on serving.
-* **Rollback is fire-and-forget**: its failure is logged and counted, never raised.
+* **Discard is fire-and-forget**: its failure is logged and counted, never raised.
 * **Shutdown**: when the last handle is released, or on :meth:`SinkTaskHandle.close`, the task
-  flushes then closes the connector, each step bounded by ``shutdown_timeout``. A failed flush
+  flushes then closes the writer, each step bounded by ``shutdown_timeout``. A failed flush
   is logged; a failed close fails the task with
-  :class:`~barrierflow.errors.SinkConnectorError` (operation ``"close"``, the connector's error
-  as ``__cause__``) — a sink that could not close may not have made its last rows durable, so
-  its owner must hear of it. If the task is cancelled instead (its runtime failed), it closes
-  the connector without flushing, and a close error is only logged (the cancellation wins).
+  :class:`~barrierflow.errors.SinkConnectorError` (operation ``"close"``, the writer's error
+  as ``__cause__``) — a writer that could not close may not have made its last rows durable,
+  so its owner must hear of it. If the task is cancelled instead (its runtime failed), it
+  closes the writer without flushing, and a close error is only logged (the cancellation wins).
 * A command whose reply can never come (the task stopped, this handle was released) raises
-  :class:`~barrierflow.errors.ActorGoneError` naming the sink; connector failures of the
+  :class:`~barrierflow.errors.ActorGoneError` naming the sink; writer failures of the
   commands that reply are :class:`~barrierflow.errors.SinkConnectorError`.
 """
 
@@ -53,8 +54,8 @@ from barrierflow.actors.sinks._sink_commands import (
     TaskState,
 )
 from barrierflow.actors.sinks.errors import SinkConnectorError
-from barrierflow.actors.sinks.protocol import SinkConnector
 from barrierflow.actors.sinks.sink_task_handle import SinkTaskHandle
+from barrierflow.actors.sinks.table import StagingWriter
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.command import Ticker, open_command_actor, serve_commands
 from barrierflow.runtime.config import check_seconds
@@ -94,44 +95,44 @@ def check_task_options(
 
 async def start_sink_task(
     task_group: TaskGroup,
-    connector: SinkConnector,
+    writer: StagingWriter,
     *,
     name: str,
     capacity: int = DEFAULT_CAPACITY,
     flush_interval: float = DEFAULT_FLUSH_INTERVAL,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
 ) -> SinkTaskHandle:
-    """Open ``connector`` and serve it from a new task in ``task_group``; returns a handle.
+    """Open ``writer`` and serve it from a new task in ``task_group``; returns a handle.
 
     Args:
         task_group: owns the task.
-        connector: the sink; owned by the task from now on.
+        writer: the staging writer; owned by the task from now on.
         name: names the sink in logs, stats and errors.
         capacity: commands the inbox holds before writers wait.
         flush_interval: seconds between periodic flushes (also each flush's timeout).
         shutdown_timeout: seconds each of the final flush and close may take.
 
     Raises:
-        InvalidArgumentError: a bad argument (the connector is not a ``SinkConnector``, a
+        InvalidArgumentError: a bad argument (the writer is not a ``StagingWriter``, a
             non-positive interval, ...).
-        SinkConnectorError: the connector's ``open`` failed.
+        SinkConnectorError: the writer's ``open`` failed.
     """
-    if not isinstance(connector, SinkConnector):
-        raise InvalidArgumentError("connector", "a SinkConnector", type(connector).__name__)
+    if not isinstance(writer, StagingWriter):
+        raise InvalidArgumentError("writer", "a StagingWriter", type(writer).__name__)
     flush_interval, shutdown_timeout = check_task_options(
         name, capacity, flush_interval, shutdown_timeout
     )
-    schema = connector.schema
+    schema = writer.schema
     if not isinstance(schema, pa.Schema):
-        raise InvalidArgumentError("connector.schema", "a pyarrow.Schema", type(schema).__name__)
-    state = TaskState(name, bool(connector.exactly_once))
+        raise InvalidArgumentError("writer.schema", "a pyarrow.Schema", type(schema).__name__)
+    state = TaskState(name)
     ref, inbox = open_command_actor(name, capacity)
-    actor = _SinkActor(connector, state, schema, flush_interval, shutdown_timeout)
+    actor = _SinkActor(writer, state, schema, flush_interval, shutdown_timeout)
 
     async def run(*, task_status: TaskStatus[None]) -> None:
         try:
             try:
-                await connector.open()
+                await writer.open()
             except Exception as exc:
                 inbox.close()
                 raise SinkConnectorError(name, "open", None, exc) from exc
@@ -160,11 +161,11 @@ async def start_sink_task(
 class SinkTask:
     """Runs a sink task for the body of ``async with``; yields its first handle.
 
-    Leaving the block releases that handle (the task flushes and closes the connector once
+    Leaving the block releases that handle (the task flushes and closes the writer once
     every clone is released too) and waits for the task to end.
 
     Raises:
-        InvalidArgumentError: ``connector`` is not a SinkConnector, or a bad option (see
+        InvalidArgumentError: ``writer`` is not a StagingWriter, or a bad option (see
             :func:`check_task_options`) — at the call, not when the task starts.
     """
 
@@ -175,17 +176,17 @@ class SinkTask:
 
     def __init__(
         self,
-        connector: SinkConnector,
+        writer: StagingWriter,
         *,
         name: str,
         capacity: int = DEFAULT_CAPACITY,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
     ) -> None:
-        if not isinstance(connector, SinkConnector):
-            raise InvalidArgumentError("connector", "a SinkConnector", type(connector).__name__)
+        if not isinstance(writer, StagingWriter):
+            raise InvalidArgumentError("writer", "a StagingWriter", type(writer).__name__)
         check_task_options(name, capacity, flush_interval, shutdown_timeout)
-        self._connector = connector
+        self._writer = writer
         self._options: dict[str, Any] = {
             "name": name,
             "capacity": capacity,
@@ -198,12 +199,12 @@ class SinkTask:
 
         Raises:
             InvalidArgumentError: a bad argument (see :func:`start_sink_task`).
-            SinkConnectorError: the connector's ``open`` failed.
+            SinkConnectorError: the writer's ``open`` failed.
         """
         with single_error():  # the error itself, not a group around it
             async with contextlib.AsyncExitStack() as stack:
                 group = await stack.enter_async_context(anyio.create_task_group())
-                self._handle = await start_sink_task(group, self._connector, **self._options)
+                self._handle = await start_sink_task(group, self._writer, **self._options)
                 self._group, self._stack = group, stack.pop_all()
         return self._handle
 
@@ -216,7 +217,7 @@ class SinkTask:
         """Release the handle and wait for the task to end (cancel it if the body raised).
 
         Raises:
-            SinkConnectorError: the connector's ``close`` failed at a graceful shutdown.
+            SinkConnectorError: the writer's ``close`` failed at a graceful shutdown.
         """
         self._handle.release()
         if exc is not None:

@@ -1,65 +1,57 @@
-"""The sink writer: a stream actor that drives a sink task from the barriers it reads.
+"""The sink writer: a stream actor that stages its input through a sink task and hands each
+epoch's manifest to its sink's coordinator.
 
-This is the single-writer exactly-once path (the coordinator adds the multi-writer one). Per
-*sink epoch* — the rows between two checkpoint barriers, named by the ``curr`` epoch of the
-barrier that opened it:
+Every sink — one writer or many — is a table committed by one
+:class:`~barrierflow.actors.sinks.coordinator.Coordinator` (:mod:`barrierflow.actors.sinks.table`);
+the writer only stages. Per *sink epoch* — the rows between two checkpoint barriers, named by
+the ``curr`` epoch of the barrier that opened it:
 
-1. **begin**: after passing its first barrier (the initial one, or the ``Add`` barrier of a
-   sink joining a running graph), and after each checkpoint barrier, the writer
-   begins the next sink epoch.
-2. **write**: each chunk's visible rows (visibility compacted first) go to the sink task.
-   The sink is append-only: a chunk with delete or update rows is refused.
-3. **pre-commit**: at a checkpoint barrier ``(curr, prev)`` — before passing it on — the
-   writer pre-commits the open sink epoch and records ``{epoch, checkpoint: prev, metadata}``
-   in its state table. That record is sealed by the same barrier, so it becomes durable
-   exactly when checkpoint ``prev`` does.
-4. **commit**: a second task waits for the runtime's committed epoch to reach ``prev`` and
-   only then commits the sink epoch (oldest first) and deletes its record. A crash between
-   pre-commit and a durable checkpoint therefore never exposes rows that recovery replays.
+1. **join**: before its first message the writer registers its vnodes with the coordinator (the
+   bitmap its hash-dispatched input gives it; round-robin writers take an even share, a writer
+   alone every vnode) and waits to be started. On a fresh start its first barrier (the initial
+   one, or the ``Add`` barrier of a sink joining a running graph) aligns the initial epoch of
+   every writer of the sink.
+2. **begin**: after passing its first barrier, and after each checkpoint barrier, the writer
+   begins the next sink epoch in its staging writer.
+3. **write**: each chunk's visible rows (visibility compacted first) go to the sink task. The
+   sink is append-only: a chunk with delete or update rows is refused.
+4. **stage**: at a checkpoint barrier ``(curr, prev)`` — before passing it on — the writer
+   stages the open epoch, adds to the staging writer's manifest its vnodes and the source
+   positions the epoch's rows span, and sends it to the coordinator as checkpoint ``prev``'s
+   part. The coordinator acknowledges once every vnode's writer reported and the epoch is
+   recorded as pending in the meta store, so no checkpoint becomes durable without that
+   record; it commits the epoch into the table once the checkpoint is durable. A crash in
+   between never exposes rows that recovery replays: the coordinator aborts what was not
+   durable, commits what was.
 
-On (re)start the writer hands its durable records to the sink's ``recover``: those epochs are
-committed (their checkpoint is durable, the upstream will not replay them) and every other
-staged epoch is rolled back (the upstream will replay it).
-
-Failures: a failed pre-commit rolls the open epoch back and fails the writer; a failed commit
-rolls back the open epoch and fails the writer, but leaves the failed epoch pre-committed —
-its checkpoint is durable, so rolling it back would lose rows the upstream will never replay;
-recovery commits it. The runtime's supervision or recovery takes over from there.
-
-**Coordinated mode** (``coordinator=``, one of several parallel writers of a sink): the writer
-registers its vnode bitmap (the one its hash-dispatched input gives it) with the sink's
-:class:`~barrierflow.actors.sinks.coordinator.Coordinator`, waits to be started, aligns its initial
-epoch on a fresh start, and at each checkpoint barrier sends its pre-commit metadata to the
-coordinator and waits for the acknowledgement *before* passing the barrier — the coordinator
-acknowledges once every vnode's writer reported and the epoch is recorded as pending, so no
-checkpoint becomes durable without that record. Commit and recovery are the coordinator's. A
-barrier carrying ``Update`` with a new bitmap for the writer re-registers it (rescaling); one
-dropping it makes it leave the coordinator.
+Failures: a failed stage discards the open epoch and fails the writer; the runtime's
+supervision or recovery takes over from there. Rescaling: a barrier carrying ``Update`` with a
+new bitmap for the writer re-registers it; one dropping it makes it leave the coordinator.
 
 Stopping: at a ``Stop`` on a checkpoint barrier (what a graceful runtime stop sends), or when
-its input ends (an upstream stopped alone), the writer waits until every pre-committed epoch
-is committed, then the sink task flushes and closes the connector. A ``Stop`` on a plain
-barrier rolls back the open epoch first.
-The writer passes barriers downstream, never chunks: it is a sink.
+its input ends (an upstream stopped alone), the writer waits until its last checkpoint is
+committed, leaves the coordinator, then the sink task flushes and closes the staging writer.
+A ``Stop`` on a plain barrier discards the open epoch first. The writer passes barriers
+downstream, never chunks: it is a sink.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import final
 
 import anyio
 import numpy as np
 import pyarrow as pa
 
-from barrierflow._taskgroups import single_error
-from barrierflow.actors.sinks.coordinator import Coordinator
+from barrierflow.actors.sinks.coordinator import Coordinator, WriterHandle
 from barrierflow.actors.sinks.errors import (
     CoordinatorMissingError,
     DuplicateWriterError,
     SinkWriterInputError,
 )
-from barrierflow.actors.sinks.protocol import PathChecked, SinkConnector
+from barrierflow.actors.sinks.positions import table_commits
 from barrierflow.actors.sinks.sink_task import (
     DEFAULT_CAPACITY,
     DEFAULT_FLUSH_INTERVAL,
@@ -69,34 +61,38 @@ from barrierflow.actors.sinks.sink_task import (
     check_task_options,
     start_sink_task,
 )
-from barrierflow.actors.sinks.writer_modes import CoordinatedCommits, LocalCommits, WriterMode
+from barrierflow.actors.sinks.table import PathChecked, StagingWriter
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.mutation import Update
+from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.positions import SinkCommits
 from barrierflow.runtime.startup import StartupContext
-from barrierflow.runtime.state.state_store import StateTable
 
 __all__ = ["SinkWriter"]
 
 
 @final
 class SinkWriter(StreamActor):
-    """Writes its input into a sink, exactly once if the connector is (see the module).
+    """Stages its input for its sink's coordinator to commit, exactly once (see the module).
 
     Args:
-        connector: the sink, or a factory called at every (re)start. Pass a factory unless the
-            connector can be opened again after ``close``.
+        writer: a factory of this writer's staging writer (``lambda: table.writer("0")``),
+            called once per incarnation.
+        coordinator: the sink's coordinator (a service of the runtime or job).
+        writer_id: this writer's id among the sink's writers (unique: two writers with one id
+            would stage over each other's files).
         name: the sink's name in logs, stats and errors (default: the actor's name).
         flush_interval: seconds between the sink task's periodic flushes.
         capacity: commands the sink task's inbox holds.
 
     Raises:
-        InvalidArgumentError: ``connector`` is neither a connector nor a callable; ``name``
-            is not ``None`` or a non-empty str; ``flush_interval`` is not a positive finite
-            number; ``capacity`` is not an int >= 1 (checked here, not when the graph starts
-            the sink task).
+        InvalidArgumentError: ``writer`` is not callable; ``coordinator`` not a Coordinator;
+            ``writer_id`` not a non-empty str; ``name`` not ``None`` or a non-empty str;
+            ``flush_interval`` not a positive finite number; ``capacity`` not an int >= 1
+            (checked here, not when the graph starts the sink task).
     """
 
     # An incarnation's state, set by run() (read only while it runs).
@@ -105,81 +101,83 @@ class SinkWriter(StreamActor):
     # Add barrier for a writer whose job joined a running graph.
     _first_barrier: bool
     _epoch_start: dict[str, int]  # source positions where the open epoch began (set at begin)
+    _line: WriterHandle | None  # this writer's line to the coordinator (None: it left)
+    _rewind: int | None  # the rewind epoch the coordinator started it with (None: fresh)
+    _last_checkpoint: int  # the last checkpoint whose manifest the coordinator acknowledged
 
     def __init__(
         self,
-        connector: SinkConnector | Callable[[], SinkConnector],
+        writer: Callable[[], StagingWriter],
         *,
+        coordinator: Coordinator,
+        writer_id: str,
         name: str | None = None,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         capacity: int = DEFAULT_CAPACITY,
-        coordinator: Coordinator | None = None,
     ) -> None:
-        if coordinator is not None and not isinstance(coordinator, Coordinator):
-            raise InvalidArgumentError("coordinator", "None or a Coordinator", coordinator)
-        if not isinstance(connector, SinkConnector) and not callable(connector):
+        if not callable(writer) or isinstance(writer, StagingWriter):
             raise InvalidArgumentError(
-                "connector", "a SinkConnector or a factory of one", type(connector).__name__
+                "writer", "a factory of StagingWriters", type(writer).__name__
             )
+        if not isinstance(coordinator, Coordinator):
+            raise InvalidArgumentError("coordinator", "a Coordinator", coordinator)
+        if not isinstance(writer_id, str) or not writer_id:
+            raise InvalidArgumentError("writer_id", "a non-empty writer id", writer_id)
         check_task_options(
             "sink" if name is None else name, capacity, flush_interval, DEFAULT_SHUTDOWN_TIMEOUT
         )
-        self._connector = connector
+        self._factory = writer
+        self._coordinator = coordinator
+        self._writer_id = writer_id
         self._name = name
         self._flush_interval = flush_interval
         self._capacity = capacity
         self._handle: SinkTaskHandle | None = None
-        self._coordinator = coordinator
-        self._local = LocalCommits(lambda: self._open)
-        self._mode: WriterMode = (
-            self._local if coordinator is None else CoordinatedCommits(coordinator)
-        )
-        self._prepared: SinkConnector | None = None  # made before the graph starts
+        self._prepared: StagingWriter | None = None  # made before the graph starts
+
+    @property
+    def coordinator(self) -> Coordinator:
+        """The sink's coordinator."""
+        return self._coordinator
+
+    @property
+    def writer_id(self) -> str:
+        """This writer's id among the sink's writers."""
+        return self._writer_id
 
     # Before the graph starts (see barrierflow.runtime.startup).
 
-    def _connector_now(self) -> SinkConnector:
-        """This incarnation's connector, made once (at the startup check, or at run)."""
+    def _writer_now(self) -> StagingWriter:
+        """This incarnation's staging writer, made once (at the startup check, or at run)."""
         if self._prepared is None:
-            self._prepared = self._make_connector()
+            writer = self._factory()
+            if not isinstance(writer, StagingWriter):
+                raise InvalidArgumentError(
+                    "writer", "a factory returning a StagingWriter", type(writer).__name__
+                )
+            self._prepared = writer
         return self._prepared
 
     def input_schema(self) -> pa.Schema | None:
         """The sink's schema, which every batch must have: checked against the input's known
         schema before the graph starts (:mod:`barrierflow.runtime.startup`), rather than
         poisoning the first epoch."""
-        schema = self._connector_now().schema
+        schema = self._writer_now().schema
         return schema if isinstance(schema, pa.Schema) else None
 
     def check_startup(self, ctx: StartupContext) -> None:
         """Refuse a graph this writer would hang or lose rows in.
 
         Raises:
-            CoordinatorMissingError: ``coordinator=`` is not a service of the runtime, or a
-                parallel sibling (reading the same hash-dispatched input) has none while this
-                writer has one.
-            InvalidArgumentError: a coordinated writer whose connector has no writer id, or a
-                writer id without a coordinator.
+            CoordinatorMissingError: the coordinator is not a service of the runtime.
             DuplicateWriterError: a parallel sibling of the same coordinator uses this
-                writer's writer id.
-            SinkPathError: the connector writes under a local path that cannot be used.
+                writer's id.
+            SinkPathError: the staging writer writes under a local path that cannot be used.
         """
-        connector = self._connector_now()
-        if isinstance(connector, PathChecked):
-            connector.check_path(self._name or ctx.name)
-        writer_id = getattr(connector, "writer", None)
+        writer = self._writer_now()
+        if isinstance(writer, PathChecked):
+            writer.check_path(self._name or ctx.name)
         coordinator = self._coordinator
-        if coordinator is None:
-            if writer_id is not None:
-                # A coordinated connector commits nothing itself: without a coordinator its
-                # rows would never become visible.
-                raise InvalidArgumentError(
-                    f"sink writer {ctx.name!r}",
-                    "coordinator= for a connector made with writer= (a parallel writer of a "
-                    "coordinated sink), or a connector without writer=",
-                    f"writer={writer_id!r} and no coordinator",
-                )
-            return
         if not any(service is coordinator for service in ctx.services.values()):
             raise CoordinatorMissingError(
                 ctx.name,
@@ -188,111 +186,86 @@ class SinkWriter(StreamActor):
                 "rt.add_service(name, coordinator)",
                 f"services {sorted(ctx.services)}",
             )
-        if hasattr(connector, "writer") and writer_id is None:
-            raise InvalidArgumentError(
-                f"sink writer {ctx.name!r}",
-                "writer=<unique id> on the connector of each parallel writer of a coordinated "
-                "sink (their files are staged per writer)",
-                "a connector without writer=",
-            )
         for name, sibling in ctx.siblings.items():
-            if not isinstance(sibling, SinkWriter):
-                continue
-            if sibling._coordinator is None:
-                raise CoordinatorMissingError(
-                    name,
-                    None,
-                    f"coordinator= like its parallel sibling {ctx.name!r} (sink "
-                    f"{coordinator.sink!r})",
-                    "no coordinator",
-                )
-            if sibling._coordinator is coordinator and writer_id is not None:
-                other = getattr(sibling._connector_now(), "writer", None)
-                if other == writer_id and name < ctx.name:
-                    raise DuplicateWriterError(coordinator.sink, writer_id, name, ctx.name)
+            if (
+                isinstance(sibling, SinkWriter)
+                and sibling.coordinator is coordinator
+                and sibling.writer_id == self._writer_id
+                and name < ctx.name
+            ):
+                raise DuplicateWriterError(coordinator.sink, self._writer_id, name, ctx.name)
 
     async def sink_commits(self) -> SinkCommits | None:
-        """What this writer's sink already holds (asked on an empty state store): the
-        coordinator's committer answers for a coordinated sink, else the connector."""
-        source: object = (
-            self._connector_now() if self._coordinator is None else self._coordinator.committer
-        )
-        reader = getattr(source, "sink_commits", None)
-        if reader is None:
-            await anyio.lowlevel.checkpoint()
-            return None
-        commits: SinkCommits | None = await reader()
-        return commits
+        """What this writer's table already holds (asked on an empty state store): its
+        committer answers, if it can tell."""
+        return await table_commits(self._coordinator.committer)
 
     def stats(self) -> SinkTaskStats | None:
         """The sink task's counters, while it runs (``None`` before)."""
         return None if self._handle is None else self._handle.stats()
 
-    @property
-    def committed_checkpoint(self) -> int:
-        """The checkpoint epoch up to which this writer's rows are committed to the sink
-        (0 until the first commit of this incarnation)."""
-        return self._local.committed_checkpoint
-
     async def wait_committed(self, checkpoint: int) -> None:
         """Wait until every row before checkpoint ``checkpoint`` (an epoch returned by
-        ``Runtime.checkpoint``) is committed to the sink — visible to its readers. May be
+        ``Runtime.checkpoint``) is committed to the table — visible to its readers. May be
         called before the writer runs."""
-        await self._mode.wait_committed(checkpoint)
+        await self._coordinator.wait_committed(checkpoint)
 
-    def _make_connector(self) -> SinkConnector:
-        if isinstance(self._connector, SinkConnector):
-            return self._connector
-        connector = self._connector()
-        if not isinstance(connector, SinkConnector):
-            raise InvalidArgumentError(
-                "connector", "a factory returning a SinkConnector", type(connector).__name__
-            )
-        return connector
+    # Running.
 
     async def run(self, ctx: ActorContext) -> None:
-        """Recover the sink (or join its coordinator), then write every message's rows and
-        follow its barriers."""
-        self._open, self._first_barrier = None, True
-        table = ctx.table("sink")
-        records = await table.items()
-        connector, self._prepared = self._connector_now(), None
-        await self._mode.join(ctx, connector)
+        """Join the coordinator, then stage every message's rows and follow its barriers."""
+        self._open, self._first_barrier, self._last_checkpoint = None, True, 0
+        writer, self._prepared = self._writer_now(), None
+        await self._join(ctx)
         failure: BaseException | None = None
         async with anyio.create_task_group() as sink_group:
             handle = await start_sink_task(
                 sink_group,
-                connector,
+                writer,
                 name=self._name or ctx.name,
                 capacity=self._capacity,
                 flush_interval=self._flush_interval,
             )
             self._handle = handle
             try:
-                await self._mode.recover(handle, table, records)
-                with single_error():
-                    async with anyio.create_task_group() as tasks:
-                        tasks.start_soon(self._mode.background, ctx, handle, table)
-                        await self._consume(ctx, handle, table)
-                        # A graceful end (a Stop, or the input ended): what was pre-committed
-                        # is committed before the writer leaves, so the rows are visible once
-                        # the runtime stopped.
-                        await self._mode.finish()
-                        tasks.cancel_scope.cancel()
+                await self._consume(ctx, handle)
+                # A graceful end (a Stop, or the input ended): what was staged is committed
+                # before the writer leaves, so the rows are visible once the runtime stopped.
+                await self._finish()
             except Exception as exc:
-                # Let the sink task serve what is queued (a rollback) before it closes.
+                # Let the sink task serve what is queued (a discard) before it closes.
                 failure = exc
             finally:
                 handle.release()
         if failure is not None:
             raise failure
 
-    async def _consume(self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable) -> None:
+    async def _join(self, ctx: ActorContext) -> None:
+        """Register this writer's vnodes and wait to be started."""
+        bitmap = ctx.vnode_bitmap
+        if bitmap is None:
+            # Round-robin writers: a row of any vnode may reach any of them, so the vnodes are
+            # only the coordinator's ledger of who must register; each takes an even share
+            # (all of them, for a writer declared alone).
+            shares = VnodeBitmap.split(len(ctx.peers), self._coordinator.vnode_count)
+            bitmap = shares[ctx.peers.index(ctx.name)]
+        self._line = await self._coordinator.register(bitmap, writer=self._writer_id, name=ctx.name)
+        self._rewind = await self._line.wait_started()
+
+    async def _finish(self) -> None:
+        """Wait until the last checkpoint is committed, then leave the coordinator."""
+        if self._line is None:
+            return  # left already (dropped by a rescale)
+        if self._last_checkpoint:  # nothing was acknowledged: nothing to wait for
+            await self._coordinator.wait_committed(self._last_checkpoint)
+        await self._line.stop()
+
+    async def _consume(self, ctx: ActorContext, handle: SinkTaskHandle) -> None:
         async for message in ctx.messages():
             if isinstance(message, Chunk):
                 await self._write(ctx, handle, message)
             elif isinstance(message, Barrier):
-                await self._on_barrier(ctx, handle, table, message)
+                await self._on_barrier(ctx, handle, message)
             # Watermarks mean nothing to a sink.
 
     async def _write(self, ctx: ActorContext, handle: SinkTaskHandle, chunk: Chunk) -> None:
@@ -310,42 +283,63 @@ class SinkWriter(StreamActor):
                     f"{changes} delete/update row(s)",
                 )
         try:
-            await handle.write_batch(chunk.batch)
+            await handle.write(chunk.batch)
         except Exception:
-            await handle.rollback_epoch(self._open)
+            await handle.discard(self._open)
             raise
 
     async def _on_barrier(
-        self, ctx: ActorContext, handle: SinkTaskHandle, table: StateTable, barrier: Barrier
+        self, ctx: ActorContext, handle: SinkTaskHandle, barrier: Barrier
     ) -> None:
         # Where the rows before this barrier come from (read before the barrier is passed:
-        # the runtime forgets an epoch's positions once every actor collected it). Recorded
-        # with the epoch's rows, so a sink can tell a replay of rows it holds even if the
-        # runtime's store is lost.
+        # the runtime forgets an epoch's positions once every actor collected it). They go in
+        # the epoch's manifest, and the table records them with the rows, so it can tell a
+        # replay of rows it holds even if the runtime's store is lost.
         positions = ctx.positions_at(barrier)
+        line = self._line
         if self._first_barrier:
             self._first_barrier = False
-            await self._mode.on_first_barrier(barrier)
+            if line is not None and self._rewind is None:
+                # A fresh sink: every writer starts at the same (the latest) epoch — the one
+                # its first barrier opens.
+                await line.align_initial_epoch(barrier.epoch.curr)
         if barrier.is_checkpoint and self._open is not None:
             epoch = self._open
             try:
-                metadata = await handle.pre_commit(epoch, positions=(self._epoch_start, positions))
+                manifest = await handle.stage(epoch)
             except Exception:
-                await handle.rollback_epoch(epoch)
+                await handle.discard(epoch)
                 raise
             self._open = None
-            await self._mode.on_checkpoint(handle, table, epoch, barrier.epoch.prev, metadata)
+            assert line is not None  # a writer that left gets no more checkpoints
+            manifest = replace(
+                manifest,
+                vnodes=line.bitmap.runs(),
+                positions=positions,
+                positions_from=self._epoch_start,
+            )
+            # Acknowledged only once every writer's part of the epoch is in and recorded as
+            # pending: the checkpoint cannot become durable without that record.
+            await line.commit(barrier.epoch.prev, manifest)
+            self._last_checkpoint = barrier.epoch.prev
         await ctx.emit(barrier)
         if barrier.is_stop(ctx.actor_id):
             if self._open is not None:
-                await handle.rollback_epoch(self._open)
+                await handle.discard(self._open)
                 self._open = None
-            await self._mode.on_stop(barrier)
+            if line is not None and isinstance(barrier.mutation, Update):
+                # Dropped by a rescale: leave now, so the coordinator can realign the others
+                # (waiting for a commit here would wait on that realignment).
+                await line.stop()
+                self._line = None
             return
         bitmap = barrier.new_vnode_bitmap(ctx.actor_id)
-        if bitmap is not None:
-            await self._mode.on_rescale(bitmap)
+        if bitmap is not None and line is not None:
+            # Every writer of the sink gets the same barrier, so the coordinator sees every
+            # new bitmap (or stop) and realigns before the next commit.
+            await line.update_vnode_bitmap(bitmap)
+            await line.wait_started()
         if self._open is None:
-            await handle.begin_epoch(barrier.epoch.curr)
+            await handle.begin(barrier.epoch.curr)
             self._open = barrier.epoch.curr
             self._epoch_start = positions

@@ -9,8 +9,11 @@
                                                                with the source positions)
 
 A sink is a **table** (:class:`Table`): ``table.writer(writer_id)`` gives each parallel writer
-its connector, which stages rows and never makes anything visible, and ``table.committer()``
-gives the one :class:`Committer` the sink's coordinator drives.
+its :class:`StagingWriter`, which stages rows and never makes anything visible, and
+``table.committer()`` gives the one :class:`Committer` the sink's coordinator drives. A
+single writer is a table written by one writer (the coordinator runs for it too); an
+at-least-once sink (print) is a table whose writer shows rows as they come and whose
+committer has nothing to do.
 
 * A writer describes what it staged for an epoch in a :class:`Manifest`: small,
   JSON-serializable and self-describing (writer id, the epoch it staged, the vnodes it covers,
@@ -40,11 +43,25 @@ from typing import Any, Protocol, final, runtime_checkable
 
 import pyarrow as pa
 
-from barrierflow.actors.sinks.protocol import CommitMetadata, SinkConnector
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.positions import check_positions, merge_positions
 
-__all__ = ["Committer", "Manifest", "SchemaChange", "StagedFile", "Table", "manifests_positions"]
+__all__ = [
+    "CommitMetadata",
+    "Committer",
+    "Manifest",
+    "PathChecked",
+    "SchemaChange",
+    "StagedFile",
+    "StagingWriter",
+    "Table",
+    "manifests_positions",
+]
+
+#: What a committer's ``prepare`` returns: JSON-serializable facts needed to commit an epoch
+#: (file paths, row counts, positions). The meta store keeps it until the commit, so keep it
+#: small.
+CommitMetadata = Mapping[str, Any]
 
 #: A schema change a manifest may carry (JSON-serializable, compared for equality), such as
 #: ``{"add_columns": [{"name": "note", "type": "string"}]}``.
@@ -243,18 +260,83 @@ class Committer(Protocol):
 
 
 @runtime_checkable
+class StagingWriter(Protocol):
+    """One writer of a table: stages rows per epoch and describes them in a :class:`Manifest`.
+    It never makes a row visible — that is the committer's, once per epoch, for every writer.
+
+    Owned by one sink task (:mod:`barrierflow.actors.sinks.sink_task`), which calls it one
+    call at a time — a writer needs no locks. Its life: :meth:`open` once, then per epoch
+    :meth:`begin`, any number of :meth:`write` (and :meth:`flush` at any time, from the
+    periodic flush), then :meth:`stage` — or :meth:`discard` instead if something failed
+    (``stage`` is never called on a poisoned epoch, one where a write failed); :meth:`close`
+    once, last, also after a failure. A method that raises fails only that call; a call may
+    be cancelled (a flush that overran its timeout) and must leave the writer usable.
+    """
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The schema every written batch must have (names, types and nullability)."""
+        ...
+
+    async def open(self) -> None:
+        """Acquire resources (directories, locks, connections). Called once, first."""
+        ...
+
+    async def begin(self, epoch: int) -> None:
+        """Start staging ``epoch`` (greater than every epoch begun before)."""
+        ...
+
+    async def write(self, batch: pa.RecordBatch) -> None:
+        """Stage ``batch`` (already checked against :attr:`schema`) into the open epoch."""
+        ...
+
+    async def flush(self) -> None:
+        """Push buffered rows towards storage. Nothing becomes visible."""
+        ...
+
+    async def stage(self, epoch: int) -> Manifest:
+        """Make everything written in open epoch ``epoch`` durable (not visible) and describe
+        it. The writer fills its id, the epoch and the files; the sink writer adds its
+        vnodes and the source positions before the manifest goes to the coordinator."""
+        ...
+
+    async def discard(self, epoch: int) -> None:
+        """Delete what ``epoch`` staged (it will never be committed; its rows are replayed)."""
+        ...
+
+    async def close(self) -> None:
+        """Release resources. Called once, last; staged epochs stay for the committer."""
+        ...
+
+
+@runtime_checkable
+class PathChecked(Protocol):
+    """A staging writer writing files under a local path, which it checks before the graph
+    starts (optional): a path that cannot be used is refused naming the sink, before any row
+    flows, rather than failing ``open`` from inside the running graph."""
+
+    def check_path(self, sink: str) -> None:
+        """Make sure the path can be written (blocking, cheap: it may create the directory).
+
+        Raises:
+            SinkPathError: it cannot, naming ``sink``.
+        """
+        ...
+
+
+@runtime_checkable
 class Table(Protocol):
     """A sink written by parallel writers and committed by one coordinator (what
-    :func:`~barrierflow.actors.sinks.add_sink` declares)."""
+    :func:`~barrierflow.actors.sinks.add_sink` declares, for one writer or many)."""
 
     @property
     def schema(self) -> pa.Schema:
         """The schema of every row written."""
         ...
 
-    def writer(self, writer_id: str) -> SinkConnector:
-        """The connector of parallel writer ``writer_id``: it stages, its pre-commit returns
-        its :class:`Manifest` as JSON, and it never makes a row visible."""
+    def writer(self, writer_id: str) -> StagingWriter:
+        """The staging writer of parallel writer ``writer_id`` (a new one at every call: the
+        runtime makes one per incarnation of the writer)."""
         ...
 
     def committer(self) -> Committer:

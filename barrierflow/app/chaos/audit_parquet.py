@@ -4,9 +4,9 @@ A table directory is read as a reader sees it — ``pyarrow.dataset`` discovery,
 names starting with ``.`` or ``_`` — and checked against its own commit records, all plain
 JSON and Parquet:
 
-* every file a reader sees is ``epoch=<E>/<name>.parquet``, and each epoch directory holds
-  exactly the files its commit record (``_PRECOMMITTED.json``, renamed in with them) lists,
-  with the rows it says: one commit per epoch, no data file in two;
+* every file a reader sees is ``epoch=<E>/w<writer>/<name>.parquet``, and each epoch directory
+  holds exactly the files its commit record (``_PRECOMMITTED.json``, renamed in with them)
+  lists, with the rows it says: one commit per epoch, no data file in two;
 * once the run has finished: no epoch above the manifest's ``committed_epoch``, the manifest's
   row and file totals equal what a reader sees, and nothing is left staged.
 
@@ -65,7 +65,7 @@ def read_table_dir(path: Path, audit: Audit, *, complete: bool) -> pa.Table | No
         return None
     for file in _visible(path):
         where = file.relative_to(path).parts
-        if len(where) != 2 or not _epoch_dir(where[0]) or file.suffix != ".parquet":
+        if len(where) != 3 or not _epoch_dir(where[0]) or file.suffix != ".parquet":
             audit.add("stray_visible_file", str(file.relative_to(path)))
     parts: list[pa.Table] = []
     epochs: list[int] = []
@@ -73,7 +73,7 @@ def read_table_dir(path: Path, audit: Audit, *, complete: bool) -> pa.Table | No
     for directory in sorted(d for d in path.iterdir() if _epoch_dir(d.name)):
         epoch = int(directory.name.removeprefix("epoch="))
         epochs.append(epoch)
-        files = sorted(directory.glob("*.parquet"))
+        files = sorted(directory.glob("w*/*.parquet"))
         tables = [pq.read_table(f) for f in files]
         _check_record(directory, epoch, files, tables, audit)
         parts.extend(tables)
@@ -99,11 +99,11 @@ def _check_record(
     except FileNotFoundError:
         audit.add("epoch_without_record", directory.name)
         return
-    listed = sorted(Path(f).name for f in record.get("files", []))
-    if listed != [f.name for f in files]:
-        audit.add(
-            "files_not_as_recorded", f"{directory.name}: {listed} vs {[f.name for f in files]}"
-        )
+    # The record lists the files' staged paths, ``.staging/<epoch>/w<id>/<name>``.
+    listed = sorted("/".join(Path(f).parts[-2:]) for f in record.get("files", []))
+    found = ["/".join(f.parts[-2:]) for f in files]
+    if listed != found:
+        audit.add("files_not_as_recorded", f"{directory.name}: {listed} vs {found}")
     if int(record.get("rows", -1)) != sum(t.num_rows for t in tables):
         audit.add("rows_not_as_recorded", f"{directory.name}: record says {record.get('rows')}")
     if int(record.get("epoch", epoch)) != epoch:

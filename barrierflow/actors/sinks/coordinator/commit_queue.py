@@ -28,8 +28,7 @@ from barrierflow._backoff import MILLISECOND as MILLISECOND
 from barrierflow._backoff import RECENT_DELAYS, RetryBackoff
 from barrierflow._taskgroups import single_error
 from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
-from barrierflow.actors.sinks.protocol import CommitMetadata
-from barrierflow.actors.sinks.table import Committer, Manifest, SchemaChange
+from barrierflow.actors.sinks.table import CommitMetadata, Committer, Manifest, SchemaChange
 
 __all__ = ["RECENT_DELAYS", "CommitItem", "CommitQueue", "RetryBackoff", "run_with_warnings"]
 
