@@ -4,8 +4,8 @@ No server: the catalog is pyiceberg's ``SqlCatalog`` on a local SQLite file and 
 local directory (:func:`open_local_catalog`). The parts:
 
 * **Writers** are Parquet staging writers (:meth:`IcebergSink.writer`): each stages
-  its rows of sink epoch *S* under ``<table>/data/.staging/<S>/w<id>/``, fsyncs them at
-  pre-commit and send their manifests to the coordinator.
+  its rows of sink epoch *S* under ``<table>/data/.staging/<S>/w<id>/``, fsyncs them when it
+  stages the epoch and sends its manifest to the coordinator.
 * **The committer** (:class:`IcebergCommitter`, the coordinator's two-phase committer):
   ``prepare`` gathers every writer's files; ``commit`` moves them out of staging to
   ``<table>/data/<S>/w<id>/`` and adds them in **one** transaction that also sets the table
