@@ -3,10 +3,11 @@
 
 The parts, shaped like :mod:`barrierflow.connectors.iceberg_sink`:
 
-* **Writers** are Parquet staging writers (:meth:`DeltaSink.writer`): each stages
-  its rows of sink epoch *S* under ``<table>/.staging/<S>/w<id>/``, fsyncs them when it stages
-  the epoch and sends its manifest to the coordinator. Delta readers see only the files the log names, and
-  ``vacuum`` skips names starting with ``.``, so staged files are invisible and safe.
+* **Writers** are Parquet staging writers (:meth:`DeltaSink.writer`): each stages its rows
+  of sink epoch *S* under ``<table>/.staging/<S>/w<id>/``, fsyncs them when it stages the
+  epoch and sends its manifest to the coordinator. Delta readers see only the files the log
+  names, and ``vacuum`` skips names starting with ``.``, so staged files are invisible and
+  safe.
 * **The committer** (:class:`DeltaCommitter`, the coordinator's two-phase committer):
   ``prepare`` gathers every writer's files; ``commit`` moves them out of staging to
   ``<table>/<S>/w<id>/`` and adds them in **one** Delta commit (``create_write_transaction``
