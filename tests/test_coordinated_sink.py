@@ -100,3 +100,30 @@ async def test_rescaling_realigns_writers_and_keeps_every_row(tmp_path: Path) ->
         with anyio.fail_after(scaled(10)):
             await coordinator.wait_committed(epoch)
     assert ids(tmp_path / "table") == list(range(150))
+
+
+async def test_round_robin_writers_share_the_coordinators_own_vnode_count(
+    tmp_path: Path,
+) -> None:
+    # Round robin: no writer gets a bitmap from its input, so each registers an even share of
+    # the coordinator's vnodes — of *its* count (16 here), which it must check against.
+    parquet = ParquetTable(tmp_path / "table", SCHEMA)
+    coordinator = Coordinator("table", parquet.committer(), vnode_count=16)
+    rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600.0))
+    rt.add_source("src")
+    rt.add_service("coordinator", coordinator)
+    rt.add_actor(
+        "writer",
+        lambda i: SinkWriter(
+            lambda: parquet.writer(str(i)), coordinator=coordinator, writer_id=str(i)
+        ),
+        inputs=["src"],
+        parallelism=2,
+    )
+    async with rt:
+        await rt.push("src", batch(0, 40))
+        epoch = await rt.checkpoint()
+        with anyio.fail_after(scaled(10)):
+            await coordinator.wait_committed(epoch)
+        assert coordinator.stats().running == 2
+    assert ids(tmp_path / "table") == list(range(40))

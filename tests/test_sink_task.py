@@ -738,6 +738,31 @@ async def test_stuck_flush_is_reported_and_task_keeps_serving() -> None:
     assert fake.names()[-1] == "close"
 
 
+async def test_every_failed_or_stuck_periodic_flush_is_counted() -> None:
+    """The counters add up (two failures are 2, not 1): a command asked after each tick is
+    served once the tick is done, so the stats it reads include it."""
+    fake = FakeWriter()
+    fake.fail["flush"] = 2
+    async with sink(fake, flush_interval=0.05) as handle:
+        with anyio.fail_after(scaled(2)):
+            for epoch in (1, 2):
+                fake.entered.pop("flush", None)
+                await fake.entered_event("flush").wait()
+                await handle.begin(epoch)  # served after the failed tick
+                await handle.discard(epoch)
+        assert handle.stats().flush_errors == 2
+    hanging = FakeWriter()
+    hanging.hang["flush"] = anyio.Event()  # never set: every tick overruns its interval
+    async with sink(hanging, flush_interval=0.05, shutdown_timeout=0.05) as handle:
+        with anyio.fail_after(scaled(2)):
+            for epoch in (1, 2):
+                hanging.entered.pop("flush cancelled", None)
+                await hanging.entered_event("flush cancelled").wait()
+                await handle.begin(epoch)  # served after the stuck tick
+                await handle.discard(epoch)
+        assert handle.stats().stuck_flushes >= 2  # not reset to 1: each overrun counts
+
+
 async def test_failed_periodic_flush_is_counted_and_logged() -> None:
     fake = FakeWriter()
     fake.fail["flush"] = 1
@@ -1188,6 +1213,7 @@ async def test_bad_start_arguments_are_refused_with_what_was_expected_and_got(
         with pytest.raises(InvalidArgumentError) as info:
             await start_sink_task(tg, fake, **{"name": "orders", **options})
     assert (info.value.argument, info.value.expected, info.value.got) == error
+    assert type(info.value) is InvalidArgumentError  # an argument of a call, not a ConfigError
     with pytest.raises(InvalidArgumentError) as info:
         if writer is NoSchema:  # the schema is read when the task starts
             task = SinkTask(fake, **{"name": "orders", **options})
