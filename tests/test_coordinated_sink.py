@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import anyio
@@ -14,6 +15,7 @@ from barrierflow.actors import Coordinator, SinkWriter
 from barrierflow.channels import Chunk, Update, VnodeBitmap
 from barrierflow.connectors import ParquetTable
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig
+from barrierflow.testing import FailingTable
 
 pytestmark = pytest.mark.anyio
 
@@ -127,3 +129,55 @@ async def test_round_robin_writers_share_the_coordinators_own_vnode_count(
             await coordinator.wait_committed(epoch)
         assert coordinator.stats().running == 2
     assert ids(tmp_path / "table") == list(range(40))
+
+
+class _FixedDraw(random.Random):
+    """A jitter source that always draws ``value``: the retry delay is known in advance."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+async def test_a_writer_dropped_while_a_commit_waits_to_be_retried_leaves_at_its_barrier(
+    tmp_path: Path,
+) -> None:
+    # The epoch's commit fails once and waits ~0.5 s for its retry (base 10 s x draw 0.05).
+    # Meanwhile writer 2 is dropped. It must leave the coordinator at its Stop barrier: if it
+    # waited for its last epoch's commit first, the coordinator — realigning the others, and
+    # committing nothing until that is done — and the writer would wait on each other.
+    table = FailingTable(ParquetTable(tmp_path / "table", SCHEMA))
+    coordinator = Coordinator("table", table.committer(), base_delay=10.0, rng=_FixedDraw(0.05))
+    rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600.0))
+    rt.add_source("src", fanout=Fanout("hash", ("id",)))
+    rt.add_service("coordinator", coordinator)
+    for i in range(3):
+        rt.add_actor(
+            f"writer{i}",
+            lambda i=i: SinkWriter(
+                lambda: table.writer(str(i)), coordinator=coordinator, writer_id=str(i)
+            ),
+            inputs=["src"],
+        )
+    async with rt:
+        table.fail("commit")
+        await rt.push("src", batch(0, 90))
+        epoch = await rt.checkpoint()
+        with anyio.fail_after(scaled(10)):
+            await table.wait_called("commit")  # failed: the retry is scheduled
+        halves = VnodeBitmap.split(2)
+        update = Update(
+            vnode_bitmaps={rt.actor_id("writer0"): halves[0], rt.actor_id("writer1"): halves[1]},
+            dropped_actors=frozenset({rt.actor_id("writer2")}),
+        )
+        with anyio.fail_after(scaled(10)):
+            await rt.mutate(update)
+            await rt.checkpoint()  # the others realigned and passed it
+        assert coordinator.stats().running == 2
+        with anyio.fail_after(scaled(10)):
+            await coordinator.wait_committed(epoch)
+        assert table.called("commit")[:2] == [epoch, epoch]  # failed, then retried
+    assert ids(tmp_path / "table") == list(range(90))
