@@ -234,13 +234,26 @@ async def main(state_dir: Path, point: str) -> None:
                 die(point, **facts)
             if point == "mid_change_log_epoch" and phase == "change_log":
                 # Back-to-back barriers each finish an owed epoch before anything of the next
-                # one is read; a pause of a few chunks' time lets the replay get part way into
-                # the next epoch before the next barrier, so a half-replayed epoch is durable.
-                await anyio.sleep(3 * BATCH_ROWS / RATE)
+                # one is read; letting a few chunks of the replay through before the next
+                # barrier gets it part way into the next epoch, so a half-replayed epoch is
+                # durable. Waited for by the rows the job's output has seen, not by the clock.
+                await rows_seen_grow(seen, 3 * BATCH_ROWS)
             if phase == "forward" and point != "right_after_forward":
                 break
         say("MISSED", json.dumps(phases))
     sys.exit(3)
+
+
+async def rows_seen_grow(seen: dict[int, list[Any]], rows: int) -> None:
+    """Return once the job's output has seen ``rows`` more changes, or once it stops growing
+    (the owed epochs are replayed): polled every two chunks of the replay's rate."""
+    start = last = sum(map(len, seen.values()))
+    while last - start < rows:
+        await anyio.sleep(2 * BATCH_ROWS / RATE)
+        now = sum(map(len, seen.values()))
+        if now == last:
+            return  # nothing more arrived in two chunks' time: the replay has caught up
+        last = now
 
 
 if __name__ == "__main__":
