@@ -24,11 +24,12 @@ from barrierflow.actors.sinks.table import Manifest, StagingWriter
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.runtime.command import Finish
 
-__all__: list[str] = []
+__all__ = ["SinkCommandHandler"]
 
 
-class _SinkActor:
-    """The command handler: owns the staging writer and the epoch state machine."""
+class SinkCommandHandler:
+    """The sink task's command handler (package-internal; :class:`SinkTaskHandle` is the API):
+    owns the staging writer and the epoch state machine."""
 
     def __init__(
         self,

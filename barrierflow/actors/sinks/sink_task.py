@@ -45,7 +45,7 @@ import pyarrow as pa
 from anyio.abc import TaskGroup, TaskStatus
 
 from barrierflow._taskgroups import single_error
-from barrierflow.actors.sinks._sink_actor import _SinkActor
+from barrierflow.actors.sinks._sink_actor import SinkCommandHandler
 from barrierflow.actors.sinks._sink_commands import (
     DEFAULT_CAPACITY,
     DEFAULT_FLUSH_INTERVAL,
@@ -127,7 +127,7 @@ async def start_sink_task(
         raise InvalidArgumentError("writer.schema", "a pyarrow.Schema", type(schema).__name__)
     state = TaskState(name)
     ref, inbox = open_command_actor(name, capacity)
-    actor = _SinkActor(writer, state, schema, flush_interval, shutdown_timeout)
+    actor = SinkCommandHandler(writer, state, schema, flush_interval, shutdown_timeout)
 
     async def run(*, task_status: TaskStatus[None]) -> None:
         try:
