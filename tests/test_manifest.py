@@ -15,7 +15,7 @@ from barrierflow.actors import Manifest, StagedFile
 from barrierflow.channels import VnodeBitmap
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._staging import gather_staged
-from barrierflow.errors import StagedEpochMismatchError
+from barrierflow.errors import SchemaEvolutionError, StagedEpochMismatchError
 
 counts = st.integers(0, 1 << 40)
 keys = st.text("abc/", min_size=1, max_size=6)
@@ -87,7 +87,8 @@ def test_gather_staged_joins_every_writers_files_rows_and_positions() -> None:
     metadata = gather_staged(
         "t",
         7,
-        [
+        evolves=False,
+        manifests=[
             staged("0", 3, 2, 5, positions={"s/a": 4}, positions_from={"s/a": 1}),
             staged("1", 3, 1, positions={"s/a": 4, "s/b": 2}, positions_from={"s/a": 1}),
         ],
@@ -106,13 +107,21 @@ def test_gather_staged_joins_every_writers_files_rows_and_positions() -> None:
 
 
 def test_gather_staged_has_nothing_to_commit_without_files_unless_the_schema_changes() -> None:
-    assert gather_staged("t", 7, [staged("0", 3), staged("1", 3)]) is None
+    assert gather_staged("t", 7, [staged("0", 3), staged("1", 3)], evolves=True) is None
     change = {"add_columns": [{"name": "x", "type": "int64"}]}
-    metadata = gather_staged("t", 7, [staged("0", 3, schema_change=change)])
+    metadata = gather_staged("t", 7, [staged("0", 3, schema_change=change)], evolves=True)
     assert metadata is not None
     assert (metadata["paths"], metadata["schema_change"]) == ([], change)
 
 
 def test_gather_staged_refuses_writers_that_staged_different_epochs() -> None:
     with pytest.raises(StagedEpochMismatchError):
-        gather_staged("t", 7, [staged("0", 3, 1), staged("1", 4, 1)])
+        gather_staged("t", 7, [staged("0", 3, 1), staged("1", 4, 1)], evolves=True)
+
+
+def test_gather_staged_checks_the_schema_change_for_every_table_once() -> None:
+    drop = {"drop": "id"}
+    with pytest.raises(SchemaEvolutionError):  # a table that cannot evolve refuses any change
+        gather_staged("t", 7, [staged("0", 3, 1, schema_change={"add_columns": []})], evolves=False)
+    with pytest.raises(InvalidArgumentError):  # one that evolves takes add_columns only
+        gather_staged("t", 7, [staged("0", 3, 1, schema_change=drop)], evolves=True)

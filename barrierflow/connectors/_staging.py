@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from barrierflow.actors.sinks.table import Manifest, manifests_positions
-from barrierflow.connectors.errors import StagedEpochMismatchError, StagedPathError
+from barrierflow.connectors._iceberg_schema import check_schema_change
+from barrierflow.connectors.errors import (
+    SchemaEvolutionError,
+    StagedEpochMismatchError,
+    StagedPathError,
+)
 
 __all__ = [
     "MANIFEST",
@@ -92,21 +97,33 @@ def unstaged_path(root: Path, relative: str) -> Path:
     return root.joinpath(*parts[1:])
 
 
-def gather_staged(table: str, epoch: int, manifests: Sequence[Manifest]) -> dict[str, Any] | None:
+def gather_staged(
+    table: str, epoch: int, manifests: Sequence[Manifest], *, evolves: bool
+) -> dict[str, Any] | None:
     """One epoch's commit metadata from every writer's manifest — what every coordinated
     table's :meth:`~barrierflow.actors.sinks.table.Committer.prepare` persists: the staging
     epoch they all staged under, their files, their rows, the source positions their rows
     reach, and the schema change they carry. ``None`` when no writer staged a file and there
     is no schema change (nothing to commit).
 
+    A schema change is checked here, once for every table: a table that ``evolves`` takes
+    only ``add_columns`` changes (:func:`~._iceberg_schema.check_schema_change`), one that
+    does not (Parquet files) refuses any.
+
     Raises:
         StagedEpochMismatchError: the writers staged different epochs (``table`` names it).
+        SchemaEvolutionError: a schema change for a table that does not evolve.
+        InvalidArgumentError: a schema change that is not an ``add_columns`` change.
     """
+    change = manifests[0].schema_change if manifests else None
+    if change is not None:
+        if not evolves:
+            raise SchemaEvolutionError(table, epoch, change)
+        check_schema_change(change)
     staged = {m.epoch for m in manifests}
     if len(staged) != 1:
         raise StagedEpochMismatchError(table, epoch, staged)
     paths = [f.path for m in manifests for f in m.files]
-    change = manifests[0].schema_change
     if not paths and change is None:
         return None
     metadata: dict[str, Any] = {

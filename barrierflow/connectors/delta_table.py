@@ -68,7 +68,7 @@ from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.positions import epoch_already_held
 from barrierflow.actors.sinks.table import CommitMetadata, Manifest, SchemaChange
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.connectors._iceberg_schema import check_schema_change, same_fields
+from barrierflow.connectors._iceberg_schema import same_fields
 from barrierflow.connectors._parquet_files import check_table_path
 from barrierflow.connectors._staging import (
     clean_staging,
@@ -275,9 +275,7 @@ class DeltaCommitter:
             InvalidArgumentError: the schema change is not an ``add_columns`` change.
         """
         await anyio.lowlevel.checkpoint()
-        if manifests and manifests[0].schema_change is not None:
-            check_schema_change(manifests[0].schema_change)
-        return gather_staged(str(self._sink.path), epoch, manifests)
+        return gather_staged(str(self._sink.path), epoch, manifests, evolves=True)
 
     async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
         """Move the epoch's files out of staging and add them in one Delta commit carrying

@@ -63,7 +63,6 @@ from barrierflow.connectors._staging import (
     kept_epochs,
     staged_dir,
 )
-from barrierflow.connectors.errors import SchemaEvolutionError
 from barrierflow.runtime.positions import SinkCommits
 
 __all__ = ["ParquetCommitter"]
@@ -118,9 +117,7 @@ class ParquetCommitter:
             StagedEpochMismatchError: writers that staged different sink epochs.
         """
         await anyio.lowlevel.checkpoint()
-        if manifests and manifests[0].schema_change is not None:
-            raise SchemaEvolutionError(str(self._root), epoch, manifests[0].schema_change)
-        return gather_staged(str(self._root), epoch, manifests)
+        return gather_staged(str(self._root), epoch, manifests, evolves=False)
 
     async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
         """Rename the staged epoch into the table and record ``epoch`` (idempotent).
