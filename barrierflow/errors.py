@@ -52,6 +52,7 @@ if _typing.TYPE_CHECKING:
     from barrierflow.actors.sinks.errors import DuplicateVnodeError as DuplicateVnodeError
     from barrierflow.actors.sinks.errors import DuplicateWriterError as DuplicateWriterError
     from barrierflow.actors.sinks.errors import EpochPoisonedError as EpochPoisonedError
+    from barrierflow.actors.sinks.errors import PartitionCoverageError as PartitionCoverageError
     from barrierflow.actors.sinks.errors import PositionOverlapError as PositionOverlapError
     from barrierflow.actors.sinks.errors import (
         SchemaChangeMismatchError as SchemaChangeMismatchError,
@@ -61,6 +62,8 @@ if _typing.TYPE_CHECKING:
     from barrierflow.actors.sinks.errors import SinkRecordsOrderError as SinkRecordsOrderError
     from barrierflow.actors.sinks.errors import SinkRecoveryError as SinkRecoveryError
     from barrierflow.actors.sinks.errors import SinkWriterInputError as SinkWriterInputError
+    from barrierflow.actors.sinks.errors import StagedBatchMissingError as StagedBatchMissingError
+    from barrierflow.actors.sinks.errors import StaleStagingError as StaleStagingError
     from barrierflow.actors.sinks.errors import (
         UnexpectedWriterRequestError as UnexpectedWriterRequestError,
     )
@@ -84,6 +87,7 @@ if _typing.TYPE_CHECKING:
     from barrierflow.channels.errors import UnknownInputError as UnknownInputError
     from barrierflow.channels.errors import VnodeOwnershipError as VnodeOwnershipError
     from barrierflow.channels.errors import WatermarkTypeMismatchError as WatermarkTypeMismatchError
+    from barrierflow.connectors.errors import ExecutorStagingError as ExecutorStagingError
     from barrierflow.connectors.errors import SchemaEvolutionError as SchemaEvolutionError
     from barrierflow.connectors.errors import SinkLockedError as SinkLockedError
     from barrierflow.connectors.errors import SinkPathError as SinkPathError
@@ -119,6 +123,7 @@ if _typing.TYPE_CHECKING:
     from barrierflow.runtime.state.errors import StorePathError as StorePathError
     from barrierflow.runtime.state.errors import StoreVersionError as StoreVersionError
     from barrierflow.runtime.state.errors import VersionCompactedError as VersionCompactedError
+    from barrierflow.spark_bridge.errors import ExecutorImportError as ExecutorImportError
     from barrierflow.spark_bridge.errors import SparkQueryFailedError as SparkQueryFailedError
     from barrierflow.spark_bridge.errors import SparkUnavailableError as SparkUnavailableError
 
@@ -145,6 +150,10 @@ _DEFINED_IN: dict[str, str] = {
     "SinkRecordsOrderError": "barrierflow.actors.sinks.errors",
     "SinkRecoveryError": "barrierflow.actors.sinks.errors",
     "SinkWriterInputError": "barrierflow.actors.sinks.errors",
+    "PartitionCoverageError": "barrierflow.actors.sinks.errors",
+    "StagedBatchMissingError": "barrierflow.actors.sinks.errors",
+    "StaleStagingError": "barrierflow.actors.sinks.errors",
+    "ExecutorStagingError": "barrierflow.connectors.errors",
     "UnexpectedWriterRequestError": "barrierflow.actors.sinks.errors",
     "BatchAbortedError": "barrierflow.actors.sources.errors",
     "BatchOrderError": "barrierflow.actors.sources.errors",
@@ -203,6 +212,7 @@ _DEFINED_IN: dict[str, str] = {
     "StoreVersionError": "barrierflow.runtime.state.errors",
     "VersionCompactedError": "barrierflow.runtime.state.errors",
     "SparkQueryFailedError": "barrierflow.spark_bridge.errors",
+    "ExecutorImportError": "barrierflow.spark_bridge.errors",
     "SparkUnavailableError": "barrierflow.spark_bridge.errors",
 }
 

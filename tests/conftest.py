@@ -13,9 +13,13 @@ others fail with one short line that points to it.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Generator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -25,6 +29,7 @@ from hypothesis import settings as hypothesis_settings
 
 if TYPE_CHECKING:
     from barrierflow.testing.redis_server import RedisServer
+    from barrierflow.testing.spark_cluster import StandaloneCluster
 
 pytest_plugins = ["pytester"]  # tests of the suite's own hooks run pytest in a subprocess
 
@@ -44,6 +49,9 @@ hypothesis_settings.load_profile("ci" if os.environ.get("CI") == "true" else "de
 #: How long the shared SparkSession may take to start (times the timeout scale): a JVM on a
 #: loaded machine can take minutes, and no single test should pay for it.
 SPARK_START_SECONDS = 300.0
+#: How long the shared Spark standalone cluster (a master and two workers, three JVMs) may
+#: take until every worker is ALIVE (times the timeout scale); ≈ 15 s on an idle machine.
+CLUSTER_START_SECONDS = 120.0
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -75,8 +83,12 @@ class _SparkStarter:
             from barrierflow.spark_bridge import spark_session
 
             try:
+                # local[2,4]: two cores, and a failed task is retried (up to 4 attempts) as
+                # on a cluster, so that the executor path's retries are tested here too.
                 outcome["session"] = spark_session(
-                    "barrierflow-tests", conf={"spark.default.parallelism": "2"}
+                    "barrierflow-tests",
+                    master="local[2,4]",
+                    conf={"spark.default.parallelism": "2"},
                 )
             except BaseException as exc:  # reported to the tests that need Spark
                 outcome["error"] = exc
@@ -113,6 +125,48 @@ class _SparkStarter:
 _spark = _SparkStarter()
 
 
+class _ClusterStarter:
+    """Starts the session's Spark standalone cluster once, remembering it or why it failed;
+    stops it when the test process exits."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.cluster: StandaloneCluster | None = None
+        self.error: str | None = None
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        try:
+            from barrierflow.testing.spark_cluster import StandaloneCluster
+
+            # A directory of its own (a hook has no fixtures), deleted when the cluster stops.
+            base = Path(tempfile.mkdtemp(prefix="barrierflow-spark-cluster-"))
+            atexit.register(shutil.rmtree, base, True)
+            cluster = StandaloneCluster(base, start_timeout=scaled(CLUSTER_START_SECONDS))
+            cluster.start()
+        except Exception as exc:  # reported, one line each, by the tests that need it
+            from barrierflow._one_line import one_line
+
+            self.error = one_line(exc)
+            return
+        self.cluster = cluster
+        atexit.register(cluster.stop)
+
+    def get(self) -> StandaloneCluster:
+        if self.cluster is None:
+            # One line in every test that needs it: the cause and the log to read.
+            pytest.fail(
+                f"the Spark standalone cluster did not start: {self.error or 'not started'}",
+                pytrace=False,
+            )
+        return self.cluster
+
+
+_cluster = _ClusterStarter()
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
@@ -121,6 +175,8 @@ def pytest_runtest_protocol(
     wrapper runs before pytest-timeout's, which arms the per-test timer)."""
     if "spark" in getattr(item, "fixturenames", ()):
         _spark.start()
+    if "spark_cluster" in getattr(item, "fixturenames", ()):
+        _cluster.start()
     return (yield)
 
 
@@ -140,6 +196,19 @@ def spark() -> object:
     would re-raise a failed start, traceback and all, in every test that uses it.
     """
     return _spark.get()
+
+
+@pytest.fixture
+def spark_cluster() -> StandaloneCluster:
+    """One Spark standalone cluster (a master and two one-core workers on 127.0.0.1) for the
+    whole test session, started before the first test that uses it, outside that test's
+    timeout, and stopped when the test process exits; tests that use it are marked
+    ``cluster``. Its jobs run in subprocesses: this process's SparkContext is local.
+
+    Function-scoped for the same reason as :func:`spark`: a failed start is one line in each
+    test, not a traceback in every one.
+    """
+    return _cluster.get()
 
 
 def _redis_server(base: Any, *, persistent: bool) -> RedisServer:

@@ -345,7 +345,7 @@ async def test_a_long_single_phase_commit_logs_a_warning_every_interval() -> Non
 
 
 class FakeCoordinator:
-    """What a writer handle needs of its coordinator: posted events are answered at once
+    """What a writer handle needs of its coordinator: asked requests are answered at once
     (a commit acknowledged, an initial epoch aligned to itself)."""
 
     def __init__(self, vnode_count: int = VNODES) -> None:
@@ -356,12 +356,12 @@ class FakeCoordinator:
     def check_bitmap(self, bitmap: Any) -> None:
         pass
 
-    async def post(self, event: Event) -> None:
+    async def tell(self, event: Event) -> None:
         self.posted.append(event)
-        if isinstance(event, Commit):
-            event.reply.set(None)
-        elif isinstance(event, AlignInitial):
-            event.reply.set(event.epoch)
+
+    async def ask(self, event: Commit | AlignInitial) -> int | None:
+        self.posted.append(event)
+        return event.epoch if isinstance(event, AlignInitial) else None
 
 
 def writer(handle_id: int, bitmap: VnodeBitmap) -> WriterHandle:

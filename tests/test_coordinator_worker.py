@@ -54,7 +54,6 @@ from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import (
     ActorGoneError,
     ChannelBrokenError,
-    ChannelClosedError,
     CoordinatorAbortedError,
     DuplicateVnodeError,
     DuplicateWriterError,
@@ -392,16 +391,18 @@ async def test_a_failed_run_aborts_registered_and_queued_writers_with_the_cause(
     replies.track(taken)
     send, receive = create_channel[Any](8, name="inbox")
     waiting = commit_event(queued, 2)
-    await send.send(NewHandle(queued))
-    await send.send(waiting)
-    await send.send(StopHandle(stopping))
+    asked: OneShot[None] = OneShot()  # the reply ``ask`` sent with ``waiting``
+    await send.send((NewHandle(queued), None))
+    await send.send((waiting, asked))
+    await send.send((StopHandle(stopping), None))
     exc: BaseException = Stopped() if cancelled else KeyError("k")
     abort_run(SINK, exc, receive, writers, replies)
     with pytest.raises(anyio.WouldBlock):
         receive.receive_nowait()  # every queued event was taken
     assert set(writers.handles) == {1, 2, 3}
     errors = []
-    for reply in (taken.reply, waiting.reply):
+    assert waiting.reply is asked  # taken with the asker's reply
+    for reply in (taken.reply, asked):
         with pytest.raises(CoordinatorAbortedError) as info:
             await got(reply)
         errors.append(info.value)
@@ -423,7 +424,7 @@ async def test_a_failed_run_aborts_registered_and_queued_writers_with_the_cause(
 async def test_abort_run_stops_at_a_closed_inbox() -> None:
     send, receive = create_channel[Any](8, name="inbox")
     handle = detached_handle()
-    await send.send(NewHandle(handle))
+    await send.send((NewHandle(handle), None))
     send.close()
     writers = WriterRegistry(SINK)
     abort_run(SINK, KeyError("k"), receive, writers, OpenReplies())
@@ -551,11 +552,11 @@ async def test_a_registration_waiting_on_a_full_inbox_when_the_run_stops_is_acto
             await run.stop()
             error = await blocked.wait_error()
             assert isinstance(error, ActorGoneError)
-            assert (error.actor, error.reason) == (SINK, "its coordinator stopped")
+            assert (error.actor, error.reason) == (f"{SINK}.coordinator", "its inbox is closed")
             # The cause names the coordinator's inbox.
             cause = error.__cause__
-            assert isinstance(cause, ChannelClosedError | ChannelBrokenError)
-            assert cause.channel == f"{SINK} coordinator"
+            assert isinstance(cause, ChannelBrokenError)
+            assert cause.channel == f"{SINK}.coordinator inbox"
             # The registrations that were queued are aborted, not left waiting.
             with anyio.fail_after(WAIT), pytest.raises(CoordinatorAbortedError):
                 await queued[-1].wait_started()

@@ -158,10 +158,12 @@ class StagedFiles:
         compression: str,
         use_dictionary: bool | list[str],
         writer: str | None = None,
+        directory: Path | None = None,
     ) -> None:
         self.root = root
         self.staging = root / STAGING
         self.writer_id = writer
+        self.directory = directory  # where a Spark task attempt stages (see executor_staging)
         self.schema = schema
         self.rows_per_file = rows_per_file
         self.compression = compression
@@ -263,7 +265,10 @@ class StagedFiles:
 
     def staged_dir(self, epoch: int) -> Path:
         """Where this sink stages ``epoch``: its own subdirectory when it is one writer of a
-        coordinated sink, so that the epoch's directory holds every writer's files."""
+        coordinated sink, so that the epoch's directory holds every writer's files; a task
+        attempt's own directory when it was given one."""
+        if self.directory is not None:
+            return self.directory
         directory = self.staging / staged_name(epoch)
         return directory if self.writer_id is None else directory / f"w{self.writer_id}"
 

@@ -111,7 +111,8 @@ def gather_staged(
     does not (Parquet files) refuses any.
 
     Raises:
-        StagedEpochMismatchError: the writers staged different epochs (``table`` names it).
+        StagedEpochMismatchError: the writers staged files under different epochs
+            (``table`` names it).
         SchemaEvolutionError: a schema change for a table that does not evolve.
         InvalidArgumentError: a schema change that is not an ``add_columns`` change.
     """
@@ -120,7 +121,10 @@ def gather_staged(
         if not evolves:
             raise SchemaEvolutionError(table, epoch, change)
         check_schema_change(change)
-    staged = {m.epoch for m in manifests}
+    # The staging epoch of the files: writers that staged nothing do not count (a micro-batch
+    # staged on Spark executors comes under its own staging number while the writer actors,
+    # which saw no row of it, send empty manifests of the runtime's epoch).
+    staged = {m.epoch for m in manifests if m.files} or {m.epoch for m in manifests}
     if len(staged) != 1:
         raise StagedEpochMismatchError(table, epoch, staged)
     paths = [f.path for m in manifests for f in m.files]

@@ -12,6 +12,7 @@ from barrierflow.channels.errors import ChannelBrokenError, InvalidArgumentError
 from barrierflow.runtime.errors import SinkError
 
 __all__ = [
+    "ExecutorStagingError",
     "SchemaEvolutionError",
     "SinkLockedError",
     "SinkPathError",
@@ -92,6 +93,22 @@ class StagedPathError(ProtocolError):
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(f"expected a staged file path, got {path!r}")
+
+
+@final
+class ExecutorStagingError(SinkError):
+    """Files Spark tasks staged for a micro-batch cannot be adopted (see
+    :mod:`barrierflow.connectors.executor_staging`): the batch must be staged again.
+
+    Attributes:
+        table: the table's directory.
+        reason: what was wrong.
+    """
+
+    def __init__(self, table: str, reason: str) -> None:
+        self.table = table
+        self.reason = reason
+        super().__init__(f"table {table!r}: expected files staged by Spark tasks, but {reason}")
 
 
 @final

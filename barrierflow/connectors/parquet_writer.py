@@ -44,6 +44,7 @@ from barrierflow.connectors._parquet_files import (
     make_table_directory,
     positive_int,
 )
+from barrierflow.connectors.executor_staging import ExecutorStaging
 
 __all__ = ["WRITER_OPTIONS", "ParquetStagingWriter"]
 
@@ -127,6 +128,19 @@ class ParquetStagingWriter:
         writer = self._files.writer_id
         assert writer is not None  # checked by the constructor
         return writer
+
+    def executor_staging(self) -> ExecutorStaging:
+        """What a Spark task needs to stage rows the way this writer does (its root, schema
+        and file options; see :mod:`~.executor_staging`)."""
+        files = self._files
+        return ExecutorStaging(
+            str(self._root),
+            self._schema,
+            files.rows_per_file,
+            self._row_group_rows,
+            files.compression,
+            files.use_dictionary,
+        )
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._limiter is None:

@@ -30,6 +30,32 @@ For each micro-batch, :meth:`SparkBridge.callback` (running on Spark's callback 
 The bridge holds at most one micro-batch (the ``toArrow`` table) plus what the feed's channel
 holds. Static DataFrames go through :meth:`SparkBridge.pump` the same way.
 
+**Writing on the executors** (``start(..., write_on="executors")``, for a bridge given the
+``sink`` it feeds). Every row of the path above crosses the driver; with ``"executors"`` none
+does, and the pipeline scales with Spark's cluster instead of one Python process. Per
+micro-batch, on Spark's callback thread:
+
+1. the schema (against the sink's table) and the batch id are checked as above; a replay is
+   skipped before any Spark work;
+2. one Spark job stages the micro-batch where it lies — each task writes its partition's rows
+   as Parquet files under its attempt's own directory and returns only its manifest
+   (:mod:`barrierflow.spark_bridge.executors`); no shuffle is added;
+3. the driver moves the files of the one attempt Spark kept per partition into the staging
+   layout writer actors use (one rename per partition) and hands the manifests to the sink's
+   coordinator, which checks that they cover every partition exactly once and holds them
+   (:mod:`barrierflow.actors.sinks.coordinator.staged`);
+4. the batch's end mark — no rows — goes through the feed as in step 3 above: the epoch that
+   seals the batch id takes the staged files into its commit, persisted as pending before the
+   checkpoint can be durable, committed once it is. The batch-id dedup and the positions the
+   table records work as for rows delivered through the driver.
+
+A graph failure or a coordinator restart in between is retried from step 1 (the feed's
+``retries`` times): the batch is either durable by then, or staged again under a new staging
+number (what the first try staged is deleted by the coordinator's recovery). Which is the
+default: ``"driver"``, because it runs every graph (an executor-written sink must be fed by
+the feed's source directly — the graph's operators between them would be skipped — and its
+table's directory must be a path both the driver and the executors see).
+
 **Failures.** An error raised in the callback stops the query, and Spark hands it to the
 driver as a ``StreamingQueryException`` whose text buries it under Py4J and JVM traces.
 :meth:`SparkBridge.await_termination` (or :meth:`SparkBridge.unwrap` on what the driver caught
@@ -42,16 +68,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, final
 
 import pyarrow as pa
 
 from barrierflow._extras import require
+from barrierflow.actors.sinks.add_sink import DeclaredSink
+from barrierflow.actors.sinks.errors import (
+    CoordinatorAbortedError,
+    StagedBatchMissingError,
+    StaleStagingError,
+)
 from barrierflow.actors.sources.batch_feed import BatchFeed
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.channels.schema import cast_fixes, check_schema, conform_schema
+from barrierflow.connectors.errors import ExecutorStagingError
+from barrierflow.connectors.executor_staging import ExecutorStaging, staging_number
 from barrierflow.runtime.blocking import BlockingRuntime
-from barrierflow.runtime.errors import NotRunningError
+from barrierflow.runtime.errors import ActorFailedError, ActorGoneError, NotRunningError
+from barrierflow.spark_bridge.executors import stage_on_executors
 from barrierflow.spark_bridge.failures import unwrap_spark_error
 
 __all__ = ["BridgeStats", "SparkBridge", "arrow_schema_of"]
@@ -70,6 +106,10 @@ class BridgeStats:
     #: Seconds in Spark's ``toArrow``, and in delivery (channel waits and checkpoints).
     to_arrow_seconds: float
     deliver_seconds: float
+    #: Micro-batches staged on the executors (counted in ``batches`` too once durable), and
+    #: seconds in those Spark jobs and the driver's adoption of their files.
+    staged_batches: int = 0
+    stage_seconds: float = 0.0
 
 
 def arrow_schema_of(df: Any) -> pa.Schema:
@@ -145,23 +185,37 @@ class SparkBridge:
             threads, not from async code).
         feed: the feed whose source actor is in the runtime's graph.
         stream: the name under which batch ids are recorded (one per streaming query).
+        sink: the sink (what :func:`~barrierflow.actors.sinks.add_sink.add_sink` returned)
+            the feed's source feeds directly; needed only to write on the executors.
 
     Raises:
         InvalidArgumentError: a bad argument (names it).
     """
 
-    def __init__(self, runtime: BlockingRuntime, feed: BatchFeed, *, stream: str = "spark") -> None:
+    def __init__(
+        self,
+        runtime: BlockingRuntime,
+        feed: BatchFeed,
+        *,
+        stream: str = "spark",
+        sink: DeclaredSink | None = None,
+    ) -> None:
         if not isinstance(runtime, BlockingRuntime):
             raise InvalidArgumentError("runtime", "a BlockingRuntime", type(runtime).__name__)
         if not isinstance(feed, BatchFeed):
             raise InvalidArgumentError("feed", "a BatchFeed", type(feed).__name__)
         if not isinstance(stream, str) or not stream:
             raise InvalidArgumentError("stream", "a non-empty str", stream)
+        if sink is not None and not isinstance(sink, DeclaredSink):
+            raise InvalidArgumentError("sink", "None or what add_sink returned", sink)
         self.runtime = runtime
         self.feed = feed
         self.stream = stream
-        self._batches = self._replays = self._rows = 0
-        self._to_arrow = self._deliver = 0.0
+        self.sink = sink
+        self._staging: ExecutorStaging | None = None
+        self._number = 0  # the last staging number
+        self._batches = self._replays = self._rows = self._staged = 0
+        self._to_arrow = self._deliver = self._stage = 0.0
         self._last_error: Exception | None = None
 
     @property
@@ -218,6 +272,8 @@ class SparkBridge:
             rows=self._rows,
             to_arrow_seconds=self._to_arrow,
             deliver_seconds=self._deliver,
+            staged_batches=self._staged,
+            stage_seconds=self._stage,
         )
 
     def _check_running(self) -> None:
@@ -228,17 +284,43 @@ class SparkBridge:
                 "query before leaving it",
             )
 
-    def deliver(self, df: Any, batch_id: int, *, stream: str | None = None) -> int | None:
+    def _executor_staging(self) -> ExecutorStaging:
+        """What Spark tasks stage with for the bridge's sink (made once)."""
+        if self._staging is None:
+            if self.sink is None:
+                raise InvalidArgumentError(
+                    "sink",
+                    "the sink to write on the executors: SparkBridge(handle, feed, "
+                    "sink=add_sink(...))",
+                    None,
+                )
+            self._staging = ExecutorStaging.of(self.sink.table)
+        return self._staging
+
+    def deliver(
+        self, df: Any, batch_id: int, *, stream: str | None = None, write_on: str = "driver"
+    ) -> int | None:
         """Deliver ``df`` as batch ``batch_id`` of ``stream`` (default: the bridge's); returns
         the durable epoch, or ``None`` for a replay that was already durable.
 
+        ``write_on="executors"`` stages the rows on Spark's executors for the bridge's sink
+        instead of collecting them here (see the module docstring).
+
         Raises:
             NotRunningError: the runtime is not running.
-            SchemaMismatchError: ``df``'s schema is not the feed's (nothing delivered).
+            SchemaMismatchError: ``df``'s schema is not the feed's — the sink table's, when
+                written on the executors — (nothing delivered).
             BatchOrderError: ``batch_id`` goes backwards or skips (nothing delivered).
+            ExecutorImportError: an executor cannot import barrierflow or its dependencies.
+            InvalidArgumentError: ``write_on`` is not ``"driver"`` or ``"executors"``, or
+                ``"executors"`` for a bridge without a sink whose table stages Parquet files.
         """
         self._check_running()
         stream = self.stream if stream is None else stream
+        if _check_write_on(write_on) == "executors":
+            staging = self._executor_staging()
+            _check_frame(df, staging.schema, f"micro-batch {batch_id} of {stream!r}")
+            return self._deliver_on_executors(df, stream, batch_id, staging)
         # The schema is checked once, here at the boundary, from Spark's own schema (no job).
         _check_frame(df, self.feed.schema, f"micro-batch {batch_id} of {stream!r}")
         started = time.perf_counter()
@@ -255,11 +337,70 @@ class SparkBridge:
             NotRunningError, SchemaMismatchError, BatchOrderError: as :meth:`deliver` (or
                 whatever the graph raised); the exception is also kept as :attr:`last_error`.
         """
+        self._callback(df, batch_id, "driver")
+
+    def executors_callback(self, df: Any, batch_id: int) -> None:
+        """The ``foreachBatch`` callback that writes on the executors (see :meth:`callback`
+        and the module docstring)."""
+        self._callback(df, batch_id, "executors")
+
+    def _callback(self, df: Any, batch_id: int, write_on: str) -> None:
         try:
-            self.deliver(df, batch_id)
+            self.deliver(df, batch_id, write_on=write_on)
         except Exception as exc:
             self._last_error = exc
             raise
+
+    async def _probe(self, stream: str, batch_id: int) -> tuple[str, bool]:
+        """The stream's position key, and whether ``batch_id`` is new (in the runtime's
+        thread: the feed's ids are the running source's)."""
+        key = await self.feed.position_key(stream, self.runtime.runtime)
+        return key, self.feed.check_batch(stream, batch_id)
+
+    def _deliver_on_executors(
+        self, df: Any, stream: str, batch_id: int, staging: ExecutorStaging
+    ) -> int | None:
+        """Stage ``df`` on the executors, hand the files to the sink's coordinator, then
+        deliver the batch's end mark; the whole is retried after a graph failure or a
+        coordinator restart (see the module docstring)."""
+        assert self.sink is not None  # checked by _executor_staging
+        coordinator = self.sink.coordinator
+        rt = self.runtime.runtime
+        end_mark = self.feed.schema.empty_table()
+        failures = 0
+        deliver_end = partial(self.feed.deliver, rt, stream, batch_id, end_mark, retries=0)
+        while True:
+            key, new = self.runtime.call(self._probe, stream, batch_id)
+            if not new:
+                # A replay: the feed confirms it (a checkpoint, if an abandoned call sent it).
+                self.runtime.call(deliver_end)
+                self._replays += 1
+                return None
+            generation = self.runtime.call(coordinator.staging_generation)
+            self._number = staging_number(self._number)
+            started = time.perf_counter()
+            try:
+                partitions, manifests = stage_on_executors(df, staging, self._number)
+                adopted = staging.adopt(self._number, manifests)
+                self._stage += time.perf_counter() - started
+                self._staged += 1
+                self.runtime.call(
+                    coordinator.adopt_staged, key, batch_id, partitions, adopted, generation
+                )
+                started = time.perf_counter()
+                epoch = self.runtime.call(deliver_end)
+                self._deliver += time.perf_counter() - started
+            except _STAGE_AGAIN:
+                failures += 1
+                if failures > self.feed.retries:
+                    raise
+                continue
+            if epoch is None:
+                self._replays += 1
+            else:
+                self._batches += 1
+                self._rows += sum(manifest.rows for manifest in adopted)
+            return epoch
 
     def _deliver_table(self, stream: str, batch_id: int, table: pa.Table) -> int | None:
         started = time.perf_counter()
@@ -280,6 +421,7 @@ class SparkBridge:
         trigger: str | None = None,
         available_now: bool = False,
         query_name: str | None = None,
+        write_on: str = "driver",
     ) -> Any:
         """Start ``df`` (a streaming DataFrame) into the bridge; returns the StreamingQuery.
 
@@ -289,14 +431,26 @@ class SparkBridge:
             trigger: a processing-time interval such as ``"1 second"`` (default: Spark's).
             available_now: process what is available now, in micro-batches, then stop.
             query_name: the query's name in Spark.
+            write_on: ``"driver"`` (the default: rows go through the graph) or
+                ``"executors"`` (Spark tasks stage the rows for the bridge's sink; see the
+                module docstring).
+
+        Raises:
+            InvalidArgumentError: a bad argument, or ``"executors"`` without a sink whose
+                table stages Parquet files.
+            SchemaMismatchError: ``df``'s schema is not the feed's (the sink table's, when
+                written on the executors).
         """
         self._check_running()
         if not isinstance(checkpoint_location, str) or not checkpoint_location:
             raise InvalidArgumentError(
                 "checkpoint_location", "a non-empty directory path", checkpoint_location
             )
-        _check_frame(df, self.feed.schema, "the streaming DataFrame", streaming=True)
-        writer = df.writeStream.foreachBatch(self.callback).option(
+        on_executors = _check_write_on(write_on) == "executors"
+        schema = self._executor_staging().schema if on_executors else self.feed.schema
+        _check_frame(df, schema, "the streaming DataFrame", streaming=True)
+        callback = self.executors_callback if on_executors else self.callback
+        writer = df.writeStream.foreachBatch(callback).option(
             "checkpointLocation", checkpoint_location
         )
         if query_name is not None:
@@ -346,6 +500,24 @@ class SparkBridge:
                 delivered += piece.num_rows
                 advance(piece.num_rows)
         return delivered
+
+
+#: What makes the bridge stage a micro-batch again: the graph failed (and recovered), or the
+#: coordinator's run changed under the staging (its recovery may have deleted the files).
+_STAGE_AGAIN = (
+    ActorFailedError,
+    ActorGoneError,
+    CoordinatorAbortedError,
+    ExecutorStagingError,
+    StagedBatchMissingError,
+    StaleStagingError,
+)
+
+
+def _check_write_on(write_on: object) -> str:
+    if write_on not in ("driver", "executors"):
+        raise InvalidArgumentError("write_on", "'driver' or 'executors'", write_on)
+    return str(write_on)
 
 
 class _Progress:

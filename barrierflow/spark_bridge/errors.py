@@ -10,6 +10,7 @@ from typing import Literal, final
 from barrierflow.channels.errors import BarrierflowError
 
 __all__ = [
+    "ExecutorImportError",
     "SparkQueryFailedError",
     "SparkUnavailableError",
 ]
@@ -57,3 +58,23 @@ class SparkQueryFailedError(BarrierflowError):
         self.cause = cause
         name = "a Spark streaming query" if query is None else f"Spark streaming query {query}"
         super().__init__(f"{name} stopped: {cause}")
+
+
+@final
+class ExecutorImportError(BarrierflowError):
+    """Spark's executors could not import a module that staging a micro-batch there needs
+    (barrierflow, pyarrow, ...): their Python is not the driver's environment.
+
+    Attributes:
+        module: the module an executor could not import.
+    """
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        super().__init__(
+            f"Spark executors cannot import {module!r}; expected every executor to run a "
+            "Python with barrierflow and its dependencies: point PYSPARK_PYTHON (or "
+            "spark.pyspark.python) at the driver's virtual environment on every worker, or "
+            "ship the environment with spark.archives (a packed venv) or the package with "
+            "spark.submit.pyFiles"
+        )

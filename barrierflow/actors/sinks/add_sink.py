@@ -74,6 +74,8 @@ class DeclaredSink:
     writers: tuple[str, ...]
     #: Its coordinator (a service of the runtime or job).
     coordinator: Coordinator
+    #: The table it writes (what Spark executors stage for, when a bridge writes there).
+    table: Table
 
 
 def add_sink(
@@ -152,4 +154,4 @@ def _add_coordinated(
         target.add_actor(name, writer, inputs=[upstream], parallelism=count, key=key)
         parallelism = count
     target.add_service(service, coordinator)
-    return DeclaredSink(name, tuple(parallel_names(name, parallelism)), coordinator)
+    return DeclaredSink(name, tuple(parallel_names(name, parallelism)), coordinator, table)

@@ -18,6 +18,7 @@ __all__ = [
     "DuplicateVnodeError",
     "DuplicateWriterError",
     "EpochPoisonedError",
+    "PartitionCoverageError",
     "PositionOverlapError",
     "SchemaChangeMismatchError",
     "SinkConnectorError",
@@ -25,6 +26,8 @@ __all__ = [
     "SinkRecordsOrderError",
     "SinkRecoveryError",
     "SinkWriterInputError",
+    "StagedBatchMissingError",
+    "StaleStagingError",
     "UnexpectedWriterRequestError",
 ]
 
@@ -326,4 +329,69 @@ class PositionOverlapError(SinkError):
         super().__init__(
             f"sink {sink!r}: epoch {epoch} holds batches {first}..{last} of {key!r}, but the "
             f"sink already holds up to batch {held}; expected an epoch wholly new or wholly held"
+        )
+
+
+@final
+class PartitionCoverageError(ProtocolError):
+    """The manifests of a micro-batch staged on Spark executors do not cover each of its
+    partitions exactly once (the shares the coordinator checks there instead of vnodes).
+
+    Attributes:
+        sink: the sink's name.
+        batch: the micro-batch (``"<position key>#<batch id>"``).
+        partitions: how many partitions the micro-batch has.
+        got: the partitions the manifests name, in order (a repeat is a duplicate).
+    """
+
+    def __init__(self, sink: str, batch: str, partitions: int, got: Iterable[int]) -> None:
+        self.sink = sink
+        self.batch = batch
+        self.partitions = partitions
+        self.got = list(got)
+        super().__init__(
+            f"sink {sink!r}: expected every partition 0..{partitions - 1} of {batch} exactly "
+            f"once, got partitions {sorted(self.got)}"
+        )
+
+
+@final
+class StaleStagingError(SinkError):
+    """Files staged on executors were handed to a coordinator run that started after the
+    staging began: that run's recovery may have deleted them, so the batch is staged again.
+
+    Attributes:
+        sink: the sink's name.
+        staged_in, current: the coordinator runs (generations) of the staging and now.
+    """
+
+    def __init__(self, sink: str, staged_in: int, current: int) -> None:
+        self.sink = sink
+        self.staged_in = staged_in
+        self.current = current
+        super().__init__(
+            f"sink {sink!r}: expected staged files from coordinator run {current}, got files "
+            f"staged during run {staged_in}; stage the batch again"
+        )
+
+
+@final
+class StagedBatchMissingError(SinkError):
+    """An epoch reaches a micro-batch that is written on Spark executors, but the coordinator
+    holds no files staged for it: committing the epoch would lose the batch's rows.
+
+    Attributes:
+        sink, epoch: where.
+        key: the position key (``"<source>/<stream>"``).
+        batches: the batch ids with no staged files.
+    """
+
+    def __init__(self, sink: str, epoch: int, key: str, batches: Iterable[int]) -> None:
+        self.sink = sink
+        self.epoch = epoch
+        self.key = key
+        self.batches = sorted(batches)
+        super().__init__(
+            f"sink {sink!r}: epoch {epoch} reaches batches {self.batches} of {key!r}, but "
+            "expected their files staged on executors first; the bridge stages them again"
         )

@@ -24,6 +24,7 @@ from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import ChannelBrokenError, ChannelClosedError, InvalidArgumentError
 from barrierflow.channels.schema import conform_schema
 from barrierflow.runtime.errors import ActorFailedError
+from barrierflow.runtime.positions import position_key
 from barrierflow.runtime.runtime import Runtime
 
 __all__ = ["BatchFeed", "BatchFeedStats"]
@@ -188,6 +189,17 @@ class BatchFeed:
             last = last - 1 if last > self.first_batch_id else None
         return last
 
+    async def position_key(self, stream: str, runtime: Runtime) -> str:
+        """The position key under which the running source reports ``stream``'s batch ids
+        (``"<source actor>/<stream>"``); waits until the source of ``runtime`` runs.
+
+        Raises:
+            ActorFailedError, NotRunningError: as ``Runtime.wait_running``.
+        """
+        await self._channel(runtime)
+        assert self._source_name is not None  # set with the channel
+        return position_key(self._source_name, stream)
+
     def stats(self) -> BatchFeedStats:
         """A snapshot of the feed's counters."""
         return BatchFeedStats(
@@ -227,9 +239,14 @@ class BatchFeed:
         stream: str,
         batch_id: int,
         data: pa.Table | pa.RecordBatch | Sequence[pa.RecordBatch],
+        *,
+        retries: int | None = None,
     ) -> int | None:
         """Deliver batch ``batch_id`` of ``stream`` exactly once; returns the durable
         checkpoint epoch holding it, or ``None`` if it was a replay (already durable).
+
+        ``retries`` overrides the feed's for this call (``0``: a caller that must redo work
+        of its own before a batch is delivered again, such as staging it on Spark executors).
 
         Raises:
             SchemaMismatchError: ``data`` does not have the feed's schema (nothing delivered).
@@ -244,6 +261,10 @@ class BatchFeed:
                 raise InvalidArgumentError("data", "a Table, RecordBatch or RecordBatches", data)
             data = pa.Table.from_batches(list(data), schema=self.schema)
         table = conform_schema(data, self.schema, f"batch {batch_id} of stream {stream!r}")
+        if retries is None:
+            retries = self.retries
+        elif type(retries) is not int or retries < 0:
+            raise InvalidArgumentError("retries", "None or an int >= 0", retries)
         if self._lock is None:
             self._lock = anyio.Lock()
         async with self._lock:  # one batch at a time: batches of a feed never interleave
@@ -265,7 +286,7 @@ class BatchFeed:
                     epoch = await self._deliver_once(runtime, stream, batch_id, table)
                 except (ActorFailedError, _SourceGoneError) as exc:
                     attempt += 1
-                    if attempt <= self.retries:
+                    if attempt <= retries:
                         self._retries += 1
                         continue
                     if isinstance(exc, _SourceGoneError) and exc.__cause__ is not None:

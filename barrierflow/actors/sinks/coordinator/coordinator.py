@@ -8,11 +8,23 @@ each parallel sink writer registers with its vnode bitmap and gets a
 commit requests, committed epochs) from one inbox, in order. Beside it run the follower of the
 runtime's committed epochs (whose end is an error: no commit could ever run again) and the
 writer of committed marks (:meth:`~.commit_queue.CommitQueue.write_marks`).
+
+The inbox is a command actor's (:func:`~barrierflow.runtime.command.open_command_actor`,
+named ``<sink>.coordinator`` like the service): writers reach it through an
+:class:`~barrierflow.runtime.command.ActorRef`, ``tell`` for what needs no answer and ``ask``
+for a commit or the initial epoch, and a request that can never be answered is an
+:class:`~barrierflow.errors.ActorGoneError` naming it, as for every command actor. The loop is
+its own, not :func:`~barrierflow.runtime.command.serve_commands`: a coverage round takes
+requests as they come and answers them only once every vnode is covered (an epoch's
+acknowledgement waits for the last writer of that epoch), which one-request-one-reply
+serving cannot express. A run that fails answers what it took and what is still queued with
+:class:`~barrierflow.errors.CoordinatorAbortedError` (:func:`~.replies.abort_run`).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any, final
 
 import anyio
@@ -34,32 +46,36 @@ from barrierflow.actors.sinks.coordinator.coverage import (
     register_all,
 )
 from barrierflow.actors.sinks.coordinator.handles import (
+    AdoptStaged,
     AlignInitial,
     Commit,
     CommittedEpoch,
     Event,
+    Inbound,
     NewHandle,
     StopHandle,
     UpdateBitmap,
     WriterHandle,
     WriterRegistry,
     event_name,
+    take,
 )
 from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
 from barrierflow.actors.sinks.coordinator.recovery import recover
 from barrierflow.actors.sinks.coordinator.replies import OpenReplies, abort_run, refuse
+from barrierflow.actors.sinks.coordinator.staged import ExecutorBatches
 from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats
 from barrierflow.actors.sinks.errors import (
     CommittedEpochsEndedError,
     SchemaChangeMismatchError,
     UnexpectedWriterRequestError,
 )
-from barrierflow.actors.sinks.table import Committer
-from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
+from barrierflow.actors.sinks.table import Committer, Manifest
+from barrierflow.channels.channel import ReceiveChannel
 from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
+from barrierflow.runtime.command import ActorRef, open_command_actor
 from barrierflow.runtime.config import check_seconds
-from barrierflow.runtime.errors import ActorGoneError
 from barrierflow.runtime.service import ServiceContext
 
 __all__ = ["Coordinator"]
@@ -123,8 +139,11 @@ class Coordinator:
         # Notifiers hold an anyio.Event, which needs async context: made on first use.
         self._ready: Notifier | None = None  # the inbox opened
         self._progress: Notifier | None = None  # an epoch was acknowledged or committed
-        self._inbox: SendChannel[Event] | None = None
+        self._ref: ActorRef[Event] | None = None  # the inbox of the current run
         self._next_id = 0
+        self._generation = 0  # runs started
+        self._recovered: Notifier | None = None  # the current run finished its recovery
+        self._staged_keys: set[str] = set()  # position keys ever written on executors
         self._reset_run_state()
 
     @property
@@ -161,6 +180,8 @@ class Coordinator:
         self._replies = OpenReplies()
         self._state_waiting: set[int] | None = None  # writers waiting for a flushed schema change
         self._queue: CommitQueue | None = None
+        self._staged = ExecutorBatches(self.sink, self._staged_keys, self._generation)
+        self._ready_for_staging = False
 
     # The writers' side.
 
@@ -202,25 +223,75 @@ class Coordinator:
                 raise InvalidArgumentError(argument, "None or a non-empty str", value)
         self._next_id += 1
         handle = WriterHandle(self, self._next_id, bitmap, writer, name)
-        await self.post(NewHandle(handle))
+        await self.tell(NewHandle(handle))
         return handle
 
-    async def post(self, event: Event) -> None:
-        """Queue a writer handle's event for the run (what a
+    @property
+    def actor(self) -> str:
+        """The name of the coordinator's inbox (``<sink>.coordinator``), as errors give it."""
+        return f"{self.sink}.coordinator"
+
+    async def tell(self, event: Event) -> None:
+        """Queue a writer handle's event for the run without waiting for an answer (what a
         :class:`~barrierflow.actors.sinks.coordinator.WriterHandle` sends; waits for the
         run to start).
 
         Raises:
             ActorGoneError: the coordinator stopped.
         """
-        while self._inbox is None:
+        await (await self._running_ref()).tell(event)
+
+    async def ask(self, event: Commit | AlignInitial | AdoptStaged) -> Any:
+        """Queue a writer handle's request and wait for its answer (waits for the run to
+        start).
+
+        Raises:
+            ActorGoneError: the coordinator stopped before it took the request.
+            CoordinatorAbortedError: the run failed before it answered.
+            Exception: the error the coordinator refused the request with.
+        """
+        return await (await self._running_ref()).ask(event)
+
+    async def staging_generation(self) -> int:
+        """The current coordinator run, once it has recovered (waits for that): what a
+        micro-batch staged on executors from now on is handed over with
+        (:meth:`adopt_staged`). A later run's recovery may delete what was staged meanwhile,
+        and then the hand-over is refused."""
+        while not self._ready_for_staging:
+            if self._recovered is None:
+                self._recovered = Notifier()
+            await self._recovered.wait()
+        return self._generation
+
+    async def adopt_staged(
+        self, key: str, batch: int, partitions: int, manifests: Sequence[Manifest], generation: int
+    ) -> None:
+        """Hand over batch ``batch`` of position key ``key`` (a micro-batch of ``partitions``
+        partitions) staged on Spark executors during run ``generation``: one manifest per
+        partition (see :mod:`.staged`). Returns once the coordinator holds it; the batch's end
+        mark may then be delivered.
+
+        Raises:
+            StaleStagingError: ``generation`` is not the current run.
+            PartitionCoverageError: the manifests do not name each partition exactly once.
+            InvalidArgumentError: a bad argument.
+        """
+        if not isinstance(key, str) or not key:
+            raise InvalidArgumentError("key", "a position key '<source>/<stream>'", key)
+        for name, value in (("batch", batch), ("partitions", partitions)):
+            if type(value) is not int or value < 0:
+                raise InvalidArgumentError(name, "an int >= 0", value)
+        staged = tuple(manifests)
+        if not all(isinstance(m, Manifest) for m in staged):
+            raise InvalidArgumentError("manifests", "Manifests", manifests)
+        await self.ask(AdoptStaged(key, batch, partitions, staged, generation))
+
+    async def _running_ref(self) -> ActorRef[Event]:
+        while self._ref is None:
             if self._ready is None:
                 self._ready = Notifier()
             await self._ready.wait()
-        try:
-            await self._inbox.send(event)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
-            raise ActorGoneError(self.sink, "its coordinator stopped") from exc
+        return self._ref
 
     def is_committed(self, epoch: int) -> bool:
         """Whether every epoch up to ``epoch`` was acknowledged and committed in this run."""
@@ -259,27 +330,32 @@ class Coordinator:
 
     async def run(self, ctx: ServiceContext) -> None:
         """Coordinate until cancelled; on failure abort every writer handle, then raise."""
+        self._generation += 1
         self._reset_run_state()
-        send, receive = create_channel[Event](1024, name=f"{self.sink} coordinator")
-        self._inbox = send
+        ref, receive = open_command_actor(self.actor, 1024)
+        self._ref = ref
         if self._ready is not None:
             self._ready.notify()
         try:
             with single_error():
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._follow_committed_epochs, ctx, send.clone())
+                    tg.start_soon(self._follow_committed_epochs, ctx, ref.clone())
                     await self._coordinate(ctx, receive, tg)
         except BaseException as exc:
             abort_run(self.sink, exc, receive, self._writers, self._replies)
             raise
         finally:
-            self._inbox = None
-            send.close()
+            # Closed before anything awaits: a writer blocked on the full inbox gets
+            # ActorGoneError ("its inbox is closed") now, and nothing can slip into it after
+            # abort_run emptied it. The ref itself is left open: writers send through it, and
+            # closing it would tell a blocked one that *its* handle was closed.
+            self._ref = None
+            self._ready_for_staging = False
+            receive.close()
             if self._queue is not None:
                 await self._queue.mark_committed()
-            receive.close()
 
-    async def _follow_committed_epochs(self, ctx: ServiceContext, send: SendChannel[Event]) -> None:
+    async def _follow_committed_epochs(self, ctx: ServiceContext, ref: ActorRef[Event]) -> None:
         """Post each committed epoch to the inbox.
 
         Raises:
@@ -288,16 +364,18 @@ class Coordinator:
                 seed fails its coordinator then instead of silently stopping every commit.
         """
         last: int | None = None
-        with send:
+        try:
             async for epoch in ctx.committed_epochs():
                 last = epoch
-                await send.send(CommittedEpoch(epoch))
+                await ref.tell(CommittedEpoch(epoch))
+        finally:
+            ref.close()
         queue = self._queue
         waiting = [] if queue is None else [i.epoch for i in (*queue.prepared, *queue.pending)]
         raise CommittedEpochsEndedError(self.sink, last, waiting)
 
     async def _coordinate(
-        self, ctx: ServiceContext, inbox: ReceiveChannel[Event], tg: anyio.abc.TaskGroup
+        self, ctx: ServiceContext, inbox: ReceiveChannel[Inbound], tg: anyio.abc.TaskGroup
     ) -> None:
         self._inbox_rx = inbox
         states = SinkStates(ctx.store, self.sink)
@@ -315,6 +393,9 @@ class Coordinator:
         await self._committer.recover(
             {item.epoch: item.metadata for item in recovered.pending if item.metadata is not None}
         )
+        self._ready_for_staging = True  # recovery cleaned the staging area: stage from now on
+        if self._recovered is not None:
+            self._recovered.notify()
         running = await register_all(self.sink, self._vnode_count, self._round_event, self._writers)
         await self._try_start(running)
         epochs = EpochRounds(self.sink, self._vnode_count)
@@ -357,15 +438,24 @@ class Coordinator:
         """The next writer event; committed epochs are absorbed on the way. ``None`` once the
         deadline (a due retry) passed."""
         while True:
-            event: Event | None = None
+            received: Inbound | None = None
             with anyio.move_on_after(deadline - anyio.current_time()):
-                event = await self._inbox_rx.receive()
-            if event is None:
+                received = await self._inbox_rx.receive()
+            if received is None:
                 return None
+            event = take(*received)
             if isinstance(event, CommittedEpoch):
                 assert self._queue is not None
                 self._queue.on_committed_epoch(event.epoch)
                 return None  # re-evaluate what is due
+            if isinstance(event, AdoptStaged):
+                try:
+                    self._staged.add(event)
+                except Exception as exc:
+                    event.reply.fail(exc)  # the bridge's to handle; the run goes on
+                else:
+                    event.reply.set(None)
+                continue
             self._replies.track(event)
             return event
 
@@ -427,7 +517,9 @@ class Coordinator:
                     self.sink, oldest, change, request.manifest.schema_change
                 )
         assert self._queue is not None
-        await self._queue.complete(oldest, [request.manifest for request in requests], change)
+        manifests = [request.manifest for request in requests]
+        manifests += self._staged.claim(oldest, manifests)
+        await self._queue.complete(oldest, manifests, change)
         for request in requests:
             self._replies.answer(request.reply)
         self._acked += 1

@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 
 from barrierflow.actors.sinks.coordinator.handles import (
+    AdoptStaged,
     AlignInitial,
     Commit,
     CommittedEpoch,
@@ -111,8 +112,9 @@ class CoverageRound(Generic[R]):
 def _unexpected(sink: str, stage: str, expected: str, event: Event) -> UnexpectedWriterRequestError:
     """The error for ``event`` arriving when only ``expected`` may (a commit request's writer
     gets it too: it would otherwise wait for an answer until the run's abort)."""
-    # Committed epochs never reach a round (the coordinator's next_event absorbs them).
-    assert not isinstance(event, CommittedEpoch)
+    # Committed epochs and staged batches never reach a round (the coordinator's next_event
+    # absorbs them).
+    assert not isinstance(event, CommittedEpoch | AdoptStaged)
     error = UnexpectedWriterRequestError(
         sink, stage, expected, event_name(event), event.handle.handle_id,
         getattr(event, "epoch", None),

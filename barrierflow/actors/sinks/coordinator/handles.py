@@ -1,10 +1,17 @@
-"""What writers hold: a :class:`WriterHandle` per registered writer, and the requests it posts
-to its coordinator's inbox (each with a :class:`~barrierflow._sync.OneShot` for the answer).
-A writer's commit request carries its :class:`~barrierflow.actors.sinks.table.Manifest`."""
+"""What writers hold: a :class:`WriterHandle` per registered writer, and the requests it sends
+its coordinator through the runtime's command-actor mechanism
+(:class:`~barrierflow.runtime.command.ActorRef`): ``tell`` for registrations, bitmap updates
+and stops, ``ask`` for the requests a writer waits on (a commit, the initial epoch).
+
+A request that is asked carries the :class:`~barrierflow._sync.OneShot` of its answer: the
+coordinator attaches the one ``ask`` sent with it when it takes the request (see
+:func:`take`), so a coverage round that answers it later holds it with the
+request. A writer's commit request carries its
+:class:`~barrierflow.actors.sinks.table.Manifest`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, final
 
 from barrierflow._sync import OneShot
@@ -40,14 +47,14 @@ class Commit:
     handle: WriterHandle
     epoch: int
     manifest: Manifest
-    reply: OneShot[None]
+    reply: OneShot[None] = field(default_factory=OneShot)
 
 
 @dataclass(slots=True)
 class AlignInitial:
     handle: WriterHandle
     epoch: int
-    reply: OneShot[int]
+    reply: OneShot[int] = field(default_factory=OneShot)
 
 
 @dataclass(slots=True)
@@ -55,7 +62,31 @@ class CommittedEpoch:
     epoch: int
 
 
-Event = NewHandle | UpdateBitmap | StopHandle | Commit | AlignInitial | CommittedEpoch
+@dataclass(slots=True)
+class AdoptStaged:
+    """A micro-batch's files staged on Spark executors (see :mod:`.staged`): one manifest per
+    partition, staged while coordinator run ``generation`` ran."""
+
+    key: str
+    batch: int
+    partitions: int
+    manifests: tuple[Manifest, ...]
+    generation: int
+    reply: OneShot[None] = field(default_factory=OneShot)
+
+
+Event = NewHandle | UpdateBitmap | StopHandle | Commit | AlignInitial | CommittedEpoch | AdoptStaged
+
+#: What the coordinator's inbox holds: an event and, if it was asked, the reply its asker awaits.
+Inbound = tuple[Event, OneShot[Any] | None]
+
+
+def take(event: Event, reply: OneShot[Any] | None) -> Event:
+    """``event`` as the coordinator takes it from its inbox: a request that was asked gets the
+    reply its asker waits on (a told one keeps the reply nobody waits on)."""
+    if reply is not None and isinstance(event, Commit | AlignInitial | AdoptStaged):
+        event.reply = reply
+    return event
 
 
 def event_name(event: Event) -> str:
@@ -80,11 +111,20 @@ class CoordinatorLine(Protocol):
         """
         ...
 
-    async def post(self, event: Event) -> None:
-        """Queue a writer's event for the coordinator's run.
+    async def tell(self, event: Event) -> None:
+        """Queue a writer's event for the coordinator's run without waiting for an answer.
 
         Raises:
             ActorGoneError: the coordinator stopped.
+        """
+        ...
+
+    async def ask(self, event: Commit | AlignInitial | AdoptStaged) -> Any:
+        """Queue a writer's request and wait for the coordinator's answer.
+
+        Raises:
+            ActorGoneError: the coordinator stopped.
+            Exception: what the coordinator failed the request with.
         """
         ...
 
@@ -120,12 +160,11 @@ class WriterHandle:
         self._aborted: BaseException | None = None
         self._stopped = False
 
-    async def _post(self, event: Event) -> None:
+    def _check_open(self) -> None:
         if self._aborted is not None:
             raise self._aborted
         if self._stopped:
             raise ActorGoneError(self._coordinator.sink, "this writer handle was stopped")
-        await self._coordinator.post(event)
 
     async def wait_started(self) -> int | None:
         """Wait until the coordinator starts this writer; returns the rewind epoch (the last
@@ -137,9 +176,9 @@ class WriterHandle:
     async def align_initial_epoch(self, epoch: int) -> int:
         """Send this writer's initial epoch; returns the one aligned across all writers."""
         check_epoch("epoch", epoch)
-        reply: OneShot[int] = OneShot()
-        await self._post(AlignInitial(self, epoch, reply))
-        return await reply.get()
+        self._check_open()
+        aligned: int = await self._coordinator.ask(AlignInitial(self, epoch))
+        return aligned
 
     async def commit(self, epoch: int, manifest: Manifest) -> None:
         """Send this writer's manifest of checkpoint ``epoch`` and wait for the
@@ -152,21 +191,21 @@ class WriterHandle:
         check_epoch("epoch", epoch)
         if not isinstance(manifest, Manifest):
             raise InvalidArgumentError("manifest", "a Manifest", type(manifest).__name__)
-        reply: OneShot[None] = OneShot()
-        await self._post(Commit(self, epoch, manifest, reply))
-        await reply.get()
+        self._check_open()
+        await self._coordinator.ask(Commit(self, epoch, manifest))
 
     async def update_vnode_bitmap(self, bitmap: VnodeBitmap) -> None:
         """Change this writer's vnodes (rescaling); then :meth:`wait_started` again."""
         self._coordinator.check_bitmap(bitmap)
+        self._check_open()
         self._started = OneShot()
-        await self._post(UpdateBitmap(self, bitmap))
+        await self._coordinator.tell(UpdateBitmap(self, bitmap))
 
     async def stop(self) -> None:
         """Leave: the coordinator realigns the remaining writers."""
         if self._stopped or self._aborted is not None:
             return
-        await self._post(StopHandle(self))
+        await self._coordinator.tell(StopHandle(self))
         self._stopped = True
 
     def _abort(self, error: BaseException) -> None:

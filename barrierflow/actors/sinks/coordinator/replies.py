@@ -15,7 +15,7 @@ from typing import Any, final
 import anyio
 
 from barrierflow._sync import OneShot
-from barrierflow.actors.sinks.coordinator.handles import Event, WriterRegistry
+from barrierflow.actors.sinks.coordinator.handles import Event, Inbound, WriterRegistry, take
 from barrierflow.actors.sinks.errors import CoordinatorAbortedError
 from barrierflow.channels.channel import ReceiveChannel
 from barrierflow.channels.errors import BarrierflowError
@@ -68,7 +68,7 @@ def refuse(reply: OneShot[Any], error: BarrierflowError) -> BarrierflowError:
 def abort_run(
     sink: str,
     exc: BaseException,
-    inbox: ReceiveChannel[Event],
+    inbox: ReceiveChannel[Inbound],
     writers: WriterRegistry,
     replies: OpenReplies,
 ) -> None:
@@ -81,7 +81,7 @@ def abort_run(
     error = CoordinatorAbortedError(sink, cause)
     while True:
         try:
-            event = inbox.receive_nowait()
+            event = take(*inbox.receive_nowait())
         except (anyio.WouldBlock, anyio.EndOfStream):
             break
         replies.track(event)

@@ -1,0 +1,197 @@
+"""Staging on Spark executors: each task attempt writes its partition's rows as Parquet files
+in the table's staging area, and the driver adopts the files of the attempts Spark reported
+successful.
+
+A table whose writers are :class:`~.parquet_writer.ParquetStagingWriter`\\ s (Parquet, Iceberg,
+Delta) can be written on executors: :meth:`ExecutorStaging.of` takes what a task needs from one
+of its writers (the root, the schema, the file options) in a small picklable value that Spark
+ships to every task. The layout under the writers' root, for a micro-batch staged under the
+staging number *S*::
+
+    .staging/<S>-tasks/p<partition>a<attempt>/part-*.parquet   what each task attempt wrote
+    .staging/<S>/wp<partition>/part-*.parquet                  the adopted attempts
+
+The second line is exactly the layout of an epoch the writer actors staged (writer id
+``p<partition>``), so every committer commits it unchanged.
+
+* **A task** (:meth:`ExecutorStaging.stage_task`) writes under its own attempt's directory:
+  a failed attempt, a retry and a speculative copy never share files.
+* **The driver** (:meth:`ExecutorStaging.adopt`) gets one manifest per partition — Spark
+  returns the result of exactly one successful attempt of each — and renames each of those
+  attempts' directories into ``.staging/<S>/`` (one rename per partition, so the driver's work
+  grows with the partitions, not the rows), then deletes ``<S>-tasks`` with whatever failed or
+  speculative attempts left there. An attempt still running after that (a speculative copy
+  Spark has not killed yet) writes only under ``<S>-tasks``, never under ``<S>``: nothing it
+  writes can become visible, and the committer's recovery deletes it
+  (:func:`~._staging.clean_staging` keeps only the staging directories of pending commits).
+* **The staging number** *S* (:func:`staging_number`) is the driver's clock in epoch units with
+  the lowest bit set: epochs the runtime makes have their 16 low bits zero, so *S* never names
+  a runtime epoch's staging directory, and numbers sort by time like epochs.
+
+The table's directory must be one filesystem path the driver and the executors both see (a
+local path when Spark runs on this machine, a shared mount on a cluster): the driver renames
+what the executors wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, final, runtime_checkable
+
+import pyarrow as pa
+
+from barrierflow._fs import fsync_path
+from barrierflow.actors.sinks.coordinator.staged import partition_writer
+from barrierflow.actors.sinks.table import Manifest, StagedFile
+from barrierflow.channels.epoch import epoch_from_unix_ms
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.schema import conform_schema
+from barrierflow.connectors._parquet_files import StagedFiles
+from barrierflow.connectors._staging import STAGING, staged_name
+from barrierflow.connectors.errors import ExecutorStagingError
+
+__all__ = ["ExecutorStaging", "StagesOnExecutors", "staging_number"]
+
+
+def staging_number(previous: int = 0) -> int:
+    """A fresh staging number for a micro-batch staged on executors: the current time as an
+    epoch with the lowest bit set (never a runtime epoch), greater than ``previous``."""
+    number = epoch_from_unix_ms(int(time.time() * 1000)) | 1
+    return number if number > previous else previous + 2
+
+
+@runtime_checkable
+class StagesOnExecutors(Protocol):
+    """A staging writer that can tell Spark tasks how to stage as it does."""
+
+    def executor_staging(self) -> ExecutorStaging:
+        """What a task needs to stage rows the way this writer does."""
+        ...
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ExecutorStaging:
+    """What a Spark task needs to stage its partition for a table (picklable; see the module
+    docstring). Build with :meth:`of`."""
+
+    root: str
+    schema: pa.Schema
+    rows_per_file: int
+    row_group_rows: int
+    compression: str
+    use_dictionary: bool | list[str]
+
+    @staticmethod
+    def of(table: Any) -> ExecutorStaging:
+        """What a task needs to stage rows for ``table`` (one of its writers tells).
+
+        Raises:
+            InvalidArgumentError: ``table``'s writers do not stage Parquet files (a print
+                sink, a list table), so its rows cannot be written on executors.
+        """
+        make = getattr(table, "writer", None)
+        writer = make("spark") if callable(make) else None
+        if not isinstance(writer, StagesOnExecutors):
+            raise InvalidArgumentError(
+                "table",
+                "a table whose writers stage Parquet files (ParquetTable, IcebergSink, "
+                "DeltaSink) to be written on executors",
+                type(table).__name__,
+            )
+        return writer.executor_staging()
+
+    def _files(self, partition: int, directory: Path | None) -> StagedFiles:
+        return StagedFiles(
+            Path(self.root),
+            self.schema,
+            self.rows_per_file,
+            self.compression,
+            self.use_dictionary,
+            writer=partition_writer(partition),
+            directory=directory,
+        )
+
+    def task_directory(self, number: int, partition: int, attempt: int) -> Path:
+        """Where attempt ``attempt`` of ``partition``'s task stages under ``number``."""
+        return Path(self.root, STAGING, f"{staged_name(number)}-tasks", f"p{partition}a{attempt}")
+
+    def stage_task(
+        self, number: int, partition: int, attempt: int, batches: Iterable[pa.RecordBatch]
+    ) -> Manifest:
+        """Stage ``batches`` (one task's partition) as Parquet files under the attempt's own
+        directory; fsynced, nothing visible. Blocking: runs in the Spark task."""
+        files = self._files(partition, self.task_directory(number, partition, attempt))
+        files.begin(number)
+        what = f"partition {partition} of a micro-batch"
+        buffered: list[pa.RecordBatch] = []
+        rows = 0
+        for batch in batches:
+            if batch.num_rows:
+                buffered.extend(conform_schema(batch, self.schema, what).to_batches())
+                rows += batch.num_rows
+            if rows >= self.row_group_rows:  # Spark's batches are small: one row group
+                files.write(buffered)
+                buffered, rows = [], 0
+        if buffered:
+            files.write(buffered)
+        return files.stage(number)
+
+    def adopt(self, number: int, manifests: Sequence[Manifest]) -> list[Manifest]:
+        """Move the successful attempts' files (one manifest per partition) into the staging
+        directory of ``number`` and delete what the other attempts left; return the manifests
+        of the moved files. Blocking: runs on the driver.
+
+        Raises:
+            ExecutorStagingError: a manifest whose files are not under ``number``'s task
+                directories, or whose directory is gone (the staging area was cleaned by a
+                coordinator's recovery meanwhile: stage the batch again).
+        """
+        root = Path(self.root)
+        tasks = root / STAGING / f"{staged_name(number)}-tasks"
+        target = root / STAGING / staged_name(number)
+        adopted: list[Manifest] = []
+        for manifest in manifests:
+            if not manifest.files:
+                adopted.append(manifest)
+                continue
+            source = (root / manifest.files[0].path).parent
+            if source.parent != tasks or any(
+                (root / f.path).parent != source for f in manifest.files
+            ):
+                raise ExecutorStagingError(
+                    str(root), f"writer {manifest.writer}'s files are not under {tasks}"
+                )
+            destination = target / f"w{manifest.writer}"
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(destination, ignore_errors=True)
+            try:
+                os.rename(source, destination)
+            except FileNotFoundError as exc:
+                raise ExecutorStagingError(
+                    str(root), f"{source} is gone (a recovery cleaned the staging area)"
+                ) from exc
+            adopted.append(
+                Manifest(
+                    manifest.writer,
+                    number,
+                    tuple(
+                        StagedFile(
+                            str((destination / Path(f.path).name).relative_to(root)),
+                            f.rows,
+                            f.size,
+                        )
+                        for f in manifest.files
+                    ),
+                )
+            )
+        if target.exists():
+            fsync_path(target)
+            fsync_path(target.parent)
+        shutil.rmtree(tasks, ignore_errors=True)
+        return adopted

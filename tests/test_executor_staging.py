@@ -1,0 +1,226 @@
+"""Staging on executors without Spark: what a task attempt stages, what the driver adopts, and
+the coordinator's rules for batches staged that way (partitions as the shares, nothing lost,
+nothing stale). The Spark half is in ``test_spark_executors.py``.
+
+A task is simulated by calling :meth:`ExecutorStaging.stage_task` in this process, the way a
+Spark task calls it on an executor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+from _timeouts import scaled
+
+from barrierflow.actors import BatchFeed, add_sink
+from barrierflow.actors.sinks.add_sink import DeclaredSink
+from barrierflow.actors.sinks.coordinator.handles import AdoptStaged
+from barrierflow.actors.sinks.coordinator.staged import ExecutorBatches
+from barrierflow.actors.sinks.table import Manifest, StagedFile
+from barrierflow.connectors import ParquetTable
+from barrierflow.connectors.executor_staging import ExecutorStaging, staging_number
+from barrierflow.errors import (
+    ActorFailedError,
+    ExecutorStagingError,
+    InvalidArgumentError,
+    PartitionCoverageError,
+    StagedBatchMissingError,
+    StaleStagingError,
+)
+from barrierflow.runtime import Runtime, RuntimeConfig
+from barrierflow.testing import ListTable
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+WAIT = scaled(20)
+
+
+def rows(start: int, count: int) -> list[pa.RecordBatch]:
+    ids = pa.array(range(start, start + count), pa.int64())
+    return [pa.record_batch([ids], schema=SCHEMA)]
+
+
+def staging(tmp_path: Path) -> ExecutorStaging:
+    return ExecutorStaging.of(ParquetTable(tmp_path / "table", SCHEMA))
+
+
+def read(files: list[Path]) -> list[int]:
+    return sorted(
+        ds.dataset([str(f) for f in files], format="parquet").to_table()["id"].to_pylist()
+    )
+
+
+# What the driver adopts.
+
+
+def test_the_driver_adopts_one_attempt_per_partition_and_deletes_the_others(
+    tmp_path: Path,
+) -> None:
+    stage = staging(tmp_path)
+    root = Path(stage.root)
+    number = staging_number()
+    loser = stage.stage_task(number, 0, 7, rows(0, 10))  # a speculative copy, not kept
+    winner = stage.stage_task(number, 0, 9, rows(0, 10))
+    other = stage.stage_task(number, 1, 8, rows(10, 5))
+    empty = stage.stage_task(number, 2, 10, [])
+    assert (loser.writer, winner.writer, empty.files) == ("p0", "p0", ())
+    adopted = stage.adopt(number, [winner, other, empty])
+    assert [m.writer for m in adopted] == ["p0", "p1", "p2"]
+    assert all(m.epoch == number for m in adopted)
+    staged = root / ".staging" / f"{number:020d}"
+    assert sorted(p.name for p in staged.iterdir()) == ["wp0", "wp1"]
+    files = [root / f.path for m in adopted for f in m.files]
+    assert all(f.parent.parent == staged for f in files)
+    assert read(files) == list(range(15))  # the loser's rows are not there twice
+    assert [f.rows for m in adopted for f in m.files] == [10, 5]
+    # Every attempt directory is gone, the loser's with it.
+    assert sorted(p.name for p in (root / ".staging").iterdir()) == [f"{number:020d}"]
+
+
+def test_adopting_files_outside_the_task_directories_or_gone_is_a_typed_error(
+    tmp_path: Path,
+) -> None:
+    stage = staging(tmp_path)
+    number = staging_number()
+    stray = Manifest("p0", number, (StagedFile("elsewhere/part-00000.parquet", 1, 1),))
+    with pytest.raises(ExecutorStagingError) as info:
+        stage.adopt(number, [stray])
+    assert "not under" in info.value.reason
+    staged = stage.stage_task(number, 0, 1, rows(0, 3))
+    stage.task_directory(number, 0, 1).rename(Path(stage.root) / "moved")  # a cleaned area
+    with pytest.raises(ExecutorStagingError) as info:
+        stage.adopt(number, [staged])
+    assert "is gone" in info.value.reason
+
+
+def test_staging_numbers_never_name_a_runtime_epoch_and_increase() -> None:
+    first = staging_number()
+    assert first & 0xFFFF == 1  # runtime epochs have their 16 low bits zero
+    assert staging_number(first) > first
+    assert staging_number(first + (1 << 40)) == first + (1 << 40) + 2
+
+
+def test_a_table_whose_writers_stage_no_parquet_files_cannot_be_written_on_executors() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        ExecutorStaging.of(ListTable(SCHEMA))
+    assert (info.value.argument, info.value.got) == ("table", "ListTable")
+
+
+# The coordinator's rules, partitions as the shares.
+
+
+def handed(
+    batch: int, partitions: list[int], generation: int = 1, key: str = "src/s"
+) -> AdoptStaged:
+    manifests = tuple(
+        Manifest(f"p{p}", 3, (StagedFile(f".staging/x/wp{p}/part.parquet", 1, 1),))
+        for p in partitions
+    )
+    return AdoptStaged(key, batch, max(partitions, default=-1) + 1, manifests, generation)
+
+
+def reaching(last: int, first: int | None = None, key: str = "src/s") -> Manifest:
+    """A writer actor's (empty) manifest of an epoch whose positions reach ``last``."""
+    return Manifest(
+        "0", 5, positions={key: last}, positions_from={} if first is None else {key: first}
+    )
+
+
+def test_each_partition_of_a_batch_must_come_exactly_once() -> None:
+    batches = ExecutorBatches("out", set(), 1)
+    duplicate = handed(0, [0, 1, 1])
+    duplicate.partitions = 3
+    missing = handed(0, [0, 2])
+    for event, got in ((duplicate, [0, 1, 1]), (missing, [0, 2])):
+        with pytest.raises(PartitionCoverageError) as info:
+            batches.add(event)
+        assert (info.value.sink, info.value.batch, info.value.partitions) == ("out", "src/s#0", 3)
+        assert info.value.got == got
+    assert len(batches) == 0
+
+
+def test_a_batch_staged_in_another_coordinator_run_is_refused() -> None:
+    with pytest.raises(StaleStagingError) as info:
+        ExecutorBatches("out", set(), 2).add(handed(0, [0], generation=1))
+    assert (info.value.staged_in, info.value.current) == (1, 2)
+
+
+def test_the_epoch_that_reaches_a_batch_takes_its_files_and_one_without_them_fails() -> None:
+    keys: set[str] = set()
+    batches = ExecutorBatches("out", keys, 1)
+    batches.add(handed(0, [0, 1]))
+    batches.add(handed(1, [0]))
+    assert keys == {"src/s"}
+    assert batches.claim(10, [Manifest("0", 5)]) == []  # an epoch before any batch
+    taken = batches.claim(11, [reaching(0)])
+    assert [m.writer for m in taken] == ["p0", "p1"]
+    assert [m.writer for m in batches.claim(12, [reaching(1, first=0)])] == ["p0"]
+    assert batches.claim(13, [reaching(1, first=1)]) == []  # nothing new
+    assert len(batches) == 0
+    # A later run, a batch reached that was never handed over: the keys are remembered.
+    later = ExecutorBatches("out", keys, 2)
+    with pytest.raises(StagedBatchMissingError) as info:
+        later.claim(14, [reaching(3, first=1)])
+    assert (info.value.epoch, info.value.key, info.value.batches) == (14, "src/s", [2, 3])
+    # Keys never written on executors are not its business.
+    assert later.claim(15, [reaching(9, key="other/s")]) == []
+
+
+# In a runtime: hand-over, end mark, commit.
+
+
+def build(tmp_path: Path) -> tuple[Runtime, BatchFeed, ParquetTable, DeclaredSink]:
+    feed = BatchFeed(SCHEMA)
+    table = ParquetTable(tmp_path / "table", SCHEMA)
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
+    rt.add_source("events", feed.source)
+    sink = add_sink(rt, "out", table, input="events", parallelism=2, key=("id",))
+    return rt, feed, table, sink
+
+
+@pytest.mark.anyio
+async def test_a_handed_over_batch_is_committed_with_the_epoch_of_its_end_mark(
+    tmp_path: Path,
+) -> None:
+    rt, feed, _, sink = build(tmp_path)
+    stage = staging(tmp_path)
+    with pytest.raises(ActorFailedError) as stopped:
+        async with rt:
+            coordinator = sink.coordinator
+            with anyio.fail_after(WAIT):
+                key = await feed.position_key("s", rt)
+                generation = await coordinator.staging_generation()
+                number = staging_number()
+                attempts = [stage.stage_task(number, p, p, rows(p * 10, 10)) for p in range(2)]
+                adopted = stage.adopt(number, attempts)
+                await coordinator.adopt_staged(key, 0, 2, adopted, generation)
+                epoch = await feed.deliver(rt, "s", 0, SCHEMA.empty_table(), retries=0)
+                assert epoch is not None
+                await coordinator.wait_committed(epoch)
+                # The next end mark without its files: the graph fails, nothing is lost.
+                with pytest.raises(ActorFailedError) as info:
+                    await feed.deliver(rt, "s", 1, SCHEMA.empty_table(), retries=0)
+    assert stopped.value is info.value
+    assert isinstance(info.value.cause, StagedBatchMissingError)
+    files = sorted((tmp_path / "table").glob("epoch=*/*/*.parquet"))
+    assert read(files) == list(range(20))
+    assert {f.parent.name for f in files} == {"wp0", "wp1"}
+
+
+@pytest.mark.anyio
+async def test_handing_over_bad_arguments_is_refused_by_name(tmp_path: Path) -> None:
+    rt, _, _, sink = build(tmp_path)
+    coordinator = sink.coordinator
+    for arguments, name in (
+        (("", 0, 1, [], 1), "key"),
+        (("k/s", -1, 1, [], 1), "batch"),
+        (("k/s", 0, True, [], 1), "partitions"),
+        (("k/s", 0, 1, ["m"], 1), "manifests"),
+    ):
+        with pytest.raises(InvalidArgumentError) as info:
+            await coordinator.adopt_staged(*arguments)
+        assert info.value.argument == name
+    del rt

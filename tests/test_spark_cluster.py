@@ -1,0 +1,135 @@
+"""A real Spark standalone cluster (:class:`~barrierflow.testing.spark_cluster.
+StandaloneCluster`): jobs run on its executors, whose Python workers import barrierflow and
+pyarrow, and a job survives the loss of an executor JVM.
+
+The test process holds a local SparkContext for the other tests and a process can hold only
+one, so every job runs in a driver of its own (``_cluster_child.py``, a subprocess).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _timeouts import scaled
+
+from barrierflow.errors import InvalidArgumentError
+from barrierflow.testing.spark_cluster import StandaloneCluster
+
+pytestmark = pytest.mark.cluster
+
+CHILD = Path(__file__).with_name("_cluster_child.py")
+ROWS, PARTITIONS = 1000, 4
+
+
+def _driver(cluster: StandaloneCluster, mode: str, sync_dir: Path) -> subprocess.Popen[str]:
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    for inherited in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
+        env.pop(inherited, None)  # the child starts a JVM of its own, never joins ours
+    env["BARRIERFLOW_CHILD_GO_SECONDS"] = str(scaled(90))
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), cluster.master_url, mode, str(sync_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=sync_dir,
+    )
+
+
+def _result(driver: subprocess.Popen[str]) -> dict[str, Any]:
+    try:
+        stdout, stderr = driver.communicate(timeout=scaled(90))
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        stdout, stderr = driver.communicate()
+        pytest.fail(f"the driver did not finish in time; its stderr ends:\n{stderr[-3000:]}")
+    assert driver.returncode == 0, f"the driver failed; its stderr ends:\n{stderr[-3000:]}"
+    return dict(json.loads(stdout.strip().splitlines()[-1]))
+
+
+def _check_rows(rows: list[dict[str, Any]]) -> None:
+    """One result per partition, and together every row exactly once."""
+    assert sorted(row["partition"] for row in rows) == list(range(PARTITIONS))
+    assert sum(row["rows"] for row in rows) == ROWS
+    assert sum(row["total"] for row in rows) == ROWS * (ROWS - 1) // 2
+
+
+def test_job_runs_on_the_executors(spark_cluster: StandaloneCluster, tmp_path: Path) -> None:
+    result = _result(_driver(spark_cluster, "count", tmp_path))
+    _check_rows(result["rows"])
+    workers = set(spark_cluster.worker_pids)
+    for row in result["rows"]:
+        ancestors = {int(pid) for pid in row["ancestors"].split(",") if pid}
+        # Each task's Python worker runs under an executor JVM under one of our workers,
+        # never in (or under) the driver.
+        assert ancestors & workers, row
+        assert result["driver_pid"] not in ancestors
+        assert row["pid"] != result["driver_pid"]
+
+
+def test_job_survives_a_killed_executor(spark_cluster: StandaloneCluster, tmp_path: Path) -> None:
+    driver = _driver(spark_cluster, "slow", tmp_path)
+    try:
+        deadline = time.monotonic() + scaled(90)
+        # Both executors (one core each) busy with a task that waits for the go file.
+        while not ((tmp_path / "app_id").exists() and len(list(tmp_path.glob("started-*"))) >= 2):
+            if driver.poll() is not None:
+                break  # reported by _result below
+            assert time.monotonic() < deadline, "the tasks did not start in time"
+            time.sleep(0.05)  # a driver and executors starting up: nothing to wait on
+        if driver.poll() is None:
+            app_id = (tmp_path / "app_id").read_text()
+            executors = spark_cluster.executor_pids(app_id)
+            assert len(executors) == 2, executors
+            os.kill(executors[0], signal.SIGKILL)
+            while executors[0] in spark_cluster.executor_pids(app_id):
+                assert time.monotonic() < deadline, "the killed executor did not go away"
+                time.sleep(0.05)
+            (tmp_path / "go").touch()
+        result = _result(driver)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    _check_rows(result["rows"])
+    # The task of the killed executor ran again: a second attempt of its partition.
+    assert any(row["attempt"] >= 1 for row in result["rows"]), result["rows"]
+    assert any(
+        name.startswith("started-") and not name.endswith("-0")
+        for name in (path.name for path in tmp_path.iterdir())
+    )
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("work_dir", ""),
+        ("work_dir", 3),
+        ("workers", 0),
+        ("workers", True),
+        ("workers", 1.5),
+        ("cores", 0),
+        ("memory", "lots"),
+        ("memory", 1024),
+        ("memory", "0g"),
+        ("start_timeout", 0),
+        ("start_timeout", float("inf")),
+        ("start_timeout", float("nan")),
+        ("start_timeout", "60"),
+    ],
+)
+def test_bad_arguments_are_rejected_by_name(tmp_path: Path, argument: str, value: Any) -> None:
+    kwargs: dict[str, Any] = {argument: value}
+    work_dir = kwargs.pop("work_dir", tmp_path)
+    with pytest.raises(InvalidArgumentError) as caught:
+        StandaloneCluster(work_dir, **kwargs)
+    assert caught.value.argument == argument
+    assert not any(tmp_path.iterdir())  # rejected before anything was created

@@ -1,0 +1,197 @@
+"""Micro-batches written on Spark's executors and committed by the driver's coordinator, with a
+real local Spark: every table, replays, task retries, and the typed errors. Both backends.
+
+The rules (see ``barrierflow.actors.sinks.coordinator.staged``): the partitions of a
+micro-batch are the shares — each exactly once; the batch's files join the commit of the epoch
+that seals its batch id; nothing staged by a failed or losing attempt becomes visible; no row is
+collected to the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from test_tables import ADAPTERS, SCHEMA, TABLES, Adapter
+
+from barrierflow.actors import BatchFeed, add_sink
+from barrierflow.actors.sinks.add_sink import DeclaredSink
+from barrierflow.connectors import ParquetTable
+from barrierflow.errors import ExecutorImportError, InvalidArgumentError, SchemaMismatchError
+from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
+from barrierflow.spark_bridge import SparkBridge
+from barrierflow.testing import ListTable
+
+pytestmark = pytest.mark.spark
+
+BACKENDS = pytest.mark.parametrize("backend", ["asyncio", "trio"])
+
+
+def build(
+    tmp_path: Path, adapter: Adapter, *, parallelism: int = 2, table: Any = None
+) -> tuple[Runtime, BatchFeed, DeclaredSink, Any]:
+    feed = BatchFeed(SCHEMA)  # the table's: no row goes through it here, only batch ids
+    table = adapter.make(tmp_path) if table is None else table
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
+    rt.add_source("events", feed.source)
+    sink = add_sink(rt, "out", table, input="events", parallelism=parallelism, key=("id",))
+    return rt, feed, sink, table
+
+
+def ids(spark: Any, start: int, count: int, partitions: int = 3) -> Any:
+    return spark.range(start, start + count, numPartitions=partitions).selectExpr("id")
+
+
+def leftovers(adapter: Adapter, table: Any) -> list[str]:
+    """What is left in the staging area (task directories, adopted batches)."""
+    staging = adapter.root(table) / ".staging"
+    return sorted(p.name for p in staging.iterdir()) if staging.exists() else []
+
+
+@pytest.mark.parametrize("adapter", TABLES)
+@BACKENDS
+def test_micro_batches_written_on_executors_are_committed_once_with_no_row_on_the_driver(
+    spark: Any, tmp_path: Path, adapter: Adapter, backend: str
+) -> None:
+    rt, feed, sink, table = build(tmp_path, adapter)
+    with BlockingRuntime(rt, backend=backend) as handle:
+        bridge = SparkBridge(handle, feed, sink=sink)
+        first = bridge.deliver(ids(spark, 0, 500), 0, write_on="executors")
+        second = bridge.deliver(ids(spark, 500, 300, partitions=2), 1, write_on="executors")
+        assert first is not None
+        assert second is not None
+        assert second > first
+        # The replay of the last durable batch is skipped before any Spark job.
+        assert bridge.deliver(ids(spark, 500, 300), 1, write_on="executors") is None
+        handle.call(sink.coordinator.wait_committed, second)
+        stats = bridge.stats()
+    assert (stats.batches, stats.replays_skipped, stats.staged_batches) == (2, 1, 2)
+    assert stats.rows == 800
+    assert stats.to_arrow_seconds == 0.0  # no row was collected to the driver
+    assert adapter.ids(table) == list(range(800))
+    assert adapter.file_ids(table) == list(range(800))
+    # Each partition's files are the writer "p<partition>"'s; nothing staged is left over.
+    assert adapter.writers(table) <= {"wp0", "wp1", "wp2"}
+    assert leftovers(adapter, table) == []
+
+
+@BACKENDS
+def test_a_streaming_query_on_executors_is_exactly_once_across_a_driver_restart(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    from test_spark_bridge import streaming, write_files
+
+    adapter = ADAPTERS["delta"]
+    source = tmp_path / "in"
+    write_files(source, [120, 0, 80])
+    for expected in (200, 230):
+        rt, feed, sink, table = build(tmp_path, adapter)
+        with BlockingRuntime(rt, backend=backend) as handle:
+            bridge = SparkBridge(handle, feed, stream="q", sink=sink)
+            frame = streaming(spark, source).selectExpr("key as id")
+            query = bridge.start(
+                frame, str(tmp_path / "ck"), available_now=True, write_on="executors"
+            )
+            bridge.await_termination(query)
+        assert adapter.ids(table) == list(range(expected))
+        write_files(source, [30], start=200, first=3)
+
+
+def fail_once() -> Any:
+    """An upstream step whose first attempt of partition 1 fails after it passed on a batch:
+    the staging task (pipelined with it) has written a file by then. Made in a function so
+    that Spark ships it by value (executors cannot import this test module)."""
+
+    def step(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        assert context is not None
+        failing = context.partitionId() == 1 and context.attemptNumber() == 0
+        for batch in batches:
+            for piece in batch.to_batches(max_chunksize=10) if failing else [batch]:
+                yield piece
+                if failing:
+                    raise RuntimeError("the first attempt of partition 1 fails")
+
+    return step
+
+
+class NotOnExecutors:
+    """A step defined at module level in this test module: Spark ships it by reference, and
+    executors cannot import the module."""
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from batches
+
+
+@BACKENDS
+def test_a_task_that_fails_its_first_attempt_is_retried_and_its_files_never_show(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    adapter = ADAPTERS["parquet"]
+    # Row groups of 5 rows: the failing attempt has written a file when it fails.
+    parquet = ParquetTable(tmp_path / "table", SCHEMA, row_group_rows=5)
+    rt, feed, sink, table = build(tmp_path, adapter, table=parquet)
+    frame = ids(spark, 0, 400, partitions=2)
+    flaky = frame.mapInArrow(fail_once(), frame.schema)
+    with BlockingRuntime(rt, backend=backend) as handle:
+        bridge = SparkBridge(handle, feed, sink=sink)
+        epoch = bridge.deliver(flaky, 0, write_on="executors")
+        assert epoch is not None
+        handle.call(sink.coordinator.wait_committed, epoch)
+    assert adapter.ids(table) == list(range(400))
+    assert leftovers(adapter, table) == []
+    # Every committed file is an adopted attempt's: one directory per partition.
+    assert adapter.writers(table) == {"wp0", "wp1"}
+
+
+def test_writing_on_executors_refuses_what_it_cannot_do_naming_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    rt, feed, sink, _ = build(tmp_path, ADAPTERS["parquet"])
+    listed = add_sink(rt, "listed", ListTable(SCHEMA), input="events")
+    with BlockingRuntime(rt) as handle:
+        with pytest.raises(InvalidArgumentError) as info:
+            SparkBridge(handle, feed, sink=sink).deliver(ids(spark, 0, 1), 0, write_on="gpu")
+        assert (info.value.argument, info.value.got) == ("write_on", "gpu")
+        with pytest.raises(InvalidArgumentError) as info:
+            SparkBridge(handle, feed).deliver(ids(spark, 0, 1), 0, write_on="executors")
+        assert info.value.argument == "sink"
+        with pytest.raises(InvalidArgumentError) as info:
+            SparkBridge(handle, feed, sink=listed).deliver(
+                ids(spark, 0, 1), 0, write_on="executors"
+            )
+        assert (info.value.argument, info.value.got) == ("table", "ListTable")
+        with pytest.raises(InvalidArgumentError) as info:
+            SparkBridge(handle, feed, sink="out")  # type: ignore[arg-type]
+        assert info.value.argument == "sink"
+        # The schema checked at the boundary is the table's, before any Spark job.
+        with pytest.raises(SchemaMismatchError):
+            SparkBridge(handle, feed, sink=sink).deliver(
+                ids(spark, 0, 1).selectExpr("cast(id as int) as id"), 0, write_on="executors"
+            )
+
+
+def test_a_module_executors_cannot_import_is_one_typed_error_saying_how_to_ship_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    rt, feed, sink, table = build(tmp_path, ADAPTERS["parquet"])
+    frame = ids(spark, 0, 10, partitions=1)
+    with BlockingRuntime(rt) as handle:
+        bridge = SparkBridge(handle, feed, sink=sink)
+        with pytest.raises(ExecutorImportError) as info:
+            bridge.deliver(
+                frame.mapInArrow(NotOnExecutors(), frame.schema), 0, write_on="executors"
+            )
+    error = info.value
+    assert error.module == "test_spark_executors"
+    assert "PYSPARK_PYTHON" in str(error)
+    assert "spark.archives" in str(error)
+    assert "\n" not in str(error)
+    assert error.__context__ is None
+    assert error.__cause__ is None
+    assert ADAPTERS["parquet"].ids(table) == []
