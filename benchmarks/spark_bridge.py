@@ -23,7 +23,20 @@ untimed warm-up query through the bridge. ``details`` also gives a query whose c
 only ``df.toArrow()``: the part of the gap that is Spark's job for an empty batch. Goal:
 ratio <= 1.5.
 
-One local SparkSession (``spark_session()``: ``local[2]``) serves both; it starts on first use.
+``spark_executors_iceberg_rows_per_s`` — micro-batches into an Iceberg table with the rows
+written on Spark's executors. Candidate: :meth:`SparkBridge.deliver` with
+``write_on="executors"`` of ``K`` micro-batches of ``n`` rows (4 partitions) into a runtime
+whose feed source feeds 4 coordinated writers of an :class:`~barrierflow.connectors.IcebergSink`:
+per batch one Spark job staging Parquet files in the tasks, the driver adopting them, the end
+mark, a durable checkpoint, one Iceberg commit — timed until the last epoch is committed.
+Baseline: the hand-written exactly-once-less path a user would write, ``df.toArrow()`` then
+pyiceberg's ``Table.append`` per micro-batch, into another table of the same catalog.
+``details`` give the same batches through the driver (``write_on="driver"``: ``toArrow`` and
+the graph's writers) and the executor path with a ``repartition(4, "key")`` shuffle in front
+(what a table needing key ownership would add). Goal: ratio >= 0.9.
+
+One local SparkSession (``spark_session()``: ``local[2]``) serves them all; it starts on first
+use.
 """
 
 from __future__ import annotations
@@ -38,9 +51,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from barrierflow.actors import BatchFeed
+from barrierflow.actors import BatchFeed, add_sink
 from barrierflow.channels import Chunk
 from barrierflow.channels.messages import Message
+from barrierflow.connectors import IcebergSink, open_local_catalog
 from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.spark_bridge import SparkBridge, spark_session
@@ -305,7 +319,101 @@ def spark_bridge_batch_overhead_ms(settings: Settings) -> dict[str, Any]:
 
 
 #: Every benchmark of this module, by name, in run order.
+def _iceberg_run(root: str, frames: Sequence[Any], write_on: str, catalog: Any, name: str) -> float:
+    """Rows/s of ``frames`` (batch ids 0..) through a bridge into a fresh Iceberg sink of 4
+    writers, until the last epoch is committed."""
+    feed = BatchFeed(ICEBERG_SCHEMA)
+    rt = Runtime(RuntimeConfig(state_path=os.path.join(root, "state.db"), barrier_interval=3600.0))
+    rt.add_source("events", feed.source)
+    table = IcebergSink(catalog, name, ICEBERG_SCHEMA)
+    sink = add_sink(rt, "out", table, input="events", parallelism=4, key=("key",))
+    with BlockingRuntime(rt) as handle:
+        bridge = SparkBridge(handle, feed, sink=sink)
+        started = time.perf_counter()
+        epoch = None
+        for batch_id, frame in enumerate(frames):
+            epoch = bridge.deliver(frame, batch_id, write_on=write_on)
+        assert epoch is not None
+        handle.call(sink.coordinator.wait_committed, epoch)
+        elapsed = time.perf_counter() - started
+        rows = bridge.stats().rows
+    if rows != sum(_ICEBERG_ROWS for _ in frames):
+        raise AssertionError(f"{rows} rows delivered, expected {_ICEBERG_ROWS * len(frames)}")
+    return rows / elapsed
+
+
+ICEBERG_SCHEMA = pa.schema([("key", pa.int64()), ("value", pa.float64())])
+_ICEBERG_ROWS = 1_000_000
+
+
+def spark_executors_iceberg_rows_per_s(settings: Settings) -> dict[str, Any]:
+    spark = _spark()
+    n, batches = _ICEBERG_ROWS, 4
+    reps = 2 if settings.quick else 4
+    df = spark.range(n, numPartitions=4).selectExpr("id as key", "rand(7) as value").cache()
+    df.count()
+    shuffled = df.repartition(4, "key")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            catalog = open_local_catalog(os.path.join(tmp, "catalog"))
+            runs = iter(range(1 << 30))
+
+            def ours(frame: Any, write_on: str) -> Callable[[], float]:
+                def run() -> float:
+                    number = next(runs)
+                    root = os.path.join(tmp, f"run-{number}")
+                    os.makedirs(root)
+                    name = f"bench.run{number}"
+                    return _iceberg_run(root, [frame] * batches, write_on, catalog, name)
+
+                return run
+
+            def baseline() -> float:
+                table = IcebergSink(catalog, f"bench.alone{next(runs)}", ICEBERG_SCHEMA).table()
+                started = time.perf_counter()
+                for _ in range(batches):
+                    table.append(df.toArrow())
+                return n * batches / (time.perf_counter() - started)
+
+            sides = [
+                ours(df, "executors"),
+                baseline,
+                ours(df, "driver"),
+                ours(shuffled, "executors"),
+            ]
+            for side in sides:
+                side()  # warm-up: planning, Python workers, the catalog
+            candidate, theirs, driver, shuffle = _alternate(sides, reps)
+    finally:
+        df.unpersist()
+    return make_record(
+        "spark_executors_iceberg_rows_per_s",
+        median(candidate),
+        "rows/s",
+        median(theirs),
+        ">= 0.9",
+        details={
+            "spark_master": spark.sparkContext.master,
+            "rows_per_batch": n,
+            "partitions": 4,
+            "batches_per_run": batches,
+            "writers": 4,
+            "runs": len(candidate),
+            "samples": samples(candidate),
+            "baseline_samples": samples(theirs),
+            "paired_ratio": paired_ratio(candidate, theirs),
+            "driver_path_rows_per_s": rounded(median(driver)),
+            "executors_vs_driver": rounded(median(candidate) / median(driver), 3),
+            "with_shuffle_rows_per_s": rounded(median(shuffle)),
+            "shuffle_vs_no_shuffle": rounded(median(shuffle) / median(candidate), 3),
+            "baseline_impl": "df.toArrow() then pyiceberg Table.append per micro-batch (no "
+            "exactly-once), into another table of the same catalog",
+        },
+    )
+
+
 BENCHMARKS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "spark_bridge_rows_per_s": spark_bridge_rows_per_s,
     "spark_bridge_batch_overhead_ms": spark_bridge_batch_overhead_ms,
+    "spark_executors_iceberg_rows_per_s": spark_executors_iceberg_rows_per_s,
 }

@@ -303,20 +303,21 @@ def test_random_kills_fall_within_the_duration_one_calibration_run_measured(
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_short_harness_on_the_real_acts_finds_nothing(tmp_path: Path) -> None:
-    """``barrierflow chaos --kills 3``, one kill in each act (Spark, backfill, views)."""
-    command = [sys.executable, "-m", "barrierflow", "chaos", "--kills", "3", "--seed", "16"]
+    """``barrierflow chaos --kills 4``, one kill in each act (Spark through the driver and on
+    the executors, backfill, views)."""
+    command = [sys.executable, "-m", "barrierflow", "chaos", "--kills", "4", "--seed", "16"]
     command += ["--max-kills-per-round", "1", "--workdir", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(800), cwd=ROOT)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     report = json.loads((tmp_path / "chaos-report.json").read_text())
     totals = report["totals"]
-    assert totals["kills"] == 3
-    assert totals["random"] + totals["traced"] == 3
-    assert totals["rounds"] >= 3
+    assert totals["kills"] == 4
+    assert totals["random"] + totals["traced"] == 4
+    assert totals["rounds"] >= 4
     assert (totals["lost"], totals["duplicated"], totals["foreign"], totals["findings"]) == (
         0, 0, 0, 0
     )  # fmt: skip
-    assert {r["act"] for r in report["rounds"]} == {"spark", "backfill", "views"}
+    assert {r["act"] for r in report["rounds"]} == {"spark", "spark-executors", "backfill", "views"}
     spark_kill = next(k for k in report["kills"] if k["act"] == "spark")
     assert spark_kill["processes"] >= 2  # the driver and the Spark JVM went down together
 

@@ -22,6 +22,8 @@ from _timeouts import scaled
 from barrierflow.app._demo_input import RunManifest, complete_input, file_name
 from barrierflow.app._demo_progress import LiveProgress, RunCounts
 from barrierflow.app.chaos.acts import ACTS
+from barrierflow.app.chaos.audit_delta import audit_delta
+from barrierflow.app.chaos.audit_iceberg import audit_iceberg
 from barrierflow.app.cli import main
 from barrierflow.app.demo import DemoConfig, run_demo
 from barrierflow.errors import ConfigError, NotRunningError
@@ -139,6 +141,53 @@ def test_a_delta_run_killed_mid_commit_then_resumed_holds_every_row_once(tmp_pat
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("table", ["iceberg", "delta"])
+def test_a_run_written_on_executors_killed_mid_stage_resumes_to_every_row_once(
+    tmp_path: Path, table: str
+) -> None:
+    workdir = tmp_path / "d"
+    common = ["--rows", "20000", "--batches", "4", "--table", table, "--write-on", "executors"]
+    crashed = demo(workdir, *common, "--crash-after", "1", "--crash-point", "mid-batch")
+    assert crashed.returncode == -9, crashed.stdout[-2000:] + crashed.stderr[-3000:]
+    # Printed by the task that kills the driver: Spark passes a Python worker's output on
+    # through the JVM's stderr.
+    lines = (crashed.stdout + crashed.stderr).splitlines()
+    crash = lines.index("CRASH mid-batch, executors staging: SIGKILL of the driver")
+    resume = f"barrierflow demo --resume --workdir {workdir} --write-on executors"
+    assert lines[crash + 1] == f"resume with: {resume}"
+    # Resumed through the driver: both ways commit through one coordinator, one table.
+    resumed = demo(workdir, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    last = resumed.stdout.strip().splitlines()[-1]
+    assert last.startswith("VERIFIED rows_in=20000 rows_out=20000 duplicates=0 "), last
+    audit = (audit_delta if table == "delta" else audit_iceberg)(workdir, complete=True)
+    assert audit.clean, audit.summary()
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_a_run_on_executors_that_loses_a_task_s_python_worker_verifies_without_a_resume(
+    tmp_path: Path,
+) -> None:
+    trace = tmp_path / "trace"
+    args = ["--rows", "20000", "--batches", "3", "--write-on", "executors"]
+    done = subprocess.run(
+        command(tmp_path / "d", *args, "--crash-after", "1", "--crash-point", "executor-lost"),
+        cwd=ROOT, capture_output=True, text=True, timeout=scaled(300),
+        env={**ENV, "BARRIERFLOW_CHAOS_TRACE": str(trace)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == (
+        "VERIFIED rows_in=20000 rows_out=20000 duplicates=0 epochs=3"
+    )
+    assert "Python worker exited unexpectedly" in done.stderr  # the task did die, and ran again
+    seen = {line.split()[1] for line in trace.read_text().splitlines()}
+    assert {t.event for t in ACTS["spark-executors"].targets} <= seen  # its kill points
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_lost_state_store_is_refused_or_adopted_never_duplicated(tmp_path: Path) -> None:
     # The reproduction: a crashed run, then its store damaged or gone and Spark's checkpoint
     # deleted (Spark replays every batch from 0), then --resume.
@@ -203,6 +252,8 @@ def test_demo_config_refuses_bad_values(tmp_path: Path) -> None:
         ({"crash_point": "nowhere"}, "crash_point"),
         ({"backend": "curio"}, "backend"),
         ({"table": "parquet"}, "table"),
+        ({"write_on": "gpu"}, "write_on"),
+        ({"crash_point": "executor-lost"}, "crash_point"),  # only when writing on executors
     ):
         with pytest.raises(ConfigError) as info:
             DemoConfig(workdir=tmp_path, **kwargs)  # type: ignore[arg-type]

@@ -224,3 +224,29 @@ async def test_handing_over_bad_arguments_is_refused_by_name(tmp_path: Path) -> 
             await coordinator.adopt_staged(*arguments)
         assert info.value.argument == name
     del rt
+
+
+@pytest.mark.anyio
+async def test_a_refused_hand_over_fails_only_its_asker_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    rt, feed, _, sink = build(tmp_path)
+    stage = staging(tmp_path)
+    async with rt:
+        coordinator = sink.coordinator
+        with anyio.fail_after(WAIT):
+            key = await feed.position_key("s", rt)
+            generation = await coordinator.staging_generation()
+            assert generation == 1  # the first run
+            number = staging_number()
+            adopted = stage.adopt(number, [stage.stage_task(number, 0, 1, rows(0, 5))])
+            with pytest.raises(StaleStagingError):
+                await coordinator.adopt_staged(key, 0, 1, adopted, generation + 1)
+            with pytest.raises(PartitionCoverageError):
+                await coordinator.adopt_staged(key, 0, 2, adopted, generation)
+            await coordinator.adopt_staged(key, 0, 1, adopted, generation)  # still serving
+            epoch = await feed.deliver(rt, "s", 0, SCHEMA.empty_table(), retries=0)
+            assert epoch is not None
+            await coordinator.wait_committed(epoch)
+    files = sorted((tmp_path / "table").glob("epoch=*/*/*.parquet"))
+    assert read(files) == list(range(5))

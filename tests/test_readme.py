@@ -25,7 +25,7 @@ def test_readme_opens_with_the_two_commands() -> None:
 @pytest.mark.spark
 def test_readme_examples_run(tmp_path: Path) -> None:
     examples = re.findall(r"```python\n(.*?)```", README, re.S)
-    assert len(examples) == 10
+    assert len(examples) == 11
     outputs = []
     for example in examples:
         command = [sys.executable, "-c", example]
@@ -40,14 +40,15 @@ def test_readme_examples_run(tmp_path: Path) -> None:
         outputs.append(done.stdout.splitlines()[-1])
     assert outputs[0].startswith("3 rows committed")
     assert outputs[1] == "3 rows delivered exactly once"
-    assert outputs[2] == "1000 rows in one snapshot per epoch"
-    assert outputs[3] == "[3, 4, 5] ['clicks.0', 'clicks.1']"
-    assert outputs[4] == "2002 rows, each once"
-    assert outputs[5] == "[(1, 15), (2, 20), (3, 5)]"
-    assert outputs[6] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
-    assert "Barrier(" in outputs[7]
-    assert outputs[8] == "9 rules kept; committed [1, 2] once"
-    assert outputs[9].startswith("2 passed")  # on asyncio and on trio
+    assert outputs[2] == "1000 rows, none through the driver: True"
+    assert outputs[3] == "1000 rows in one snapshot per epoch"
+    assert outputs[4] == "[3, 4, 5] ['clicks.0', 'clicks.1']"
+    assert outputs[5] == "2002 rows, each once"
+    assert outputs[6] == "[(1, 15), (2, 20), (3, 5)]"
+    assert outputs[7] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
+    assert "Barrier(" in outputs[8]
+    assert outputs[9] == "9 rules kept; committed [1, 2] once"
+    assert outputs[10].startswith("2 passed")  # on asyncio and on trio
 
 
 def test_readme_links_only_inside_the_repository() -> None:

@@ -1,6 +1,8 @@
 """A real Spark standalone cluster (:class:`~barrierflow.testing.spark_cluster.
 StandaloneCluster`): jobs run on its executors, whose Python workers import barrierflow and
-pyarrow, and a job survives the loss of an executor JVM.
+pyarrow, and a job survives the loss of an executor JVM; micro-batches staged by its
+executors are committed exactly once through an executor's loss and speculative copies, and
+the demo verifies on it with the executors writing.
 
 The test process holds a local SparkContext for the other tests and a process can hold only
 one, so every job runs in a driver of its own (``_cluster_child.py``, a subprocess).
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from _timeouts import scaled
 
@@ -26,16 +29,20 @@ from barrierflow.testing.spark_cluster import StandaloneCluster
 pytestmark = pytest.mark.cluster
 
 CHILD = Path(__file__).with_name("_cluster_child.py")
+EXECUTORS_CHILD = Path(__file__).with_name("_cluster_executors_child.py")
+ROOT = Path(__file__).resolve().parent.parent
 ROWS, PARTITIONS = 1000, 4
 
 
-def _driver(cluster: StandaloneCluster, mode: str, sync_dir: Path) -> subprocess.Popen[str]:
+def _driver(
+    cluster: StandaloneCluster, mode: str, sync_dir: Path, child: Path = CHILD
+) -> subprocess.Popen[str]:
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     for inherited in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
         env.pop(inherited, None)  # the child starts a JVM of its own, never joins ours
     env["BARRIERFLOW_CHILD_GO_SECONDS"] = str(scaled(90))
     return subprocess.Popen(
-        [sys.executable, str(CHILD), cluster.master_url, mode, str(sync_dir)],
+        [sys.executable, str(child), cluster.master_url, mode, str(sync_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -105,6 +112,87 @@ def test_job_survives_a_killed_executor(spark_cluster: StandaloneCluster, tmp_pa
     assert any(
         name.startswith("started-") and not name.endswith("-0")
         for name in (path.name for path in tmp_path.iterdir())
+    )
+
+
+def _table_ids(work: Path) -> list[int]:
+    """The ids the Parquet table holds, read over exactly its committed files."""
+    files = sorted((work / "table").glob("epoch=*/*/*.parquet"))
+    return sorted(pq.ParquetDataset([str(f) for f in files]).read()["id"].to_pylist())
+
+
+def _staged_leftovers(work: Path) -> list[str]:
+    staging = work / "table" / ".staging"
+    return sorted(p.name for p in staging.iterdir()) if staging.exists() else []
+
+
+def test_an_executor_killed_while_it_stages_a_micro_batch_leaves_every_row_once(
+    spark_cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    driver = _driver(spark_cluster, "kill", tmp_path, EXECUTORS_CHILD)
+    try:
+        deadline = time.monotonic() + scaled(120)
+        # Both executors (one core each) mid-stage of batch 1, waiting for the go file.
+        while len(list(tmp_path.glob("started-*"))) < 2:
+            if driver.poll() is not None:
+                break  # reported by _result below
+            assert time.monotonic() < deadline, "batch 1's tasks did not start in time"
+            time.sleep(0.05)  # executors starting up: nothing to wait on
+        if driver.poll() is None:
+            executors = spark_cluster.executor_pids()
+            assert len(executors) == 2, executors
+            os.kill(executors[0], signal.SIGKILL)
+            (tmp_path / "go").touch()
+        result = _result(driver)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    assert (result["batches"], result["staged_batches"], result["rows"]) == (3, 3, 1200)
+    assert result["to_arrow_seconds"] == 0.0  # no row through the driver
+    assert _table_ids(tmp_path) == list(range(1200))
+    # The killed attempts' files are gone with their directories; nothing staged is left.
+    assert _staged_leftovers(tmp_path) == []
+
+
+def test_speculative_copies_of_a_staging_task_commit_one_attempt_and_show_no_orphan(
+    spark_cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    driver = _driver(spark_cluster, "speculate", tmp_path, EXECUTORS_CHILD)
+    try:
+        result = _result(driver)
+    finally:
+        (tmp_path / "go").touch()  # release the slow original, if it still runs
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    assert (result["batches"], result["rows"]) == (3, 1200)
+    assert _table_ids(tmp_path) == list(range(1200))
+    # The original attempt of partition 1 started and was outrun by its speculative copy.
+    assert (tmp_path / "started-1-0").exists()
+    # Only adopted attempts are in the table: one directory per partition and epoch.
+    for epoch in (tmp_path / "table").glob("epoch=*"):
+        assert sorted(p.name for p in epoch.iterdir() if p.is_dir()) == [
+            f"wp{i}" for i in range(PARTITIONS)
+        ]
+
+
+def test_the_demo_verifies_on_the_cluster_with_the_executors_writing(
+    spark_cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    command = [sys.executable, "-m", "barrierflow", "demo", "--workdir", str(tmp_path / "d")]
+    command += ["--rows", "40000", "--batches", "4", "--no-progress", "--write-on", "executors"]
+    command += ["--spark-master", spark_cluster.master_url, "--conf", "spark.driver.host=127.0.0.1"]
+    command += ["--conf", "spark.executor.memory=512m"]
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    for inherited in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
+        env.pop(inherited, None)
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=scaled(300), cwd=ROOT, env=env
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == (
+        "VERIFIED rows_in=40000 rows_out=40000 duplicates=0 epochs=4"
     )
 
 

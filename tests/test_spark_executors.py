@@ -19,9 +19,10 @@ from test_tables import ADAPTERS, SCHEMA, TABLES, Adapter
 
 from barrierflow.actors import BatchFeed, add_sink
 from barrierflow.actors.sinks.add_sink import DeclaredSink
+from barrierflow.channels import Barrier, Message
 from barrierflow.connectors import ParquetTable
 from barrierflow.errors import ExecutorImportError, InvalidArgumentError, SchemaMismatchError
-from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
+from barrierflow.runtime import ActorContext, BlockingRuntime, Runtime, RuntimeConfig, StreamActor
 from barrierflow.spark_bridge import SparkBridge
 from barrierflow.testing import ListTable
 
@@ -195,3 +196,45 @@ def test_a_module_executors_cannot_import_is_one_typed_error_saying_how_to_ship_
     assert error.__context__ is None
     assert error.__cause__ is None
     assert ADAPTERS["parquet"].ids(table) == []
+
+
+class FailOnFirstBarrier(StreamActor):
+    """Passes everything on, but fails once on the first checkpoint barrier it sees
+    (class-level: survives the graph's rebuild)."""
+
+    failed = False
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Barrier) and message.is_checkpoint and not FailOnFirstBarrier.failed:
+            FailOnFirstBarrier.failed = True
+            raise RuntimeError("injected fault")
+        await ctx.emit(message)
+
+
+@BACKENDS
+def test_a_graph_failure_after_the_hand_over_stages_the_batch_again_and_holds_it_once(
+    spark: Any, tmp_path: Path, backend: str
+) -> None:
+    FailOnFirstBarrier.failed = False
+    adapter = ADAPTERS["parquet"]
+    feed = BatchFeed(SCHEMA)
+    config = RuntimeConfig(
+        state_path=tmp_path / "state.db", barrier_interval=3600.0, recovery=True,
+        restart_backoff=0.01, max_restarts=2,
+    )  # fmt: skip
+    rt = Runtime(config)
+    rt.add_source("events", feed.source)
+    rt.add_actor("flaky", FailOnFirstBarrier, inputs=["events"])
+    table = adapter.make(tmp_path)
+    sink = add_sink(rt, "out", table, input="flaky", parallelism=2, key=("id",))
+    with BlockingRuntime(rt, backend=backend) as handle:
+        bridge = SparkBridge(handle, feed, sink=sink)
+        epoch = bridge.deliver(ids(spark, 0, 300), 0, write_on="executors")
+        assert epoch is not None
+        handle.call(sink.coordinator.wait_committed, epoch)
+        assert handle.stats().restarts == 1
+        # Staged twice: the first hand-over died with the coordinator's run.
+        assert (bridge.stats().staged_batches, bridge.stats().batches) == (2, 1)
+    assert FailOnFirstBarrier.failed
+    assert adapter.ids(table) == list(range(300))
+    assert leftovers(adapter, table) == []

@@ -105,6 +105,7 @@ GROUPS: tuple[Group, ...] = (
             "tests/test_coordinated_sink.py",
             "tests/test_sink_wiring.py",
             "tests/test_add_sink.py",
+            "tests/test_executor_staging.py",  # the batches staged on executors (staged.py)
         ),
     ),
     Group(

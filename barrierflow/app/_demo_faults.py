@@ -2,9 +2,12 @@
 
 ``barrierflow demo --crash-after N --crash-point P`` arms :class:`Faults` for micro-batch
 ``N`` of the run; the wrappers below kill the process at point ``P``: ``mid-batch`` (rows
-written, not committed), ``after-checkpoint`` (the batch durable here, not yet committed by
-Spark) or ``mid-commit`` (the table committed, the coordinator not yet told). Before dying the
-demo prints a ``CRASH ...`` line and, on the next line, the command that resumes the run.
+written, not committed — with ``--write-on executors``: while the executors stage them),
+``after-checkpoint`` (the batch durable here, not yet committed by Spark) or ``mid-commit``
+(the table committed, the coordinator not yet told). ``executor-lost`` (executors only) kills
+a task's Python worker mid-stage instead of the driver: Spark retries the task and the run
+goes on. Before dying the demo prints a ``CRASH ...`` line and, on the next line, the command
+that resumes the run.
 """
 
 from __future__ import annotations
@@ -12,15 +15,25 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 
 from barrierflow.actors import CommitMetadata, Manifest, StagingWriter, Table
 from barrierflow.app._trace import TracedCommitter, TracedTable, trace
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.connectors.executor_staging import ExecutorStaging, StagesOnExecutors
 from barrierflow.runtime.positions import SinkCommits
 
-__all__ = ["CrashingCommitter", "CrashingTable", "CrashingWriter", "Faults", "kill_self"]
+__all__ = [
+    "CrashingCommitter",
+    "CrashingTable",
+    "CrashingWriter",
+    "Faults",
+    "executor_faults",
+    "kill_self",
+]
 
 
 def kill_self(where: str, resume: str) -> None:
@@ -88,6 +101,52 @@ class CrashingWriter:
 
     async def close(self) -> None:
         await self.inner.close()
+
+    def executor_staging(self) -> ExecutorStaging:
+        """The inner writer's: Spark tasks stage without this writer's fault (the demo arms
+        the executor path's in the tasks themselves, :func:`executor_faults`).
+
+        Raises:
+            InvalidArgumentError: the inner writer cannot stage on executors.
+        """
+        if not isinstance(self.inner, StagesOnExecutors):
+            raise InvalidArgumentError(
+                "table", "a table whose writers stage Parquet files", type(self.inner).__name__
+            )
+        return self.inner.executor_staging()
+
+
+def executor_faults(df: Any, faults: Faults) -> Any:
+    """``df`` with the armed batch's executor-side fault, if any: ``mid-batch`` — the first
+    task attempt of partition 0 SIGKILLs the driver once it has passed on its first rows (the
+    executors are staging); ``executor-lost`` — it SIGKILLs its own Python worker there
+    instead: Spark runs the task again and the run goes on."""
+    if not faults.armed or faults.point not in ("mid-batch", "executor-lost"):
+        return df
+    driver = os.getpid() if faults.point == "mid-batch" else None
+    resume = faults.resume
+
+    def step(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        armed = context is not None and context.partitionId() == 0
+        armed = armed and context is not None and context.attemptNumber() == 0
+        for batch in batches:
+            yield batch
+            if armed:
+                if driver is None:  # executor-lost: this executor's Python worker dies
+                    os.kill(os.getpid(), signal.SIGKILL)
+                    return
+                sys.stdout.write(
+                    f"CRASH mid-batch, executors staging: SIGKILL of the driver\n"
+                    f"resume with: {resume}\n"
+                )
+                sys.stdout.flush()
+                os.kill(driver, signal.SIGKILL)
+                armed = False
+
+    return df.mapInArrow(step, df.schema)
 
 
 class CrashingCommitter:

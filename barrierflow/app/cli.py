@@ -38,6 +38,7 @@ from barrierflow.app.demo import (
     DEFAULT_BATCHES,
     DEFAULT_ROWS,
     TABLES,
+    WRITE_ON,
     DemoConfig,
     resume_command,
     run_demo,
@@ -150,6 +151,7 @@ def _demo(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         adopt_sink_positions=args.adopt_sink_positions,
         table=args.table,
+        write_on=args.write_on,
     )
     result = _interruptible("demo", run_demo, config, resume_command)
     if result is None:
@@ -311,6 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Spark configuration setting; repeat for more (default: none)",
     )
     demo.add_argument(
+        "--write-on",
+        choices=list(WRITE_ON),
+        default="driver",
+        help="spark act: where the rows are written — through this driver's graph, or staged "
+        "by Spark's tasks on the executors, the driver only committing (default: %(default)s)",
+    )
+    demo.add_argument(
         "--crash-after",
         type=int,
         metavar="N",
@@ -366,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--seed", type=int, default=0, help="the plan's seed (default: 0)")
     chaos.add_argument(
         "--acts",
-        default="spark,backfill,views",
+        default="spark,spark-executors,backfill,views",
         help="the acts to play, in rotation (default: %(default)s)",
     )
     chaos.add_argument(

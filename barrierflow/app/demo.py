@@ -11,6 +11,12 @@ Spark, the SQLite state store, local files under ``--workdir``::
       → Coordinator → one Iceberg snapshot per epoch               <workdir>/warehouse
                       or one Delta commit per epoch (--table delta) <workdir>/delta/events
 
+With ``--write-on executors`` no row crosses the driver: Spark's tasks stage each micro-batch
+as Parquet files where it lies, the driver hands their manifests to the same coordinator and
+sends only the batch's end mark through the feed (see :mod:`barrierflow.spark_bridge.bridge`).
+The default is ``driver``: it runs on any graph, and at the demo's sizes on one machine the two
+are about even; ``executors`` is what scales with a cluster (``--spark-master spark://...``).
+
 It shows live progress (a table on a terminal; without one — output piped to a file, CI — a
 plain line every few seconds), then reads the table back with the format's own reader
 (pyiceberg, deltalake) and verifies it: every key Spark sent is in the table exactly once.
@@ -54,7 +60,8 @@ import numpy as np
 
 from barrierflow._one_line import one_line
 from barrierflow.actors import BatchFeed, Coordinator, add_sink
-from barrierflow.app._demo_faults import CrashingTable, Faults
+from barrierflow.actors.sinks.add_sink import DeclaredSink
+from barrierflow.app._demo_faults import CrashingTable, Faults, executor_faults
 from barrierflow.app._demo_input import SCHEMA, TABLES, RunManifest, TableChoice, complete_input
 from barrierflow.app._demo_progress import LiveProgress, RunCounts, batch_line
 from barrierflow.app._demo_runs import resume_command as resume_words
@@ -70,7 +77,9 @@ __all__ = [
     "CrashPoint",
     "DemoConfig",
     "DemoResult",
+    "WRITE_ON",
     "TableChoice",
+    "WriteOn",
     "resume_command",
     "run_demo",
 ]
@@ -81,8 +90,18 @@ DEFAULT_ROWS = 1_000_000
 DEFAULT_BATCHES = 20
 TABLE = ICEBERG_TABLE
 
-CrashPoint = Literal["mid-batch", "after-checkpoint", "mid-commit"]
-CRASH_POINTS: tuple[CrashPoint, ...] = ("mid-batch", "after-checkpoint", "mid-commit")
+CrashPoint = Literal["mid-batch", "after-checkpoint", "mid-commit", "executor-lost"]
+CRASH_POINTS: tuple[CrashPoint, ...] = (
+    "mid-batch",
+    "after-checkpoint",
+    "mid-commit",
+    "executor-lost",
+)
+WriteOn = Literal["driver", "executors"]
+WRITE_ON: tuple[WriteOn, ...] = ("driver", "executors")
+#: The local master of a run that writes on executors: a failed task is retried (up to 4
+#: attempts) as on a cluster, instead of failing the micro-batch.
+EXECUTORS_LOCAL_MASTER = "local[2,4]"
 
 
 @dataclass(frozen=True)
@@ -113,6 +132,10 @@ class DemoConfig:
     adopt_sink_positions: bool = False
     #: The table the pipeline writes: ``"iceberg"`` or ``"delta"`` (see the class).
     table: TableChoice | None = None
+    #: Where the rows are written: through the driver's graph (``"driver"``, the default) or
+    #: staged by Spark's tasks on the executors (``"executors"``). A run can resume the
+    #: other way: both commit through the same coordinator and record the same positions.
+    write_on: WriteOn = "driver"
 
     def __post_init__(self) -> None:
         for name in ("rows", "batches"):
@@ -132,6 +155,12 @@ class DemoConfig:
             raise ConfigError("backend", "'asyncio' or 'trio'", self.backend)
         if self.table is not None and (not isinstance(self.table, str) or self.table not in TABLES):
             raise ConfigError("table", f"None or one of {TABLES}", self.table)
+        if not isinstance(self.write_on, str) or self.write_on not in WRITE_ON:
+            raise ConfigError("write_on", f"one of {WRITE_ON}", self.write_on)
+        if self.crash_point == "executor-lost" and self.write_on != "executors":
+            raise ConfigError(
+                "crash_point", "'executor-lost' only with write_on='executors'", self.crash_point
+            )
 
     def sizes(self) -> tuple[int, int]:
         """A new run's rows and batches, defaults filled in."""
@@ -141,7 +170,8 @@ class DemoConfig:
 
 def resume_command(config: DemoConfig) -> str:
     """The command that resumes the run ``config`` describes (for the user to copy)."""
-    return resume_words(None, config.workdir, config.backend)
+    words = resume_words(None, config.workdir, config.backend)
+    return words + (" --write-on executors" if config.write_on == "executors" else "")
 
 
 @dataclass(frozen=True)
@@ -186,7 +216,7 @@ class DemoResult:
 
 def build_runtime(
     workdir: Path, table: DemoTable, faults: Faults, *, adopt_sink_positions: bool = False
-) -> tuple[Runtime, BatchFeed, Coordinator]:
+) -> tuple[Runtime, BatchFeed, DeclaredSink]:
     """The demo's graph: batch source → hash by key → 4 writers of ``table`` + their
     coordinator."""
     feed = BatchFeed(SCHEMA, chunk_rows=16_384, capacity=8)
@@ -204,9 +234,7 @@ def build_runtime(
         rt, "events", CrashingTable(table.sink, faults), input="events", parallelism=WRITERS,
         key=("key",),
     )  # fmt: skip
-    assert declared.coordinator is not None
-    coordinator = declared.coordinator
-    return rt, feed, coordinator
+    return rt, feed, declared
 
 
 def verify(table: DemoTable, rows_in: int, batches: int, seconds: float) -> DemoResult:
@@ -268,15 +296,19 @@ def run_demo(config: DemoConfig) -> DemoResult:
     # pyspark replaces Ctrl-C handling with its own when the SparkContext starts; keep the
     # caller's (the CLI's quiet interrupt).
     on_interrupt = signal.getsignal(signal.SIGINT)
-    spark = spark_session("barrierflow-demo", master=config.spark_master, conf=config.spark_conf)
+    master = config.spark_master
+    if master is None and config.write_on == "executors":
+        master = EXECUTORS_LOCAL_MASTER
+    spark = spark_session("barrierflow-demo", master=master, conf=config.spark_conf)
     if threading.current_thread() is threading.main_thread() and on_interrupt is not None:
         signal.signal(signal.SIGINT, on_interrupt)
     trace("spark-ready")
     faults = Faults(config.crash_after, config.crash_point, resume_command(config))
     table = open_table(manifest.table, workdir)
-    rt, feed, coordinator = build_runtime(
+    rt, feed, sink = build_runtime(
         workdir, table, faults, adopt_sink_positions=config.adopt_sink_positions
     )
+    coordinator = sink.coordinator
     rows_before = table.rows()
     stream = (
         spark.readStream.schema(_spark_schema())
@@ -289,13 +321,16 @@ def run_demo(config: DemoConfig) -> DemoResult:
     failures: list[Exception] = []  # what the callback raised (Spark wraps it in Py4J text)
     try:
         with BlockingRuntime(rt, backend=config.backend) as handle:
-            bridge = SparkBridge(handle, feed, stream="events-query")
+            bridge = SparkBridge(handle, feed, stream="events-query", sink=sink)
 
             def callback(df: Any, batch_id: int) -> None:
                 try:
                     trace("batch-begin", batch_id)
                     faults.begin_batch()
-                    bridge.callback(df, batch_id)
+                    if config.write_on == "executors":
+                        bridge.executors_callback(executor_faults(df, faults), batch_id)
+                    else:
+                        bridge.callback(df, batch_id)
                     trace("batch-checkpointed", batch_id)
                     if not config.progress:  # a plain line per micro-batch instead of the table
                         print(batch_line(batch_id, counts()), flush=True)

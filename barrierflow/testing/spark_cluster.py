@@ -79,6 +79,11 @@ def _last_line(path: Path) -> str:
     return lines[-1] if lines else ""
 
 
+def worker_host(index: int) -> str:
+    """The loopback address worker ``index`` runs on (``127.0.0.2``, ``127.0.0.3``, ...)."""
+    return f"127.0.0.{index + 2}"
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((_HOST, 0))
@@ -275,17 +280,21 @@ class StandaloneCluster:
                 self._worker_webui_ports.append(webui)
                 directory = self.work_dir / f"worker-{index}"
                 directory.mkdir(parents=True, exist_ok=True)
+                # Each worker on a loopback address of its own, as on a cluster of machines:
+                # Spark runs a speculative copy of a task only on another host than the
+                # original's, and a host is an address to it.
+                host = worker_host(index)
                 worker = self._launch(
                     f"worker-{index}",
                     [
                         str(spark_class), _WORKER_CLASS, f"spark://{_HOST}:{self._port}",
-                        "--host", _HOST,
+                        "--host", host,
                         "--cores", str(self.cores),
                         "--memory", self.memory,
                         "--webui-port", str(webui),
                         "-d", str(directory),
                     ],
-                    env,
+                    {**env, "SPARK_LOCAL_IP": host},
                 )  # fmt: skip
                 self._workers.append(worker)
             self._wait_alive()

@@ -10,7 +10,9 @@ moment of the run (:mod:`.harness`), which reaches what no target marks.
 
 The Spark act writes one of two tables (``--table iceberg|delta``): the harness gives each of
 its rounds one (:meth:`Act.writing`), and the act's audit reads that table with its own
-reader.
+reader. The ``spark-executors`` act is the Spark act with Spark's tasks staging the rows
+(``--write-on executors``), killed while they stage, after they staged and before the commit,
+and mid-commit.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class Act:
     #: The tables a round may write (``--table``), in rotation; ``()``: the act has no
     #: choice. An act :meth:`writing` one table has just it.
     tables: tuple[str, ...] = ()
+    #: The demo act the CLI runs (``demo <demo_act>``); ``""``: the act's own name.
+    demo_act: str = ""
+    #: Options every run of the act gets, new or resumed.
+    options: tuple[str, ...] = ()
 
     @property
     def table(self) -> str:
@@ -79,10 +85,11 @@ class Act:
         )
 
     def command(self, python: str, workdir: Path, backend: str, resume: bool) -> list[str]:
-        words = [python, "-m", "barrierflow", "demo", self.name, "--workdir", str(workdir)]
-        words += ["--backend", backend]
+        demo = self.demo_act or self.name
+        words = [python, "-m", "barrierflow", "demo", demo, "--workdir", str(workdir)]
+        words += ["--backend", backend, *self.options]
         words += ["--resume"] if resume else list(self.sizes)
-        if self.name == "spark":
+        if demo == "spark":
             words.append("--no-progress")
         return words
 
@@ -120,6 +127,28 @@ SPARK = Act(
     audit_spark,
     600.0,
     ("iceberg", "delta"),
+)
+
+#: The Spark act with the rows staged by Spark's tasks on the executors: a kill lands while
+#: the executors stage a micro-batch (the whole process group dies: driver, Spark JVM, Python
+#: workers), after they staged and the driver handed their files over but before the
+#: coordinator's commit (``pre-commit``), or mid-commit. The audit is the Spark act's.
+SPARK_EXECUTORS = Act(
+    "spark-executors",
+    ("--rows", "20000", "--batches", "8"),
+    "demo-run.json",
+    (
+        Target("spark-ready", "Spark up, the query starting", 1, 3.0),
+        Target("batch-begin", "mid-batch, executors staging", 4, 0.6),
+        Target("batch-checkpointed", "after a batch's checkpoint, before Spark's commit", 4),
+        *_COMMIT_TARGETS,
+        Target("verify", "during the final read-back", 1, 0.4),
+    ),
+    audit_spark,
+    600.0,
+    ("iceberg", "delta"),
+    demo_act="spark",
+    options=("--write-on", "executors"),
 )
 
 BACKFILL = Act(
@@ -164,4 +193,4 @@ VIEWS = Act(
 )
 
 #: The acts by name.
-ACTS = {act.name: act for act in (SPARK, BACKFILL, VIEWS)}
+ACTS = {act.name: act for act in (SPARK, SPARK_EXECUTORS, BACKFILL, VIEWS)}

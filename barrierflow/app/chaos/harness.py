@@ -83,7 +83,7 @@ class ChaosConfig:
     workdir: Path
     kills: int = 3
     seed: int = 0
-    acts: tuple[str, ...] = ("spark", "backfill", "views")
+    acts: tuple[str, ...] = ("spark", "spark-executors", "backfill", "views")
     max_kills_per_round: int = 3
     #: The share of kills planned at a uniform random moment instead of a traced event.
     random_share: float = RANDOM_SHARE
