@@ -13,6 +13,7 @@ from benchmarks.channels import BENCHMARKS as CHANNEL_BENCHMARKS
 from benchmarks.coordinator import BENCHMARKS as COORDINATOR_BENCHMARKS
 from benchmarks.harness import Settings
 from benchmarks.jobs import BENCHMARKS as JOB_BENCHMARKS
+from benchmarks.metrics import BENCHMARKS as METRICS_BENCHMARKS
 from benchmarks.runtime import BENCHMARKS as RUNTIME_BENCHMARKS
 from benchmarks.sinks import BENCHMARKS as SINK_BENCHMARKS
 from benchmarks.sources import BENCHMARKS as SOURCE_BENCHMARKS
@@ -28,6 +29,7 @@ BENCHMARKS = {
     **SOURCE_BENCHMARKS,
     **VIEW_BENCHMARKS,
     **SPARK_BRIDGE_BENCHMARKS,
+    **METRICS_BENCHMARKS,
 }
 
 __all__ = ["BENCHMARKS", "main", "run_benchmarks"]

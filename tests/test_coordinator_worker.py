@@ -946,3 +946,55 @@ async def test_two_writers_with_one_writer_id_are_a_duplicate_writer_error(
             "first",
             "second",
         )
+
+
+# Metrics.
+
+
+class RowsCommitter(FakeCommitter):
+    """Prepares metadata that counts its rows, as every table's does."""
+
+    async def prepare(self, epoch: int, manifests: Any) -> Any:
+        metadata = await super().prepare(epoch, manifests)
+        return {**metadata, "rows": 10 * epoch}
+
+
+async def test_the_coordinator_reports_its_epochs_rows_and_commit_latencies(
+    tmp_path: Path,
+) -> None:
+    from barrierflow.runtime.metrics import MetricsRegistry
+
+    registry = MetricsRegistry()
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        committer = RowsCommitter()
+        coordinator = make(committer)
+        before = {f.name: f for f in coordinator.metric_families()}
+        assert before["barrierflow_sink_rows_committed"].value(sink=SINK) == 0
+        async with anyio.create_task_group() as tg:
+            start(tg, coordinator, ServiceContext(SINK, store, metrics=registry))
+            handles = await register_started(coordinator, HALVES)
+            for epoch in (1, 2, 3):
+                await commit_all(handles, epoch)
+            await store.commit(1)
+            with anyio.fail_after(WAIT):
+                await coordinator.wait_committed(1)
+            await store.commit(2)
+            with anyio.fail_after(WAIT):
+                await coordinator.wait_committed(2)
+            families = {f.name: f for f in coordinator.metric_families()}
+            tg.cancel_scope.cancel()
+    value = {name: f.value(sink=SINK) for name, f in families.items()}
+    assert value["barrierflow_sink_rows_committed"] == 10 + 20  # epochs 1 and 2, not 3
+    assert value["barrierflow_sink_acked_epochs"] == 3
+    assert value["barrierflow_sink_committed_epochs"] == 2
+    assert value["barrierflow_sink_pending_epochs"] == 1
+    assert value["barrierflow_sink_last_committed_epoch"] == 2
+    assert value["barrierflow_sink_commit_retries"] == 0
+    assert value["barrierflow_sink_aborted_epochs"] == 0
+    assert value["barrierflow_sink_writers"] == 2
+    histograms = {f.name: f for f in registry.collect()}
+    for name in ("barrierflow_sink_commit_seconds", "barrierflow_sink_commit_latency_seconds"):
+        counts = [s.value for s in histograms[name].samples if s.suffix == "_count"]
+        assert counts == [2], name  # one per commit that went through
+        (total,) = [s.value for s in histograms[name].samples if s.suffix == "_sum"]
+        assert 0 <= total < WAIT

@@ -204,6 +204,10 @@ async def test_a_handed_over_batch_is_committed_with_the_epoch_of_its_end_mark(
                 with pytest.raises(ActorFailedError) as info:
                     await feed.deliver(rt, "s", 1, SCHEMA.empty_table(), retries=0)
     assert stopped.value is info.value
+    missing = info.value.cause
+    assert isinstance(missing, StagedBatchMissingError)
+    assert (missing.sink, missing.key, missing.batches) == ("out", "events/s", [1])
+    assert missing.epoch > epoch  # the epoch that reached batch 1
     assert isinstance(info.value.cause, StagedBatchMissingError)
     files = sorted((tmp_path / "table").glob("epoch=*/*/*.parquet"))
     assert read(files) == list(range(20))
@@ -214,15 +218,15 @@ async def test_a_handed_over_batch_is_committed_with_the_epoch_of_its_end_mark(
 async def test_handing_over_bad_arguments_is_refused_by_name(tmp_path: Path) -> None:
     rt, _, _, sink = build(tmp_path)
     coordinator = sink.coordinator
-    for arguments, name in (
-        (("", 0, 1, [], 1), "key"),
-        (("k/s", -1, 1, [], 1), "batch"),
-        (("k/s", 0, True, [], 1), "partitions"),
-        (("k/s", 0, 1, ["m"], 1), "manifests"),
+    for arguments, name, expected, got in (
+        (("", 0, 1, [], 1), "key", "a position key '<source>/<stream>'", ""),
+        (("k/s", -1, 1, [], 1), "batch", "an int >= 0", -1),
+        (("k/s", 0, True, [], 1), "partitions", "an int >= 0", True),
+        (("k/s", 0, 1, ["m"], 1), "manifests", "Manifests", ["m"]),
     ):
         with pytest.raises(InvalidArgumentError) as info:
             await coordinator.adopt_staged(*arguments)
-        assert info.value.argument == name
+        assert (info.value.argument, info.value.expected, info.value.got) == (name, expected, got)
     del rt
 
 
@@ -240,13 +244,68 @@ async def test_a_refused_hand_over_fails_only_its_asker_and_the_run_goes_on(
             assert generation == 1  # the first run
             number = staging_number()
             adopted = stage.adopt(number, [stage.stage_task(number, 0, 1, rows(0, 5))])
-            with pytest.raises(StaleStagingError):
+            with pytest.raises(StaleStagingError) as stale:
                 await coordinator.adopt_staged(key, 0, 1, adopted, generation + 1)
-            with pytest.raises(PartitionCoverageError):
+            assert (stale.value.sink, stale.value.staged_in, stale.value.current) == ("out", 2, 1)
+            with pytest.raises(PartitionCoverageError) as coverage:
                 await coordinator.adopt_staged(key, 0, 2, adopted, generation)
+            assert coverage.value.sink == "out"
             await coordinator.adopt_staged(key, 0, 1, adopted, generation)  # still serving
             epoch = await feed.deliver(rt, "s", 0, SCHEMA.empty_table(), retries=0)
             assert epoch is not None
             await coordinator.wait_committed(epoch)
     files = sorted((tmp_path / "table").glob("epoch=*/*/*.parquet"))
     assert read(files) == list(range(5))
+
+
+def test_a_writer_id_that_names_no_partition_breaks_the_coverage() -> None:
+    batches = ExecutorBatches("out", set(), 1)
+    for writers, got in ((("p0", "q1"), [0, -1]), (("p0", "zz"), [0, -1]), (("p0", "p"), [0, -1])):
+        manifests = tuple(Manifest(w, 3) for w in writers)
+        with pytest.raises(PartitionCoverageError) as info:
+            batches.add(AdoptStaged("src/s", 0, 2, manifests, 1))
+        assert info.value.got == got
+    assert len(batches) == 0
+
+
+def test_claims_look_at_every_executor_written_key_and_the_first_epoch_at_its_end() -> None:
+    batches = ExecutorBatches("out", set(), 1)
+    batches.add(handed(3, [0], key="b/s"))
+    batches.add(handed(0, [0], key="a/s"))  # sorted first; the epoch below does not reach it
+    # The key's first epoch (no start): only the batch it ends at is required and taken.
+    taken = batches.claim(20, [Manifest("0", 5, positions={"b/s": 3})])
+    assert [m.writer for m in taken] == ["p0"]
+    assert len(batches) == 1  # a/s batch 0 still waits
+    with pytest.raises(StagedBatchMissingError) as info:
+        batches.claim(21, [Manifest("0", 5, positions={"b/s": 5})])
+    assert (info.value.sink, info.value.epoch, info.value.batches) == ("out", 21, [5])
+
+
+@pytest.mark.anyio
+async def test_the_staging_generation_is_each_recovered_run_and_waits_for_one(
+    tmp_path: Path,
+) -> None:
+    from barrierflow.actors.sinks.coordinator import Coordinator
+    from barrierflow.runtime.service import ServiceContext
+    from barrierflow.runtime.state.state_store import StateStore
+    from barrierflow.testing import ListTable
+
+    coordinator = Coordinator("out", ListTable(SCHEMA).committer())
+    seen: list[int] = []
+
+    async def generation() -> None:
+        seen.append(await coordinator.staging_generation())
+
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        for run in (1, 2):
+            async with anyio.create_task_group() as waiting:
+                waiting.start_soon(generation)
+                await anyio.wait_all_tasks_blocked()
+                assert len(seen) == run - 1  # no run recovered yet: it waits
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(coordinator.run, ServiceContext("out", store))
+                    with anyio.fail_after(WAIT):
+                        while len(seen) < run:
+                            await anyio.wait_all_tasks_blocked()
+                    tg.cancel_scope.cancel()
+    assert seen == [1, 2]

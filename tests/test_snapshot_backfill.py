@@ -1025,8 +1025,28 @@ async def test_the_snapshot_then_each_owed_epoch_once_then_the_live_upstream() -
         assert view.pins == {}
         assert not failed
     assert reported(ctx) == [
-        (False, 0, {"phase": "snapshot", "snapshot_epoch": 10, "epochs_owed": 2, "vnodes_left": 4}),
-        (True, 9, {"phase": "forward", "snapshot_epoch": 10, "epochs_owed": 0, "vnodes_left": 0}),
+        (
+            False,
+            0,
+            {
+                "phase": "snapshot",
+                "snapshot_epoch": 10,
+                "epochs_owed": 2,
+                "vnodes_left": 4,
+                "vnodes_total": 4,
+            },
+        ),
+        (
+            True,
+            9,
+            {
+                "phase": "forward",
+                "snapshot_epoch": 10,
+                "epochs_owed": 0,
+                "vnodes_left": 0,
+                "vnodes_total": 4,
+            },
+        ),
     ]
     head = {"snapshot_epoch": 10, "log_offset": 0}
     assert ctx.saved == [
@@ -1260,7 +1280,13 @@ async def test_a_restart_mid_snapshot_resumes_after_the_last_key_emitted() -> No
     assert reported(again)[0] == (
         False,
         2,
-        {"phase": "snapshot", "snapshot_epoch": 10, "epochs_owed": 2, "vnodes_left": 4},
+        {
+            "phase": "snapshot",
+            "snapshot_epoch": 10,
+            "epochs_owed": 2,
+            "vnodes_left": 4,
+            "vnodes_total": 4,
+        },
     )
 
 
@@ -1313,7 +1339,17 @@ async def test_a_finished_job_forwards_from_its_first_barrier() -> None:
         assert ctx.trace() == [21, [(1, 0, 0)]]
         assert (view.pins, view.reads, view.log_reads) == ({}, [], [])
     assert reported(ctx) == [
-        (True, 9, {"phase": "forward", "snapshot_epoch": 10, "epochs_owed": 0, "vnodes_left": 0}),
+        (
+            True,
+            9,
+            {
+                "phase": "forward",
+                "snapshot_epoch": 10,
+                "epochs_owed": 0,
+                "vnodes_left": 0,
+                "vnodes_total": 4,
+            },
+        ),
     ]
 
 

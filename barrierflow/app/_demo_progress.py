@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TextIO
 
-__all__ = ["LiveProgress", "RunCounts", "batch_line", "progress_line"]
+__all__ = [
+    "LiveProgress",
+    "RunCounts",
+    "batch_line",
+    "job_line",
+    "progress_line",
+    "show_job_progress",
+]
 
 #: Seconds between two plain progress lines when there is no terminal.
 PLAIN_EVERY = 5.0
@@ -208,3 +215,47 @@ def batch_line(batch_id: int, counts: RunCounts) -> str:
         f"{counts.rows_this_run:,} rows, {counts.rate:,.0f} rows/s; "
         f"time left (est.) {_duration(counts.seconds_left)}"
     )
+
+
+def job_line(name: str, progress: Any) -> str:
+    """One plain line of a joining job's progress (``progress``: its ``JobProgress``)."""
+    return (
+        f"job {name}: {progress.phase}, {progress.fraction_done:.0%} done, "
+        f"{progress.rows:,} rows backfilled"
+    )
+
+
+async def show_job_progress(
+    name: str, handle: Any, *, every: float = 0.2, stream: TextIO | None = None
+) -> None:
+    """Show a joining job's backfill until it is ready (``handle``: its ``JobHandle``): a live
+    progress bar on a terminal, else a plain line every few seconds and one when ready —
+    instead of silence until the demo's last line."""
+    import anyio
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    out = stream or sys.stderr
+    console = Console(file=out)
+    if not console.is_terminal:
+        last = 0.0
+        while not handle.progress().ready:
+            if time.monotonic() - last >= PLAIN_EVERY:
+                print(job_line(name, handle.progress()), file=out, flush=True)
+                last = time.monotonic()
+            await anyio.sleep(every)
+        print(job_line(name, handle.progress()), file=out, flush=True)
+        return
+    columns = (TextColumn("job {task.fields[job]}"), BarColumn(), TextColumn("{task.description}"))
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("", total=1.0, job=name)
+        while True:
+            progress = handle.progress()
+            bar.update(
+                task,
+                completed=progress.fraction_done,
+                description=f"{progress.phase}, {progress.rows:,} rows backfilled",
+            )
+            if progress.ready:
+                return
+            await anyio.sleep(every)

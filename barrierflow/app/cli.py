@@ -400,6 +400,18 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument(
         "--keep", action="store_true", help="keep clean rounds' work directories (default: off)"
     )
+    top = commands.add_parser(
+        "top",
+        help="a live view of a running pipeline, read from its metrics endpoint",
+        description="Scrapes a runtime's Prometheus endpoint (RuntimeConfig(metrics_port=...)) "
+        "and redraws jobs and their backfill, actors' rows/s and busy/backpressured/idle "
+        "shares, barrier latency by stage, sinks and sources. Ctrl-C leaves.",
+    )
+    top.add_argument("url", help="the endpoint, e.g. http://127.0.0.1:9464/metrics")
+    top.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between scrapes (default: 2)"
+    )
+    top.add_argument("--once", action="store_true", help="print one frame and exit (default: live)")
     commands.add_parser(
         "bench",
         add_help=False,  # its --help is the harness's
@@ -421,6 +433,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         if args.command == "chaos":
             return _chaos(args)
+        if args.command == "top":
+            from barrierflow.app.top import run_top
+
+            run_top(args.url, interval=args.interval, once=args.once)
+            return 0
         trace("start", args.act)
         return _demo(args)
     except KeyboardInterrupt:

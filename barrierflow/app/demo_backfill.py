@@ -74,6 +74,7 @@ from barrierflow.app._demo_backfill_streams import (
     top_up,
 )
 from barrierflow.app._demo_faults import kill_self
+from barrierflow.app._demo_progress import show_job_progress
 from barrierflow.app._demo_runs import resume_command as resume_words
 from barrierflow.app._trace import TracedTable, follow_job, trace, tracing
 from barrierflow.channels.errors import InvalidArgumentError
@@ -289,6 +290,7 @@ async def _pipeline(
                 trace("job-durable")
             if tracing():
                 tg.start_soon(follow_job, handle)
+            tg.start_soon(show_job_progress, "history", handle)
             if config.crash_after is not None:
                 await producer.wait_rounds(producer.rounds + config.crash_after)
                 state = "ready" if handle.progress().ready else "backfilling"

@@ -41,6 +41,7 @@ from barrierflow.actors.backfill.materialize import Materialize
 from barrierflow.actors.backfill.snapshot_backfill import SnapshotBackfill
 from barrierflow.actors.sources.batch_feed import BatchFeed
 from barrierflow.app._demo_faults import kill_self
+from barrierflow.app._demo_progress import show_job_progress
 from barrierflow.app._demo_runs import check_sizes, read_manifest
 from barrierflow.app._demo_runs import resume_command as resume_words
 from barrierflow.app._demo_views_graph import (
@@ -202,8 +203,10 @@ async def _pipeline(config: ViewsDemoConfig, manifest: _Manifest) -> None:
         join_at = manifest.batches // 3
         handle = rt.job("copy") if declared else None
         durable_at: int | None = next_batch if declared else None
-        if handle is not None and tracing():
-            tg.start_soon(follow_job, handle)
+        if handle is not None:
+            tg.start_soon(show_job_progress, "copy", handle)
+            if tracing():
+                tg.start_soon(follow_job, handle)
         for batch in range(next_batch, manifest.batches):
             if handle is None and batch >= join_at:
                 trace("job-add")
@@ -211,6 +214,7 @@ async def _pipeline(config: ViewsDemoConfig, manifest: _Manifest) -> None:
                 await rt.checkpoint()  # the job is durable: a crash from here resumes it
                 trace("job-durable")
                 durable_at = batch
+                tg.start_soon(show_job_progress, "copy", handle)
                 if tracing():
                     tg.start_soon(follow_job, handle)
             if (
@@ -227,6 +231,7 @@ async def _pipeline(config: ViewsDemoConfig, manifest: _Manifest) -> None:
             trace("batch-delivered", batch)
         if handle is None:
             handle = await rt.add_job(_copy_job(workdir))
+            tg.start_soon(show_job_progress, "copy", handle)
         await handle.wait_ready()
         trace("drain")
         epoch = await rt.checkpoint()

@@ -56,6 +56,9 @@ class ChannelStatistics:
     blocked_sends: int
     #: Total seconds senders spent parked (wall clock).
     blocked_seconds: float
+    #: Total seconds receivers spent parked, waiting for a message (wall clock): the
+    #: consumer's idle time on this input.
+    receive_wait_seconds: float = 0.0
 
 
 class Waiter:
@@ -86,6 +89,7 @@ class ChannelState(Generic[T]):
         "name",
         "open_receivers",
         "open_senders",
+        "receive_wait_seconds",
         "rows_sent",
         "waiting_receivers",
         "waiting_senders",
@@ -108,6 +112,7 @@ class ChannelState(Generic[T]):
         self.bytes_sent = 0
         self.blocked_sends = 0
         self.blocked_seconds = 0.0
+        self.receive_wait_seconds = 0.0
 
     def fits(self, rows: int) -> bool:
         """Whether a message of ``rows`` rows fits now (a message permit, and row permits)."""
@@ -158,4 +163,5 @@ class ChannelState(Generic[T]):
             tasks_waiting_receive=len(self.waiting_receivers),
             blocked_sends=self.blocked_sends,
             blocked_seconds=self.blocked_seconds,
+            receive_wait_seconds=self.receive_wait_seconds,
         )

@@ -271,6 +271,13 @@ class ReceiveChannel(Generic[T]):
         except anyio.WouldBlock:
             pass
         state = self._state
+        parked = time.perf_counter()
+        try:
+            return await self._receive_parked(state)
+        finally:
+            state.receive_wait_seconds += time.perf_counter() - parked
+
+    async def _receive_parked(self, state: ChannelState[T]) -> T:
         while True:
             waiter = Waiter(0)
             state.waiting_receivers[waiter] = None

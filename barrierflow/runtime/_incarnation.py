@@ -4,6 +4,7 @@ for each job that joins later."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ from barrierflow.runtime.context import NamedInputs
 from barrierflow.runtime.errors import ActorFailedError, BarrierStuckError, GraphError
 from barrierflow.runtime.graph import Node
 from barrierflow.runtime.job_catalog import JobCatalog
+from barrierflow.runtime.metrics import MetricsRegistry
 from barrierflow.runtime.service import Service, ServiceContext
 from barrierflow.runtime.startup import check_actors, check_schemas
 from barrierflow.runtime.state.state_store import StateStore
@@ -71,9 +73,14 @@ def check_wiring(
 class Incarnation:
     """One build of the graph: its channels, contexts, barrier manager and task groups."""
 
-    def __init__(self, store: StateStore, manager: BarrierManager) -> None:
+    def __init__(
+        self, store: StateStore, manager: BarrierManager, metrics: MetricsRegistry | None = None
+    ) -> None:
         self.store = store
         self.manager = manager
+        self.metrics = MetricsRegistry() if metrics is None else metrics
+        #: When it was built (``time.perf_counter``): its actors' busy time counts from here.
+        self.started_at = time.perf_counter()
         self.catalog = JobCatalog(store)
         self.contexts: dict[str, ActorContext] = {}
         #: Every running actor, by name (what a joining job's startup checks may look at).
@@ -111,7 +118,9 @@ class Incarnation:
         self.job_scopes.setdefault(job, []).append(scope)
         service_id = _FIRST_SERVICE_ID + self._services_started
         self._services_started += 1
-        self.services.start_soon(_run_service, name, service_id, service, self.store, scope)
+        self.services.start_soon(
+            _run_service, name, service_id, service, self.store, scope, self.metrics
+        )
 
     def start_actors(
         self,
@@ -173,9 +182,14 @@ async def _run_actor(node: Node, actor: StreamActor, ctx: ActorContext, done: an
 
 
 async def _run_service(
-    name: str, service_id: int, service: Service, store: StateStore, scope: anyio.CancelScope
+    name: str,
+    service_id: int,
+    service: Service,
+    store: StateStore,
+    scope: anyio.CancelScope,
+    metrics: MetricsRegistry,
 ) -> None:
-    ctx = ServiceContext(name, store)
+    ctx = ServiceContext(name, store, metrics=metrics)
     with scope:
         try:
             await service.run(ctx)

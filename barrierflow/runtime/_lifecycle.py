@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
@@ -42,6 +43,8 @@ from barrierflow.runtime.errors import (
     NotRunningError,
 )
 from barrierflow.runtime.logging import configure_logging
+from barrierflow.runtime.metrics import MetricsRegistry
+from barrierflow.runtime.metrics_server import MetricsServer
 from barrierflow.runtime.startup import adopt_sink_positions
 from barrierflow.runtime.state.state_store import StateStore
 from barrierflow.runtime.watchdog import BarrierWatchdog
@@ -89,6 +92,8 @@ class Lifecycle:
         declarations: the graph and the job records.
         jobs: the running jobs.
         live: the running graph, as callers reach it.
+        metrics: the runtime's metrics (served at ``config.metrics_port``, if set, while the
+            runtime runs).
     """
 
     def __init__(
@@ -98,8 +103,11 @@ class Lifecycle:
         declarations: Declarations,
         jobs: RunningJobs,
         live: LiveGraph,
+        metrics: MetricsRegistry,
     ) -> None:
         self._config = config
+        self._metrics = metrics
+        self._server: MetricsServer | None = None
         self._clock = clock
         self._declarations = declarations
         self._jobs = jobs
@@ -114,6 +122,11 @@ class Lifecycle:
     def store(self) -> StateStore | None:
         """The state store (``None``: the runtime never started; closed once it left)."""
         return self._store
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the metrics endpoint serves (``None``: none runs)."""
+        return None if self._server is None else self._server.url
 
     @property
     def restarts(self) -> int:
@@ -152,6 +165,11 @@ class Lifecycle:
         self._exit_stack, self._task_group = stack, task_group
         self._live.attach(task_group)
         try:
+            if self._config.metrics_port is not None:
+                self._server = MetricsServer(
+                    self._metrics, self._config.metrics_host, self._config.metrics_port
+                )
+                self._server.start()
             await task_group.start(self._supervise)
         except BaseException as exc:
             await self._shutdown(type(exc), exc, exc.__traceback__)
@@ -187,6 +205,10 @@ class Lifecycle:
         task_group, self._task_group = self._task_group, None
         stack, self._exit_stack = self._exit_stack, None
         self._live.detach()
+        server, self._server = self._server, None
+        if server is not None:  # its port is free once the runtime has stopped
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(server.stop)
         try:
             if task_group is not None and stack is not None:
                 if exc is not None:
@@ -288,9 +310,10 @@ class Lifecycle:
             checkpoint_frequency=self._config.checkpoint_frequency,
             max_in_flight=self._config.max_in_flight,
             clock=self._clock,
+            metrics=self._metrics,
         )
         manager.on_complete = self._jobs.on_complete
-        incarnation = Incarnation(store, manager)
+        incarnation = Incarnation(store, manager, self._metrics)
         incarnation.channels = wiring.channels
         incarnation.inboxes = {n.name: wiring.inboxes[n.actor_id] for n in nodes if n.is_source}
         self._live.install(incarnation)

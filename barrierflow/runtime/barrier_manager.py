@@ -30,6 +30,7 @@ from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import MUTATION_TYPES, Mutation
 from barrierflow.runtime.config import check_count, check_seconds
 from barrierflow.runtime.errors import BarrierCollectError, NotRunningError
+from barrierflow.runtime.metrics import MetricsRegistry
 from barrierflow.runtime.positions import merge_positions
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.state.state_store import StateStore
@@ -45,7 +46,7 @@ class InFlightBarrier:
         InvalidArgumentError: ``barrier`` is not a Barrier, or ``actors`` not a set of int ids.
     """
 
-    __slots__ = ("_done", "_error", "barrier", "injected_at", "remaining")
+    __slots__ = ("_done", "_error", "barrier", "collected_at", "injected_at", "remaining")
 
     def __init__(self, barrier: Barrier, actors: set[int]) -> None:
         if not isinstance(barrier, Barrier):
@@ -55,6 +56,8 @@ class InFlightBarrier:
         #: When it was injected (:func:`anyio.current_time`; set by the manager that injects
         #: it): how long it has been in flight.
         self.injected_at = 0.0
+        #: When every actor had collected it (``None`` until then).
+        self.collected_at: float | None = None
         self._done = anyio.Event()
         self._error: BaseException | None = None
 
@@ -112,6 +115,7 @@ class BarrierManager:
         checkpoint_frequency: int,
         max_in_flight: int,
         clock: Callable[[], float] | None = None,
+        metrics: MetricsRegistry | None = None,
     ) -> None:
         if not isinstance(store, StateStore):
             raise InvalidArgumentError("store", "a StateStore", type(store).__name__)
@@ -148,6 +152,17 @@ class BarrierManager:
         self._progress: dict[int, dict[int, Progress]] = {}
         #: Called with each completed barrier and the progress collected with it.
         self.on_complete: Callable[[Barrier, dict[int, Progress]], None] | None = None
+        registry = MetricsRegistry() if metrics is None else metrics
+        self._latency = registry.histogram(
+            "barrierflow_barrier_latency_seconds",
+            "seconds from a barrier's injection until every actor collected it "
+            "(stage=collected) and, for a checkpoint, until it was durable (stage=durable)",
+            ("stage",),
+        )
+        self._checkpoint_seconds = registry.histogram(
+            "barrierflow_checkpoint_seconds",
+            "seconds the state store took to commit a checkpoint",
+        )
         self._log = structlog.get_logger("barrierflow.barrier_manager")
 
     @property
@@ -255,6 +270,7 @@ class BarrierManager:
         if progress is not None:
             self._progress.setdefault(barrier.epoch.curr, {})[actor_id] = progress
         if not flight.remaining:
+            flight.collected_at = anyio.current_time()
             self._collected.set()
 
     def report_positions(self, barrier: Barrier, positions: Mapping[str, int]) -> None:
@@ -306,8 +322,16 @@ class BarrierManager:
                 if flight.remaining:
                     break
                 barrier = flight.barrier
+                collected = (
+                    anyio.current_time() if flight.collected_at is None else flight.collected_at
+                )
+                self._latency.observe(collected - flight.injected_at, "collected")
                 if barrier.is_checkpoint:
+                    committing = anyio.current_time()
                     await self._store.commit(barrier.epoch.prev)
+                    durable = anyio.current_time()
+                    self._checkpoint_seconds.observe(durable - committing)
+                    self._latency.observe(durable - flight.injected_at, "durable")
                 del self._in_flight[epoch]
                 self._positions.pop(epoch, None)
                 progress = self._progress.pop(epoch, {})

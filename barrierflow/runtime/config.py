@@ -75,6 +75,12 @@ class RuntimeConfig:
             past it the exit fails with :class:`~barrierflow.errors.BarrierStuckError` naming
             the actors that hold the barrier, instead of hanging (nothing acknowledged is
             lost: what followed the last committed checkpoint is replayed at the next start).
+        metrics_port: serve the runtime's metrics (:mod:`barrierflow.runtime.metrics`) in
+            Prometheus's text format at ``http://<metrics_host>:<port>/metrics`` while it runs
+            (``0``: a free port, see ``Runtime.metrics_url``); ``None`` (the default): no
+            endpoint. Needs the ``metrics`` extra (prometheus-client).
+        metrics_host: the address the endpoint binds to; loopback by default, so that a
+            pipeline's metrics are not on the network unless asked for.
 
     Every field is checked here, so a bad value fails at construction, not when the runtime
     starts: durations must be finite numbers of seconds > 0 (``value <= 0`` alone would let NaN
@@ -99,6 +105,8 @@ class RuntimeConfig:
     adopt_sink_positions: bool = False
     stuck_barrier_intervals: int = 30
     stop_timeout: float = 120.0
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if (
@@ -131,6 +139,12 @@ class RuntimeConfig:
             or (isinstance(self.log_format, str) and self.log_format in ("console", "json"))
         ):
             raise ConfigError("log_format", "None, 'console' or 'json'", self.log_format)
+        if self.metrics_port is not None and (
+            type(self.metrics_port) is not int or not 0 <= self.metrics_port <= 65535
+        ):
+            raise ConfigError("metrics_port", "None or a port number 0..65535", self.metrics_port)
+        if not isinstance(self.metrics_host, str) or not self.metrics_host:
+            raise ConfigError("metrics_host", "a host name or address", self.metrics_host)
         if not isinstance(self.adopt_sink_positions, bool):
             raise ConfigError("adopt_sink_positions", "a bool", self.adopt_sink_positions)
         if not isinstance(self.store_adapter, str) or self.store_adapter not in (

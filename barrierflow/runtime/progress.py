@@ -78,3 +78,53 @@ class JobProgress:
         if not self.actors:
             return 1.0
         return sum(p.finished for p in self.actors.values()) / len(self.actors)
+
+    @property
+    def fraction_done(self) -> float:
+        """How far the job's backfill is, 0..1: per actor, the share of its splits finished
+        (a source backfill reports each split's phase) or of its vnodes done (a snapshot
+        backfill reports ``vnodes_left`` of ``vnodes_total``) — 1 once it finished — averaged
+        over the backfilling actors (1.0 with none)."""
+        if not self.actors:
+            return 1.0
+        return sum(_actor_fraction(p) for p in self.actors.values()) / len(self.actors)
+
+    @property
+    def phase(self) -> str:
+        """The job's phase in a word: ``"ready"``, or the phases its unfinished actors report
+        (``"snapshot"``, ``"change_log"``, ``"backfilling"``, ``"caching_up"``, joined by
+        ``+`` when they differ), or ``"backfilling"`` when they report none."""
+        if self.ready:
+            return "ready"
+        phases: set[str] = set()
+        for progress in self.actors.values():
+            if progress.finished:
+                continue
+            detail = progress.detail
+            if isinstance(detail.get("phase"), str):
+                phases.add(detail["phase"])
+            else:
+                phases.update(v for v in detail.values() if isinstance(v, str) and v != "finished")
+        return "+".join(sorted(phases)) or "backfilling"
+
+
+def _actor_fraction(progress: Progress) -> float:
+    """One actor's share done (see :attr:`JobProgress.fraction_done`)."""
+    if progress.finished:
+        return 1.0
+    detail = progress.detail
+    total, left = detail.get("vnodes_total"), detail.get("vnodes_left")
+    share = 0.0
+    if type(total) is int and type(left) is int and total > 0:
+        share = (total - left) / total
+    else:
+        splits = [v for v in detail.values() if v in ("backfilling", "caching_up", "finished")]
+        if splits:
+            finished: int = sum(v == "finished" for v in splits)
+            share = finished / len(splits)
+    # Not finished is not done: the last vnode read still owes its change log.
+    return max(0.0, min(share, _UNFINISHED))
+
+
+#: The most an actor that has not finished counts as done.
+_UNFINISHED = 0.99

@@ -32,6 +32,7 @@ the facade: every public method checks its arguments where the contract says so,
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -49,11 +50,13 @@ from barrierflow.runtime._declare import Declarations
 from barrierflow.runtime._jobs import RunningJobs, trim_dropped_actor
 from barrierflow.runtime._lifecycle import Lifecycle
 from barrierflow.runtime._live import LiveGraph
+from barrierflow.runtime._runtime_metrics import runtime_families
 from barrierflow.runtime.actor import ActorStats, StreamActor
 from barrierflow.runtime.config import RuntimeConfig, check_seconds
 from barrierflow.runtime.errors import NotAwaitedError, NotRunningError
 from barrierflow.runtime.graph import Fanout, Graph, Node
 from barrierflow.runtime.job import Job, JobHandle, JobStats, PushSource
+from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry
 from barrierflow.runtime.service import Service
 from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore
 
@@ -110,7 +113,12 @@ class Runtime:
             as_failure=self._live.as_failure,
             trim=lambda ctx, epoch: Runtime._trim(ctx, epoch),
         )
-        self._lifecycle = Lifecycle(config, clock, self._declarations, self._jobs, self._live)
+        #: The runtime's one metrics home (see :mod:`barrierflow.runtime.metrics`).
+        self.metrics = MetricsRegistry()
+        self.metrics.add_source("runtime", self._metric_families)
+        self._lifecycle = Lifecycle(
+            config, clock, self._declarations, self._jobs, self._live, self.metrics
+        )
         self._unawaited = UnawaitedCalls()
 
     # For tests and tools that look inside a runtime.
@@ -409,6 +417,24 @@ class Runtime:
             restarts=restarts,
             jobs=jobs,
         )
+
+    @property
+    def metrics_url(self) -> str | None:
+        """The URL of the Prometheus endpoint while the runtime runs with
+        ``RuntimeConfig(metrics_port=...)`` (its port resolved when ``0`` was asked), else
+        ``None``."""
+        return self._lifecycle.metrics_url
+
+    def _metric_families(self) -> list[MetricFamily]:
+        """The runtime's own metrics and those of the actors and services that report some."""
+        incarnation = self._live.incarnation
+        stats = self.stats()
+        progress = {name: r.snapshot() for name, r in self._declarations.records.items()}
+        if incarnation is None:
+            return runtime_families(stats, progress, (), 0.0)
+        parts = [*incarnation.instances.values(), *self._declarations.services().values()]
+        uptime = time.perf_counter() - incarnation.started_at
+        return runtime_families(stats, progress, parts, uptime)
 
     def __repr__(self) -> str:
         state = "running" if self._live.attached else "stopped"

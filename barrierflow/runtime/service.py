@@ -15,6 +15,7 @@ from typing import Any, Protocol, final, runtime_checkable
 import structlog
 
 from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.runtime.metrics import MetricsRegistry
 from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore
 
 __all__ = ["Service", "ServiceContext"]
@@ -22,19 +23,26 @@ __all__ = ["Service", "ServiceContext"]
 
 @final
 class ServiceContext:
-    """What the runtime hands a service: its name, logging, the store and committed epochs.
+    """What the runtime hands a service: its name, logging, the store, committed epochs and
+    the runtime's metrics.
 
     Raises:
         InvalidArgumentError: ``name`` is not a non-empty str or ``store`` not a StateStore.
     """
 
-    def __init__(self, name: str, store: StateStore) -> None:
+    def __init__(
+        self, name: str, store: StateStore, *, metrics: MetricsRegistry | None = None
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError("name", "a non-empty service name", name)
         if not isinstance(store, StateStore):
             raise InvalidArgumentError("store", "a StateStore", type(store).__name__)
+        if metrics is not None and not isinstance(metrics, MetricsRegistry):
+            raise InvalidArgumentError("metrics", "None or a MetricsRegistry", metrics)
         self.name = name
         self.store = store
+        #: The runtime's metrics (a registry of its own when the service runs alone).
+        self.metrics = MetricsRegistry() if metrics is None else metrics
         self.log: Any = structlog.get_logger("barrierflow.service").bind(service=name)
 
     @property

@@ -87,6 +87,7 @@ from barrierflow.connectors.errors import ExecutorStagingError
 from barrierflow.connectors.executor_staging import ExecutorStaging, staging_number
 from barrierflow.runtime.blocking import BlockingRuntime
 from barrierflow.runtime.errors import ActorFailedError, ActorGoneError, NotRunningError
+from barrierflow.runtime.metrics import MetricFamily, counter
 from barrierflow.spark_bridge.executors import stage_on_executors
 from barrierflow.spark_bridge.failures import unwrap_spark_error
 
@@ -217,6 +218,28 @@ class SparkBridge:
         self._batches = self._replays = self._rows = self._staged = 0
         self._to_arrow = self._deliver = self._stage = 0.0
         self._last_error: Exception | None = None
+        runtime.runtime.metrics.add_source(f"bridge:{stream}:{id(self)}", self.metric_families)
+
+    def metric_families(self) -> list[MetricFamily]:
+        """The bridge's counters as metrics, labelled with its stream (the runtime collects
+        them)."""
+        labels = {"stream": self.stream}
+        return [
+            counter("barrierflow_bridge_batches", "Spark micro-batches made durable",
+                    [(labels, self._batches)]),
+            counter("barrierflow_bridge_replays_skipped", "Spark micro-batches skipped as "
+                    "replays", [(labels, self._replays)]),
+            counter("barrierflow_bridge_rows", "rows of the micro-batches made durable",
+                    [(labels, self._rows)]),
+            counter("barrierflow_bridge_staged_batches", "micro-batches staged on the "
+                    "executors", [(labels, self._staged)]),
+            counter("barrierflow_bridge_to_arrow_seconds", "seconds in Spark's toArrow",
+                    [(labels, self._to_arrow)]),
+            counter("barrierflow_bridge_stage_seconds", "seconds staging micro-batches on the "
+                    "executors", [(labels, self._stage)]),
+            counter("barrierflow_bridge_deliver_seconds", "seconds delivering micro-batches "
+                    "(channel waits and checkpoints)", [(labels, self._deliver)]),
+        ]  # fmt: skip
 
     @property
     def last_error(self) -> Exception | None:

@@ -344,6 +344,7 @@ class SnapshotBackfill(StreamActor):
                     "snapshot_epoch": progress.snapshot_epoch,
                     "epochs_owed": progress.owed,
                     "vnodes_left": len(progress.unfinished_vnodes()),
+                    "vnodes_total": len(progress.vnodes),
                 },
             )
         )

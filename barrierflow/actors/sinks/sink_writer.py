@@ -68,6 +68,7 @@ from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.metrics import MetricFamily, counter
 from barrierflow.runtime.positions import SinkCommits
 from barrierflow.runtime.startup import StartupContext
 
@@ -133,6 +134,7 @@ class SinkWriter(StreamActor):
         self._flush_interval = flush_interval
         self._capacity = capacity
         self._handle: SinkTaskHandle | None = None
+        self._actor = ""  # the actor running it (set when it runs)
         self._prepared: StagingWriter | None = None  # made before the graph starts
 
     @property
@@ -204,6 +206,23 @@ class SinkWriter(StreamActor):
         """The sink task's counters, while it runs (``None`` before)."""
         return None if self._handle is None else self._handle.stats()
 
+    def metric_families(self) -> list[MetricFamily]:
+        """The sink task's counters as metrics (the runtime collects them while it runs)."""
+        stats = self.stats()
+        if stats is None:
+            return []
+        labels = {"sink": self._coordinator.sink, "actor": self._actor}
+        return [
+            counter("barrierflow_sink_rows_written", "rows a sink writer staged",
+                    [(labels, stats.rows_written)]),
+            counter("barrierflow_sink_poisoned_epochs", "epochs a failed write poisoned",
+                    [(labels, stats.write_errors)]),
+            counter("barrierflow_sink_staged_epochs", "epochs a sink writer staged",
+                    [(labels, stats.staged_epochs)]),
+            counter("barrierflow_sink_flush_errors", "periodic flushes that failed or "
+                    "overran their timeout", [(labels, stats.flush_errors + stats.stuck_flushes)]),
+        ]  # fmt: skip
+
     async def wait_committed(self, checkpoint: int) -> None:
         """Wait until every row before checkpoint ``checkpoint`` (an epoch returned by
         ``Runtime.checkpoint``) is committed to the table — visible to its readers. May be
@@ -216,6 +235,7 @@ class SinkWriter(StreamActor):
         """Join the coordinator, then stage every message's rows and follow its barriers."""
         self._open, self._first_barrier, self._last_checkpoint = None, True, 0
         writer, self._prepared = self._writer_now(), None
+        self._actor = ctx.name  # its metrics' label
         await self._join(ctx)
         failure: BaseException | None = None
         async with anyio.create_task_group() as sink_group:

@@ -24,6 +24,7 @@ from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import ChannelBrokenError, ChannelClosedError, InvalidArgumentError
 from barrierflow.channels.schema import conform_schema
 from barrierflow.runtime.errors import ActorFailedError
+from barrierflow.runtime.metrics import MetricFamily, counter
 from barrierflow.runtime.positions import position_key
 from barrierflow.runtime.runtime import Runtime
 
@@ -211,6 +212,22 @@ class BatchFeed:
             checkpoint_seconds=self._checkpointing,
         )
 
+    def metric_families(self) -> list[MetricFamily]:
+        """The feed's counters as metrics, labelled with its source actor."""
+        labels = {"actor": self._source_name or ""}
+        stats = self.stats()
+        return [
+            counter("barrierflow_feed_batches", "batches a feed delivered and made durable",
+                    [(labels, stats.batches)]),
+            counter("barrierflow_feed_replays_skipped", "replayed batches a feed recognized "
+                    "and skipped", [(labels, stats.replays_skipped)]),
+            counter("barrierflow_feed_rows", "rows a feed delivered", [(labels, stats.rows)]),
+            counter("barrierflow_feed_retries", "deliveries retried after a graph failure",
+                    [(labels, stats.retries)]),
+            counter("barrierflow_feed_blocked_seconds", "seconds the driver waited for room "
+                    "in the feed's channel", [(labels, stats.blocked_seconds)]),
+        ]  # fmt: skip
+
     def check_batch(self, stream: str, batch_id: int) -> bool:
         """Whether ``batch_id`` is new for ``stream`` (``False``: a replay of the last durable
         batch), judged on the durable ids the running source restored.
@@ -265,6 +282,8 @@ class BatchFeed:
             retries = self.retries
         elif type(retries) is not int or retries < 0:
             raise InvalidArgumentError("retries", "None or an int >= 0", retries)
+        # The feed reports into the runtime it delivers into (idempotent).
+        runtime.metrics.add_source(f"feed:{id(self)}", self.metric_families)
         if self._lock is None:
             self._lock = anyio.Lock()
         async with self._lock:  # one batch at a time: batches of a feed never interleave

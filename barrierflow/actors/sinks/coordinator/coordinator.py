@@ -24,6 +24,7 @@ serving cannot express. A run that fails answers what it took and what is still 
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, final
 
@@ -35,6 +36,7 @@ from barrierflow._sync import Notifier
 from barrierflow._taskgroups import single_error
 from barrierflow.actors.sinks.coordinator.commit_queue import (
     MILLISECOND,
+    CommitItem,
     CommitQueue,
     RetryBackoff,
 )
@@ -64,7 +66,7 @@ from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
 from barrierflow.actors.sinks.coordinator.recovery import recover
 from barrierflow.actors.sinks.coordinator.replies import OpenReplies, abort_run, refuse
 from barrierflow.actors.sinks.coordinator.staged import ExecutorBatches
-from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats
+from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats, coordinator_families
 from barrierflow.actors.sinks.errors import (
     CommittedEpochsEndedError,
     SchemaChangeMismatchError,
@@ -76,6 +78,7 @@ from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
 from barrierflow.runtime.command import ActorRef, open_command_actor
 from barrierflow.runtime.config import check_seconds
+from barrierflow.runtime.metrics import MetricFamily
 from barrierflow.runtime.service import ServiceContext
 
 __all__ = ["Coordinator"]
@@ -144,6 +147,7 @@ class Coordinator:
         self._generation = 0  # runs started
         self._recovered: Notifier | None = None  # the current run finished its recovery
         self._staged_keys: set[str] = set()  # position keys ever written on executors
+        self._rows_committed = 0
         self._reset_run_state()
 
     @property
@@ -182,6 +186,8 @@ class Coordinator:
         self._queue: CommitQueue | None = None
         self._staged = ExecutorBatches(self.sink, self._staged_keys, self._generation)
         self._ready_for_staging = False
+        # The runtime's committed epochs as they came, and when (for the commit latency).
+        self._durable: deque[tuple[int, float]] = deque()
 
     # The writers' side.
 
@@ -326,12 +332,39 @@ class Coordinator:
             aborted_epochs=tuple(self._aborted),
         )
 
+    def metric_families(self) -> list[MetricFamily]:
+        """The coordinator's counters as metrics (the runtime collects them; its commit
+        latencies are histograms of the runtime's registry)."""
+        return coordinator_families(self.sink, self.stats(), self._rows_committed)
+
+    def _observe_commit(self, item: CommitItem, started: float) -> None:
+        """Count a commit that went through: its rows, how long it took, and how long after
+        its checkpoint became durable it landed."""
+        now = anyio.current_time()
+        self._rows_committed += int(item.metadata.get("rows", 0))
+        self._commit_seconds.observe(now - started, self.sink)
+        durable = self._durable
+        while durable and durable[0][0] < item.epoch:
+            durable.popleft()  # marks of older epochs: their commits are done
+        if durable:
+            self._commit_latency.observe(now - durable[0][1], self.sink)
+
     # The service.
 
     async def run(self, ctx: ServiceContext) -> None:
         """Coordinate until cancelled; on failure abort every writer handle, then raise."""
         self._generation += 1
         self._reset_run_state()
+        self._commit_seconds = ctx.metrics.histogram(
+            "barrierflow_sink_commit_seconds", "seconds one commit of the sink's table took",
+            ("sink",),
+        )  # fmt: skip
+        self._commit_latency = ctx.metrics.histogram(
+            "barrierflow_sink_commit_latency_seconds",
+            "seconds from an epoch's checkpoint being durable until the sink committed it "
+            "(the last stage of a barrier's latency)",
+            ("sink",),
+        )
         ref, receive = open_command_actor(self.actor, 1024)
         self._ref = ref
         if self._ready is not None:
@@ -406,7 +439,9 @@ class Coordinator:
                 await self._start(waiting)
             due = queue.due(anyio.current_time())
             if due is not None:
+                started = anyio.current_time()
                 if await queue.commit(due):
+                    self._observe_commit(due, started)
                     self._made_progress()
                 continue
             event = await self._next_event(queue.deadline())
@@ -446,6 +481,7 @@ class Coordinator:
             event = take(*received)
             if isinstance(event, CommittedEpoch):
                 assert self._queue is not None
+                self._durable.append((event.epoch, anyio.current_time()))
                 self._queue.on_committed_epoch(event.epoch)
                 return None  # re-evaluate what is due
             if isinstance(event, AdoptStaged):

@@ -1,0 +1,229 @@
+"""``barrierflow top URL``: a live view of a running pipeline, read from its metrics endpoint
+(``RuntimeConfig(metrics_port=...)``).
+
+Every ``--interval`` seconds it scrapes the endpoint (parsed with prometheus_client's own
+parser) and redraws, with rich, what a Flink or RisingWave user looks at first:
+
+* **jobs** — ready or the phase of their backfill, with how far it is;
+* **actors** — rows/s in and out, and the share of the last interval each was busy,
+  backpressured (blocked on a full output) or idle (waiting for input): the actor that is
+  busy while its upstream is backpressured is the bottleneck;
+* **barriers** — the median and the slowest (p99) latency of each stage, injected →
+  collected by every actor → checkpoint durable, and the epochs in flight;
+* **sinks** — epochs committed and pending, commit retries;
+* **feeds and the Spark bridge** — batches, rows and replays skipped.
+
+``--once`` scrapes twice, one interval apart, prints one frame and exits (for scripts and
+tests). An endpoint that cannot be read is one line naming the URL and the cause.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from barrierflow._extras import require
+from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
+
+__all__ = ["EndpointError", "Scrape", "render", "run_top", "scrape"]
+
+
+class EndpointError(BarrierflowError):
+    """The metrics endpoint could not be read."""
+
+    def __init__(self, url: str, cause: str) -> None:
+        self.url = url
+        self.cause = cause
+        super().__init__(f"metrics endpoint {url!r}: expected Prometheus metrics, got {cause}")
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """One reading of the endpoint: when, and every sample by name and labels."""
+
+    at: float
+    samples: Mapping[str, list[tuple[dict[str, str], float]]]
+
+    def values(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """The samples of ``name`` (a counter's with ``_total``, a bucket's with ``_bucket``)."""
+        return self.samples.get(name, [])
+
+    def one(self, name: str, **labels: str) -> float:
+        """The value of ``name`` with ``labels`` (0 if absent)."""
+        for have, value in self.values(name):
+            if all(have.get(k) == v for k, v in labels.items()):
+                return value
+        return 0.0
+
+
+def scrape(url: str, timeout: float = 10.0) -> Scrape:
+    """Read ``url`` once.
+
+    Raises:
+        EndpointError: it cannot be reached, or what it serves is not Prometheus text.
+    """
+    parser = require("metrics", "prometheus_client.parser")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            text = response.read().decode()
+        samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for family in parser.text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    except (OSError, urllib.error.URLError) as exc:
+        raise EndpointError(url, f"{type(exc).__name__}: {exc}") from None
+    except ValueError as exc:
+        raise EndpointError(url, f"text that is not Prometheus's format ({exc})") from None
+    if not any(name.startswith("barrierflow_") for name in samples):
+        raise EndpointError(url, "no barrierflow_ metric (is it a barrierflow runtime?)")
+    return Scrape(time.monotonic(), samples)
+
+
+def _rate(before: Scrape, after: Scrape, name: str, labels: Mapping[str, str]) -> float:
+    seconds = max(after.at - before.at, 1e-9)
+    return (after.one(name, **labels) - before.one(name, **labels)) / seconds
+
+
+def _quantile(scrape: Scrape, name: str, q: float, **labels: str) -> float | None:
+    """The bucket bound holding quantile ``q`` of histogram ``name`` (``None``: empty)."""
+    buckets = sorted(
+        (float(have["le"]), value)
+        for have, value in scrape.values(f"{name}_bucket")
+        if all(have.get(k) == v for k, v in labels.items())
+    )
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank = q * buckets[-1][1]
+    return next(bound for bound, count in buckets if count >= rank)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == float("inf"):
+        return "> 2 min"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
+
+
+def _share(before: Scrape, after: Scrape, kind: str, labels: Mapping[str, str]) -> float:
+    return _rate(before, after, f"barrierflow_actor_{kind}_seconds_total", labels)
+
+
+def render(before: Scrape, after: Scrape, url: str) -> Group:
+    """One frame from two scrapes (see the module docstring)."""
+    jobs = Table(title="jobs", title_justify="left", expand=True)
+    for column in ("job", "phase", "backfill", "rows backfilled"):
+        jobs.add_column(column)
+    phases = {have["job"]: have["phase"] for have, _ in after.values("barrierflow_job_phase")}
+    for have, fraction in after.values("barrierflow_backfill_fraction"):
+        job = have["job"]
+        filled = round(fraction * 20)
+        bar = "█" * filled + "░" * (20 - filled) + f" {fraction:.0%}"
+        rows = after.one("barrierflow_backfill_rows", job=job)
+        jobs.add_row(job, phases.get(job, "?"), bar, f"{rows:,.0f}")
+
+    actors = Table(title="actors", title_justify="left", expand=True)
+    for column in ("actor", "job", "rows/s in", "rows/s out", "busy", "backpressured", "idle"):
+        actors.add_column(column, justify="left" if column in ("actor", "job") else "right")
+    for have, _ in after.values("barrierflow_actor_rows_in_total"):
+        labels = {"actor": have["actor"]}
+        shares = [_share(before, after, k, labels) for k in ("busy", "backpressured", "idle")]
+        actors.add_row(
+            have["actor"],
+            have.get("job", ""),
+            f"{_rate(before, after, 'barrierflow_actor_rows_in_total', labels):,.0f}",
+            f"{_rate(before, after, 'barrierflow_actor_rows_out_total', labels):,.0f}",
+            *(f"{min(max(s, 0.0), 1.0):.0%}" for s in shares),
+        )
+
+    barriers = Table(title="barriers", title_justify="left", expand=True)
+    for column in ("stage", "median", "p99", "count"):
+        barriers.add_column(column)
+    latency = "barrierflow_barrier_latency_seconds"
+    slowest: tuple[float, str] = (-1.0, "-")
+    for stage in ("collected", "durable"):
+        p99 = _quantile(after, latency, 0.99, stage=stage)
+        count = after.one(f"{latency}_count", stage=stage)
+        barriers.add_row(
+            f"injected → {stage}",
+            _seconds(_quantile(after, latency, 0.5, stage=stage)),
+            _seconds(p99),
+            f"{count:,.0f}",
+        )
+        if p99 is not None and p99 > slowest[0]:
+            slowest = (p99, stage)
+    in_flight = after.one("barrierflow_barriers_in_flight")
+
+    sinks = Table(title="sinks", title_justify="left", expand=True)
+    for column in ("sink", "committed epochs", "pending", "commit retries", "last committed"):
+        sinks.add_column(column)
+    for have, committed in after.values("barrierflow_sink_committed_epochs_total"):
+        sink = have["sink"]
+        sinks.add_row(
+            sink,
+            f"{committed:,.0f}",
+            f"{after.one('barrierflow_sink_pending_epochs', sink=sink):,.0f}",
+            f"{after.one('barrierflow_sink_commit_retries_total', sink=sink):,.0f}",
+            f"{after.one('barrierflow_sink_last_committed_epoch', sink=sink):.0f}",
+        )
+
+    feeds = Table(title="sources", title_justify="left", expand=True)
+    for column in ("source", "batches", "rows", "rows/s", "replays skipped"):
+        feeds.add_column(column)
+    for prefix, label in (("feed", "actor"), ("bridge", "stream")):
+        for have, batches in after.values(f"barrierflow_{prefix}_batches_total"):
+            labels = {label: have[label]}
+            feeds.add_row(
+                f"{prefix} {have[label]}",
+                f"{batches:,.0f}",
+                f"{after.one(f'barrierflow_{prefix}_rows_total', **labels):,.0f}",
+                f"{_rate(before, after, f'barrierflow_{prefix}_rows_total', labels):,.0f}",
+                f"{after.one(f'barrierflow_{prefix}_replays_skipped_total', **labels):,.0f}",
+            )
+
+    committed = after.one("barrierflow_epoch_committed")
+    header = (
+        f"[b]barrierflow top[/b] {url} — committed epoch {committed:.0f}, "
+        f"{in_flight:.0f} barrier(s) in flight, slowest stage: {slowest[1]}"
+    )
+    return Group(header, jobs, actors, barriers, sinks, feeds)
+
+
+def run_top(
+    url: str,
+    *,
+    interval: float = 2.0,
+    once: bool = False,
+    console: Console | None = None,
+    stop: Callable[[], bool] = lambda: False,
+) -> None:
+    """Show ``url``'s pipeline, redrawn every ``interval`` seconds until interrupted (or
+    ``stop()``); with ``once``, one frame from two scrapes ``interval`` apart.
+
+    Raises:
+        InvalidArgumentError: ``url`` is not an http(s) URL or ``interval`` not > 0.
+        EndpointError: the endpoint cannot be read.
+    """
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise InvalidArgumentError("url", "an http:// URL of a metrics endpoint", url)
+    if type(interval) not in (int, float) or not 0 < interval < float("inf"):
+        raise InvalidArgumentError("interval", "a number of seconds > 0", interval)
+    console = console or Console()
+    before = scrape(url)
+    if once:
+        time.sleep(interval)
+        console.print(render(before, scrape(url), url))
+        return
+    with Live(console=console, auto_refresh=False) as live:
+        while not stop():
+            time.sleep(interval)
+            after = scrape(url)
+            live.update(render(before, after, url), refresh=True)
+            before = after

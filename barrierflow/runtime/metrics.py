@@ -1,0 +1,261 @@
+"""The runtime's one metrics home: what every part of a running pipeline reports, in one
+registry per runtime (no globals: two runtimes in one process keep separate metrics).
+
+Two kinds of reporting, chosen so that nothing on a hot path costs more than a counter
+increment:
+
+* **Counters the parts keep anyway** — an actor's rows in and out, a channel's messages and
+  blocked seconds, a coordinator's commits, a sink task's poisoned epochs, a feed's batches —
+  are read when metrics are collected (a scrape, ``rt.stats()``), never pushed: a part that
+  reports implements :class:`ReportsMetrics`, and the runtime asks it at collection time.
+  Collection runs on the runtime's event loop (the Prometheus endpoint's thread asks the loop
+  for a snapshot), so it reads a consistent state without a lock.
+* **Latencies** — a barrier's stages, a commit's duration — are observed once per epoch into
+  the registry's :class:`Histogram` s (a bisection and two additions).
+
+:meth:`MetricsRegistry.collect` returns :class:`MetricFamily` s in the Prometheus data model
+(names with the ``barrierflow_`` prefix, labels such as ``job``, ``actor``, ``channel``,
+``sink``); :mod:`barrierflow.runtime.metrics_server` serves them in the text exposition
+format. The metric table, and what each corresponds to in Flink and RisingWave, is in the
+README's "Watching a pipeline".
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, final, runtime_checkable
+
+from barrierflow.channels.errors import InvalidArgumentError
+
+__all__ = [
+    "LATENCY_BUCKETS",
+    "Histogram",
+    "MetricFamily",
+    "MetricsRegistry",
+    "ReportsMetrics",
+    "Sample",
+    "counter",
+    "gauge",
+]
+
+#: Bucket bounds (seconds) of every latency histogram: 1 ms .. 2 min.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0,
+)  # fmt: skip
+
+Kind = Literal["counter", "gauge", "histogram"]
+Labels = tuple[tuple[str, str], ...]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One value of a family, with its labels (``(("actor", "map"),)``) and, for a histogram,
+    its ``suffix`` (``"_bucket"`` with an ``le`` label, ``"_sum"``, ``"_count"``)."""
+
+    labels: Labels
+    value: float
+    suffix: str = ""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class MetricFamily:
+    """A metric and its samples, in the Prometheus data model.
+
+    Attributes:
+        name: ``barrierflow_...`` (a counter's without its ``_total``: the exposition adds it).
+        kind: ``"counter"``, ``"gauge"`` or ``"histogram"``.
+        help: what it means, in one line.
+        samples: its values.
+    """
+
+    name: str
+    kind: Kind
+    help: str
+    samples: tuple[Sample, ...] = ()
+
+    def value(self, **labels: str) -> float | None:
+        """The value of the plain sample with exactly ``labels`` (``None`` if none)."""
+        wanted = tuple(sorted(labels.items()))
+        for sample in self.samples:
+            if not sample.suffix and tuple(sorted(sample.labels)) == wanted:
+                return sample.value
+        return None
+
+
+def _family(
+    name: str, kind: Kind, help: str, values: Iterable[tuple[Mapping[str, str], float]]
+) -> MetricFamily:
+    samples = tuple(Sample(tuple(labels.items()), float(value)) for labels, value in values)
+    return MetricFamily(name, kind, help, samples)
+
+
+def counter(
+    name: str, help: str, values: Iterable[tuple[Mapping[str, str], float]]
+) -> MetricFamily:
+    """A counter family from ``(labels, value)`` pairs."""
+    return _family(name, "counter", help, values)
+
+
+def gauge(name: str, help: str, values: Iterable[tuple[Mapping[str, str], float]]) -> MetricFamily:
+    """A gauge family from ``(labels, value)`` pairs."""
+    return _family(name, "gauge", help, values)
+
+
+@runtime_checkable
+class ReportsMetrics(Protocol):
+    """A part of a pipeline (an actor, a service) that reports metrics of its own; the runtime
+    asks it at collection time, on its event loop."""
+
+    def metric_families(self) -> Iterable[MetricFamily]:
+        """This part's metrics now (labels included)."""
+        ...
+
+
+@dataclass(slots=True)
+class _Series:
+    counts: list[int]
+    total: float = 0.0
+    count: int = 0
+
+
+@final
+class Histogram:
+    """A histogram with fixed buckets, one series per label values: ``observe`` costs a
+    bisection and two additions.
+
+    Raises:
+        InvalidArgumentError: a bad name, no label names, or buckets not strictly increasing.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        help: str,
+        labels: Sequence[str] = (),
+        buckets: Sequence[float] = LATENCY_BUCKETS,
+    ) -> None:
+        _check_name(name)
+        bounds = tuple(float(b) for b in buckets)
+        if not bounds or any(b >= c for b, c in itertools.pairwise(bounds)):
+            raise InvalidArgumentError("buckets", "strictly increasing bounds", buckets)
+        self.name = name
+        self.help = help
+        self.labels = tuple(labels)
+        self.buckets = bounds
+        self._series: dict[tuple[str, ...], _Series] = {}
+
+    def observe(self, value: float, *labels: str) -> None:
+        """Count ``value`` (seconds, usually) for the label values ``labels``."""
+        series = self._series.get(labels)
+        if series is None:
+            if len(labels) != len(self.labels):
+                raise InvalidArgumentError("labels", f"values of {self.labels}", labels)
+            series = self._series[labels] = _Series([0] * len(self.buckets))
+        index = bisect.bisect_left(self.buckets, value)
+        if index < len(series.counts):
+            series.counts[index] += 1
+        series.total += value
+        series.count += 1
+
+    def count(self, *labels: str) -> int:
+        """How many values were observed for ``labels``."""
+        series = self._series.get(labels)
+        return 0 if series is None else series.count
+
+    def quantile(self, q: float, *labels: str) -> float | None:
+        """The upper bound of the bucket holding quantile ``q`` (``None`` with no values;
+        ``inf`` past the last bucket) — what a dashboard's ``histogram_quantile`` gives."""
+        series = self._series.get(labels)
+        if series is None or not series.count:
+            return None
+        rank = q * series.count
+        seen = 0
+        for bound, count in zip(self.buckets, series.counts, strict=True):
+            seen += count
+            if seen >= rank:
+                return bound
+        return math.inf
+
+    def family(self) -> MetricFamily:
+        """The histogram's samples: cumulative buckets, ``+Inf``, sum and count."""
+        samples: list[Sample] = []
+        for values, series in self._series.items():
+            labels = tuple(zip(self.labels, values, strict=True))
+            running = 0
+            for bound, count in zip(self.buckets, series.counts, strict=True):
+                running += count
+                samples.append(Sample((*labels, ("le", _bound(bound))), running, "_bucket"))
+            samples.append(Sample((*labels, ("le", "+Inf")), series.count, "_bucket"))
+            samples.append(Sample(labels, series.total, "_sum"))
+            samples.append(Sample(labels, series.count, "_count"))
+        return MetricFamily(self.name, "histogram", self.help, tuple(samples))
+
+
+def _bound(value: float) -> str:
+    return repr(value)
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name.startswith("barrierflow_"):
+        raise InvalidArgumentError("name", "a metric name starting with 'barrierflow_'", name)
+
+
+@final
+class MetricsRegistry:
+    """The metrics of one runtime (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._histograms: dict[str, Histogram] = {}
+        self._sources: dict[str, Callable[[], Iterable[MetricFamily]]] = {}
+
+    def histogram(
+        self,
+        name: str,
+        help: str,
+        labels: Sequence[str] = (),
+        buckets: Sequence[float] = LATENCY_BUCKETS,
+    ) -> Histogram:
+        """The histogram ``name``, made on first use (later calls return the same one)."""
+        existing = self._histograms.get(name)
+        if existing is None:
+            existing = self._histograms[name] = Histogram(name, help, labels, buckets)
+        return existing
+
+    def add_source(self, key: str, source: Callable[[], Iterable[MetricFamily]]) -> None:
+        """Collect ``source()`` with every collection, until :meth:`remove_source` (a part
+        outside the graph: a Spark bridge, a feed's driver side)."""
+        if not callable(source):
+            raise InvalidArgumentError("source", "a callable returning metric families", source)
+        self._sources[key] = source
+
+    def remove_source(self, key: str) -> None:
+        """Stop collecting the source added as ``key`` (idempotent)."""
+        self._sources.pop(key, None)
+
+    def collect(self) -> list[MetricFamily]:
+        """Every metric now: the sources' and the histograms', families of one name merged
+        (two sinks report the same family with different labels)."""
+        merged: dict[str, MetricFamily] = {}
+        for source in list(self._sources.values()):
+            for family in source():
+                _merge(merged, family)
+        for histogram in self._histograms.values():
+            _merge(merged, histogram.family())
+        return list(merged.values())
+
+
+def _merge(into: dict[str, MetricFamily], family: MetricFamily) -> None:
+    known = into.get(family.name)
+    if known is None:
+        into[family.name] = family
+    else:
+        into[family.name] = MetricFamily(
+            known.name, known.kind, known.help, known.samples + family.samples
+        )

@@ -1,0 +1,97 @@
+"""The Prometheus endpoint of a running runtime: ``RuntimeConfig(metrics_port=...)``.
+
+:class:`MetricsServer` serves the runtime's :class:`~barrierflow.runtime.metrics.MetricsRegistry`
+in Prometheus's text exposition format at ``/metrics`` with ``prometheus_client``'s own HTTP
+server (a daemon thread). A scrape asks the runtime's event loop for a snapshot
+(``anyio.from_thread.run_sync`` with the loop's token), so the registry is only ever read on
+the loop, and the thread never touches a half-updated structure. The server is started when the
+runtime starts and shut down (its port freed) when it stops. Needs the ``metrics`` extra.
+"""
+
+from __future__ import annotations
+
+from typing import Any, final
+
+import anyio.from_thread
+import anyio.lowlevel
+
+from barrierflow._extras import require
+from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry
+
+__all__ = ["MetricsServer", "to_prometheus"]
+
+
+def to_prometheus(families: list[MetricFamily]) -> list[Any]:
+    """``families`` as ``prometheus_client`` metric families (a counter's samples get their
+    ``_total``)."""
+    core = require("metrics", "prometheus_client.metrics_core")
+    converted = []
+    for family in families:
+        metric = core.Metric(family.name, family.help, family.kind)
+        for sample in family.samples:
+            suffix = "_total" if family.kind == "counter" and not sample.suffix else sample.suffix
+            metric.add_sample(family.name + suffix, dict(sample.labels), sample.value)
+        converted.append(metric)
+    return converted
+
+
+class _Collector:
+    """The runtime's registry as a ``prometheus_client`` collector, read on the loop."""
+
+    def __init__(self, registry: MetricsRegistry, token: Any) -> None:
+        self._registry = registry
+        self._token = token
+
+    def collect(self) -> list[Any]:
+        try:
+            families = anyio.from_thread.run_sync(self._registry.collect, token=self._token)
+        except Exception:  # the loop is gone (the runtime stopping): an empty scrape
+            return []
+        return to_prometheus(families)
+
+
+@final
+class MetricsServer:
+    """Serves ``registry`` at ``http://host:port/metrics`` (see the module docstring).
+
+    Raises:
+        MissingExtraError: prometheus-client is not installed.
+    """
+
+    def __init__(self, registry: MetricsRegistry, host: str, port: int) -> None:
+        self._registry = registry
+        self._host = host
+        self._port = port
+        self._server: Any = None
+        self._thread: Any = None
+
+    @property
+    def url(self) -> str | None:
+        """Where it serves, its port resolved (``None`` when not serving)."""
+        if self._server is None:
+            return None
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/metrics"
+
+    def start(self) -> None:
+        """Start serving; call on the runtime's event loop (its token is taken here).
+
+        Raises:
+            OSError: the port cannot be bound (in use, not allowed).
+        """
+        exposition = require("metrics", "prometheus_client.exposition")
+        registry_module = require("metrics", "prometheus_client.registry")
+        registry = registry_module.CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self._registry, anyio.lowlevel.current_token()))
+        self._server, self._thread = exposition.start_http_server(
+            self._port, addr=self._host, registry=registry
+        )
+
+    def stop(self) -> None:
+        """Stop serving and free the port (idempotent; blocks until the thread ended)."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            thread.join()

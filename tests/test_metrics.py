@@ -1,0 +1,248 @@
+"""Watching a pipeline: the runtime's metrics registry, its Prometheus endpoint (scraped while
+a graph runs, parsed with prometheus_client's own parser), job progress, both backends."""
+
+from __future__ import annotations
+
+import math
+import socket
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pyarrow as pa
+import pytest
+from _timeouts import scaled
+from prometheus_client.parser import text_string_to_metric_families
+
+from barrierflow.actors import add_sink
+from barrierflow.channels import Chunk, Message
+from barrierflow.errors import ConfigError, InvalidArgumentError
+from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
+from barrierflow.runtime.metrics import Histogram, MetricsRegistry, counter
+from barrierflow.runtime.progress import JobProgress, Progress
+from barrierflow.testing import ListTable
+
+SCHEMA = pa.schema([pa.field("id", pa.int64())])
+WAIT = scaled(20)
+
+
+class PassOn(StreamActor):
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        await ctx.emit(message)
+
+
+def chunk(start: int, count: int) -> Chunk:
+    return Chunk(pa.record_batch([pa.array(range(start, start + count), pa.int64())], SCHEMA))
+
+
+def build(tmp_path: Path, **config: Any) -> tuple[Runtime, ListTable]:
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0, **config))
+    rt.add_source("src")
+    rt.add_actor("pass", PassOn, inputs=["src"])
+    table = ListTable(SCHEMA)
+    add_sink(rt, "out", table, input="pass", parallelism=2, key=("id",))
+    return rt, table
+
+
+def scrape(url: str) -> dict[str, Any]:
+    """The endpoint's families by name (counters without ``_total``), parsed by
+    prometheus_client."""
+    with urllib.request.urlopen(url, timeout=WAIT) as response:
+        text = response.read().decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def value(families: dict[str, Any], name: str, **labels: str) -> float:
+    suffix = "_total" if families[name].type == "counter" else ""
+    for sample in families[name].samples:
+        if sample.name == name + suffix and all(
+            sample.labels.get(k) == v for k, v in labels.items()
+        ):
+            return float(sample.value)
+    raise AssertionError(f"no sample of {name} with {labels}")
+
+
+@pytest.mark.anyio
+async def test_the_endpoint_serves_metrics_that_move_while_the_graph_runs_and_frees_its_port(
+    tmp_path: Path,
+) -> None:
+    rt, _ = build(tmp_path, metrics_port=0)
+    assert rt.metrics_url is None  # not running
+    async with rt:
+        url = rt.metrics_url
+        assert url is not None
+        assert url.startswith("http://127.0.0.1:")  # loopback unless asked otherwise
+        with anyio.fail_after(WAIT):
+            await rt.push("src", chunk(0, 100))
+            first_epoch = await rt.checkpoint()
+            before = await anyio.to_thread.run_sync(scrape, url)
+            await rt.push("src", chunk(100, 50))
+            await rt.checkpoint()
+            await rt.push("src", chunk(150, 50))
+            second_epoch = await rt.checkpoint()
+            sink = rt.stats()  # rt.stats() reads the same counters
+            after = await anyio.to_thread.run_sync(scrape, url)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    assert value(before, "barrierflow_actor_rows_in", actor="pass", job="main") == 100
+    assert value(after, "barrierflow_actor_rows_in", actor="pass", job="main") == 200
+    assert value(after, "barrierflow_actor_rows_out", actor="pass") == 200
+    assert value(after, "barrierflow_channel_rows", channel="src->pass") == 200
+    assert value(after, "barrierflow_epoch_committed") == second_epoch > first_epoch
+    assert sink.committed_epoch == second_epoch
+    # Barrier latency by stage: every barrier was collected, every checkpoint made durable.
+    latency = after["barrierflow_barrier_latency_seconds"]
+    counts = {s.labels["stage"]: s.value for s in latency.samples if s.name.endswith("_count")}
+    assert counts["collected"] >= 4  # the initial barrier and three checkpoints
+    assert counts["durable"] >= 3
+    # The sink's coordinator reports: its epochs committed move.
+    assert value(after, "barrierflow_sink_committed_epochs", sink="out") > value(
+        before, "barrierflow_sink_committed_epochs", sink="out"
+    )
+    assert (
+        value(after, "barrierflow_sink_rows_written", sink="out", actor="out.0")
+        + value(after, "barrierflow_sink_rows_written", sink="out", actor="out.1")
+        == 200
+    )
+    # Busy, backpressured, idle: seconds, none negative, the idle share of an idle graph large.
+    for kind in ("busy", "backpressured", "idle"):
+        assert value(after, f"barrierflow_actor_{kind}_seconds", actor="pass") >= 0
+    assert value(after, "barrierflow_actor_idle_seconds", actor="pass") > 0
+    # Stopped: nothing listens on the port any more (SO_REUSEADDR, as any server sets it:
+    # the scrapes' connections may linger in TIME_WAIT, but a listener would refuse the bind).
+    assert rt.metrics_url is None
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", port))
+        probe.listen()
+
+
+@pytest.mark.anyio
+async def test_two_runtimes_in_one_process_keep_separate_metrics(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, _ = build(tmp_path / "a")
+    second, _ = build(tmp_path / "b")
+    async with first, second:
+        with anyio.fail_after(WAIT):
+            await first.push("src", chunk(0, 7))
+            await first.checkpoint()
+            await second.checkpoint()
+        ours = {f.name: f for f in first.metrics.collect()}
+        theirs = {f.name: f for f in second.metrics.collect()}
+    assert ours["barrierflow_actor_rows_in"].value(job="main", actor="pass") == 7
+    assert theirs["barrierflow_actor_rows_in"].value(job="main", actor="pass") == 0
+    assert first.metrics is not second.metrics
+
+
+def test_a_port_in_use_or_a_bad_port_is_refused(tmp_path: Path) -> None:
+    for bad in (-1, 70000, True, "9000"):
+        with pytest.raises(ConfigError) as info:
+            RuntimeConfig(state_path=tmp_path / "s.db", metrics_port=bad)  # type: ignore[arg-type]
+        assert info.value.argument == "metrics_port"
+    with pytest.raises(ConfigError) as info:
+        RuntimeConfig(state_path=tmp_path / "s.db", metrics_host="")
+    assert info.value.argument == "metrics_host"
+
+
+@pytest.mark.anyio
+async def test_a_metrics_port_in_use_fails_the_start_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rt, _ = build(tmp_path, metrics_port=port)
+        with pytest.raises(OSError, match="in use"):
+            async with rt:
+                pass
+
+
+def test_histograms_count_into_buckets_and_give_quantiles() -> None:
+    histogram = Histogram("barrierflow_test_seconds", "a test", ("stage",), (0.1, 1.0, 10.0))
+    for seconds in (0.05, 0.5, 0.5, 5.0, 50.0):
+        histogram.observe(seconds, "x")
+    assert histogram.count("x") == 5
+    assert histogram.count("y") == 0
+    assert histogram.quantile(0.5, "x") == 1.0
+    assert histogram.quantile(0.2, "x") == 0.1
+    assert histogram.quantile(1.0, "x") == math.inf
+    assert histogram.quantile(0.5, "y") is None
+    family = histogram.family()
+    buckets = [s.value for s in family.samples if s.suffix == "_bucket"]
+    assert buckets == [1, 3, 4, 5]  # cumulative, +Inf last
+    assert [s.value for s in family.samples if s.suffix == "_count"] == [5]
+    with pytest.raises(InvalidArgumentError):
+        histogram.observe(1.0)  # the stage label is missing
+    with pytest.raises(InvalidArgumentError):
+        Histogram("barrierflow_bad", "x", (), (1.0, 1.0))
+    with pytest.raises(InvalidArgumentError):
+        Histogram("no_prefix", "x")
+
+
+def test_the_registry_merges_families_of_one_name_from_several_sources() -> None:
+    registry = MetricsRegistry()
+    registry.add_source("a", lambda: [counter("barrierflow_x", "x", [({"sink": "a"}, 1)])])
+    registry.add_source("b", lambda: [counter("barrierflow_x", "x", [({"sink": "b"}, 2)])])
+    (family,) = registry.collect()
+    assert (family.value(sink="a"), family.value(sink="b")) == (1, 2)
+    registry.remove_source("a")
+    registry.remove_source("a")  # idempotent
+    assert registry.collect()[0].value(sink="a") is None
+    with pytest.raises(InvalidArgumentError):
+        registry.add_source("c", "not callable")  # type: ignore[arg-type]
+
+
+def test_job_progress_gives_a_phase_and_the_fraction_done() -> None:
+    snapshot = Progress(rows=10, detail={"phase": "snapshot", "vnodes_left": 3, "vnodes_total": 4})
+    splits = Progress(rows=5, detail={"s0": "finished", "s1": "caching_up"})
+    job = JobProgress("j", 7, {"a": snapshot, "b": splits}, ready=False)
+    assert job.fraction_done == pytest.approx((0.25 + 0.5) / 2)
+    assert job.phase == "caching_up+snapshot"
+    assert job.rows == 15
+    done = JobProgress("j", 7, {"a": Progress(finished=True)}, ready=True)
+    assert (done.fraction_done, done.phase) == (1.0, "ready")
+    assert JobProgress("j", 0, {}, ready=True).fraction_done == 1.0
+
+
+@pytest.mark.anyio
+async def test_top_shows_jobs_actors_barriers_and_sinks_of_a_live_endpoint(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from barrierflow.app.top import run_top
+
+    rt, _ = build(tmp_path, metrics_port=0)
+    console = Console(record=True, width=140, force_terminal=False)
+    async with rt:
+        url = rt.metrics_url
+        assert url is not None
+        with anyio.fail_after(WAIT):
+            await rt.push("src", chunk(0, 100))
+            await rt.checkpoint()
+            await anyio.to_thread.run_sync(
+                lambda: run_top(url, interval=0.2, once=True, console=console)
+            )
+    frame = console.export_text()
+    for heading in ("jobs", "actors", "barriers", "sinks", "sources"):
+        assert heading in frame
+    assert "barrierflow top " + url in frame
+    rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in frame.splitlines()]
+    assert next(r[:2] for r in rows if r[0] == "main") == ["main", "ready"]
+    assert any(r[:2] == ["pass", "main"] for r in rows)  # an actor's row
+    assert any(r[0] == "injected → durable" for r in rows)
+    assert any(r[0] == "out" for r in rows)  # the sink's row
+
+
+def test_top_on_a_dead_endpoint_is_one_line_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from barrierflow.app.cli import main
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/metrics"
+    assert main(["top", url, "--once", "--interval", "0.1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("barrierflow: error: EndpointError: metrics endpoint ")
+    assert f"{url!r}: expected Prometheus metrics, got URLError" in err[0]
+    assert main(["top", "localhost:9464", "--once"]) == 2  # not a URL: bad input
