@@ -51,6 +51,7 @@ from barrierflow.actors.sinks.errors import (
     DuplicateWriterError,
     SinkWriterInputError,
 )
+from barrierflow.actors.sinks.metrics import writer_families
 from barrierflow.actors.sinks.positions import table_commits
 from barrierflow.actors.sinks.sink_task import (
     DEFAULT_CAPACITY,
@@ -68,7 +69,7 @@ from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.actor import ActorContext, StreamActor
-from barrierflow.runtime.metrics import MetricFamily, counter
+from barrierflow.runtime.metrics import MetricFamily
 from barrierflow.runtime.positions import SinkCommits
 from barrierflow.runtime.startup import StartupContext
 
@@ -209,19 +210,7 @@ class SinkWriter(StreamActor):
     def metric_families(self) -> list[MetricFamily]:
         """The sink task's counters as metrics (the runtime collects them while it runs)."""
         stats = self.stats()
-        if stats is None:
-            return []
-        labels = {"sink": self._coordinator.sink, "actor": self._actor}
-        return [
-            counter("barrierflow_sink_rows_written", "rows a sink writer staged",
-                    [(labels, stats.rows_written)]),
-            counter("barrierflow_sink_poisoned_epochs", "epochs a failed write poisoned",
-                    [(labels, stats.write_errors)]),
-            counter("barrierflow_sink_staged_epochs", "epochs a sink writer staged",
-                    [(labels, stats.staged_epochs)]),
-            counter("barrierflow_sink_flush_errors", "periodic flushes that failed or "
-                    "overran their timeout", [(labels, stats.flush_errors + stats.stuck_flushes)]),
-        ]  # fmt: skip
+        return [] if stats is None else writer_families(self._coordinator.sink, self._actor, stats)
 
     async def wait_committed(self, checkpoint: int) -> None:
         """Wait until every row before checkpoint ``checkpoint`` (an epoch returned by

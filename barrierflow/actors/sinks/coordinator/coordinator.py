@@ -66,12 +66,13 @@ from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
 from barrierflow.actors.sinks.coordinator.recovery import recover
 from barrierflow.actors.sinks.coordinator.replies import OpenReplies, abort_run, refuse
 from barrierflow.actors.sinks.coordinator.staged import ExecutorBatches
-from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats, coordinator_families
+from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats
 from barrierflow.actors.sinks.errors import (
     CommittedEpochsEndedError,
     SchemaChangeMismatchError,
     UnexpectedWriterRequestError,
 )
+from barrierflow.actors.sinks.metrics import coordinator_families
 from barrierflow.actors.sinks.table import Committer, Manifest
 from barrierflow.channels.channel import ReceiveChannel
 from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError

@@ -1,0 +1,72 @@
+"""What the parts of a sink report as metrics: its coordinator's epochs and commits, and
+each writer's sink task (see :mod:`barrierflow.runtime.metrics`; the runtime collects them,
+and the README's "Watching a pipeline" lists them). Kept apart from the parts themselves:
+it is reporting, not a rule of committing."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from barrierflow.actors.sinks._sink_commands import SinkTaskStats
+from barrierflow.runtime.metrics import MetricFamily, counter, gauge
+
+__all__ = ["coordinator_families", "writer_families"]
+
+
+class CoordinatorCounts(Protocol):
+    """What the coordinator's metrics read of its stats (a ``CoordinatorStats``; named by its
+    fields so that this module needs nothing of the coordinator package)."""
+
+    @property
+    def writers(self) -> int: ...
+    @property
+    def acked_epochs(self) -> int: ...
+    @property
+    def committed_epochs(self) -> int: ...
+    @property
+    def last_committed_epoch(self) -> int: ...
+    @property
+    def commit_failures(self) -> int: ...
+    @property
+    def aborted_epochs(self) -> tuple[int, ...]: ...
+
+
+def coordinator_families(
+    sink: str, stats: CoordinatorCounts, rows_committed: int
+) -> list[MetricFamily]:
+    """A coordinator's counters as metrics, labelled with its ``sink``."""
+    labels = {"sink": sink}
+    return [
+        counter("barrierflow_sink_rows_committed", "rows the sink's commits published",
+                [(labels, rows_committed)]),
+        counter("barrierflow_sink_acked_epochs", "epochs acknowledged to the sink's writers "
+                "(persisted as pending, or committed)", [(labels, stats.acked_epochs)]),
+        counter("barrierflow_sink_committed_epochs", "epochs committed to the sink's table",
+                [(labels, stats.committed_epochs)]),
+        gauge("barrierflow_sink_pending_epochs", "epochs acknowledged and not yet committed",
+              [(labels, max(stats.acked_epochs - stats.committed_epochs, 0))]),
+        gauge("barrierflow_sink_last_committed_epoch", "the sink's last committed epoch",
+              [(labels, stats.last_committed_epoch)]),
+        counter("barrierflow_sink_commit_retries", "failed commit attempts (each is retried)",
+                [(labels, stats.commit_failures)]),
+        counter("barrierflow_sink_aborted_epochs", "epochs aborted at the coordinator's "
+                "recovery", [(labels, len(stats.aborted_epochs))]),
+        gauge("barrierflow_sink_writers", "writers registered with the sink's coordinator",
+              [(labels, stats.writers)]),
+    ]  # fmt: skip
+
+
+def writer_families(sink: str, actor: str, stats: SinkTaskStats) -> list[MetricFamily]:
+    """A sink writer's sink task counters as metrics, labelled with its ``sink`` and
+    ``actor``."""
+    labels = {"sink": sink, "actor": actor}
+    return [
+        counter("barrierflow_sink_rows_written", "rows a sink writer staged",
+                [(labels, stats.rows_written)]),
+        counter("barrierflow_sink_poisoned_epochs", "epochs a failed write poisoned",
+                [(labels, stats.write_errors)]),
+        counter("barrierflow_sink_staged_epochs", "epochs a sink writer staged",
+                [(labels, stats.staged_epochs)]),
+        counter("barrierflow_sink_flush_errors", "periodic flushes that failed or "
+                "overran their timeout", [(labels, stats.flush_errors + stats.stuck_flushes)]),
+    ]  # fmt: skip
