@@ -246,3 +246,41 @@ def test_top_on_a_dead_endpoint_is_one_line_naming_it(capsys: pytest.CaptureFixt
     assert err[0].startswith("barrierflow: error: EndpointError: metrics endpoint ")
     assert f"{url!r}: expected Prometheus metrics, got URLError" in err[0]
     assert main(["top", "localhost:9464", "--once"]) == 2  # not a URL: bad input
+
+
+class CountRows(StreamActor):
+    """Keeps a row count in its state table: each checkpoint writes one state row."""
+
+    async def restore(self, ctx: ActorContext) -> None:
+        self.table = ctx.table("count")
+        self.rows = 0
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk):
+            self.rows += message.num_rows
+            self.table.put("rows", self.rows)
+        await ctx.emit(message)
+
+
+@pytest.mark.anyio
+async def test_merges_report_their_alignment_and_checkpoints_their_state_rows(
+    tmp_path: Path,
+) -> None:
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
+    rt.add_source("left")
+    rt.add_source("right")
+    rt.add_actor("both", CountRows, inputs=["left", "right"])
+    async with rt:
+        with anyio.fail_after(WAIT):
+            for epoch in range(3):
+                await rt.push("left", chunk(epoch * 10, 10))
+                await rt.checkpoint()
+        families = {f.name: f for f in rt.metrics.collect()}
+    alignment = families["barrierflow_merge_alignment_seconds"].value(job="main", actor="both")
+    assert alignment is not None
+    assert alignment >= 0
+    # One put per epoch, and the runtime's own rows (its job catalog).
+    written = families["barrierflow_checkpoint_rows_written"].value()
+    assert written is not None
+    assert written >= 3
+    assert families["barrierflow_actor_rows_in"].value(job="main", actor="both") == 30

@@ -20,6 +20,7 @@ Rules a user can rely on:
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, final
@@ -43,13 +44,14 @@ __all__ = ["AlignedMerge", "merge_aligned"]
 class _Alignment:
     """The barrier currently being aligned and who has delivered it."""
 
-    __slots__ = ("arrived", "barrier", "first_input", "released")
+    __slots__ = ("arrived", "barrier", "first_input", "released", "started")
 
     def __init__(self, barrier: Barrier, first_input: str) -> None:
         self.barrier = barrier
         self.first_input = first_input
         self.arrived = {first_input}
         self.released = anyio.Event()
+        self.started = time.perf_counter()  # the first input's barrier arrived
 
 
 @final
@@ -77,6 +79,13 @@ class AlignedMerge:
         self._watermarks: dict[str, dict[str, Any]] = {}
         self._emitted_watermarks: dict[str, Any] = {}
         self._barriers_emitted = 0
+        self._alignment_seconds = 0.0
+
+    @property
+    def alignment_seconds(self) -> float:
+        """Seconds spent aligning barriers: from the first input's barrier to the last one's,
+        summed (Flink's checkpoint alignment time)."""
+        return self._alignment_seconds
 
     @property
     def live_inputs(self) -> frozenset[str]:
@@ -142,6 +151,7 @@ class AlignedMerge:
 
     async def _release(self, alignment: _Alignment, output: Sender[Message]) -> None:
         self._aligning = None
+        self._alignment_seconds += time.perf_counter() - alignment.started
         await output.send(alignment.barrier)
         self._barriers_emitted += 1
         alignment.released.set()

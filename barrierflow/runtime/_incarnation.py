@@ -97,6 +97,8 @@ class Incarnation:
         self.job_scopes: dict[str, list[anyio.CancelScope]] = {}
         #: Actor name → set once its task ended (a dropped job's services outlive its actors).
         self.actor_done: dict[str, anyio.Event] = {}
+        #: The aligned merges in front of actors with several inputs, by actor.
+        self.merges: dict[str, AlignedMerge] = {}
         self._services_started = 0
 
     def stuck_error(self, nodes: Mapping[str, Node]) -> BarrierStuckError:
@@ -139,7 +141,7 @@ class Incarnation:
             ctx = ActorContext(
                 node.actor_id,
                 node.name,
-                _input_of(node, actor, receivers, self.actors),
+                _input_of(node, actor, receivers, self.actors, self.merges),
                 wiring.outputs[node.name],
                 self.store,
                 self.manager,
@@ -155,12 +157,17 @@ class Incarnation:
 
 
 def _input_of(
-    node: Node, actor: StreamActor, receivers: dict[str, Any], group: TaskGroup
+    node: Node,
+    actor: StreamActor,
+    receivers: dict[str, Any],
+    group: TaskGroup,
+    merges: dict[str, AlignedMerge],
 ) -> Receiver[Message]:
     if len(receivers) == 1 or not actor.aligned_inputs:
         return next(iter(receivers.values()))
     tx, rx = create_channel[Message](16, name=f"{node.name} merged")
-    group.start_soon(AlignedMerge(receivers).run, tx, name=f"merge into {node.name}")
+    merge = merges[node.name] = AlignedMerge(receivers)
+    group.start_soon(merge.run, tx, name=f"merge into {node.name}")
     return rx
 
 

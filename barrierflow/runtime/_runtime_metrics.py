@@ -47,6 +47,7 @@ _HELP = {
     "rows": "rows of the chunks a channel accepted",
     "blocked": "sends that waited for room (backpressure events)",
     "wait": "seconds senders waited for room in a channel",
+    "alignment": "seconds an actor's merge spent aligning barriers (first to last input)",
 }
 
 
@@ -88,6 +89,7 @@ def runtime_families(
     progress: Mapping[str, JobProgress],
     parts: Iterable[object],
     uptime: float,
+    alignment: Mapping[str, float] | None = None,
 ) -> list[MetricFamily]:
     """The runtime's families from its ``stats`` (a ``RuntimeStats``), its jobs' ``progress``,
     the ``parts`` (actor instances, services) that may report their own, and the seconds since
@@ -162,6 +164,11 @@ def runtime_families(
         ),
         counter(
             "barrierflow_channel_sender_wait_seconds", _HELP["wait"], per_channel("blocked_seconds")
+        ),
+        counter(
+            "barrierflow_merge_alignment_seconds",
+            _HELP["alignment"],
+            [(labels.get(a, {"actor": a}), v) for a, v in (alignment or {}).items()],
         ),
     ]
     for part in parts:

@@ -56,7 +56,7 @@ from barrierflow.runtime.config import RuntimeConfig, check_seconds
 from barrierflow.runtime.errors import NotAwaitedError, NotRunningError
 from barrierflow.runtime.graph import Fanout, Graph, Node
 from barrierflow.runtime.job import Job, JobHandle, JobStats, PushSource
-from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry
+from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry, counter
 from barrierflow.runtime.service import Service
 from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore
 
@@ -434,7 +434,16 @@ class Runtime:
             return runtime_families(stats, progress, (), 0.0)
         parts = [*incarnation.instances.values(), *self._declarations.services().values()]
         uptime = time.perf_counter() - incarnation.started_at
-        return runtime_families(stats, progress, parts, uptime)
+        alignment = {name: m.alignment_seconds for name, m in incarnation.merges.items()}
+        families = runtime_families(stats, progress, parts, uptime, alignment)
+        families.append(
+            counter(
+                "barrierflow_checkpoint_rows_written",
+                "state rows (upserts and deletes) checkpoints wrote to the store",
+                [({}, incarnation.store.rows_written)],
+            )
+        )
+        return families
 
     def __repr__(self) -> str:
         state = "running" if self._live.attached else "stopped"

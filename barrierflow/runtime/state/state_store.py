@@ -93,6 +93,7 @@ class StateStore:
         self._closed = False
         # The epoch whose commit is running (one at a time).
         self._committing: int | None = None
+        self._rows_written = 0
 
     @classmethod
     async def open(
@@ -310,6 +311,7 @@ class StateStore:
                         deletes.append((owner, name, key))
                     else:
                         upserts.append((owner, name, key, value))
+            self._rows_written += len(upserts) + len(deletes)
             statements = _sql.checkpoint_statements(upserts, deletes, epoch)
             for versioned in self._versioned.values():
                 statements += await versioned._persist_through(epoch)
@@ -326,6 +328,12 @@ class StateStore:
                     await versioned._compact(through, self._connection.transaction)
         finally:
             self._committing = None
+
+    @property
+    def rows_written(self) -> int:
+        """State rows (upserts and deletes of the key-value tables) checkpoints have written
+        since the store was opened."""
+        return self._rows_written
 
     def committed_epochs(self) -> CommittedEpochs:
         """The committed epoch now, then each newer one as it is published.
