@@ -879,3 +879,23 @@ async def test_a_writer_whose_input_ends_commits_its_durable_epochs(tmp_path: Pa
     first = begins(table)[0]
     assert table.called("commit") == [first]
     assert table_ids(tmp_path / "table") == [1, 2]
+
+
+async def test_a_writer_reports_its_sink_task_counters_as_metrics_while_it_runs(
+    tmp_path: Path,
+) -> None:
+    rt = Runtime(config(tmp_path))
+    rt.add_source("src")
+    writers: list[SinkWriter] = []
+    declare(rt, faulty(tmp_path), writers, name="orders")
+    async with rt:
+        await rt.push("src", chunk(1, 2, 3))
+        await rt.checkpoint()
+        families = {f.name: f for f in writers[0].metric_families()}
+    labels = {"sink": "orders", "actor": "orders"}
+    assert families["barrierflow_sink_rows_written"].value(**labels) == 3
+    assert families["barrierflow_sink_staged_epochs"].value(**labels) == 1
+    assert families["barrierflow_sink_poisoned_epochs"].value(**labels) == 0
+    assert families["barrierflow_sink_flush_errors"].value(**labels) == 0
+    idle = SinkWriter(lambda: None, coordinator=coordinator_for(tmp_path), writer_id="0")
+    assert idle.metric_families() == []  # not running: no sink task to report
