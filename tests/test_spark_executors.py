@@ -238,3 +238,32 @@ def test_a_graph_failure_after_the_hand_over_stages_the_batch_again_and_holds_it
     assert FailOnFirstBarrier.failed
     assert adapter.ids(table) == list(range(300))
     assert leftovers(adapter, table) == []
+
+
+def test_a_vnode_partitioned_batch_keeps_each_writer_s_keys_in_one_partition_and_lands_once(
+    spark: Any, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    from barrierflow.channels.vnode import VnodeBitmap, compute_vnodes, vnode_owners
+    from barrierflow.spark_bridge.executors import partition_by_vnode
+
+    owned = partition_by_vnode(ids(spark, 0, 600, partitions=3), ["id"], 2)
+    assert owned.columns == ["id"]  # the owner column is gone before staging
+    rows = owned.selectExpr("id", "spark_partition_id() as p").toArrow()
+    owners = vnode_owners(VnodeBitmap.split(2))[compute_vnodes(rows.select(["id"]), ["id"])]
+    partitions = np.asarray(rows["p"])
+    for owner in (0, 1):  # every row of one writer's vnodes in one Spark partition
+        assert len(set(partitions[owners == owner].tolist())) == 1
+    adapter = ADAPTERS["parquet"]
+    rt, feed, sink, table = build(tmp_path, adapter)
+    with BlockingRuntime(rt) as handle:
+        bridge = SparkBridge(handle, feed, sink=sink)
+        epoch = bridge.deliver(owned, 0, write_on="executors")
+        assert epoch is not None
+        handle.call(sink.coordinator.wait_committed, epoch)
+    assert adapter.ids(table) == list(range(600))
+    with pytest.raises(InvalidArgumentError):
+        partition_by_vnode(owned, [], 2)
+    with pytest.raises(InvalidArgumentError):
+        partition_by_vnode(owned, ["id"], 0)

@@ -18,16 +18,22 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
+from barrierflow._extras import require
 from barrierflow.actors.sinks.table import Manifest
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.vnode import VnodeBitmap, compute_vnodes, vnode_owners
 from barrierflow.connectors.executor_staging import ExecutorStaging
 from barrierflow.spark_bridge.errors import ExecutorImportError
 
-__all__ = ["stage_on_executors"]
+__all__ = ["partition_by_vnode", "stage_on_executors"]
+
+#: The column :func:`partition_by_vnode` partitions by (dropped before staging).
+OWNER = "__barrierflow_owner"
 
 #: What each task returns: its partition and its manifest (JSON).
 RESULT_SCHEMA = "partition int, manifest string"
@@ -53,6 +59,35 @@ def stage_partition(
             "manifest": pa.array([json.dumps(manifest.to_json())], pa.string()),
         }
     )
+
+
+def partition_by_vnode(df: Any, key: Sequence[str], writers: int) -> Any:
+    """``df`` repartitioned so that each of ``writers`` partitions holds whole vnode ranges,
+    barrierflow's own (the hash dispatch's ``compute_vnodes``, run on the executors, and the
+    ranges of ``VnodeBitmap.split(writers)``): every key's rows land in one partition, the one
+    its writer actor would own. For a table that needs key ownership; every table of
+    :mod:`barrierflow.connectors` is append-only, so the bridge never adds it (it is an extra
+    Spark stage, a shuffle; ``spark_executors_iceberg_rows_per_s`` measures its cost).
+
+    Raises:
+        InvalidArgumentError: no key, or ``writers`` not an int >= 1.
+    """
+    keys = list(key)
+    if not keys or not all(isinstance(k, str) for k in keys):
+        raise InvalidArgumentError("key", "one or more column names", key)
+    if type(writers) is not int or writers < 1:
+        raise InvalidArgumentError("writers", "an int >= 1", writers)
+    owners = vnode_owners(VnodeBitmap.split(writers))
+    types = require("spark", "pyspark.sql.types")
+    schema = types.StructType([*df.schema.fields, types.StructField(OWNER, types.IntegerType())])
+
+    def owner(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            vnodes = compute_vnodes(batch, keys)
+            yield batch.append_column(OWNER, pa.array(owners[vnodes], pa.int32()))
+
+    owned = df.mapInArrow(owner, schema)
+    return owned.repartition(writers, OWNER).drop(OWNER)
 
 
 def stage_on_executors(
