@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from barrierflow.actors.sinks._sink_commands import SinkTaskStats
-from barrierflow.runtime.metrics import MetricFamily, counter, gauge
+from barrierflow.runtime.metrics import Histogram, MetricFamily, MetricsRegistry, counter, gauge
 
-__all__ = ["coordinator_families", "writer_families"]
+__all__ = ["commit_histograms", "coordinator_families", "writer_families"]
 
 
 class CoordinatorCounts(Protocol):
@@ -70,3 +70,18 @@ def writer_families(sink: str, actor: str, stats: SinkTaskStats) -> list[MetricF
         counter("barrierflow_sink_flush_errors", "periodic flushes that failed or "
                 "overran their timeout", [(labels, stats.flush_errors + stats.stuck_flushes)]),
     ]  # fmt: skip
+
+
+def commit_histograms(registry: MetricsRegistry) -> tuple[Histogram, Histogram]:
+    """The histograms a coordinator observes its commits into, labelled with the sink: how long
+    one commit of the table took, and how long after the epoch's checkpoint was durable it
+    landed (the last stage of a barrier's latency)."""
+    seconds = registry.histogram(
+        "barrierflow_sink_commit_seconds", "seconds one commit of the sink's table took", ("sink",)
+    )
+    latency = registry.histogram(
+        "barrierflow_sink_commit_latency_seconds",
+        "seconds from an epoch's checkpoint being durable until the sink committed it",
+        ("sink",),
+    )
+    return seconds, latency

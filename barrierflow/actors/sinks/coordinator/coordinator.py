@@ -72,7 +72,7 @@ from barrierflow.actors.sinks.errors import (
     SchemaChangeMismatchError,
     UnexpectedWriterRequestError,
 )
-from barrierflow.actors.sinks.metrics import coordinator_families
+from barrierflow.actors.sinks.metrics import commit_histograms, coordinator_families
 from barrierflow.actors.sinks.table import Committer, Manifest
 from barrierflow.channels.channel import ReceiveChannel
 from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
@@ -356,16 +356,7 @@ class Coordinator:
         """Coordinate until cancelled; on failure abort every writer handle, then raise."""
         self._generation += 1
         self._reset_run_state()
-        self._commit_seconds = ctx.metrics.histogram(
-            "barrierflow_sink_commit_seconds", "seconds one commit of the sink's table took",
-            ("sink",),
-        )  # fmt: skip
-        self._commit_latency = ctx.metrics.histogram(
-            "barrierflow_sink_commit_latency_seconds",
-            "seconds from an epoch's checkpoint being durable until the sink committed it "
-            "(the last stage of a barrier's latency)",
-            ("sink",),
-        )
+        self._commit_seconds, self._commit_latency = commit_histograms(ctx.metrics)
         ref, receive = open_command_actor(self.actor, 1024)
         self._ref = ref
         if self._ready is not None:
