@@ -994,7 +994,38 @@ async def test_the_coordinator_reports_its_epochs_rows_and_commit_latencies(
     assert value["barrierflow_sink_writers"] == 2
     histograms = {f.name: f for f in registry.collect()}
     for name in ("barrierflow_sink_commit_seconds", "barrierflow_sink_commit_latency_seconds"):
-        counts = [s.value for s in histograms[name].samples if s.suffix == "_count"]
-        assert counts == [2], name  # one per commit that went through
+        counts = [(s.labels, s.value) for s in histograms[name].samples if s.suffix == "_count"]
+        assert counts == [((("sink", SINK),), 2)], name  # one per commit that went through
         (total,) = [s.value for s in histograms[name].samples if s.suffix == "_sum"]
         assert 0 <= total < WAIT
+
+
+async def test_commits_whose_metadata_counts_no_rows_add_none(tmp_path: Path) -> None:
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        coordinator = make(FakeCommitter())  # its metadata has no "rows"
+        async with anyio.create_task_group() as tg:
+            start(tg, coordinator, ServiceContext(SINK, store))
+            handles = await register_started(coordinator, HALVES)
+            await commit_all(handles, 1)
+            await store.commit(1)
+            with anyio.fail_after(WAIT):
+                await coordinator.wait_committed(1)
+            families = {f.name: f for f in coordinator.metric_families()}
+            tg.cancel_scope.cancel()
+    assert families["barrierflow_sink_rows_committed"].value(sink=SINK) == 0
+    assert families["barrierflow_sink_committed_epochs"].value(sink=SINK) == 1
+
+
+def test_durable_marks_give_the_first_mark_at_or_past_an_epoch() -> None:
+    from barrierflow.actors.sinks.metrics import DurableMarks
+
+    marks = DurableMarks()
+    assert marks.since(1) is None
+    marks.add(0, 1.0)
+    marks.add(3, 5.0)
+    marks.add(7, 9.0)
+    assert marks.since(2) == 5.0  # epoch 2 became durable with the mark of 3
+    assert marks.since(3) == 5.0
+    assert marks.since(4) == 9.0
+    assert marks.since(1) == 9.0  # older marks are forgotten: epochs commit in order
+    assert marks.since(8) is None

@@ -5,12 +5,13 @@ it is reporting, not a rule of committing."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections import deque
+from typing import Protocol, final
 
 from barrierflow.actors.sinks._sink_commands import SinkTaskStats
 from barrierflow.runtime.metrics import Histogram, MetricFamily, MetricsRegistry, counter, gauge
 
-__all__ = ["commit_histograms", "coordinator_families", "writer_families"]
+__all__ = ["DurableMarks", "commit_histograms", "coordinator_families", "writer_families"]
 
 
 class CoordinatorCounts(Protocol):
@@ -85,3 +86,24 @@ def commit_histograms(registry: MetricsRegistry) -> tuple[Histogram, Histogram]:
         ("sink",),
     )
     return seconds, latency
+
+
+@final
+class DurableMarks:
+    """When the runtime's committed epoch reached each value (a coordinator notes them as they
+    come), to tell how long after its checkpoint became durable an epoch was committed."""
+
+    def __init__(self) -> None:
+        self._marks: deque[tuple[int, float]] = deque()
+
+    def add(self, epoch: int, at: float) -> None:
+        """The committed epoch reached ``epoch`` at time ``at``."""
+        self._marks.append((epoch, at))
+
+    def since(self, epoch: int) -> float | None:
+        """When ``epoch`` became durable: the first mark at or past it (``None``: not seen).
+        Marks of older epochs are forgotten (epochs commit in order)."""
+        marks = self._marks
+        while marks and marks[0][0] < epoch:
+            marks.popleft()
+        return marks[0][1] if marks else None

@@ -24,7 +24,6 @@ serving cannot express. A run that fails answers what it took and what is still 
 from __future__ import annotations
 
 import random
-from collections import deque
 from collections.abc import Sequence
 from typing import Any, final
 
@@ -72,7 +71,11 @@ from barrierflow.actors.sinks.errors import (
     SchemaChangeMismatchError,
     UnexpectedWriterRequestError,
 )
-from barrierflow.actors.sinks.metrics import commit_histograms, coordinator_families
+from barrierflow.actors.sinks.metrics import (
+    DurableMarks,
+    commit_histograms,
+    coordinator_families,
+)
 from barrierflow.actors.sinks.table import Committer, Manifest
 from barrierflow.channels.channel import ReceiveChannel
 from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
@@ -187,8 +190,7 @@ class Coordinator:
         self._queue: CommitQueue | None = None
         self._staged = ExecutorBatches(self.sink, self._staged_keys, self._generation)
         self._ready_for_staging = False
-        # The runtime's committed epochs as they came, and when (for the commit latency).
-        self._durable: deque[tuple[int, float]] = deque()
+        self._durable = DurableMarks()  # the runtime's committed epochs, and when
 
     # The writers' side.
 
@@ -344,11 +346,9 @@ class Coordinator:
         now = anyio.current_time()
         self._rows_committed += int(item.metadata.get("rows", 0))
         self._commit_seconds.observe(now - started, self.sink)
-        durable = self._durable
-        while durable and durable[0][0] < item.epoch:
-            durable.popleft()  # marks of older epochs: their commits are done
-        if durable:
-            self._commit_latency.observe(now - durable[0][1], self.sink)
+        durable = self._durable.since(item.epoch)
+        if durable is not None:
+            self._commit_latency.observe(now - durable, self.sink)
 
     # The service.
 
@@ -473,7 +473,7 @@ class Coordinator:
             event = take(*received)
             if isinstance(event, CommittedEpoch):
                 assert self._queue is not None
-                self._durable.append((event.epoch, anyio.current_time()))
+                self._durable.add(event.epoch, anyio.current_time())
                 self._queue.on_committed_epoch(event.epoch)
                 return None  # re-evaluate what is due
             if isinstance(event, AdoptStaged):
