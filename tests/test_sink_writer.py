@@ -899,3 +899,24 @@ async def test_a_writer_reports_its_sink_task_counters_as_metrics_while_it_runs(
     assert families["barrierflow_sink_flush_errors"].value(**labels) == 0
     idle = SinkWriter(lambda: None, coordinator=coordinator_for(tmp_path), writer_id="0")
     assert idle.metric_families() == []  # not running: no sink task to report
+
+
+async def test_a_writer_restarted_after_acknowledged_epochs_is_started_with_its_rewind(
+    tmp_path: Path,
+) -> None:
+    # After a recovery the coordinator starts its writers with the rewind epoch (the last one
+    # acknowledged): a writer that did not wait to be started would ask for an initial
+    # alignment the coordinator no longer runs, and the graph would fail again.
+    table = faulty(tmp_path)
+    rt = sink_runtime(tmp_path, table, recovery=True, restart_backoff=0.01, max_restarts=1)
+    async with rt:
+        await rt.push("src", chunk(1))
+        await rt.checkpoint()  # acknowledged: a rewind epoch from now on
+        table.fail("write")
+        await rt.push("src", chunk(2))
+        with pytest.raises(ActorFailedError):
+            await rt.checkpoint()
+        await rt.push("src", chunk(2))  # the rebuilt writer takes the replay
+        await rt.checkpoint()
+        assert rt.stats().restarts == 1
+    assert table_ids(tmp_path / "table") == [1, 2]
