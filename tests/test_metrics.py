@@ -284,3 +284,45 @@ async def test_merges_report_their_alignment_and_checkpoints_their_state_rows(
     assert written is not None
     assert written >= 3
     assert families["barrierflow_actor_rows_in"].value(job="main", actor="both") == 30
+
+
+class FailOnce(StreamActor):
+    """Fails on its first chunk, once per test (class-level: survives the rebuild)."""
+
+    failed = False
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk) and not FailOnce.failed:
+            FailOnce.failed = True
+            raise RuntimeError("injected fault")
+        await ctx.emit(message)
+
+
+@pytest.mark.anyio
+async def test_a_recovery_is_counted_and_timed(tmp_path: Path) -> None:
+    FailOnce.failed = False
+    rt = Runtime(
+        RuntimeConfig(
+            state_path=tmp_path / "state.db", barrier_interval=3600.0, recovery=True,
+            restart_backoff=0.01,
+        )
+    )  # fmt: skip
+    rt.add_source("src")
+    rt.add_actor("flaky", FailOnce, inputs=["src"])
+    async with rt:
+        with anyio.fail_after(WAIT):
+            await rt.push("src", chunk(0, 1))
+            with pytest.raises(Exception):  # noqa: B017, PT011 - the failure, any shape
+                await rt.checkpoint()
+            await rt.wait_running()
+            await rt.checkpoint()
+        families = {f.name: f for f in rt.metrics.collect()}
+    assert families["barrierflow_restarts"].value() == 1
+    counts = [
+        s.value for s in families["barrierflow_recovery_seconds"].samples if s.suffix == "_count"
+    ]
+    assert counts == [1]
+    (total,) = [
+        s.value for s in families["barrierflow_recovery_seconds"].samples if s.suffix == "_sum"
+    ]
+    assert 0.01 <= total < WAIT  # at least the restart backoff

@@ -108,6 +108,11 @@ class Lifecycle:
         self._config = config
         self._metrics = metrics
         self._server: MetricsServer | None = None
+        self._failed_at: float | None = None  # when the graph last failed, until rebuilt
+        self._recovery_seconds = metrics.histogram(
+            "barrierflow_recovery_seconds",
+            "seconds from a graph's failure until the rebuilt graph ran again (recovery)",
+        )
         self._clock = clock
         self._declarations = declarations
         self._jobs = jobs
@@ -254,6 +259,7 @@ class Lifecycle:
                 return
             except ActorFailedError as failure:
                 started = True
+                self._failed_at = anyio.current_time()
                 self._live.lose(failure)
                 if not self._config.recovery or self._restarts >= self._config.max_restarts:
                     self._log.error(
@@ -357,6 +363,9 @@ class Lifecycle:
             async with anyio.create_task_group() as actors:
                 incarnation.actors = actors
                 incarnation.start_actors(nodes, instances, wiring, adopted)
+                if self._failed_at is not None:  # a recovery: the rebuilt graph runs again
+                    self._recovery_seconds.observe(anyio.current_time() - self._failed_at)
+                    self._failed_at = None
                 self._live.announce_ready()
                 if task_status is not None:
                     task_status.started()
