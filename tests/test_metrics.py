@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from barrierflow.actors import add_sink
 from barrierflow.channels import Chunk, Message
-from barrierflow.errors import ConfigError, InvalidArgumentError
+from barrierflow.errors import ActorFailedError, ConfigError, InvalidArgumentError
 from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
 from barrierflow.runtime.metrics import Histogram, MetricsRegistry, counter
 from barrierflow.runtime.progress import JobProgress, Progress
@@ -312,7 +312,7 @@ async def test_a_recovery_is_counted_and_timed(tmp_path: Path) -> None:
     async with rt:
         with anyio.fail_after(WAIT):
             await rt.push("src", chunk(0, 1))
-            with pytest.raises(Exception):  # noqa: B017, PT011 - the failure, any shape
+            with pytest.raises(ActorFailedError):
                 await rt.checkpoint()
             await rt.wait_running()
             await rt.checkpoint()
