@@ -2,14 +2,15 @@
 (``test_spark_cluster.py``): the test process already holds a local SparkContext, and a
 process can hold only one.
 
-Usage: ``python _cluster_child.py MASTER_URL count|slow SYNC_DIR``. Prints one JSON object
-on its last stdout line: the driver's pid, the application id and one row per partition.
+Usage: ``python _cluster_child.py MASTER_URL count|slow SYNC_DIR PORT``. Prints one JSON
+object on its last stdout line: the driver's pid, the application id and one row per
+partition.
 
 * ``count``: 1000 rows in 4 partitions; each task imports barrierflow and pyarrow and
   reports its pid, its partition, its row count and the pids of its ancestor processes.
-* ``slow``: the same, but each task first writes ``started-<partition>-<attempt>`` into
-  SYNC_DIR and then waits until the test creates ``SYNC_DIR/go``; the driver writes the
-  application id to ``SYNC_DIR/app_id`` first.
+* ``slow``: the same, but each task first arrives at the test's rendezvous on PORT
+  (:mod:`barrierflow.testing.rendezvous`, tag ``<partition>-<attempt>``) and waits for its
+  cue; the driver writes the application id to ``SYNC_DIR/app_id`` first.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _ancestors() -> list[int]:
     return chain
 
 
-def main(master: str, mode: str, sync_dir: str) -> None:
+def main(master: str, mode: str, sync_dir: str, port_text: str) -> None:
     from barrierflow.spark_bridge.session import spark_session
 
     spark = spark_session(
@@ -53,26 +54,21 @@ def main(master: str, mode: str, sync_dir: str) -> None:
         (sync / "app_id.tmp").rename(sync / "app_id")
     slow = mode == "slow"
     go_seconds = GO_SECONDS
+    port = int(port_text)
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
-        import time
-
         import pyarrow as pa
         from pyspark import TaskContext
 
         import barrierflow  # the point: the executors' Python workers can import it
+        from barrierflow.testing.rendezvous import arrive
 
         assert barrierflow.__name__ == "barrierflow"
         context = TaskContext.get()
         assert context is not None
         partition, attempt = context.partitionId(), context.attemptNumber()
-        if slow:
-            (sync / f"started-{partition}-{attempt}").touch()
-            deadline = time.monotonic() + go_seconds
-            while not (sync / "go").exists():  # the test's cue, a file: no shared memory
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no {sync / 'go'} within {go_seconds} s")
-                time.sleep(0.05)
+        if slow and not arrive(port, f"{partition}-{attempt}", go_seconds):
+            raise TimeoutError(f"no cue from the test within {go_seconds} s")
         rows = total = 0
         for batch in batches:
             rows += batch.num_rows
@@ -106,4 +102,4 @@ def main(master: str, mode: str, sync_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

@@ -1,17 +1,18 @@
 """A barrierflow pipeline whose Spark tasks stage the rows on a standalone cluster's executors
 (``test_spark_cluster.py``), in a driver process of its own.
 
-Usage: ``python _cluster_executors_child.py MASTER_URL kill|speculate WORK_DIR``. Delivers
+Usage: ``python _cluster_executors_child.py MASTER_URL kill|speculate WORK_DIR PORT``. Delivers
 micro-batches 0..2 of 400 rows each (ids ``400*b .. 400*b+399``, 4 partitions) with
 ``write_on="executors"`` into a Parquet table under WORK_DIR, then prints one JSON object on
 its last stdout line: the bridge's counters and the application id.
 
 * ``kill``: batch 1's first task attempts, once they have passed on their first rows (the
-  staging tasks are writing), touch ``started-<partition>-<attempt>`` and wait for the test's
-  ``go`` file: the test SIGKILLs an executor JVM meanwhile, and Spark runs its tasks again.
-* ``speculate``: speculative execution on; batch 0's first attempt of partition 1 waits for
-  ``go`` (or a long time) after its first rows, so that Spark runs a speculative copy of it
-  on the other executor, whose result it keeps.
+  staging tasks are writing), arrive at the test's rendezvous on PORT
+  (:mod:`barrierflow.testing.rendezvous`, tag ``<partition>-<attempt>``) and wait for its cue:
+  the test SIGKILLs an executor JVM meanwhile, and Spark runs its tasks again.
+* ``speculate``: speculative execution on; batch 0's first attempt of partition 1 arrives
+  after its first rows and waits (until the test closes the rendezvous), so that Spark runs a
+  speculative copy of it on the other executor, whose result it keeps.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False)])
 GO_SECONDS = float(os.environ.get("BARRIERFLOW_CHILD_GO_SECONDS", "120"))
 
 
-def main(master: str, mode: str, work: str) -> None:
+def main(master: str, mode: str, work: str, port_text: str) -> None:
     from barrierflow.actors import BatchFeed, add_sink
     from barrierflow.connectors import ParquetTable
     from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
@@ -49,11 +49,14 @@ def main(master: str, mode: str, work: str) -> None:
         }
     spark = spark_session(f"barrierflow-cluster-executors-{mode}", master=master, conf=conf)
     sync = Path(work)
+    port = int(port_text)
     slow_batch = 1 if mode == "kill" else 0
 
     def gate_for(batch: int) -> Any:
         def gate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext
+
+            from barrierflow.testing.rendezvous import arrive
 
             context = TaskContext.get()
             assert context is not None
@@ -65,10 +68,7 @@ def main(master: str, mode: str, work: str) -> None:
                 yield piece
                 if waits:
                     waits = False
-                    (sync / f"started-{partition}-{attempt}").touch()
-                    deadline = time.monotonic() + GO_SECONDS
-                    while not (sync / "go").exists() and time.monotonic() < deadline:
-                        time.sleep(0.05)
+                    arrive(port, f"{partition}-{attempt}", GO_SECONDS)
 
         return gate
 
@@ -102,4 +102,4 @@ def main(master: str, mode: str, work: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

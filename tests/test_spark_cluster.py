@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import pytest
 from _timeouts import scaled
 
 from barrierflow.errors import InvalidArgumentError
+from barrierflow.testing.rendezvous import Rendezvous
 from barrierflow.testing.spark_cluster import StandaloneCluster
 
 pytestmark = pytest.mark.cluster
@@ -35,14 +36,14 @@ ROWS, PARTITIONS = 1000, 4
 
 
 def _driver(
-    cluster: StandaloneCluster, mode: str, sync_dir: Path, child: Path = CHILD
+    cluster: StandaloneCluster, mode: str, sync_dir: Path, port: int = 0, child: Path = CHILD
 ) -> subprocess.Popen[str]:
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     for inherited in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
         env.pop(inherited, None)  # the child starts a JVM of its own, never joins ours
     env["BARRIERFLOW_CHILD_GO_SECONDS"] = str(scaled(90))
     return subprocess.Popen(
-        [sys.executable, str(child), cluster.master_url, mode, str(sync_dir)],
+        [sys.executable, str(child), cluster.master_url, mode, str(sync_dir), str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -82,37 +83,53 @@ def test_job_runs_on_the_executors(spark_cluster: StandaloneCluster, tmp_path: P
         assert row["pid"] != result["driver_pid"]
 
 
-def test_job_survives_a_killed_executor(spark_cluster: StandaloneCluster, tmp_path: Path) -> None:
-    driver = _driver(spark_cluster, "slow", tmp_path)
+def _arrivals(meet: Rendezvous, count: int, driver: subprocess.Popen[str]) -> None:
+    """Wait until ``count`` tasks arrived at ``meet``; a driver that failed meanwhile is
+    reported with its own error."""
+    if not meet.wait_for(count, scaled(120)):
+        if driver.poll() is not None:
+            _result(driver)  # fails the test with the driver's stderr
+        pytest.fail(f"only {meet.arrived} of {count} tasks arrived in time")
+
+
+def _wait_gone(pid: int) -> None:
+    """Wait (on the kernel's word, a pidfd) until process ``pid`` has exited."""
     try:
-        deadline = time.monotonic() + scaled(90)
-        # Both executors (one core each) busy with a task that waits for the go file.
-        while not ((tmp_path / "app_id").exists() and len(list(tmp_path.glob("started-*"))) >= 2):
-            if driver.poll() is not None:
-                break  # reported by _result below
-            assert time.monotonic() < deadline, "the tasks did not start in time"
-            time.sleep(0.05)  # a driver and executors starting up: nothing to wait on
-        if driver.poll() is None:
-            app_id = (tmp_path / "app_id").read_text()
-            executors = spark_cluster.executor_pids(app_id)
-            assert len(executors) == 2, executors
-            os.kill(executors[0], signal.SIGKILL)
-            while executors[0] in spark_cluster.executor_pids(app_id):
-                assert time.monotonic() < deadline, "the killed executor did not go away"
-                time.sleep(0.05)
-            (tmp_path / "go").touch()
-        result = _result(driver)
+        descriptor = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # gone already
+    try:
+        ready, _, _ = select.select([descriptor], [], [], scaled(90))
+        assert ready, f"process {pid} did not exit after SIGKILL"
     finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.communicate()
+        os.close(descriptor)
+
+
+def _kill_one_executor(cluster: StandaloneCluster, app_id: str | None = None) -> None:
+    """SIGKILL the first of the cluster's two executor JVMs and wait until it is gone."""
+    executors = cluster.executor_pids(app_id)
+    assert len(executors) == 2, executors
+    os.kill(executors[0], signal.SIGKILL)
+    _wait_gone(executors[0])
+
+
+def test_job_survives_a_killed_executor(spark_cluster: StandaloneCluster, tmp_path: Path) -> None:
+    with Rendezvous() as meet:
+        driver = _driver(spark_cluster, "slow", tmp_path, meet.port)
+        try:
+            # Both executors (one core each) busy with a task that waits for its cue.
+            _arrivals(meet, 2, driver)
+            _kill_one_executor(spark_cluster, (tmp_path / "app_id").read_text())
+            meet.release()
+            result = _result(driver)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.communicate()
     _check_rows(result["rows"])
     # The task of the killed executor ran again: a second attempt of its partition.
     assert any(row["attempt"] >= 1 for row in result["rows"]), result["rows"]
-    assert any(
-        name.startswith("started-") and not name.endswith("-0")
-        for name in (path.name for path in tmp_path.iterdir())
-    )
+    assert any(not tag.endswith("-0") for tag in meet.arrived), meet.arrived
 
 
 def _table_ids(work: Path) -> list[int]:
@@ -129,25 +146,18 @@ def _staged_leftovers(work: Path) -> list[str]:
 def test_an_executor_killed_while_it_stages_a_micro_batch_leaves_every_row_once(
     spark_cluster: StandaloneCluster, tmp_path: Path
 ) -> None:
-    driver = _driver(spark_cluster, "kill", tmp_path, EXECUTORS_CHILD)
-    try:
-        deadline = time.monotonic() + scaled(120)
-        # Both executors (one core each) mid-stage of batch 1, waiting for the go file.
-        while len(list(tmp_path.glob("started-*"))) < 2:
-            if driver.poll() is not None:
-                break  # reported by _result below
-            assert time.monotonic() < deadline, "batch 1's tasks did not start in time"
-            time.sleep(0.05)  # executors starting up: nothing to wait on
-        if driver.poll() is None:
-            executors = spark_cluster.executor_pids()
-            assert len(executors) == 2, executors
-            os.kill(executors[0], signal.SIGKILL)
-            (tmp_path / "go").touch()
-        result = _result(driver)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.communicate()
+    with Rendezvous() as meet:
+        driver = _driver(spark_cluster, "kill", tmp_path, meet.port, EXECUTORS_CHILD)
+        try:
+            # Both executors (one core each) mid-stage of batch 1, waiting for their cue.
+            _arrivals(meet, 2, driver)
+            _kill_one_executor(spark_cluster)
+            meet.release()
+            result = _result(driver)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.communicate()
     assert (result["batches"], result["staged_batches"], result["rows"]) == (3, 3, 1200)
     assert result["to_arrow_seconds"] == 0.0  # no row through the driver
     assert _table_ids(tmp_path) == list(range(1200))
@@ -158,18 +168,19 @@ def test_an_executor_killed_while_it_stages_a_micro_batch_leaves_every_row_once(
 def test_speculative_copies_of_a_staging_task_commit_one_attempt_and_show_no_orphan(
     spark_cluster: StandaloneCluster, tmp_path: Path
 ) -> None:
-    driver = _driver(spark_cluster, "speculate", tmp_path, EXECUTORS_CHILD)
-    try:
-        result = _result(driver)
-    finally:
-        (tmp_path / "go").touch()  # release the slow original, if it still runs
-        if driver.poll() is None:
-            driver.kill()
-            driver.communicate()
+    # The original attempt of partition 1 waits at the rendezvous until the test closes it:
+    # the job can only finish through its speculative copy.
+    with Rendezvous() as meet:
+        driver = _driver(spark_cluster, "speculate", tmp_path, meet.port, EXECUTORS_CHILD)
+        try:
+            result = _result(driver)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.communicate()
     assert (result["batches"], result["rows"]) == (3, 1200)
     assert _table_ids(tmp_path) == list(range(1200))
-    # The original attempt of partition 1 started and was outrun by its speculative copy.
-    assert (tmp_path / "started-1-0").exists()
+    assert "1-0" in meet.arrived  # the original started, and was outrun
     # Only adopted attempts are in the table: one directory per partition and epoch.
     for epoch in (tmp_path / "table").glob("epoch=*"):
         assert sorted(p.name for p in epoch.iterdir() if p.is_dir()) == [
