@@ -48,6 +48,7 @@ _HELP = {
     "blocked": "sends that waited for room (backpressure events)",
     "wait": "seconds senders waited for room in a channel",
     "alignment": "seconds an actor's merge spent aligning barriers (first to last input)",
+    "state_rows": "state rows (upserts and deletes) checkpoints wrote to the store",
 }
 
 
@@ -90,10 +91,11 @@ def runtime_families(
     parts: Iterable[object],
     uptime: float,
     alignment: Mapping[str, float] | None = None,
+    rows_written: int = 0,
 ) -> list[MetricFamily]:
     """The runtime's families from its ``stats`` (a ``RuntimeStats``), its jobs' ``progress``,
-    the ``parts`` (actor instances, services) that may report their own, and the seconds since
-    its graph started."""
+    the ``parts`` (actor instances, services) that may report their own, the seconds since its
+    graph started, its merges' ``alignment`` seconds and the state rows checkpoints wrote."""
     job_of = {actor: job for job, s in stats.jobs.items() for actor in s.actors}
     labels = {name: {"job": job_of.get(name, ""), "actor": name} for name in stats.actors}
     times = _actor_times(stats.actors, stats.channels, uptime)
@@ -165,6 +167,7 @@ def runtime_families(
         counter(
             "barrierflow_channel_sender_wait_seconds", _HELP["wait"], per_channel("blocked_seconds")
         ),
+        counter("barrierflow_checkpoint_rows_written", _HELP["state_rows"], runtime(rows_written)),
         counter(
             "barrierflow_merge_alignment_seconds",
             _HELP["alignment"],

@@ -56,7 +56,7 @@ from barrierflow.runtime.config import RuntimeConfig, check_seconds
 from barrierflow.runtime.errors import NotAwaitedError, NotRunningError
 from barrierflow.runtime.graph import Fanout, Graph, Node
 from barrierflow.runtime.job import Job, JobHandle, JobStats, PushSource
-from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry, counter
+from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry
 from barrierflow.runtime.service import Service
 from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore
 
@@ -435,15 +435,8 @@ class Runtime:
         parts = [*incarnation.instances.values(), *self._declarations.services().values()]
         uptime = time.perf_counter() - incarnation.started_at
         alignment = {name: m.alignment_seconds for name, m in incarnation.merges.items()}
-        families = runtime_families(stats, progress, parts, uptime, alignment)
-        families.append(
-            counter(
-                "barrierflow_checkpoint_rows_written",
-                "state rows (upserts and deletes) checkpoints wrote to the store",
-                [({}, incarnation.store.rows_written)],
-            )
-        )
-        return families
+        rows_written = incarnation.store.rows_written
+        return runtime_families(stats, progress, parts, uptime, alignment, rows_written)
 
     def __repr__(self) -> str:
         state = "running" if self._live.attached else "stopped"
