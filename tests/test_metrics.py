@@ -15,14 +15,18 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
 
-from barrierflow.actors import add_sink
+from barrierflow.actors import SourceBackfill, SplitSource, add_sink
+from barrierflow.app.top import run_top
 from barrierflow.channels import Chunk, Message
+from barrierflow.channels.mutation import Pause
 from barrierflow.errors import ActorFailedError, ConfigError, InvalidArgumentError
-from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
-from barrierflow.runtime.metrics import Histogram, MetricsRegistry, counter
+from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
+from barrierflow.runtime.metrics import Histogram, MetricFamily, MetricsRegistry, counter
 from barrierflow.runtime.progress import JobProgress, Progress
 from barrierflow.testing import ListTable
+from barrierflow.testing.split_log import MemorySplitLog
 
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
 WAIT = scaled(20)
@@ -200,6 +204,11 @@ def test_job_progress_gives_a_phase_and_the_fraction_done() -> None:
     assert job.fraction_done == pytest.approx((0.25 + 0.5) / 2)
     assert job.phase == "caching_up+snapshot"
     assert job.rows == 15
+    assert (job.splits, job.vnodes, job.epochs_owed) == ((1, 2), (1, 4), 0)
+    owing = Progress(detail={"phase": "change_log", "epochs_owed": 3, "vnodes_left": 0,
+                             "vnodes_total": 4})  # fmt: skip
+    two = JobProgress("j", 7, {"a": snapshot, "c": owing}, ready=False)
+    assert (two.splits, two.vnodes, two.epochs_owed) == ((0, 0), (5, 8), 3)
     done = JobProgress("j", 7, {"a": Progress(finished=True)}, ready=True)
     assert (done.fraction_done, done.phase) == (1.0, "ready")
     assert JobProgress("j", 0, {}, ready=True).fraction_done == 1.0
@@ -207,10 +216,6 @@ def test_job_progress_gives_a_phase_and_the_fraction_done() -> None:
 
 @pytest.mark.anyio
 async def test_top_shows_jobs_actors_barriers_and_sinks_of_a_live_endpoint(tmp_path: Path) -> None:
-    from rich.console import Console
-
-    from barrierflow.app.top import run_top
-
     rt, _ = build(tmp_path, metrics_port=0)
     console = Console(record=True, width=140, force_terminal=False)
     async with rt:
@@ -326,3 +331,96 @@ async def test_a_recovery_is_counted_and_timed(tmp_path: Path) -> None:
         s.value for s in families["barrierflow_recovery_seconds"].samples if s.suffix == "_sum"
     ]
     assert 0.01 <= total < WAIT  # at least the restart backoff
+
+
+class Count(StreamActor):
+    """Counts the rows it sees; ``reached(n)`` waits until it saw ``n``."""
+
+    def __init__(self, counter: RowCounter) -> None:
+        self._counter = counter
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk):
+            self._counter.add(message.num_rows)
+        else:
+            await ctx.emit(message)
+
+
+class RowCounter:
+    def __init__(self) -> None:
+        self.rows = 0
+        self._changed = anyio.Event()
+
+    def add(self, rows: int) -> None:
+        self.rows += rows
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def reached(self, rows: int) -> None:
+        while self.rows < rows:
+            await self._changed.wait()
+
+
+def family_values(families: list[MetricFamily], name: str) -> dict[tuple[str, str], float]:
+    """``(actor, split)`` → value of a per-split family."""
+    found = next((f for f in families if f.name == name), None)
+    if found is None:
+        return {}
+    return {(dict(s.labels)["actor"], dict(s.labels)["split"]): s.value for s in found.samples}
+
+
+@pytest.mark.anyio
+async def test_sources_and_backfills_report_records_read_and_lag_per_split(tmp_path: Path) -> None:
+    log = MemorySplitLog(pa.schema([("v", pa.int64())]), splits=["a", "b"])
+    log.append("a", {"v": [1, 2, 3, 4, 5]})
+    log.append("b", {"v": [1, 2, 3]})
+    counted = RowCounter()
+    config = RuntimeConfig(
+        state_path=tmp_path / "state.db", barrier_interval=3600.0, metrics_port=0
+    )
+    rt = Runtime(config)
+    rt.add_source("src", lambda: SplitSource(log))
+    rt.add_actor("count", lambda: Count(counted), inputs=["src"])
+    job = Job("history")
+    job.add_actor("backfill", lambda: SourceBackfill(log, rate_limit=0), inputs=["src"])
+    job.add_actor("tail", lambda: Count(RowCounter()), inputs=["backfill"])
+    with anyio.fail_after(WAIT):
+        async with rt:
+            await counted.reached(8)
+            caught_up = await rt.metrics.snapshot()
+            await rt.mutate(Pause())
+            log.append("a", {"v": [6, 7, 8, 9]})  # the paused source falls 4 behind in a
+            handle = await rt.add_job(job)
+            await rt.checkpoint()  # the job's first progress rides on a completed barrier
+            behind = await rt.metrics.snapshot()
+            progress = handle.progress()
+            url = rt.metrics_url
+            assert url is not None
+            console = Console(record=True, width=140, force_terminal=False)
+            await anyio.to_thread.run_sync(
+                lambda: run_top(url, interval=0.2, once=True, console=console)
+            )
+    read = family_values(caught_up, "barrierflow_source_records_read")
+    assert read == {("src", "a"): 5, ("src", "b"): 3}
+    assert family_values(caught_up, "barrierflow_source_lag_records") == {
+        ("src", "a"): 0,
+        ("src", "b"): 0,
+    }
+    lag = family_values(behind, "barrierflow_source_lag_records")
+    assert (lag[("src", "a")], lag[("src", "b")]) == (4, 0)
+    # The joining job's backfill, paused (rate 0), has all the history ahead of it.
+    assert (lag[("backfill", "a")], lag[("backfill", "b")]) == (9, 3)
+    assert family_values(behind, "barrierflow_source_records_read")[("backfill", "a")] == 0
+    families = {f.name: f for f in behind}
+    assert families["barrierflow_backfill_splits"].value(job="history") == 2
+    assert families["barrierflow_backfill_splits_finished"].value(job="history") == 0
+    assert progress.splits == (0, 2)
+    assert families["barrierflow_job_phase"].value(job="history", phase="backfilling") == 1
+    # ``top`` shows them: the job's splits, each split's records read and lag.
+    frame = [
+        [c.strip() for c in line.strip("│ ").split("│")]
+        for line in console.export_text().splitlines()
+    ]
+    assert next(r for r in frame if r[0] == "history")[4] == "splits 0/2"
+    assert ["src (source)", "a", "5", "0", "4"] in frame
+    assert ["backfill (backfill)", "a", "0", "0", "9"] in frame

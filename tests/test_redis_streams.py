@@ -441,3 +441,64 @@ async def test_ids_that_go_backwards_raise_offset_order_error(redis_server: Redi
         Offset(2, 0),
         Offset(1, 5),
     )
+
+
+async def test_records_after_counts_the_lag_where_redis_states_the_rank(
+    redis_server: RedisServer,
+) -> None:
+    p = redis_server.key_prefix()
+    a, b = f"{p}a", f"{p}b"
+    with redis_server.client() as conn:
+        add(conn, a, [f"{i}-0" for i in range(1, 11)])
+        add(conn, b, ["1-0", "2-0"])
+        async with RedisStreamLog(redis_server.url, splits=[a, b], payload=PAYLOAD) as log:
+            # Before the first entry, and past the last: Redis says so directly.
+            assert await log.records_after(a, None) == 10
+            assert await log.records_after(a, Offset(0, 5)) == 10
+            assert await log.records_after(a, Offset(10, 0)) == 0
+            assert await log.records_after(a, Offset(99, 0)) == 0
+            # In the middle, with no read there: Redis cannot tell without reading.
+            assert await log.records_after(a, Offset(4, 0)) is None
+            # A read from the first entry carries the rank over every batch it yields.
+            batches = await read_rows(log, {a: None, b: None}, 12, batch_rows=3)
+            ends = [rows([batch])[-1] for batch in batches]
+            for split, offset in ends:
+                found = [o for s, o in rows(batches) if s == split]
+                behind = len(found) - found.index(offset) - 1
+                assert await log.records_after(split, Offset.parse(offset)) == behind
+            assert await log.records_after(a, Offset(3, 0)) == 7  # a batch of 3 ended there
+            add(conn, a, ["11-0", "12-0"])
+            assert await log.records_after(a, Offset(3, 0)) == 9
+            assert await log.records_after(a, Offset(10, 0)) == 2
+            # An entry deleted after a position makes its count unknowable (as for a group).
+            conn.xdel(a, "11-0")
+            assert await log.records_after(a, Offset(3, 0)) is None
+            # Trimmed below a position's history: what is left is ahead of it.
+            conn.xtrim(b, minid="2-0", approximate=False)
+            assert await log.records_after(b, Offset(1, 0)) == 1
+            with pytest.raises(UnknownSplitError):
+                await log.records_after(f"{p}missing", None)
+            with pytest.raises(InvalidArgumentError):
+                await log.records_after(a, "3-0")  # type: ignore[arg-type]
+
+
+async def test_a_read_from_the_middle_learns_its_lag_once_it_caught_up(
+    redis_server: RedisServer,
+) -> None:
+    p = redis_server.key_prefix()
+    a = f"{p}a"
+    with redis_server.client() as conn:
+        add(conn, a, [f"{i}-0" for i in range(1, 6)])
+        async with (
+            RedisStreamLog(redis_server.url, splits=[a], payload=PAYLOAD, block_ms=50) as log,
+            aclosing(log.read({a: Offset(2, 0)})) as reader,
+        ):
+            assert rows(await take(reader, 3))[-1] == (a, "5-0")
+            # Caught up with the last entry: lag 0 (Redis states the last entry's rank) ...
+            assert await log.records_after(a, Offset(5, 0)) == 0
+            add(conn, a, ["6-0", "7-0", "8-0"])
+            # ... from which the read's next batches carry it on.
+            assert rows(await take(reader, 3))[-1] == (a, "8-0")
+            add(conn, a, ["9-0"])
+            assert await log.records_after(a, Offset(8, 0)) == 1
+            assert await log.records_after(a, Offset(6, 0)) is None  # never a batch's end

@@ -4,14 +4,17 @@
 Every ``--interval`` seconds it scrapes the endpoint (parsed with prometheus_client's own
 parser) and redraws, with rich, what a Flink or RisingWave user looks at first:
 
-* **jobs** — ready or the phase of their backfill, with how far it is;
+* **jobs** — ready or the phase of their backfill, with how far it is (splits finished,
+  vnodes done, epochs owed);
 * **actors** — rows/s in and out, and the share of the last interval each was busy,
   backpressured (blocked on a full output) or idle (waiting for input): the actor that is
   busy while its upstream is backpressured is the bottleneck;
 * **barriers** — the median and the slowest (p99) latency of each stage, injected →
   collected by every actor → checkpoint durable, and the epochs in flight;
 * **sinks** — epochs committed and pending, commit retries;
-* **feeds and the Spark bridge** — batches, rows and replays skipped.
+* **feeds and the Spark bridge** — batches, rows and replays skipped;
+* **splits** — per split of each split source and source backfill, records read, records/s
+  and the lag in records behind the log's latest (``-`` where the log cannot tell).
 
 ``--once`` scrapes twice, one interval apart, prints one frame and exits (for scripts and
 tests). An endpoint that cannot be read is one line naming the URL and the cause.
@@ -119,7 +122,7 @@ def _share(before: Scrape, after: Scrape, kind: str, labels: Mapping[str, str]) 
 def render(before: Scrape, after: Scrape, url: str) -> Group:
     """One frame from two scrapes (see the module docstring)."""
     jobs = Table(title="jobs", title_justify="left", expand=True)
-    for column in ("job", "phase", "backfill", "rows backfilled"):
+    for column in ("job", "phase", "backfill", "rows backfilled", "splits / vnodes / owed"):
         jobs.add_column(column)
     phases = {have["job"]: have["phase"] for have, _ in after.values("barrierflow_job_phase")}
     for have, fraction in after.values("barrierflow_backfill_fraction"):
@@ -127,7 +130,7 @@ def render(before: Scrape, after: Scrape, url: str) -> Group:
         filled = round(fraction * 20)
         bar = "█" * filled + "░" * (20 - filled) + f" {fraction:.0%}"
         rows = after.one("barrierflow_backfill_rows", job=job)
-        jobs.add_row(job, phases.get(job, "?"), bar, f"{rows:,.0f}")
+        jobs.add_row(job, phases.get(job, "?"), bar, f"{rows:,.0f}", _backfill_detail(after, job))
 
     actors = Table(title="actors", title_justify="left", expand=True)
     for column in ("actor", "job", "rows/s in", "rows/s out", "busy", "backpressured", "idle"):
@@ -188,12 +191,48 @@ def render(before: Scrape, after: Scrape, url: str) -> Group:
                 f"{after.one(f'barrierflow_{prefix}_replays_skipped_total', **labels):,.0f}",
             )
 
+    splits = Table(title="splits", title_justify="left", expand=True)
+    for column in ("actor", "split", "records read", "records/s", "lag (records)"):
+        splits.add_column(column, justify="left" if column in ("actor", "split") else "right")
+    lags = {
+        (have["actor"], have["split"]): lag
+        for have, lag in after.values("barrierflow_source_lag_records")
+    }
+    for have, read in after.values("barrierflow_source_records_read_total"):
+        key = (have["actor"], have["split"])
+        labels = {"actor": key[0], "split": key[1]}
+        lag = lags.get(key)
+        splits.add_row(
+            f"{key[0]} ({have.get('kind', '?')})",
+            key[1],
+            f"{read:,.0f}",
+            f"{_rate(before, after, 'barrierflow_source_records_read_total', labels):,.0f}",
+            "-" if lag is None or lag != lag else f"{lag:,.0f}",  # NaN: the log cannot tell
+        )
+
     committed = after.one("barrierflow_epoch_committed")
     header = (
         f"[b]barrierflow top[/b] {url} — committed epoch {committed:.0f}, "
         f"{in_flight:.0f} barrier(s) in flight, slowest stage: {slowest[1]}"
     )
-    return Group(header, jobs, actors, barriers, sinks, feeds)
+    return Group(header, jobs, actors, barriers, sinks, feeds, splits)
+
+
+def _backfill_detail(after: Scrape, job: str) -> str:
+    """Splits finished of total, vnodes done of total and epochs owed, where a job has any."""
+    parts = []
+    total = after.one("barrierflow_backfill_splits", job=job)
+    if total:
+        parts.append(f"splits {after.one('barrierflow_backfill_splits_finished', job=job):.0f}/"
+                     f"{total:.0f}")  # fmt: skip
+    total = after.one("barrierflow_backfill_vnodes", job=job)
+    if total:
+        parts.append(f"vnodes {after.one('barrierflow_backfill_vnodes_done', job=job):.0f}/"
+                     f"{total:.0f}")  # fmt: skip
+    owed = after.one("barrierflow_backfill_epochs_owed", job=job)
+    if owed:
+        parts.append(f"{owed:.0f} epoch(s) owed")
+    return ", ".join(parts) or "-"
 
 
 def run_top(

@@ -61,6 +61,19 @@ from its last delivered id per split, so nothing is lost or read twice across a 
 A client built from a URL has redis-py's own retries turned off (they would add unbounded
 hidden delays); a client from a factory should do the same.
 
+**Lag** (:meth:`RedisStreamLog.records_after`). Redis cannot count the entries after an id
+without reading them, so the log keeps what Redis keeps for a consumer group: an entry's *rank*,
+how many entries were ever added up to it, and a reader at rank ``r`` lags
+``entries-added - r`` behind (``XINFO STREAM``, one call per split). A read learns the rank of
+its start where Redis states it — from before the first retained entry (``entries-added -
+length``) or from the last one (``entries-added``) — and carries it forward: each batch it
+yields adds the rows it holds per split, so the rank of every batch's last offset is known (the
+positions a source stops at; the log remembers the latest 4096 per split). A position past the
+last entry lags 0 and one before the first lags the whole stream. Anything else is ``None``, as
+Redis reports no lag for a group then: a read that started in the middle of a stream until it
+catches up with the last entry, a stream with entries deleted one by one (``XDEL``) after the
+position, a Redis before 7 (no ``entries-added``).
+
 **Lifecycle.** The log owns its client: close it with :meth:`RedisStreamLog.aclose` (or use
 the log as an async context manager). Server calls run on worker threads behind a per-log
 :class:`anyio.CapacityLimiter` (or the one given), one thread per call in flight.
@@ -69,7 +82,9 @@ the log as an async context manager). Server calls run on worker threads behind 
 from __future__ import annotations
 
 import fnmatch
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, final
 
@@ -83,7 +98,7 @@ from barrierflow.actors.sources.errors import (
     OffsetTrimmedError,
     UnknownSplitError,
 )
-from barrierflow.actors.sources.split_log import Offset, split_log_schema
+from barrierflow.actors.sources.split_log import Offset, split_ends, split_log_schema
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._redis_decode import decode_entries
 from barrierflow.connectors._redis_retry import RetryBackoff, RetryHook, call_with_retry
@@ -97,6 +112,64 @@ T = TypeVar("T")
 
 _MAX_BATCH_ROWS = 1 << 24
 _FIRST_ID = "0-0"  # XADD refuses 0-0, so "after 0-0" is every entry
+#: How many offsets' ranks the log remembers per split (see the module: lag).
+_RANKS_KEPT = 4096
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _StreamInfo:
+    """What ``XINFO STREAM`` says of one stream that the lag needs."""
+
+    length: int
+    added: int | None  # entries-added (Redis >= 7)
+    first: Offset | None  # the first and last existing entries
+    last: Offset | None
+    generated: Offset | None  # last-generated-id
+    deleted: Offset | None  # max-deleted-entry-id (XDEL), None when 0-0 or unknown
+
+    @classmethod
+    def of(cls, info: Mapping[str, Any]) -> _StreamInfo:
+        def entry_id(value: Any) -> Offset | None:
+            return None if value is None else Offset.parse(bytes(value).decode())
+
+        first, last = info.get("first-entry"), info.get("last-entry")
+        deleted = entry_id(info.get("max-deleted-entry-id"))
+        added = info.get("entries-added")
+        return cls(
+            length=int(info["length"]),
+            added=None if added is None else int(added),
+            first=entry_id(first[0]) if first else None,
+            last=entry_id(last[0]) if last else None,
+            generated=entry_id(info.get("last-generated-id")),
+            deleted=None if deleted == Offset(0, 0) else deleted,
+        )
+
+    def rank_before_first(self) -> int | None:
+        """The rank of anything before the first existing entry: every entry added and no
+        longer here was before it, unless entries were deleted one by one after it."""
+        if self.added is None or (
+            self.deleted is not None and self.first is not None and self.deleted > self.first
+        ):
+            return None
+        return self.added - self.length
+
+
+@final
+class _Ranks:
+    """The ranks of the latest offsets a read reached in one split (see the module: lag)."""
+
+    def __init__(self) -> None:
+        self._ranks: OrderedDict[Offset, int] = OrderedDict()
+
+    def get(self, offset: Offset) -> int | None:
+        return self._ranks.get(offset)
+
+    def put(self, offset: Offset, rank: int) -> None:
+        self._ranks[offset] = rank
+        self._ranks.move_to_end(offset)
+        if len(self._ranks) > _RANKS_KEPT:
+            self._ranks.popitem(last=False)
 
 
 @final
@@ -179,6 +252,7 @@ class RedisStreamLog:
         self._name = f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
         self._name += f"/{kwargs.get('db', 0)}"
         self._closed = False
+        self._ranks: dict[str, _Ranks] = {}
 
     @staticmethod
     def _make_client(connection: str | Callable[[], redis.Redis], block_ms: int) -> redis.Redis:
@@ -259,6 +333,36 @@ class RedisStreamLog:
         latest, _ = await self._call(partial(self._latest, split))
         return latest
 
+    async def records_after(self, split: str, offset: Offset | None) -> int | None:
+        """How many of ``split``'s entries are after ``offset`` (``None``: all it holds), or
+        ``None`` when Redis cannot tell (see the module: lag). One ``XINFO STREAM``.
+
+        Raises:
+            InvalidArgumentError: ``split`` is not a str, or ``offset`` not an Offset or None.
+            UnknownSplitError: ``split`` is not a stream key of the log.
+            SplitLogUnavailableError: the server stayed unreachable past the retry bound.
+        """
+        if not isinstance(split, str):
+            raise InvalidArgumentError("split", "a stream key (str)", split)
+        if offset is not None and not isinstance(offset, Offset):
+            raise InvalidArgumentError("offset", "an Offset or None", offset)
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        info, _ = await self._call(partial(self._info, split))
+        if info.last is None or offset is None or (info.first is not None and offset < info.first):
+            return info.length
+        if offset >= info.last:
+            if offset == info.generated and info.added is not None:
+                self._ranks_of(split).put(offset, info.added)  # a read that caught up
+            return 0
+        rank = self._ranks_of(split).get(offset)
+        if (
+            rank is None
+            or info.added is None
+            or (info.deleted is not None and info.deleted > offset)
+        ):
+            return None
+        return info.added - rank
+
     def read(
         self, start: Mapping[str, Offset | None], *, batch_rows: int = 4096
     ) -> AsyncGenerator[pa.RecordBatch, None]:
@@ -292,7 +396,12 @@ class RedisStreamLog:
     async def _read(
         self, last: dict[str, Offset | None], batch_rows: int
     ) -> AsyncGenerator[pa.RecordBatch, None]:
-        await self._call(partial(self._check_start, dict(last)))
+        infos, _ = await self._call(partial(self._check_start, dict(last)))
+        #: The rank of each split's last offset read, where known (see the module: lag).
+        ranks = {
+            split: (offset, self._start_rank(split, offset, infos[split]))
+            for split, offset in last.items()
+        }
         while True:
             fetched, recovered = await self._call(
                 partial(self._fetch, dict(last), batch_rows), abandon=True
@@ -305,12 +414,45 @@ class RedisStreamLog:
             for split, _, offset in fetched:
                 last[split] = offset
             batches = [batch for _, batch, _ in fetched]
-            if len(batches) == 1 and batches[0].num_rows <= batch_rows:
-                yield batches[0]
-                continue
-            table = pa.Table.from_batches(batches, schema=self._schema).combine_chunks()
-            for batch in table.to_batches(max_chunksize=batch_rows):
+            if len(batches) > 1 or batches[0].num_rows > batch_rows:
+                table = pa.Table.from_batches(batches, schema=self._schema).combine_chunks()
+                batches = table.to_batches(max_chunksize=batch_rows)
+            for batch in batches:
+                self._count(batch, ranks)
                 yield batch
+
+    def _ranks_of(self, split: str) -> _Ranks:
+        ranks = self._ranks.get(split)
+        if ranks is None:
+            ranks = self._ranks[split] = _Ranks()
+        return ranks
+
+    def _start_rank(self, split: str, start: Offset | None, info: _StreamInfo | None) -> int | None:
+        """The rank of a read's start, where Redis states it or an earlier read learned it."""
+        if info is None:
+            return None
+        if start is None or info.first is None or start < info.first:
+            # Whatever was removed before the first entry is lost to the read: not lag.
+            return info.rank_before_first()
+        if start == info.generated and info.added is not None:
+            return info.added
+        return self._ranks_of(split).get(start)
+
+    def _count(
+        self, batch: pa.RecordBatch, ranks: dict[str, tuple[Offset | None, int | None]]
+    ) -> None:
+        """Carry each split's rank over ``batch`` and remember the rank of its last offset (a
+        rank unknown so far is looked up again: :meth:`records_after` learns it once the read
+        caught up)."""
+        for split, (offset, rows) in split_ends(batch).items():
+            book = self._ranks_of(split)
+            previous, rank = ranks[split]
+            if rank is None and previous is not None:
+                rank = book.get(previous)
+            if rank is not None:
+                rank += rows
+                book.put(offset, rank)
+            ranks[split] = (offset, rank)
 
     # -- calls to the server --------------------------------------------------------------
 
@@ -359,25 +501,46 @@ class RedisStreamLog:
         entries = c.xrevrange(split, "+", "-", count=1)
         return Offset.parse(bytes(entries[0][0]).decode()) if entries else None
 
-    def _check_start(self, start: dict[str, Offset | None], client: redis.Redis) -> None:
+    def _info(self, split: str, client: redis.Redis) -> _StreamInfo:
+        self._require(client, split)
+        info = self._try_info(split, client)
+        if info is None:  # deleted since ``_require`` looked: no stream of the log any more
+            raise UnknownSplitError(split, self._existing_splits(client))
+        return info
+
+    def _try_info(self, split: str, client: redis.Redis) -> _StreamInfo | None:
+        """``XINFO STREAM`` of ``split`` (``None``: the key holds no stream)."""
         c: Any = client
+        try:
+            return _StreamInfo.of(c.xinfo_stream(split))
+        except require("redis", "redis.exceptions").ResponseError:
+            return None
+
+    def _check_start(
+        self, start: dict[str, Offset | None], client: redis.Redis
+    ) -> dict[str, _StreamInfo | None]:
+        """Check each start against the trimmed history (see the module); returns what
+        ``XINFO STREAM`` said of each split (``None``: nothing, for a start from the first
+        entry, which needs no check)."""
+        infos: dict[str, _StreamInfo | None] = {}
         for split, offset in start.items():
-            self._require(client, split)
-            if offset is None or self._on_trimmed == "skip":
+            if offset is None:
+                # Read from the first entry whatever is there; XINFO only for the lag's rank.
+                self._require(client, split)
+                infos[split] = self._try_info(split, client)
                 continue
-            info = c.xinfo_stream(split)
-            entry = info.get("first-entry")
-            first = Offset.parse(bytes(entry[0]).decode()) if entry else None
-            added = info.get("entries-added")  # Redis >= 7 / Valkey
-            if added is not None and int(added) == int(info["length"]):
-                continue  # nothing was ever removed
-            if first is None:
-                generated = info.get("last-generated-id")
-                trimmed = generated is not None and Offset.parse(bytes(generated).decode()) > offset
+            info = infos[split] = self._info(split, client)
+            if self._on_trimmed == "skip":
+                continue
+            if info.added is not None and info.added == info.length:
+                continue  # nothing was ever removed (Redis >= 7 / Valkey)
+            if info.first is None:
+                trimmed = info.generated is not None and info.generated > offset
             else:
-                trimmed = first > offset
+                trimmed = info.first > offset
             if trimmed:
-                raise OffsetTrimmedError(split, offset, first)
+                raise OffsetTrimmedError(split, offset, info.first)
+        return infos
 
     def _fetch(
         self, last: dict[str, Offset | None], count: int, client: redis.Redis

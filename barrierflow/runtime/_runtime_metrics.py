@@ -33,6 +33,11 @@ _HELP = {
     "backfill_rows": "rows the job's actors backfilled",
     "backfill_fraction": "how far the job's backfill is, 0..1",
     "phase": "1 for the job's phase now (ready, snapshot, change_log, backfilling, ...)",
+    "splits_finished": "splits the job's source backfills finished",
+    "splits_total": "splits the job's source backfills read",
+    "vnodes_done": "vnodes the job's snapshot backfills finished",
+    "vnodes_total": "vnodes the job's snapshot backfills read",
+    "epochs_owed": "epochs whose change log the job's snapshot backfills still owe",
     "rows_in": "rows of the chunks an actor read",
     "rows_out": "rows of the chunks an actor emitted",
     "messages_in": "messages an actor read",
@@ -121,6 +126,9 @@ def runtime_families(
     def done(job: str) -> float:
         return progress[job].fraction_done if job in progress else 1.0
 
+    def backfill(read: Callable[[JobProgress], float]) -> Values:
+        return [({"job": job}, read(progress[job])) for job in stats.jobs if job in progress]
+
     families = [
         gauge("barrierflow_epoch_current", _HELP["epoch"], runtime(stats.current_epoch)),
         gauge("barrierflow_epoch_committed", _HELP["committed"], runtime(stats.committed_epoch)),
@@ -138,6 +146,27 @@ def runtime_families(
                 ({"job": j, "phase": progress[j].phase if j in progress else "ready"}, 1.0)
                 for j in stats.jobs
             ],
+        ),
+        gauge(
+            "barrierflow_backfill_splits_finished",
+            _HELP["splits_finished"],
+            backfill(lambda p: p.splits[0]),
+        ),
+        gauge(
+            "barrierflow_backfill_splits", _HELP["splits_total"], backfill(lambda p: p.splits[1])
+        ),
+        gauge(
+            "barrierflow_backfill_vnodes_done",
+            _HELP["vnodes_done"],
+            backfill(lambda p: p.vnodes[0]),
+        ),
+        gauge(
+            "barrierflow_backfill_vnodes", _HELP["vnodes_total"], backfill(lambda p: p.vnodes[1])
+        ),
+        gauge(
+            "barrierflow_backfill_epochs_owed",
+            _HELP["epochs_owed"],
+            backfill(lambda p: p.epochs_owed),
         ),
         counter("barrierflow_actor_rows_in", _HELP["rows_in"], per_actor("rows_in")),
         counter("barrierflow_actor_rows_out", _HELP["rows_out"], per_actor("rows_out")),

@@ -12,6 +12,12 @@ increment:
   for a snapshot), so it reads a consistent state without a lock.
 * **Latencies** — a barrier's stages, a commit's duration — are observed once per epoch into
   the registry's :class:`Histogram` s (a bisection and two additions).
+* **What only a server knows** — how far a split log's latest record is ahead of a source —
+  is asked when somebody looks: :meth:`MetricsRegistry.snapshot` first *refreshes* the parts
+  that implement :class:`RefreshesMetrics` (concurrently, each within
+  :data:`REFRESH_TIMEOUT` seconds; one that fails or overruns logs one warning naming it and
+  reports that metric as unknown), then collects. The Prometheus endpoint scrapes with it;
+  :meth:`MetricsRegistry.collect` alone reads only what the parts hold.
 
 :meth:`MetricsRegistry.collect` returns :class:`MetricFamily` s in the Prometheus data model
 (names with the ``barrierflow_`` prefix, labels such as ``job``, ``actor``, ``channel``,
@@ -25,17 +31,22 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, final, runtime_checkable
+from typing import Any, Literal, Protocol, final, runtime_checkable
+
+import anyio
+import structlog
 
 from barrierflow.channels.errors import InvalidArgumentError
 
 __all__ = [
     "LATENCY_BUCKETS",
+    "REFRESH_TIMEOUT",
     "Histogram",
     "MetricFamily",
     "MetricsRegistry",
+    "RefreshesMetrics",
     "ReportsMetrics",
     "Sample",
     "counter",
@@ -47,6 +58,9 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     120.0,
 )  # fmt: skip
+
+#: Seconds a part has to refresh its metrics in one snapshot (a scrape times out after 10 s).
+REFRESH_TIMEOUT = 2.0
 
 Kind = Literal["counter", "gauge", "histogram"]
 Labels = tuple[tuple[str, str], ...]
@@ -116,6 +130,36 @@ class ReportsMetrics(Protocol):
     def metric_families(self) -> Iterable[MetricFamily]:
         """This part's metrics now (labels included)."""
         ...
+
+
+@runtime_checkable
+class RefreshesMetrics(Protocol):
+    """A part whose metrics need a call out (a server) before they are read; the runtime
+    refreshes it on every :meth:`MetricsRegistry.snapshot`, on its event loop."""
+
+    async def refresh_metrics(self) -> None:
+        """Bring this part's metrics up to date (bounded by the caller's timeout)."""
+        ...
+
+
+async def refresh_parts(parts: Mapping[str, object], each_within: float = REFRESH_TIMEOUT) -> None:
+    """Refresh the ``parts`` (name → part) that implement :class:`RefreshesMetrics`, at once,
+    each within ``each_within`` seconds; one that fails or overruns logs one warning naming it."""
+    log = structlog.get_logger("barrierflow.metrics")
+
+    async def one(name: str, part: RefreshesMetrics) -> None:
+        try:
+            with anyio.fail_after(each_within):
+                await part.refresh_metrics()
+        except TimeoutError:
+            log.warning("metrics refresh timed out; left unknown", part=name, timeout_s=each_within)
+        except Exception as exc:
+            log.warning("metrics refresh failed; left unknown", part=name, error=repr(exc))
+
+    async with anyio.create_task_group() as tg:
+        for name, part in parts.items():
+            if isinstance(part, RefreshesMetrics):
+                tg.start_soon(one, name, part)
 
 
 @dataclass(slots=True)
@@ -214,6 +258,7 @@ class MetricsRegistry:
     def __init__(self) -> None:
         self._histograms: dict[str, Histogram] = {}
         self._sources: dict[str, Callable[[], Iterable[MetricFamily]]] = {}
+        self._refreshers: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {}
 
     def histogram(
         self,
@@ -228,16 +273,34 @@ class MetricsRegistry:
             existing = self._histograms[name] = Histogram(name, help, labels, buckets)
         return existing
 
-    def add_source(self, key: str, source: Callable[[], Iterable[MetricFamily]]) -> None:
+    def add_source(
+        self,
+        key: str,
+        source: Callable[[], Iterable[MetricFamily]],
+        refresh: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    ) -> None:
         """Collect ``source()`` with every collection, until :meth:`remove_source` (a part
-        outside the graph: a Spark bridge, a feed's driver side)."""
+        outside the graph: a Spark bridge, a feed's driver side); ``refresh()`` is awaited
+        first in every :meth:`snapshot` (it bounds its own time, see :func:`refresh_parts`)."""
         if not callable(source):
             raise InvalidArgumentError("source", "a callable returning metric families", source)
+        if refresh is not None and not callable(refresh):
+            raise InvalidArgumentError("refresh", "None or an async callable", refresh)
         self._sources[key] = source
+        if refresh is not None:
+            self._refreshers[key] = refresh
 
     def remove_source(self, key: str) -> None:
         """Stop collecting the source added as ``key`` (idempotent)."""
         self._sources.pop(key, None)
+        self._refreshers.pop(key, None)
+
+    async def snapshot(self) -> list[MetricFamily]:
+        """Refresh the sources that need it (concurrently), then :meth:`collect`."""
+        async with anyio.create_task_group() as tg:
+            for refresh in list(self._refreshers.values()):
+                tg.start_soon(refresh)
+        return self.collect()
 
     def collect(self) -> list[MetricFamily]:
         """Every metric now: the sources' and the histograms', families of one name merged

@@ -3,8 +3,10 @@
 :class:`MetricsServer` serves the runtime's :class:`~barrierflow.runtime.metrics.MetricsRegistry`
 in Prometheus's text exposition format at ``/metrics`` with ``prometheus_client``'s own HTTP
 server (a daemon thread). A scrape asks the runtime's event loop for a snapshot
-(``anyio.from_thread.run_sync`` with the loop's token), so the registry is only ever read on
-the loop, and the thread never touches a half-updated structure. The server is started when the
+(``anyio.from_thread.run`` of :meth:`~barrierflow.runtime.metrics.MetricsRegistry.snapshot`
+with the loop's token: the parts that ask a server are refreshed, then everything is
+collected), so the registry is only ever read on the loop, and the thread never touches a
+half-updated structure. The server is started when the
 runtime starts and shut down (its port freed) when it stops. Needs the ``metrics`` extra.
 """
 
@@ -44,7 +46,7 @@ class _Collector:
 
     def collect(self) -> list[Any]:
         try:
-            families = anyio.from_thread.run_sync(self._registry.collect, token=self._token)
+            families = anyio.from_thread.run(self._registry.snapshot, token=self._token)
         except Exception:  # the loop is gone (the runtime stopping): an empty scrape
             return []
         return to_prometheus(families)

@@ -90,6 +90,24 @@ class JobProgress:
         return sum(_actor_fraction(p) for p in self.actors.values()) / len(self.actors)
 
     @property
+    def splits(self) -> tuple[int, int]:
+        """``(finished, total)`` splits of the job's source backfills."""
+        phases = [v for p in self.actors.values() for v in _split_phases(p)]
+        return sum(v == "finished" for v in phases), len(phases)
+
+    @property
+    def vnodes(self) -> tuple[int, int]:
+        """``(done, total)`` vnodes of the job's snapshot backfills."""
+        pairs = [v for p in self.actors.values() if (v := _vnodes(p)) is not None]
+        return sum(d for d, _ in pairs), sum(t for _, t in pairs)
+
+    @property
+    def epochs_owed(self) -> int:
+        """Epochs whose change log the job's snapshot backfills still owe."""
+        owed = (p.detail.get("epochs_owed") for p in self.actors.values())
+        return sum(o for o in owed if type(o) is int)
+
+    @property
     def phase(self) -> str:
         """The job's phase in a word: ``"ready"``, or the phases its unfinished actors report
         (``"snapshot"``, ``"change_log"``, ``"backfilling"``, ``"caching_up"``, joined by
@@ -108,17 +126,34 @@ class JobProgress:
         return "+".join(sorted(phases)) or "backfilling"
 
 
+#: The phases a source backfill reports per split (its detail maps each split to one).
+_SPLIT_PHASES = ("backfilling", "caching_up", "finished")
+
+
+def _split_phases(progress: Progress) -> list[str]:
+    """The phase of each split a source backfill reports in ``progress``."""
+    return [v for v in progress.detail.values() if v in _SPLIT_PHASES]
+
+
+def _vnodes(progress: Progress) -> tuple[int, int] | None:
+    """``(done, total)`` vnodes of a snapshot backfill's ``progress`` (``None``: it reports
+    none)."""
+    total, left = progress.detail.get("vnodes_total"), progress.detail.get("vnodes_left")
+    if type(total) is int and type(left) is int and total > 0:
+        return total - left, total
+    return None
+
+
 def _actor_fraction(progress: Progress) -> float:
     """One actor's share done (see :attr:`JobProgress.fraction_done`)."""
     if progress.finished:
         return 1.0
-    detail = progress.detail
-    total, left = detail.get("vnodes_total"), detail.get("vnodes_left")
+    vnodes = _vnodes(progress)
     share = 0.0
-    if type(total) is int and type(left) is int and total > 0:
-        share = (total - left) / total
+    if vnodes is not None:
+        share = vnodes[0] / vnodes[1]
     else:
-        splits = [v for v in detail.values() if v in ("backfilling", "caching_up", "finished")]
+        splits = _split_phases(progress)
         if splits:
             finished: int = sum(v == "finished" for v in splits)
             share = finished / len(splits)

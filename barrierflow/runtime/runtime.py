@@ -56,7 +56,7 @@ from barrierflow.runtime.config import RuntimeConfig, check_seconds
 from barrierflow.runtime.errors import NotAwaitedError, NotRunningError
 from barrierflow.runtime.graph import Fanout, Graph, Node
 from barrierflow.runtime.job import Job, JobHandle, JobStats, PushSource
-from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry
+from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry, refresh_parts
 from barrierflow.runtime.service import Service
 from barrierflow.runtime.state.state_store import CommittedEpochs, StateStore
 
@@ -115,7 +115,7 @@ class Runtime:
         )
         #: The runtime's one metrics home (see :mod:`barrierflow.runtime.metrics`).
         self.metrics = MetricsRegistry()
-        self.metrics.add_source("runtime", self._metric_families)
+        self.metrics.add_source("runtime", self._metric_families, self._refresh_metrics)
         self._lifecycle = Lifecycle(
             config, clock, self._declarations, self._jobs, self._live, self.metrics
         )
@@ -424,6 +424,13 @@ class Runtime:
         ``RuntimeConfig(metrics_port=...)`` (its port resolved when ``0`` was asked), else
         ``None``."""
         return self._lifecycle.metrics_url
+
+    async def _refresh_metrics(self) -> None:
+        """Refresh the actors and services whose metrics ask a server (a split log's lag)."""
+        incarnation = self._live.incarnation
+        if incarnation is not None:
+            parts = {**incarnation.instances, **self._declarations.services()}
+            await refresh_parts(parts)
 
     def _metric_families(self) -> list[MetricFamily]:
         """The runtime's own metrics and those of the actors and services that report some."""

@@ -173,6 +173,16 @@ class MemorySplitLog:
         await anyio.lowlevel.checkpoint()
         return self._split(split).last()
 
+    async def records_after(self, split: str, offset: Offset | None) -> int:
+        """How many of ``split``'s records are after ``offset`` (exact: a bisection).
+
+        Raises:
+            UnknownSplitError: no such split.
+        """
+        await anyio.lowlevel.checkpoint()
+        state = self._split(split)
+        return len(state.major) - state.first_after(offset)
+
     def read(
         self, start: Mapping[str, Offset | None], *, batch_rows: int = 4096
     ) -> AsyncIterator[pa.RecordBatch]:

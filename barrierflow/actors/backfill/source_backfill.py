@@ -87,6 +87,7 @@ from barrierflow.actors.backfill.source_backfill_state import (
     SplitBackfills,
 )
 from barrierflow.actors.sources.split_log import SPLIT_COLUMN, SplitLog
+from barrierflow.actors.sources.split_metrics import SplitMetrics
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
@@ -95,6 +96,7 @@ from barrierflow.channels.mutation import check_rate
 from barrierflow.channels.vnode import compute_vnodes
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.errors import GraphError
+from barrierflow.runtime.metrics import MetricFamily
 from barrierflow.runtime.startup import StartupContext
 from barrierflow.runtime.state.state_store import StateTable
 
@@ -171,6 +173,29 @@ class SourceBackfill(StreamActor):
             retry_delay=float(retry_delay),
             clock=anyio.current_time if clock is None else clock,
         )
+        self._split_metrics = SplitMetrics(log, "backfill")
+        #: The run's actor name and split states, once it started (its metrics' sources).
+        self._name = ""
+        self._states: SplitBackfills | None = None
+
+    # Metrics.
+
+    def metric_families(self) -> list[MetricFamily]:
+        """History records read and lag per split (see
+        :mod:`~barrierflow.actors.sources.split_metrics`): a split past its history (caching
+        up, finished) lags 0."""
+        if self._states is None:
+            return []
+        for split, state in self._states.states.items():
+            self._split_metrics.set_read(split, state.consumed_rows)
+        return self._split_metrics.families(self._name)
+
+    async def refresh_metrics(self) -> None:
+        """Ask the log how far behind each split still backfilling is."""
+        if self._states is not None:
+            backfilling = self._states.unfinished()
+            done = frozenset(self._states.states).difference(backfilling)
+            await self._split_metrics.refresh(backfilling, done)
 
     # The run.
 
@@ -198,6 +223,7 @@ class SourceBackfill(StreamActor):
         states = SplitBackfills(
             {s: committed.get(s, SplitBackfill()) for s in names}, adopt_new_splits=listed
         )
+        self._name, self._states = ctx.name, states
         for split in states.unfinished():
             states.set_target(split, await self._reading.log.latest_offset(split))
         put_states(table, states)

@@ -5,22 +5,18 @@ A source's position in a split is the offset of the last record it emitted (or t
 start after); ``None`` means the split's first record. Positions come from two places: an
 assignment (:func:`check_splits` for the constructor's ``splits=``, :func:`start_of` for a
 :class:`~barrierflow.channels.mutation.Split` — ``Split.offset`` ``n`` starts after
-``Offset(n)``), and the batches emitted (:func:`last_offsets`, vectorized so that a batch costs
-one loop per split, not per row). They live apart from the actor, which only stores and
-applies them (rules 1, 2, 3 and 5 of :mod:`~barrierflow.actors.sources.split_source`).
+``Offset(n)``), and the batches emitted (:func:`~.split_log.split_ends`, vectorized so that
+a batch costs one loop per split, not per row). They live apart from the actor, which only
+stores and applies them (rules 1, 2, 3 and 5 of :mod:`~barrierflow.actors.sources.split_source`).
 """
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from barrierflow.actors.sources.split_log import OFFSET_MAJOR, OFFSET_MINOR, SPLIT_COLUMN, Offset
+from barrierflow.actors.sources.split_log import Offset
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.mutation import Split
 
-__all__ = ["Positions", "check_splits", "last_offsets", "start_of"]
+__all__ = ["Positions", "check_splits", "start_of"]
 
 #: Where each assigned split is: the last offset emitted (or to start after); ``None``: the
 #: first record.
@@ -52,21 +48,3 @@ def check_splits(splits: object) -> tuple[Split, ...]:
 def start_of(split: Split) -> Offset | None:
     """Where a split assigned by a mutation starts: after ``Offset(n)``, or its first record."""
     return None if split.offset is None or split.offset < 0 else Offset(split.offset)
-
-
-def last_offsets(batch: pa.RecordBatch) -> dict[str, Offset]:
-    """The offset of each split's last row in ``batch`` (vectorized: a loop per split, not
-    per row; rows of one split are in offset order)."""
-    if batch.num_rows == 0:
-        return {}
-    encoded = pc.dictionary_encode(batch.column(SPLIT_COLUMN))
-    codes = encoded.indices.to_numpy(zero_copy_only=False)
-    found, first_from_end = np.unique(codes[::-1], return_index=True)
-    rows = len(codes) - 1 - first_from_end
-    major = batch.column(OFFSET_MAJOR).to_numpy(zero_copy_only=False)[rows]
-    minor = batch.column(OFFSET_MINOR).to_numpy(zero_copy_only=False)[rows]
-    names = encoded.dictionary.to_pylist()
-    return {
-        names[code]: Offset(int(a), int(b))
-        for code, a, b in zip(found.tolist(), major.tolist(), minor.tolist(), strict=True)
-    }

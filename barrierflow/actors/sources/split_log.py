@@ -26,6 +26,11 @@ that exist now (a Redis stream exists from its first ``XADD``). Such a log also 
 meant to read: one that does not exist is a typo or not created yet, and the source says so
 (:class:`~barrierflow.actors.sources.errors.UnknownSplitError`) instead of reading nothing.
 
+**Lag.** A log that can count its records cheaply also implements :class:`CountsRecords`:
+:meth:`~CountsRecords.records_after` is how many records of a split come after an offset —
+the lag, in records, of a reader at it (Kafka's ``high watermark - offset``; Flink's
+``pendingRecords``). A source and a source backfill report it per split as a metric.
+
 **The backfill target.** :meth:`SplitLog.latest_offset` is the offset of a split's last record
 now (``None`` when the split is empty: nothing to backfill). A backfill of the split's history
 is done once it has read that offset — or once the live source shows a later one, since the
@@ -41,6 +46,7 @@ from typing import Protocol, final, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barrierflow.actors.sources.errors import OffsetOrderError
 from barrierflow.channels.errors import InvalidArgumentError
@@ -49,10 +55,12 @@ __all__ = [
     "OFFSET_MAJOR",
     "OFFSET_MINOR",
     "SPLIT_COLUMN",
+    "CountsRecords",
     "DeclaredSplits",
     "Offset",
     "SplitLog",
     "check_increasing",
+    "split_ends",
     "split_log_schema",
 ]
 
@@ -137,6 +145,22 @@ def check_increasing(
         raise OffsetOrderError(split, before, Offset(int(major[i + 1]), int(minor[i + 1])))
 
 
+def split_ends(batch: pa.RecordBatch) -> dict[str, tuple[Offset, int]]:
+    """Per split of ``batch``: the offset of its last row and how many rows it has
+    (vectorized: a loop per split, not per row; rows of one split are in offset order)."""
+    if batch.num_rows == 0:
+        return {}
+    encoded = pc.dictionary_encode(batch.column(SPLIT_COLUMN))
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    found, first_from_end, counts = np.unique(codes[::-1], return_index=True, return_counts=True)
+    rows = len(codes) - 1 - first_from_end
+    major = batch.column(OFFSET_MAJOR).to_numpy(zero_copy_only=False)[rows]
+    minor = batch.column(OFFSET_MINOR).to_numpy(zero_copy_only=False)[rows]
+    names = encoded.dictionary.to_pylist()
+    ends = zip(found.tolist(), major.tolist(), minor.tolist(), counts.tolist(), strict=True)
+    return {names[code]: (Offset(int(a), int(b)), int(n)) for code, a, b, n in ends}
+
+
 @runtime_checkable
 class SplitLog(Protocol):
     """A partitioned, offset-addressed log (see the module)."""
@@ -182,4 +206,19 @@ class DeclaredSplits(Protocol):
     def declared_splits(self) -> tuple[str, ...] | None:
         """The splits the log was declared with, whether they exist or not (``None``: the log
         was declared by a pattern or some other rule; its splits are what it lists)."""
+        ...
+
+
+@runtime_checkable
+class CountsRecords(Protocol):
+    """A split log that can tell how far behind a reader is (see the module)."""
+
+    async def records_after(self, split: str, offset: Offset | None) -> int | None:
+        """How many of ``split``'s records are after ``offset`` now (``None``: all of them —
+        every record it retains), or ``None`` when the log cannot tell without reading them
+        (it never reads them to count).
+
+        Raises:
+            UnknownSplitError: the log has no such split.
+        """
         ...

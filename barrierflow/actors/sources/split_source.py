@@ -91,11 +91,11 @@ from barrierflow._taskgroups import single_error
 from barrierflow.actors.sources._split_positions import (
     Positions,
     check_splits,
-    last_offsets,
     start_of,
 )
 from barrierflow.actors.sources.errors import UnknownSplitError
-from barrierflow.actors.sources.split_log import DeclaredSplits, Offset, SplitLog
+from barrierflow.actors.sources.split_log import DeclaredSplits, Offset, SplitLog, split_ends
+from barrierflow.actors.sources.split_metrics import SplitMetrics
 from barrierflow.actors.sources.split_reader import ReaderBatch, SplitReader
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
@@ -103,6 +103,7 @@ from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import Split
 from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.metrics import MetricFamily
 from barrierflow.runtime.state.state_store import StateTable
 
 __all__ = ["SplitSource"]
@@ -202,11 +203,24 @@ class SplitSource(StreamActor):
         self._discover_every = discover_every
         self._batch_rows = batch_rows
         self._wait_intervals = wait_barrier_intervals
+        self._split_metrics = SplitMetrics(log, "source")
+        self._reading: _Reading | None = None
 
     def output_schema(self) -> pa.Schema:
         """The log's schema (payload, split and offset columns): every chunk has it
         (checked against the readers at start, see :mod:`barrierflow.runtime.startup`)."""
         return self._log.schema
+
+    def metric_families(self) -> list[MetricFamily]:
+        """Records read and lag per split (see :mod:`~.split_metrics`)."""
+        if self._reading is None:
+            return []
+        return self._split_metrics.families(self._reading.ctx.name)
+
+    async def refresh_metrics(self) -> None:
+        """Ask the log how far behind each split's position is."""
+        if self._reading is not None and self._reading.positions:
+            await self._split_metrics.refresh(dict(self._reading.positions))
 
     async def run(self, ctx: ActorContext) -> None:
         """Pass the first barrier with the assignment taken, then read and emit until a Stop
@@ -218,7 +232,7 @@ class SplitSource(StreamActor):
             ProtocolError: a chunk arrived in the source's inbox.
         """
         send, receive = anyio.create_memory_object_stream[_Item](0)
-        reading = _Reading(self, ctx, send)
+        reading = self._reading = _Reading(self, ctx, send)
         await reading.restore()
         try:
             with single_error():
@@ -311,7 +325,9 @@ class _Reading:
             return
         await self.ctx.emit(Chunk(batch))
         assert self.positions is not None
-        self.positions.update(last_offsets(batch))
+        ends = split_ends(batch)
+        self.positions.update((split, offset) for split, (offset, _) in ends.items())
+        self.actor._split_metrics.count(ends)
 
     # Barriers.
 
