@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import pyarrow as pa
 import pytest
+import structlog.testing
 from _timeouts import scaled
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
@@ -23,7 +25,13 @@ from barrierflow.channels import Chunk, Message
 from barrierflow.channels.mutation import Pause
 from barrierflow.errors import ActorFailedError, ConfigError, InvalidArgumentError
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
-from barrierflow.runtime.metrics import Histogram, MetricFamily, MetricsRegistry, counter
+from barrierflow.runtime.metrics import (
+    Histogram,
+    MetricFamily,
+    MetricsRegistry,
+    counter,
+    refresh_parts,
+)
 from barrierflow.runtime.progress import JobProgress, Progress
 from barrierflow.testing import ListTable
 from barrierflow.testing.split_log import MemorySplitLog
@@ -209,6 +217,13 @@ def test_job_progress_gives_a_phase_and_the_fraction_done() -> None:
                              "vnodes_total": 4})  # fmt: skip
     two = JobProgress("j", 7, {"a": snapshot, "c": owing}, ready=False)
     assert (two.splits, two.vnodes, two.epochs_owed) == ((0, 0), (5, 8), 3)
+    # Where an actor knows the rows it expects in all, its share is its rows of them.
+    counted = JobProgress("j", 7, {"a": Progress(rows=30, total=120)}, ready=False)
+    assert counted.fraction_done == 0.25
+    assert JobProgress("j", 7, {"a": Progress(rows=9, total=9)}, ready=False).fraction_done == 0.99
+    for total in (-1, 29, "120", 1.5):
+        with pytest.raises(InvalidArgumentError):
+            Progress(rows=30, total=total)  # type: ignore[arg-type]
     done = JobProgress("j", 7, {"a": Progress(finished=True)}, ready=True)
     assert (done.fraction_done, done.phase) == (1.0, "ready")
     assert JobProgress("j", 0, {}, ready=True).fraction_done == 1.0
@@ -228,8 +243,9 @@ async def test_top_shows_jobs_actors_barriers_and_sinks_of_a_live_endpoint(tmp_p
                 lambda: run_top(url, interval=0.2, once=True, console=console)
             )
     frame = console.export_text()
-    for heading in ("jobs", "actors", "barriers", "sinks", "sources"):
+    for heading in ("jobs", "actors", "barriers", "sinks"):
         assert heading in frame
+    assert "\nsplits" not in frame  # no split source: no table of splits
     assert "barrierflow top " + url in frame
     rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in frame.splitlines()]
     assert next(r[:2] for r in rows if r[0] == "main") == ["main", "ready"]
@@ -394,6 +410,11 @@ async def test_sources_and_backfills_report_records_read_and_lag_per_split(tmp_p
             await rt.checkpoint()  # the job's first progress rides on a completed barrier
             behind = await rt.metrics.snapshot()
             progress = handle.progress()
+            # The backfill asks its log beside its loop at each barrier; a later report gives
+            # the rows it expects in all: none read, 9 + 3 ahead.
+            while handle.progress().actors["backfill"].total is None:
+                await rt.checkpoint()
+            expected = handle.progress().actors["backfill"].total
             url = rt.metrics_url
             assert url is not None
             console = Console(record=True, width=140, force_terminal=False)
@@ -415,6 +436,7 @@ async def test_sources_and_backfills_report_records_read_and_lag_per_split(tmp_p
     assert families["barrierflow_backfill_splits"].value(job="history") == 2
     assert families["barrierflow_backfill_splits_finished"].value(job="history") == 0
     assert progress.splits == (0, 2)
+    assert expected == 12
     assert families["barrierflow_job_phase"].value(job="history", phase="backfilling") == 1
     # ``top`` shows them: the job's splits, each split's records read and lag.
     frame = [
@@ -424,3 +446,51 @@ async def test_sources_and_backfills_report_records_read_and_lag_per_split(tmp_p
     assert next(r for r in frame if r[0] == "history")[4] == "splits 0/2"
     assert ["src (source)", "a", "5", "0", "4"] in frame
     assert ["backfill (backfill)", "a", "0", "0", "9"] in frame
+
+
+class Refreshing:
+    """A part whose refresh ends, fails or never ends, as told."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        self.refreshed = False
+
+    async def refresh_metrics(self) -> None:
+        if self.how == "fails":
+            raise ConnectionError("log server gone")
+        if self.how == "hangs":
+            await anyio.Event().wait()
+        self.refreshed = True
+
+
+@pytest.mark.anyio
+async def test_a_refresh_that_fails_or_overruns_logs_one_warning_naming_it() -> None:
+    parts = {"good": Refreshing("ends"), "bad": Refreshing("fails"), "stuck": Refreshing("hangs")}
+    with structlog.testing.capture_logs() as logs, anyio.fail_after(WAIT):
+        await refresh_parts({**parts, "plain": object()}, each_within=0.05)
+    assert parts["good"].refreshed
+    warnings = {entry["part"]: entry for entry in logs if entry["log_level"] == "warning"}
+    assert set(warnings) == {"bad", "stuck"}
+    assert "ConnectionError('log server gone')" in warnings["bad"]["error"]
+    assert warnings["stuck"]["event"] == "metrics refresh timed out; left unknown"
+
+
+@pytest.mark.anyio
+async def test_a_snapshot_refreshes_the_sources_that_ask_for_it_then_collects() -> None:
+    registry = MetricsRegistry()
+    seen: list[str] = []
+
+    async def refresh() -> None:
+        await anyio.lowlevel.checkpoint()
+        seen.append("refreshed")
+
+    def source() -> list[MetricFamily]:
+        return [counter("barrierflow_x", "x", [({}, len(seen))])]
+
+    registry.add_source("a", source, refresh)
+    assert registry.collect()[0].value() == 0  # collect alone does not refresh
+    assert (await registry.snapshot())[0].value() == 1
+    registry.remove_source("a")
+    assert await registry.snapshot() == []
+    with pytest.raises(InvalidArgumentError):
+        registry.add_source("b", source, "not callable")  # type: ignore[arg-type]

@@ -122,6 +122,7 @@ GROUPS: tuple[Group, ...] = (
             "tests/test_source_backfill_parallel.py",
             "tests/test_source_backfill_redis.py",
             "tests/test_split_discovery.py",
+            "tests/test_metrics.py",  # records read, lag and the expected total per split
         ),
     ),
     Group(
@@ -140,12 +141,14 @@ GROUPS: tuple[Group, ...] = (
         (
             "barrierflow/actors/sources/split_source.py",
             "barrierflow/actors/sources/split_reader.py",
+            "barrierflow/actors/sources/split_metrics.py",
         ),
         (
             "tests/test_split_source.py",
             "tests/test_source_backfill_redis.py",
             "tests/test_split_discovery.py",
             "tests/test_source_backfill_rules.py",
+            "tests/test_metrics.py",  # records read and lag per split
         ),
     ),
 )

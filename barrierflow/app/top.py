@@ -12,9 +12,10 @@ parser) and redraws, with rich, what a Flink or RisingWave user looks at first:
 * **barriers** — the median and the slowest (p99) latency of each stage, injected →
   collected by every actor → checkpoint durable, and the epochs in flight;
 * **sinks** — epochs committed and pending, commit retries;
-* **feeds and the Spark bridge** — batches, rows and replays skipped;
+* **feeds and the Spark bridge** — batches, rows and replays skipped (when there are any);
 * **splits** — per split of each split source and source backfill, records read, records/s
-  and the lag in records behind the log's latest (``-`` where the log cannot tell).
+  and the lag in records behind the log's latest (``-`` where the log cannot tell; when there
+  are any).
 
 ``--once`` scrapes twice, one interval apart, prints one frame and exits (for scripts and
 tests). An endpoint that cannot be read is one line naming the URL and the cause.
@@ -177,7 +178,7 @@ def render(before: Scrape, after: Scrape, url: str) -> Group:
             f"{after.one('barrierflow_sink_last_committed_epoch', sink=sink):.0f}",
         )
 
-    feeds = Table(title="sources", title_justify="left", expand=True)
+    feeds = Table(title="feeds", title_justify="left", expand=True)
     for column in ("source", "batches", "rows", "rows/s", "replays skipped"):
         feeds.add_column(column)
     for prefix, label in (("feed", "actor"), ("bridge", "stream")):
@@ -215,7 +216,9 @@ def render(before: Scrape, after: Scrape, url: str) -> Group:
         f"[b]barrierflow top[/b] {url} — committed epoch {committed:.0f}, "
         f"{in_flight:.0f} barrier(s) in flight, slowest stage: {slowest[1]}"
     )
-    return Group(header, jobs, actors, barriers, sinks, feeds, splits)
+    # Feeds and splits only where the graph has some.
+    shown = [t for t in (feeds, splits) if t.row_count]
+    return Group(header, jobs, actors, barriers, sinks, *shown)
 
 
 def _backfill_detail(after: Scrape, job: str) -> str:

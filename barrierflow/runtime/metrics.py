@@ -51,6 +51,7 @@ __all__ = [
     "Sample",
     "counter",
     "gauge",
+    "refresh_parts",
 ]
 
 #: Bucket bounds (seconds) of every latency histogram: 1 ms .. 2 min.

@@ -29,15 +29,19 @@ class Progress:
         finished: whether the actor has finished backfilling (it then only forwards upstream).
         rows: rows backfilled so far.
         detail: anything else worth showing (per-split offsets, vnodes done, epochs owed).
+        total: the rows it expects to have backfilled in all, where it knows (a source
+            backfill: the rows read plus the records its splits' logs still hold ahead of it);
+            ``None``: unknown.
 
     Raises:
-        InvalidArgumentError: ``finished`` not a bool, ``rows`` not an int >= 0, or
-            ``detail`` not a mapping with str keys.
+        InvalidArgumentError: ``finished`` not a bool, ``rows`` not an int >= 0, ``detail``
+            not a mapping with str keys, or ``total`` not ``None`` or an int >= ``rows``.
     """
 
     finished: bool = False
     rows: int = 0
     detail: Mapping[str, Any] = field(default_factory=dict)
+    total: int | None = None
 
     def __post_init__(self) -> None:
         if type(self.finished) is not bool:
@@ -48,6 +52,8 @@ class Progress:
         if not isinstance(detail, Mapping) or not all(isinstance(k, str) for k in detail):
             raise InvalidArgumentError("detail", "a mapping with str keys", self.detail)
         object.__setattr__(self, "detail", MappingProxyType(dict(self.detail)))
+        if self.total is not None and (type(self.total) is not int or self.total < self.rows):
+            raise InvalidArgumentError("total", "None or an int >= rows", self.total)
 
 
 @final
@@ -81,10 +87,11 @@ class JobProgress:
 
     @property
     def fraction_done(self) -> float:
-        """How far the job's backfill is, 0..1: per actor, the share of its splits finished
-        (a source backfill reports each split's phase) or of its vnodes done (a snapshot
-        backfill reports ``vnodes_left`` of ``vnodes_total``) — 1 once it finished — averaged
-        over the backfilling actors (1.0 with none)."""
+        """How far the job's backfill is, 0..1: per actor, its rows of the :attr:`~Progress.
+        total` it expects where it knows it, else the share of its splits finished (a source
+        backfill reports each split's phase) or of its vnodes done (a snapshot backfill
+        reports ``vnodes_left`` of ``vnodes_total``) — 1 once it finished — averaged over the
+        backfilling actors (1.0 with none)."""
         if not self.actors:
             return 1.0
         return sum(_actor_fraction(p) for p in self.actors.values()) / len(self.actors)
@@ -150,7 +157,9 @@ def _actor_fraction(progress: Progress) -> float:
         return 1.0
     vnodes = _vnodes(progress)
     share = 0.0
-    if vnodes is not None:
+    if progress.total:
+        share = progress.rows / progress.total
+    elif vnodes is not None:
         share = vnodes[0] / vnodes[1]
     else:
         splits = _split_phases(progress)

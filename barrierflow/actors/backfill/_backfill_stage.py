@@ -20,6 +20,7 @@ from barrierflow.actors.backfill.source_backfill_state import (
     SplitBackfills,
 )
 from barrierflow.actors.sources.split_log import Offset, SplitLog
+from barrierflow.actors.sources.split_metrics import SplitMetrics
 from barrierflow.actors.sources.split_reader import ReaderFailed, SplitReader
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.channel import create_channel
@@ -29,6 +30,7 @@ from barrierflow.channels.messages import Watermark
 from barrierflow.channels.mutation import SourceChangeSplit
 from barrierflow.channels.select import BiasedSelect, PollableReceiver
 from barrierflow.runtime.actor import ActorContext
+from barrierflow.runtime.metrics import REFRESH_TIMEOUT
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.state.state_store import StateTable
 
@@ -134,8 +136,13 @@ class BackfillStage:
         states: SplitBackfills,
         *,
         paused: bool,
+        metrics: SplitMetrics,
     ) -> None:
         self.reading = reading
+        self.metrics = metrics
+        #: The rows the history held in all, as of the last lag refresh (``None``: unknown).
+        self._total: int | None = None
+        self._refreshing = False
         self.ctx = ctx
         self.table = table
         self.states = states
@@ -296,13 +303,17 @@ class BackfillStage:
         caught_up = self.states.caught_up()
         if caught_up:
             self._restart_reader()  # no reader once every split caught up: none is started
+        rows = self.states.consumed_rows
         ctx.report_progress(
             Progress(
                 finished=caught_up,
-                rows=self.states.consumed_rows,
+                rows=rows,
                 detail={s: st.phase.value for s, st in self.states.states.items()},
+                total=None if self._total is None else max(self._total, rows),
             )
         )
+        if not caught_up:
+            self._refresh_lag()
         await ctx.emit(barrier)
         if ctx.finished:
             return True
@@ -324,6 +335,34 @@ class BackfillStage:
                 self.state_table_initialized = True
             return False
         return await self._all_finished()
+
+    def _refresh_lag(self) -> None:
+        """Ask the log, beside the loop (never on the barrier's path), how many records each
+        split still backfilling has ahead of it: the split's lag metric, and the total the
+        next progress report gives (rows read then plus those records). One ask at a time,
+        each within :data:`~barrierflow.runtime.metrics.REFRESH_TIMEOUT` seconds; a failure
+        leaves the total unknown (the reader reports the log's real errors)."""
+        if self._refreshing:
+            return
+        self._refreshing = True
+        backfilling = self.states.unfinished()
+        done = frozenset(self.states.states).difference(backfilling)
+        rows = self.states.consumed_rows
+
+        async def refresh() -> None:
+            try:
+                with anyio.move_on_after(REFRESH_TIMEOUT):
+                    await self.metrics.refresh(backfilling, done)
+                    lags = [self.metrics.lag(split) for split in backfilling]
+                    known = [lag for lag in lags if lag is not None]
+                    self._total = rows + sum(known) if len(known) == len(lags) else None
+            except Exception as exc:
+                self._total = None
+                self.ctx.log.debug("source backfill: the log's lag is unknown", error=repr(exc))
+            finally:
+                self._refreshing = False
+
+        self._tg.start_soon(refresh)
 
     async def _check_stalled(self) -> None:
         """Ask the log how far a split goes when its backfill did not move since the previous

@@ -230,7 +230,14 @@ class SourceBackfill(StreamActor):
         await ctx.emit(first)
         if ctx.finished:
             return
-        stage = BackfillStage(self._reading, ctx, table, states, paused=first.is_pause_on_startup())
+        stage = BackfillStage(
+            self._reading,
+            ctx,
+            table,
+            states,
+            paused=first.is_pause_on_startup(),
+            metrics=self._split_metrics,
+        )
         left = await stage.run(upstream)
         if left:
             await self._forward(ctx, table, stage.states, upstream)
