@@ -18,6 +18,7 @@ from barrierflow.actors.backfill.source_backfill import SourceBackfill
 from barrierflow.actors.sources.split_log import OFFSET_MAJOR, OFFSET_MINOR, SPLIT_COLUMN
 from barrierflow.actors.sources.split_source import SplitSource
 from barrierflow.channels import Chunk, Message
+from barrierflow.channels.mutation import Pause
 from barrierflow.connectors import RedisStreamLog
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
 from barrierflow.testing.redis_server import RedisServer
@@ -105,3 +106,31 @@ async def test_a_job_joining_a_live_redis_source_gets_history_and_live_records_o
                     await rt.checkpoint()
     assert per_split(live_seen) == expected
     assert per_split(joined_seen) == expected
+
+
+async def test_a_redis_source_reports_its_lag_per_split_behind_the_streams(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    prefix = redis_server.key_prefix()
+    keys = [f"{prefix}s{i}" for i in range(3)]
+    seen: list[tuple[str, str]] = []
+    with redis_server.client() as conn:
+        await anyio.to_thread.run_sync(partial(append, conn, keys, 100))
+        log = RedisStreamLog(redis_server.url, payload=PAYLOAD, splits=keys, block_ms=50)
+        rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
+        # 64-row batches over three streams: the reader's batches mix and cut the streams.
+        rt.add_source("events", lambda: SplitSource(log, batch_rows=64))
+        rt.add_actor("live", lambda: Collect(seen), inputs=["events"])
+        with anyio.fail_after(scaled(60)):
+            async with log, rt:
+                while len(seen) < 300:
+                    await rt.checkpoint()
+                caught_up = {f.name: f for f in await rt.metrics.snapshot()}
+                await rt.mutate(Pause())
+                await anyio.to_thread.run_sync(partial(append, conn, keys, 7))
+                behind = {f.name: f for f in await rt.metrics.snapshot()}
+    for key in keys:
+        labels = {"actor": "events", "kind": "source", "split": key}
+        assert caught_up["barrierflow_source_records_read"].value(**labels) == 100
+        assert caught_up["barrierflow_source_lag_records"].value(**labels) == 0
+        assert behind["barrierflow_source_lag_records"].value(**labels) == 7
