@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
 from barrierflow.actors.sinks.coordinator.recovery import Recovered, recover
 from barrierflow.actors.sinks.coordinator.replies import OpenReplies, abort_run, refuse
 from barrierflow.actors.sinks.errors import CommittedEpochsEndedError, SinkRecordsOrderError
+from barrierflow.actors.sinks.table import Manifest, StagedFile
 from barrierflow.channels.channel import create_channel
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import (
@@ -952,21 +954,28 @@ async def test_two_writers_with_one_writer_id_are_a_duplicate_writer_error(
 
 
 class RowsCommitter(FakeCommitter):
-    """Prepares metadata that counts its rows, as every table's does."""
+    """Prepares metadata that claims rows of its own (the coordinator counts the manifests')."""
 
     async def prepare(self, epoch: int, manifests: Any) -> Any:
         metadata = await super().prepare(epoch, manifests)
-        return {**metadata, "rows": 10 * epoch}
+        return {**metadata, "rows": 999}
 
 
+def with_rows(handle: Any, epoch: int) -> Manifest:
+    """``handle``'s manifest of ``epoch``: one staged file of ``10 * epoch`` rows."""
+    staged = (StagedFile(f"{handle.handle_id}-{epoch}.parquet", 10 * epoch, 1),)
+    return Manifest(str(handle.handle_id), epoch, files=staged)
+
+
+@pytest.mark.parametrize("two_phase", [True, False], ids=["two-phase", "single-phase"])
 async def test_the_coordinator_reports_its_epochs_rows_and_commit_latencies(
-    tmp_path: Path,
+    tmp_path: Path, two_phase: bool
 ) -> None:
     from barrierflow.runtime.metrics import MetricsRegistry
 
     registry = MetricsRegistry()
     async with await StateStore.open(tmp_path / "state.db") as store:
-        committer = RowsCommitter()
+        committer = RowsCommitter(two_phase=two_phase)
         coordinator = make(committer)
         before = {f.name: f for f in coordinator.metric_families()}
         assert before["barrierflow_sink_rows_committed"].value(sink=SINK) == 0
@@ -974,7 +983,10 @@ async def test_the_coordinator_reports_its_epochs_rows_and_commit_latencies(
             start(tg, coordinator, ServiceContext(SINK, store, metrics=registry))
             handles = await register_started(coordinator, HALVES)
             for epoch in (1, 2, 3):
-                await commit_all(handles, epoch)
+                with anyio.fail_after(WAIT):
+                    async with anyio.create_task_group() as writers:
+                        for handle in handles:
+                            writers.start_soon(handle.commit, epoch, with_rows(handle, epoch))
             await store.commit(1)
             with anyio.fail_after(WAIT):
                 await coordinator.wait_committed(1)
@@ -984,7 +996,12 @@ async def test_the_coordinator_reports_its_epochs_rows_and_commit_latencies(
             families = {f.name: f for f in coordinator.metric_families()}
             tg.cancel_scope.cancel()
     value = {name: f.value(sink=SINK) for name, f in families.items()}
-    assert value["barrierflow_sink_rows_committed"] == 10 + 20  # epochs 1 and 2, not 3
+    if not two_phase:  # committed as soon as prepared, without waiting for durability
+        assert value["barrierflow_sink_rows_committed"] == 2 * (10 + 20 + 30)
+        assert value["barrierflow_sink_committed_epochs"] == 3
+        return
+    # Two writers' manifests of epochs 1 and 2, not 3 (not durable), not the metadata's.
+    assert value["barrierflow_sink_rows_committed"] == 2 * (10 + 20)
     assert value["barrierflow_sink_acked_epochs"] == 3
     assert value["barrierflow_sink_committed_epochs"] == 2
     assert value["barrierflow_sink_pending_epochs"] == 1
@@ -1000,20 +1017,12 @@ async def test_the_coordinator_reports_its_epochs_rows_and_commit_latencies(
         assert 0 <= total < WAIT
 
 
-async def test_commits_whose_metadata_counts_no_rows_add_none(tmp_path: Path) -> None:
-    async with await StateStore.open(tmp_path / "state.db") as store:
-        coordinator = make(FakeCommitter())  # its metadata has no "rows"
-        async with anyio.create_task_group() as tg:
-            start(tg, coordinator, ServiceContext(SINK, store))
-            handles = await register_started(coordinator, HALVES)
-            await commit_all(handles, 1)
-            await store.commit(1)
-            with anyio.fail_after(WAIT):
-                await coordinator.wait_committed(1)
-            families = {f.name: f for f in coordinator.metric_families()}
-            tg.cancel_scope.cancel()
-    assert families["barrierflow_sink_rows_committed"].value(sink=SINK) == 0
-    assert families["barrierflow_sink_committed_epochs"].value(sink=SINK) == 1
+async def test_a_pending_epoch_recovered_counts_the_rows_its_metadata_records() -> None:
+    fake = FakeStates([(1, SinkState.PENDING), (2, SinkState.PENDING), (3, SinkState.PENDING)])
+    fake.records[0] = replace(fake.records[0], metadata={"rows": 7})
+    fake.records[1] = replace(fake.records[1], metadata={"rows": "7"})  # not a count: none
+    result = await recover(SINK, fake, FakeCommitter(), Warnings())  # type: ignore[arg-type]
+    assert [item.rows for item in result.pending] == [7, 0, 0]
 
 
 def test_durable_marks_give_the_first_mark_at_or_past_an_epoch() -> None:

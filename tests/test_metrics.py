@@ -19,7 +19,7 @@ from _timeouts import scaled
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from barrierflow.actors import SourceBackfill, SplitSource, add_sink
+from barrierflow.actors import DeclaredSink, SourceBackfill, SplitSource, add_sink
 from barrierflow.app.top import run_top
 from barrierflow.channels import Chunk, Message
 from barrierflow.channels.mutation import Pause
@@ -49,13 +49,12 @@ def chunk(start: int, count: int) -> Chunk:
     return Chunk(pa.record_batch([pa.array(range(start, start + count), pa.int64())], SCHEMA))
 
 
-def build(tmp_path: Path, **config: Any) -> tuple[Runtime, ListTable]:
+def build(tmp_path: Path, **config: Any) -> tuple[Runtime, DeclaredSink]:
     rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0, **config))
     rt.add_source("src")
     rt.add_actor("pass", PassOn, inputs=["src"])
-    table = ListTable(SCHEMA)
-    add_sink(rt, "out", table, input="pass", parallelism=2, key=("id",))
-    return rt, table
+    sink = add_sink(rt, "out", ListTable(SCHEMA), input="pass", parallelism=2, key=("id",))
+    return rt, sink
 
 
 def scrape(url: str) -> dict[str, Any]:
@@ -80,7 +79,7 @@ def value(families: dict[str, Any], name: str, **labels: str) -> float:
 async def test_the_endpoint_serves_metrics_that_move_while_the_graph_runs_and_frees_its_port(
     tmp_path: Path,
 ) -> None:
-    rt, _ = build(tmp_path, metrics_port=0)
+    rt, out = build(tmp_path, metrics_port=0)
     assert rt.metrics_url is None  # not running
     async with rt:
         url = rt.metrics_url
@@ -94,6 +93,7 @@ async def test_the_endpoint_serves_metrics_that_move_while_the_graph_runs_and_fr
             await rt.checkpoint()
             await rt.push("src", chunk(150, 50))
             second_epoch = await rt.checkpoint()
+            await out.coordinator.wait_committed(second_epoch)
             sink = rt.stats()  # rt.stats() reads the same counters
             after = await anyio.to_thread.run_sync(scrape, url)
     port = int(url.rsplit(":", 1)[1].split("/")[0])
@@ -103,6 +103,11 @@ async def test_the_endpoint_serves_metrics_that_move_while_the_graph_runs_and_fr
     assert value(after, "barrierflow_channel_rows", channel="src->pass") == 200
     assert value(after, "barrierflow_epoch_committed") == second_epoch > first_epoch
     assert sink.committed_epoch == second_epoch
+    # rt.stats() carries every metric collected with its counters, the sink's among them.
+    assert sink.metric("barrierflow_sink_rows_committed", sink="out") == 200
+    assert sink.metric("barrierflow_actor_rows_in", job="main", actor="pass") == 200
+    assert sink.metric("barrierflow_actor_rows_in", actor="pass") is None  # labels exactly
+    assert sink.metric("barrierflow_no_such_metric") is None
     # Barrier latency by stage: every barrier was collected, every checkpoint made durable.
     latency = after["barrierflow_barrier_latency_seconds"]
     counts = {s.labels["stage"]: s.value for s in latency.samples if s.name.endswith("_count")}

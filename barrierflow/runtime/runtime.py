@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Self, final
 
@@ -82,6 +82,17 @@ class RuntimeStats:
     restarts: int
     #: Job name → its counters.
     jobs: dict[str, JobStats]
+    #: Every metric of the runtime's registry as it was collected with these counters: the
+    #: above and what the sinks' coordinators and writers, the sources, the feeds and the
+    #: Spark bridge report (see :mod:`barrierflow.runtime.metrics`; ``family.value(...)``).
+    metrics: tuple[MetricFamily, ...] = ()
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The value of metric ``name`` with exactly ``labels`` (``None``: none such)."""
+        for family in self.metrics:
+            if family.name == name:
+                return family.value(**labels)
+        return None
 
 
 @final
@@ -391,7 +402,14 @@ class Runtime:
         return store.committed_epochs()
 
     def stats(self) -> RuntimeStats:
-        """Per-actor, per-channel and per-job counters, epochs and restarts."""
+        """Per-actor, per-channel and per-job counters, epochs and restarts, and every metric
+        of :attr:`metrics` collected with them (the sinks', sources', feeds' among them; a
+        source's lag as of the last :meth:`~.metrics.MetricsRegistry.snapshot`)."""
+        counters = self._counters()
+        return replace(counters, metrics=tuple(self.metrics.collect()))
+
+    def _counters(self) -> RuntimeStats:
+        """The runtime's own counters (what its metrics are made of)."""
         restarts = self._lifecycle.restarts
         incarnation = self._live.incarnation
         if incarnation is None:
@@ -435,7 +453,7 @@ class Runtime:
     def _metric_families(self) -> list[MetricFamily]:
         """The runtime's own metrics and those of the actors and services that report some."""
         incarnation = self._live.incarnation
-        stats = self.stats()
+        stats = self._counters()
         progress = {name: r.snapshot() for name, r in self._declarations.records.items()}
         if incarnation is None:
             return runtime_families(stats, progress, (), 0.0)

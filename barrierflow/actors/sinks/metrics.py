@@ -30,16 +30,16 @@ class CoordinatorCounts(Protocol):
     def commit_failures(self) -> int: ...
     @property
     def aborted_epochs(self) -> tuple[int, ...]: ...
+    @property
+    def rows_committed(self) -> int: ...
 
 
-def coordinator_families(
-    sink: str, stats: CoordinatorCounts, rows_committed: int
-) -> list[MetricFamily]:
+def coordinator_families(sink: str, stats: CoordinatorCounts) -> list[MetricFamily]:
     """A coordinator's counters as metrics, labelled with its ``sink``."""
     labels = {"sink": sink}
     return [
         counter("barrierflow_sink_rows_committed", "rows the sink's commits published",
-                [(labels, rows_committed)]),
+                [(labels, stats.rows_committed)]),
         counter("barrierflow_sink_acked_epochs", "epochs acknowledged to the sink's writers "
                 "(persisted as pending, or committed)", [(labels, stats.acked_epochs)]),
         counter("barrierflow_sink_committed_epochs", "epochs committed to the sink's table",

@@ -41,6 +41,9 @@ class CommitItem:
     epoch: int
     metadata: CommitMetadata
     schema_change: SchemaChange | None
+    #: The rows the commit publishes: its writers' manifests' (an epoch recovered from the
+    #: meta store: the ``rows`` its metadata records, where the table records them).
+    rows: int = 0
 
 
 class CommitQueue:
@@ -75,6 +78,8 @@ class CommitQueue:
         #: The last epoch committed (0 before the first), and how many were in this run.
         self.last_committed = last_committed
         self.commits = 0
+        #: Rows the commits that went through published.
+        self.rows_committed = 0
         self.pending: deque[CommitItem] = deque()
         self.prepared: deque[CommitItem] = deque()
         self.retry_at: float | None = None
@@ -140,7 +145,8 @@ class CommitQueue:
         if self.committer.two_phase:
             metadata = await self.committer.prepare(epoch, manifests)
             if metadata is not None:
-                await self._persist_pending(CommitItem(epoch, metadata, change))
+                rows = sum(m.rows for m in manifests)
+                await self._persist_pending(CommitItem(epoch, metadata, change, rows))
             return
         if change is not None:
             manifests = [replace(manifest, schema_change=None) for manifest in manifests]
@@ -150,6 +156,7 @@ class CommitQueue:
                 self.committer.commit(epoch, data), self._warn_interval, self._log, epoch
             )
             self.commits += 1
+            self.rows_committed += sum(m.rows for m in manifests)
             self.last_committed = epoch
         if change is not None:
             await self._persist_pending(CommitItem(epoch, {"schema_change": dict(change)}, change))
@@ -189,6 +196,7 @@ class CommitQueue:
         self._mark_wanted.set()
         self.last_committed = item.epoch
         self.commits += 1
+        self.rows_committed += item.rows
         return True
 
     async def write_marks(self) -> None:

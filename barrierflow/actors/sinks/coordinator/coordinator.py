@@ -151,7 +151,6 @@ class Coordinator:
         self._generation = 0  # runs started
         self._recovered: Notifier | None = None  # the current run finished its recovery
         self._staged_keys: set[str] = set()  # position keys ever written on executors
-        self._rows_committed = 0
         self._reset_run_state()
 
     @property
@@ -333,18 +332,18 @@ class Coordinator:
             commit_failures=self._backoff.failures,
             retry_delays=tuple(self._backoff.recent),
             aborted_epochs=tuple(self._aborted),
+            rows_committed=0 if queue is None else queue.rows_committed,
         )
 
     def metric_families(self) -> list[MetricFamily]:
         """The coordinator's counters as metrics (the runtime collects them; its commit
         latencies are histograms of the runtime's registry)."""
-        return coordinator_families(self.sink, self.stats(), self._rows_committed)
+        return coordinator_families(self.sink, self.stats())
 
     def _observe_commit(self, item: CommitItem, started: float) -> None:
-        """Count a commit that went through: its rows, how long it took, and how long after
-        its checkpoint became durable it landed."""
+        """Time a commit that went through: how long it took, and how long after its
+        checkpoint became durable it landed."""
         now = anyio.current_time()
-        self._rows_committed += int(item.metadata.get("rows", 0))
         self._commit_seconds.observe(now - started, self.sink)
         durable = self._durable.since(item.epoch)
         if durable is not None:

@@ -68,7 +68,9 @@ async def recover(sink: str, states: SinkStates, committer: Committer, log: Any)
     pending: list[CommitItem] = []
     while index < len(records) and records[index].state is SinkState.PENDING:
         r = records[index]
-        pending.append(CommitItem(r.epoch, r.metadata, r.schema_change))
+        rows = r.metadata.get("rows")
+        rows = rows if type(rows) is int else 0
+        pending.append(CommitItem(r.epoch, r.metadata, r.schema_change, rows))
         index += 1
     aborted: list[int] = []
     for record in records[index:]:

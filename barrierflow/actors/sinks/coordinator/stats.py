@@ -28,3 +28,5 @@ class CoordinatorStats:
     retry_delays: tuple[float, ...]
     #: Epochs aborted at recovery.
     aborted_epochs: tuple[int, ...]
+    #: Rows the commits of this run published (the writers' manifests' rows).
+    rows_committed: int = 0
