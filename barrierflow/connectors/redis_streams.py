@@ -71,8 +71,9 @@ yields adds the rows it holds per split, so the rank of every batch's last offse
 positions a source stops at; the log remembers the latest 4096 per split). A position past the
 last entry lags 0 and one before the first lags the whole stream. Anything else is ``None``, as
 Redis reports no lag for a group then: a read that started in the middle of a stream until it
-catches up with the last entry, a stream with entries deleted one by one (``XDEL``) after the
-position, a Redis before 7 (no ``entries-added``).
+catches up with the last entry (so too a read after a reconnection: the server may be another
+one), a stream with entries deleted one by one (``XDEL``) after the position, a Redis before 7
+(no ``entries-added``).
 
 **Lifecycle.** The log owns its client: close it with :meth:`RedisStreamLog.aclose` (or use
 the log as an async context manager). Server calls run on worker threads behind a per-log
@@ -409,6 +410,10 @@ class RedisStreamLog:
             if recovered:
                 # The server came back: it may be another one, or have lost or trimmed data.
                 await self._call(partial(self._check_start, dict(last)))
+                # Ranks counted on the old one mean nothing here: relearned on catching up.
+                for split in last:
+                    self._ranks.pop(split, None)
+                    ranks[split] = (last[split], None)
             if not fetched:
                 continue
             for split, _, offset in fetched:
