@@ -499,3 +499,24 @@ async def test_a_snapshot_refreshes_the_sources_that_ask_for_it_then_collects() 
     assert await registry.snapshot() == []
     with pytest.raises(InvalidArgumentError):
         registry.add_source("b", source, "not callable")  # type: ignore[arg-type]
+
+
+def test_the_runtime_reports_each_jobs_splits_vnodes_and_epochs_owed() -> None:
+    from barrierflow.runtime import RuntimeStats
+    from barrierflow.runtime._runtime_metrics import runtime_families
+    from barrierflow.runtime.job import JobStats
+
+    snapshot = Progress(detail={"phase": "change_log", "vnodes_left": 1, "vnodes_total": 4,
+                                "epochs_owed": 2})  # fmt: skip
+    splits = Progress(detail={"s0": "finished", "s1": "backfilling", "s2": "caching_up"})
+    progress = {"copy": JobProgress("copy", 3, {"b": snapshot, "c": splits}, ready=False)}
+    jobs = {name: JobStats(name, (), 0, 0, 0, ready=False) for name in ("copy", "main")}
+    stats = RuntimeStats({}, {}, 5, 4, 0, 0, jobs)
+    families = {f.name: f for f in runtime_families(stats, progress, (), 0.0)}
+    got = {
+        name: families[f"barrierflow_backfill_{name}"].value(job="copy")
+        for name in ("splits_finished", "splits", "vnodes_done", "vnodes", "epochs_owed")
+    }
+    assert got == {"splits_finished": 1, "splits": 3, "vnodes_done": 3, "vnodes": 4,
+                   "epochs_owed": 2}  # fmt: skip
+    assert families["barrierflow_backfill_splits"].value(job="main") is None  # no backfill

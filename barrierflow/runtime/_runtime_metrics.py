@@ -34,9 +34,9 @@ _HELP = {
     "backfill_fraction": "how far the job's backfill is, 0..1",
     "phase": "1 for the job's phase now (ready, snapshot, change_log, backfilling, ...)",
     "splits_finished": "splits the job's source backfills finished",
-    "splits_total": "splits the job's source backfills read",
+    "splits": "splits the job's source backfills read",
     "vnodes_done": "vnodes the job's snapshot backfills finished",
-    "vnodes_total": "vnodes the job's snapshot backfills read",
+    "vnodes": "vnodes the job's snapshot backfills read",
     "epochs_owed": "epochs whose change log the job's snapshot backfills still owe",
     "rows_in": "rows of the chunks an actor read",
     "rows_out": "rows of the chunks an actor emitted",
@@ -54,6 +54,16 @@ _HELP = {
     "wait": "seconds senders waited for room in a channel",
     "alignment": "seconds an actor's merge spent aligning barriers (first to last input)",
     "state_rows": "state rows (upserts and deletes) checkpoints wrote to the store",
+}
+
+
+#: The per-job backfill gauges (``barrierflow_backfill_<name>``) and what each reads.
+_BACKFILL: dict[str, Callable[[JobProgress], float]] = {
+    "splits_finished": lambda p: p.splits[0],
+    "splits": lambda p: p.splits[1],
+    "vnodes_done": lambda p: p.vnodes[0],
+    "vnodes": lambda p: p.vnodes[1],
+    "epochs_owed": lambda p: p.epochs_owed,
 }
 
 
@@ -147,26 +157,9 @@ def runtime_families(
                 for j in stats.jobs
             ],
         ),
-        gauge(
-            "barrierflow_backfill_splits_finished",
-            _HELP["splits_finished"],
-            backfill(lambda p: p.splits[0]),
-        ),
-        gauge(
-            "barrierflow_backfill_splits", _HELP["splits_total"], backfill(lambda p: p.splits[1])
-        ),
-        gauge(
-            "barrierflow_backfill_vnodes_done",
-            _HELP["vnodes_done"],
-            backfill(lambda p: p.vnodes[0]),
-        ),
-        gauge(
-            "barrierflow_backfill_vnodes", _HELP["vnodes_total"], backfill(lambda p: p.vnodes[1])
-        ),
-        gauge(
-            "barrierflow_backfill_epochs_owed",
-            _HELP["epochs_owed"],
-            backfill(lambda p: p.epochs_owed),
+        *(
+            gauge(f"barrierflow_backfill_{name}", _HELP[name], backfill(read))
+            for name, read in _BACKFILL.items()
         ),
         counter("barrierflow_actor_rows_in", _HELP["rows_in"], per_actor("rows_in")),
         counter("barrierflow_actor_rows_out", _HELP["rows_out"], per_actor("rows_out")),
