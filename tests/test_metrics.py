@@ -4,6 +4,7 @@ a graph runs, parsed with prometheus_client's own parser), job progress, both ba
 from __future__ import annotations
 
 import math
+import re
 import socket
 import urllib.request
 from pathlib import Path
@@ -236,14 +237,14 @@ def test_job_progress_gives_a_phase_and_the_fraction_done() -> None:
 
 @pytest.mark.anyio
 async def test_top_shows_jobs_actors_barriers_and_sinks_of_a_live_endpoint(tmp_path: Path) -> None:
-    rt, _ = build(tmp_path, metrics_port=0)
+    rt, out = build(tmp_path, metrics_port=0)
     console = Console(record=True, width=140, force_terminal=False)
     async with rt:
         url = rt.metrics_url
         assert url is not None
         with anyio.fail_after(WAIT):
             await rt.push("src", chunk(0, 100))
-            await rt.checkpoint()
+            await out.coordinator.wait_committed(await rt.checkpoint())
             await anyio.to_thread.run_sync(
                 lambda: run_top(url, interval=0.2, once=True, console=console)
             )
@@ -256,7 +257,10 @@ async def test_top_shows_jobs_actors_barriers_and_sinks_of_a_live_endpoint(tmp_p
     assert next(r[:2] for r in rows if r[0] == "main") == ["main", "ready"]
     assert any(r[:2] == ["pass", "main"] for r in rows)  # an actor's row
     assert any(r[0] == "injected → durable" for r in rows)
-    assert any(r[0] == "out" for r in rows)  # the sink's row
+    sink = next(r for r in rows if r[0] == "out")  # the sink's row: one commit, timed
+    assert sink[1:4] == ["1", "0", "0"]
+    assert re.fullmatch(r"\d+ ms / \d+ ms", sink[4]), sink
+    assert re.fullmatch(r"\d+ ms", sink[5]), sink
 
 
 def test_top_on_a_dead_endpoint_is_one_line_naming_it(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,8 @@ parser) and redraws, with rich, what a Flink or RisingWave user looks at first:
   busy while its upstream is backpressured is the bottleneck;
 * **barriers** — the median and the slowest (p99) latency of each stage, injected →
   collected by every actor → checkpoint durable, and the epochs in flight;
-* **sinks** — epochs committed and pending, commit retries;
+* **sinks** — epochs committed and pending, commit retries, how long a commit takes (median
+  and p99) and how long after its checkpoint was durable an epoch was committed (p99);
 * **feeds and the Spark bridge** — batches, rows and replays skipped (when there are any);
 * **splits** — per split of each split source and source backfill, records read, records/s
   and the lag in records behind the log's latest (``-`` where the log cannot tell; when there
@@ -166,16 +167,20 @@ def render(before: Scrape, after: Scrape, url: str) -> Group:
     in_flight = after.one("barrierflow_barriers_in_flight")
 
     sinks = Table(title="sinks", title_justify="left", expand=True)
-    for column in ("sink", "committed epochs", "pending", "commit retries", "last committed"):
+    for column in ("sink", "committed epochs", "pending", "retries", "commit p50 / p99",
+                   "durable → committed p99"):  # fmt: skip
         sinks.add_column(column)
     for have, committed in after.values("barrierflow_sink_committed_epochs_total"):
         sink = have["sink"]
+        commit = "barrierflow_sink_commit_seconds"
         sinks.add_row(
             sink,
             f"{committed:,.0f}",
             f"{after.one('barrierflow_sink_pending_epochs', sink=sink):,.0f}",
             f"{after.one('barrierflow_sink_commit_retries_total', sink=sink):,.0f}",
-            f"{after.one('barrierflow_sink_last_committed_epoch', sink=sink):.0f}",
+            f"{_seconds(_quantile(after, commit, 0.5, sink=sink))} / "
+            f"{_seconds(_quantile(after, commit, 0.99, sink=sink))}",
+            _seconds(_quantile(after, "barrierflow_sink_commit_latency_seconds", 0.99, sink=sink)),
         )
 
     feeds = Table(title="feeds", title_justify="left", expand=True)
