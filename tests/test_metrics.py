@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from barrierflow.actors import DeclaredSink, SourceBackfill, SplitSource, add_sink
+from barrierflow.actors.sources.split_log import Offset
 from barrierflow.app.top import run_top
 from barrierflow.channels import Chunk, Message
 from barrierflow.channels.mutation import Pause
@@ -404,7 +405,8 @@ async def test_sources_and_backfills_report_records_read_and_lag_per_split(tmp_p
         state_path=tmp_path / "state.db", barrier_interval=3600.0, metrics_port=0
     )
     rt = Runtime(config)
-    rt.add_source("src", lambda: SplitSource(log))
+    # Two-row batches: a split's records read add up over its batches.
+    rt.add_source("src", lambda: SplitSource(log, batch_rows=2))
     rt.add_actor("count", lambda: Count(counted), inputs=["src"])
     job = Job("history")
     job.add_actor("backfill", lambda: SourceBackfill(log, rate_limit=0), inputs=["src"])
@@ -524,3 +526,173 @@ def test_the_runtime_reports_each_jobs_splits_vnodes_and_epochs_owed() -> None:
     assert got == {"splits_finished": 1, "splits": 3, "vnodes_done": 3, "vnodes": 4,
                    "epochs_owed": 2}  # fmt: skip
     assert families["barrierflow_backfill_splits"].value(job="main") is None  # no backfill
+
+
+class Lagging:
+    """A split log's lag side only: ``records_after`` answers from ``lags`` (``None``: the log
+    cannot tell)."""
+
+    def __init__(self, lags: dict[str, int | None]) -> None:
+        self.lags = lags
+
+    async def records_after(self, split: str, offset: object) -> int | None:
+        await anyio.lowlevel.checkpoint()
+        return self.lags[split]
+
+
+@pytest.mark.anyio
+async def test_split_metrics_report_unknown_lag_as_nan_and_none_for_a_log_that_cannot_count() -> (
+    None
+):
+    from barrierflow.actors.sources.split_metrics import SplitMetrics
+
+    metrics = SplitMetrics(Lagging({"a": 3, "b": None}), "source")  # type: ignore[arg-type]
+    metrics.count({"a": (Offset(1), 2)})
+    metrics.count({"a": (Offset(3), 2), "b": (Offset(1), 1)})
+    await metrics.refresh({"a": Offset(3), "b": Offset(1)}, frozenset({"c"}))
+    read, lag = metrics.families("src")
+    assert read.value(actor="src", kind="source", split="a") == 4
+    assert lag.value(actor="src", kind="source", split="a") == 3
+    assert math.isnan(lag.value(actor="src", kind="source", split="b") or 0.0)
+    assert lag.value(actor="src", kind="source", split="c") == 0  # caught up: not asked
+    assert (metrics.lag("a"), metrics.lag("b"), metrics.lag("z")) == (3, None, None)
+    # A log that cannot count reports no lag but for the splits known to be caught up.
+    plain = SplitMetrics(object(), "backfill")  # type: ignore[arg-type]
+    await plain.refresh({"a": None}, frozenset({"c"}))
+    assert [s.labels for s in plain.families("bf")[1].samples] == [
+        (("actor", "bf"), ("kind", "backfill"), ("split", "c"))
+    ]
+
+
+@pytest.mark.anyio
+async def test_actors_that_never_ran_report_no_split_metrics() -> None:
+    log = MemorySplitLog(pa.schema([("v", pa.int64())]), splits=["a"])
+    for actor in (SplitSource(log), SourceBackfill(log)):
+        await actor.refresh_metrics()  # nothing to ask yet: no error, no lag
+        assert actor.metric_families() == []
+
+
+class AskedLog(MemorySplitLog):
+    """A memory log that counts the lag asks, and can hold them (``gate``), fail them, or not
+    know (``unknown`` splits)."""
+
+    def __init__(self, *splits: str) -> None:
+        super().__init__(pa.schema([("v", pa.int64())]), splits=list(splits))
+        self.asks = 0
+        self.gate: anyio.Event | None = None
+        self.cancelled = anyio.Event()
+        self.unknown: set[str] = set()
+        self.fail = False
+
+    async def records_after(self, split: str, offset: Offset | None) -> int | None:  # type: ignore[override]
+        self.asks += 1
+        if self.fail:
+            raise ConnectionError("log server gone")
+        if self.gate is not None:
+            try:
+                await self.gate.wait()
+            except anyio.get_cancelled_exc_class():
+                self.cancelled.set()
+                raise
+        if split in self.unknown:
+            return None
+        return await super().records_after(split, offset)
+
+
+def history_job(log: MemorySplitLog) -> Job:
+    """A job whose source backfill reads no history (rate 0): it only reports."""
+    job = Job("history")
+    job.add_actor("backfill", lambda: SourceBackfill(log, rate_limit=0), inputs=["src"])
+    job.add_actor("tail", lambda: Count(RowCounter()), inputs=["backfill"])
+    return job
+
+
+def behind_source(tmp_path: Path, log: MemorySplitLog) -> Runtime:
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
+    rt.add_source("src", lambda: SplitSource(log))
+    rt.add_actor("count", lambda: Count(RowCounter()), inputs=["src"])
+    return rt
+
+
+def lags(families: list[MetricFamily]) -> dict[str, float]:
+    """The backfill's lag per split."""
+    return {s: v for (a, s), v in family_values(families, "barrierflow_source_lag_records").items()
+            if a == "backfill"}  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_a_backfill_asks_its_lag_beside_its_loop_one_ask_at_a_time(tmp_path: Path) -> None:
+    log = AskedLog("a", "e")  # e stays empty: its backfill finishes at once
+    log.append("a", {"v": [1, 2, 3, 4, 5]})
+    rt = behind_source(tmp_path, log)
+    log.gate = anyio.Event()
+    with anyio.fail_after(WAIT):
+        async with rt:
+            handle = await rt.add_job(history_job(log))
+            for _ in range(3):
+                await rt.checkpoint()
+            assert log.asks == 1  # the first ask holds: no second one beside it
+            log.gate.set()
+            while (
+                handle.progress().splits != (1, 2)
+                or handle.progress().actors["backfill"].total is None
+            ):
+                await rt.checkpoint()
+            assert handle.progress().actors["backfill"].total == 5
+            asked = log.asks
+            await rt.checkpoint()  # an ask again, once the last one ended
+            while log.asks == asked:
+                await anyio.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
+            # What the backfill asked itself: a 5 behind, e finished (0, without asking).
+            assert lags(rt.metrics.collect()) == {"a": 5, "e": 0}
+            # A scrape asks again, between barriers: the lag is the log's now.
+            log.append("a", {"v": [6, 7]})
+            assert lags(await rt.metrics.snapshot()) == {"a": 7, "e": 0}
+
+
+@pytest.mark.anyio
+async def test_a_backfill_whose_lag_is_unknown_or_fails_reports_no_total(tmp_path: Path) -> None:
+    log = AskedLog("a", "b")
+    log.append("a", {"v": [1, 2]})
+    log.append("b", {"v": [1]})
+    log.unknown = {"b"}
+    rt = behind_source(tmp_path, log)
+    with anyio.fail_after(WAIT):
+        async with rt:
+            handle = await rt.add_job(history_job(log))
+            while log.asks < 4:  # two rounds of asks, both answered
+                await rt.checkpoint()
+                await anyio.wait_all_tasks_blocked()
+            await rt.checkpoint()
+            assert handle.progress().actors["backfill"].total is None  # b's lag unknown
+            log.fail = True
+            asked = log.asks
+            while log.asks < asked + 2:  # asks that fail
+                await rt.checkpoint()
+                await anyio.wait_all_tasks_blocked()
+            await rt.checkpoint()
+            assert handle.progress().actors["backfill"].total is None
+            assert handle.progress().phase == "backfilling"  # it runs on
+
+
+@pytest.mark.anyio
+async def test_a_backfill_gives_up_an_ask_that_overruns_and_asks_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from barrierflow.actors.backfill import _backfill_stage
+
+    monkeypatch.setattr(_backfill_stage, "REFRESH_TIMEOUT", 0.01)
+    log = AskedLog("a")
+    log.append("a", {"v": [1]})
+    log.gate = anyio.Event()  # never set: every ask holds
+    rt = behind_source(tmp_path, log)
+    with anyio.fail_after(WAIT):
+        async with rt:
+            handle = await rt.add_job(history_job(log))
+            await rt.checkpoint()
+            await log.cancelled.wait()  # the ask was given up after its timeout ...
+            while log.asks < 2:  # ... so the next barrier asks again
+                await rt.checkpoint()
+                await anyio.wait_all_tasks_blocked()
+            assert handle.progress().actors["backfill"].total is None
