@@ -556,6 +556,13 @@ async def test_split_metrics_report_unknown_lag_as_nan_and_none_for_a_log_that_c
     assert math.isnan(lag.value(actor="src", kind="source", split="b") or 0.0)
     assert lag.value(actor="src", kind="source", split="c") == 0  # caught up: not asked
     assert (metrics.lag("a"), metrics.lag("b"), metrics.lag("z")) == (3, None, None)
+    # A refresh that fails leaves the lag unknown: none reported, not the last one.
+    failing = SplitMetrics(Lagging({"a": 3}), "source")  # type: ignore[arg-type]
+    await failing.refresh({"a": None})
+    assert failing.families("src")[1].value(actor="src", kind="source", split="a") == 3
+    with pytest.raises(KeyError):  # the log knows no split "b"
+        await failing.refresh({"a": None, "b": None})
+    assert failing.families("src")[1].samples == ()
     # A log that cannot count reports no lag but for the splits known to be caught up.
     plain = SplitMetrics(object(), "backfill")  # type: ignore[arg-type]
     await plain.refresh({"a": None}, frozenset({"c"}))

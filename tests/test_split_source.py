@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import hypothesis.strategies as st
 import pyarrow as pa
 import pytest
@@ -541,6 +542,29 @@ async def test_an_unknown_split_fails_the_actor(tmp_path: Path) -> None:
     assert info.value.actor == "src"
     assert isinstance(info.value.cause, UnknownSplitError)
     assert (info.value.cause.split, info.value.cause.known) == ("zz", ["a"])
+
+
+class FailingRead(MemorySplitLog):
+    """A log whose reads fail once they start (a server gone for good, a bad record)."""
+
+    def read(self, start: Any, *, batch_rows: int = 4096) -> Any:
+        async def failing() -> Any:
+            await anyio.lowlevel.checkpoint()
+            raise RuntimeError("the log's read failed")
+            yield  # an async generator
+
+        return failing()
+
+
+async def test_a_read_that_fails_fails_the_actor_with_its_error(tmp_path: Path) -> None:
+    log, seen = FailingRead(PAYLOAD, splits=["a"]), Seen()
+    with anyio.fail_after(scaled(10)), pytest.raises(ActorFailedError) as info:
+        async with build(tmp_path, log, seen) as rt:
+            await rt.checkpoint()
+            await rt.checkpoint()
+    assert info.value.actor == "src"
+    assert type(info.value.cause) is RuntimeError  # the read's own error, not a stray item
+    assert str(info.value.cause) == "the log's read failed"
 
 
 async def test_a_chunk_pushed_into_the_inbox_fails_the_actor(tmp_path: Path) -> None:
