@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from barrierflow.actors import DeclaredSink, SourceBackfill, SplitSource, add_sink
+from barrierflow.actors.backfill._backfill_stage import LAG_EVERY
 from barrierflow.actors.sources.split_log import Offset
 from barrierflow.app.top import run_top
 from barrierflow.channels import Chunk, Message
@@ -35,7 +36,7 @@ from barrierflow.runtime.metrics import (
     refresh_parts,
 )
 from barrierflow.runtime.progress import JobProgress, Progress
-from barrierflow.testing import ListTable
+from barrierflow.testing import FakeClock, ListTable
 from barrierflow.testing.split_log import MemorySplitLog
 
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
@@ -606,10 +607,13 @@ class AskedLog(MemorySplitLog):
         return await super().records_after(split, offset)
 
 
-def history_job(log: MemorySplitLog) -> Job:
-    """A job whose source backfill reads no history (rate 0): it only reports."""
+def history_job(log: MemorySplitLog, clock: FakeClock) -> Job:
+    """A job whose source backfill reads no history (rate 0): it only reports. It asks its
+    log's lag at most once a second of ``clock``."""
     job = Job("history")
-    job.add_actor("backfill", lambda: SourceBackfill(log, rate_limit=0), inputs=["src"])
+    job.add_actor(
+        "backfill", lambda: SourceBackfill(log, rate_limit=0, clock=clock), inputs=["src"]
+    )
     job.add_actor("tail", lambda: Count(RowCounter()), inputs=["backfill"])
     return job
 
@@ -633,10 +637,12 @@ async def test_a_backfill_asks_its_lag_beside_its_loop_one_ask_at_a_time(tmp_pat
     log.append("a", {"v": [1, 2, 3, 4, 5]})
     rt = behind_source(tmp_path, log)
     log.gate = anyio.Event()
+    clock = FakeClock()
     with anyio.fail_after(WAIT):
         async with rt:
-            handle = await rt.add_job(history_job(log))
+            handle = await rt.add_job(history_job(log, clock))
             for _ in range(3):
+                clock.advance(LAG_EVERY)
                 await rt.checkpoint()
             assert log.asks == 1  # the first ask holds: no second one beside it
             log.gate.set()
@@ -647,7 +653,12 @@ async def test_a_backfill_asks_its_lag_beside_its_loop_one_ask_at_a_time(tmp_pat
                 await rt.checkpoint()
             assert handle.progress().actors["backfill"].total == 5
             asked = log.asks
-            await rt.checkpoint()  # an ask again, once the last one ended
+            clock.advance(LAG_EVERY * 0.5)
+            await rt.checkpoint()
+            await anyio.wait_all_tasks_blocked()
+            assert log.asks == asked  # at most one ask a second
+            clock.advance(LAG_EVERY * 0.6)
+            await rt.checkpoint()  # an ask again: a second since the last one began
             while log.asks == asked:
                 await anyio.wait_all_tasks_blocked()
             await anyio.wait_all_tasks_blocked()
@@ -665,10 +676,12 @@ async def test_a_backfill_whose_lag_is_unknown_or_fails_reports_no_total(tmp_pat
     log.append("b", {"v": [1]})
     log.unknown = {"b"}
     rt = behind_source(tmp_path, log)
+    clock = FakeClock()
     with anyio.fail_after(WAIT):
         async with rt:
-            handle = await rt.add_job(history_job(log))
+            handle = await rt.add_job(history_job(log, clock))
             while log.asks < 4:  # two rounds of asks, both answered
+                clock.advance(LAG_EVERY)
                 await rt.checkpoint()
                 await anyio.wait_all_tasks_blocked()
             await rt.checkpoint()
@@ -676,6 +689,7 @@ async def test_a_backfill_whose_lag_is_unknown_or_fails_reports_no_total(tmp_pat
             log.fail = True
             asked = log.asks
             while log.asks < asked + 2:  # asks that fail
+                clock.advance(LAG_EVERY)
                 await rt.checkpoint()
                 await anyio.wait_all_tasks_blocked()
             await rt.checkpoint()
@@ -694,12 +708,14 @@ async def test_a_backfill_gives_up_an_ask_that_overruns_and_asks_again(
     log.append("a", {"v": [1]})
     log.gate = anyio.Event()  # never set: every ask holds
     rt = behind_source(tmp_path, log)
+    clock = FakeClock()
     with anyio.fail_after(WAIT):
         async with rt:
-            handle = await rt.add_job(history_job(log))
+            handle = await rt.add_job(history_job(log, clock))
             await rt.checkpoint()
             await log.cancelled.wait()  # the ask was given up after its timeout ...
-            while log.asks < 2:  # ... so the next barrier asks again
+            while log.asks < 2:  # ... so a later barrier asks again
+                clock.advance(LAG_EVERY)
                 await rt.checkpoint()
                 await anyio.wait_all_tasks_blocked()
             assert handle.progress().actors["backfill"].total is None
