@@ -657,7 +657,7 @@ async def test_a_backfill_asks_its_lag_beside_its_loop_one_ask_at_a_time(tmp_pat
             await rt.checkpoint()
             await anyio.wait_all_tasks_blocked()
             assert log.asks == asked  # at most one ask a second
-            clock.advance(LAG_EVERY * 0.6)
+            clock.advance(LAG_EVERY * 0.5)  # a second exactly: due
             await rt.checkpoint()  # an ask again: a second since the last one began
             while log.asks == asked:
                 await anyio.wait_all_tasks_blocked()
