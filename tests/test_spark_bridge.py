@@ -542,3 +542,17 @@ def test_a_graph_failure_in_the_callback_is_the_actor_failed_error(
         assert info.value is bridge.last_error
     assert ended.value.actor == "flaky"
     assert "flaky" in one_line_of(info.value)
+
+
+def test_the_session_keeps_spark_from_printing_a_failures_jvm_trace(spark: Any) -> None:
+    """A failed query's or task's JVM stack trace (30 to 70 lines on stderr) is not logged by
+    the session barrierflow makes: the same failure reaches the driver, where it is one line."""
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+    for name in (
+        "org.apache.spark.sql.execution.streaming",
+        "org.apache.spark.executor.Executor",
+        "org.apache.spark.scheduler.TaskSetManager",
+    ):
+        assert str(log4j.LogManager.getLogger(name).getLevel()) == "OFF", name
+    # The rest of Spark still logs its errors.
+    assert str(log4j.LogManager.getLogger("org.apache.spark.SparkContext").getLevel()) == "ERROR"

@@ -111,19 +111,32 @@ def spark_session(
     return session
 
 
-#: The loggers of Spark's streaming query execution (``MicroBatchExecution``, ...).
-_STREAMING_LOGGERS = "org.apache.spark.sql.execution.streaming"
+#: The loggers whose ERROR lines are a failure's JVM stack trace, raised to the driver anyway:
+#: Spark's streaming query execution (``MicroBatchExecution``, ...), a task's executor
+#: (``Exception in task ...``, the Python worker's traceback wrapped in 25 and more JVM frames;
+#: in local mode the executor logs in the driver's JVM) and the scheduler's task set
+#: (``Task 0 in stage 0.0 failed 1 times; aborting job``).
+_QUIET_LOGGERS = (
+    "org.apache.spark.sql.execution.streaming",
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+)
 
 
 def _quiet_query_failures(session: Any) -> None:
-    """Turn off Spark's own ERROR log of a failed streaming query: a JVM stack trace of 70 and
-    more lines on stderr, printed before the driver sees anything. The same failure is raised
-    to the driver by ``awaitTermination`` (and reduced to its cause by
-    :meth:`~barrierflow.spark_bridge.SparkBridge.await_termination`), so the log only buried
-    the one line that matters. Best effort: a JVM without log4j 2 keeps its logging."""
+    """Turn off Spark's own ERROR logs of a failed streaming query or task (see
+    ``_QUIET_LOGGERS``): a JVM stack trace of 30 to 70 and more lines on stderr, printed
+    before the driver sees anything. The same failure is raised to the driver — by
+    ``awaitTermination`` (reduced to its cause by
+    :meth:`~barrierflow.spark_bridge.SparkBridge.await_termination`), or by the job that ran the
+    task (an :class:`~barrierflow.spark_bridge.executors.ExecutorImportError`, the Python
+    worker's error) — so the logs only buried the one line that matters. A task Spark retries
+    and that then succeeds logs nothing either. Best effort: a JVM without log4j 2 keeps its
+    logging."""
     try:
         jvm = session.sparkContext._jvm
         log4j = jvm.org.apache.logging.log4j
-        log4j.core.config.Configurator.setLevel(_STREAMING_LOGGERS, log4j.Level.OFF)
+        for logger in _QUIET_LOGGERS:
+            log4j.core.config.Configurator.setLevel(logger, log4j.Level.OFF)
     except Exception:  # logging set-up must never stop a session
         pass
