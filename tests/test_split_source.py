@@ -676,7 +676,7 @@ def _bare_reading(source: SplitSource, send: Any, ctx: FakeCtx | None = None) ->
     """The reader half of a split source without a runtime."""
     from barrierflow.actors.sources.split_source import _Reading
 
-    return _Reading(source, ctx or FakeCtx(), send)
+    return _Reading(source._settings, ctx or FakeCtx(), send)
 
 
 # --- without a runtime: the actor's run and its reader on a fake context ------------------------

@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import final
 
 import anyio
@@ -173,54 +174,56 @@ class SplitSource(StreamActor):
         ):
             if type(value) is not int or value < 1:
                 raise InvalidArgumentError(name, "an int >= 1", value)
-        self._log = log
-        self._splits = None if splits is None else check_splits(splits)
+        named = None if splits is None else check_splits(splits)
         if pattern is not None:
             if not isinstance(pattern, str) or not pattern:
                 raise InvalidArgumentError("pattern", "None or a non-empty glob", pattern)
-            if self._splits is not None:
+            if named is not None:
                 raise InvalidArgumentError(
                     "pattern", "None when splits= names the splits (one or the other)", pattern
                 )
-        self._pattern = pattern
         declared = log.declared_splits if isinstance(log, DeclaredSplits) else None
-        #: The explicit splits and their starts (``None``: this source discovers).
-        self._explicit: dict[str, Offset | None] | None = None
-        if self._splits is not None:
-            self._explicit = {s.split_id: start_of(s) for s in self._splits}
+        explicit: dict[str, Offset | None] | None = None
+        if named is not None:
+            explicit = {s.split_id: start_of(s) for s in named}
         elif declared is not None and pattern is None:
-            self._explicit = dict.fromkeys(declared)
+            explicit = dict.fromkeys(declared)
         if type(wait_for_splits) is not bool:
             raise InvalidArgumentError("wait_for_splits", "a bool", wait_for_splits)
-        if wait_for_splits and self._explicit is None:
+        if wait_for_splits and explicit is None:
             raise InvalidArgumentError(
                 "wait_for_splits",
                 "False for a source that discovers its splits (True needs splits= or a log "
                 "declared with splits)",
                 wait_for_splits,
             )
-        self._wait_for_splits = wait_for_splits
-        self._discover_every = discover_every
-        self._batch_rows = batch_rows
-        self._wait_intervals = wait_barrier_intervals
-        self._split_metrics = SplitMetrics(log, "source")
+        self._settings = _Settings(
+            log=log,
+            explicit=explicit,
+            pattern=pattern,
+            wait_for_splits=wait_for_splits,
+            discover_every=discover_every,
+            batch_rows=batch_rows,
+            wait_intervals=wait_barrier_intervals,
+            metrics=SplitMetrics(log, "source"),
+        )
         self._reading: _Reading | None = None
 
     def output_schema(self) -> pa.Schema:
         """The log's schema (payload, split and offset columns): every chunk has it
         (checked against the readers at start, see :mod:`barrierflow.runtime.startup`)."""
-        return self._log.schema
+        return self._settings.log.schema
 
     def metric_families(self) -> list[MetricFamily]:
         """Records read and lag per split (see :mod:`~.split_metrics`)."""
         if self._reading is None:
             return []
-        return self._split_metrics.families(self._reading.ctx.name)
+        return self._settings.metrics.families(self._reading.ctx.name)
 
     async def refresh_metrics(self) -> None:
         """Ask the log how far behind each split's position is."""
         if self._reading is not None and self._reading.positions:
-            await self._split_metrics.refresh(dict(self._reading.positions))
+            await self._settings.metrics.refresh(dict(self._reading.positions))
 
     async def run(self, ctx: ActorContext) -> None:
         """Pass the first barrier with the assignment taken, then read and emit until a Stop
@@ -232,7 +235,7 @@ class SplitSource(StreamActor):
             ProtocolError: a chunk arrived in the source's inbox.
         """
         send, receive = anyio.create_memory_object_stream[_Item](0)
-        reading = self._reading = _Reading(self, ctx, send)
+        reading = self._reading = _Reading(self._settings, ctx, send)
         await reading.restore()
         try:
             with single_error():
@@ -261,13 +264,30 @@ async def _forward_inbox(ctx: ActorContext, send: MemoryObjectSendStream[_Item])
 
 
 @final
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    """What a split source was built with (see its constructor), handed to each run."""
+
+    log: SplitLog
+    #: The explicit splits and their starts (``None``: the source discovers).
+    explicit: Mapping[str, Offset | None] | None
+    pattern: str | None
+    wait_for_splits: bool
+    discover_every: int
+    batch_rows: int
+    wait_intervals: int
+    #: Records read and lag per split (kept across runs, as the actor's other counters).
+    metrics: SplitMetrics
+
+
+@final
 class _Reading:
     """One run of a split source: positions, pause/rate settings, discovery, the reader task."""
 
     def __init__(
-        self, actor: SplitSource, ctx: ActorContext, send: MemoryObjectSendStream[_Item]
+        self, settings: _Settings, ctx: ActorContext, send: MemoryObjectSendStream[_Item]
     ) -> None:
-        self.actor = actor
+        self.settings = settings
         self.ctx = ctx
         self.offsets: StateTable = ctx.table(OFFSETS_TABLE)
         self.assignment: StateTable = ctx.table(ASSIGNMENT_TABLE)
@@ -283,7 +303,7 @@ class _Reading:
         self.paused = False
         self.rate: float | None = None
         self.reader = SplitReader(
-            actor._log, actor._batch_rows, send.send, before_send=self.wait_for_barrier_if_late
+            settings.log, settings.batch_rows, send.send, before_send=self.wait_for_barrier_if_late
         )
         self.task_group: TaskGroup | None = None
         self.last_barrier = anyio.current_time()
@@ -327,7 +347,7 @@ class _Reading:
         assert self.positions is not None
         ends = split_ends(batch)
         self.positions.update((split, offset) for split, (offset, _) in ends.items())
-        self.actor._split_metrics.count(ends)
+        self.settings.metrics.count(ends)
 
     # Barriers.
 
@@ -381,19 +401,19 @@ class _Reading:
         """Rules 1 and 10: the splits to read as the log lists them now — the explicit ones
         it has (the others wait, or fail the actor), or every one it lists that matches."""
         self.barriers_since_listing = 0
-        known = await self.actor._log.list_splits()
-        explicit = self.actor._explicit
+        known = await self.settings.log.list_splits()
+        explicit = self.settings.explicit
         if explicit is not None:
             # Explicit splits are only ever added: once read, a split stays assigned.
             listed = set(known)
             candidates = explicit if first else self.pending
             missing = [s for s in candidates if s not in listed]
-            if missing and not self.actor._wait_for_splits:
+            if missing and not self.settings.wait_for_splits:
                 raise UnknownSplitError(missing[0], known, _WAIT_HINT)
             self.pending = {s: explicit[s] for s in missing}
             starts = {s: start for s, start in explicit.items() if s not in self.pending}
         else:
-            pattern = self.actor._pattern
+            pattern = self.settings.pattern
             starts = {s: None for s in known if pattern is None or fnmatch.fnmatchcase(s, pattern)}
             if first:
                 # Following the log: a split it no longer has (a deleted stream) is dropped;
@@ -403,7 +423,7 @@ class _Reading:
                     del self.committed[split]
         # The assignment a listing changed is durable with the barrier (the explicit splits
         # of a source that does not wait never change: nothing to write).
-        listing_assigns = explicit is None or self.actor._wait_for_splits
+        listing_assigns = explicit is None or self.settings.wait_for_splits
         if listing_assigns and starts != self.committed_assignment:
             self.write_assignment(starts, by_mutation=False)
         return starts
@@ -412,13 +432,13 @@ class _Reading:
         """Whether the source lists the log at barriers: it discovers, or waits for splits."""
         if self.by_mutation:
             return False
-        return self.actor._explicit is None or bool(self.pending)
+        return self.settings.explicit is None or bool(self.pending)
 
     async def discover_if_due(self) -> bool:
         """Rule 10: every ``discover_every`` barriers, apply what the log's listing changed;
         returns whether the assignment changed (the reader is then rebuilt)."""
         self.barriers_since_listing += 1
-        if self.barriers_since_listing < self.actor._discover_every:
+        if self.barriers_since_listing < self.settings.discover_every:
             return False
         assert self.positions is not None
         starts = await self.listed_starts(first=False)
@@ -450,7 +470,7 @@ class _Reading:
         """Raises UnknownSplitError for a split the log does not have."""
         if not splits:
             return
-        known = await self.actor._log.list_splits()
+        known = await self.settings.log.list_splits()
         missing = sorted(set(splits) - set(known))
         if missing:
             raise UnknownSplitError(missing[0], known)
@@ -496,7 +516,7 @@ class _Reading:
 
     async def wait_for_barrier_if_late(self) -> None:
         """Rule 6: too long without a barrier, wait for the next one before emitting more."""
-        limit = self.actor._wait_intervals * self.ctx.barrier_interval
+        limit = self.settings.wait_intervals * self.ctx.barrier_interval
         if anyio.current_time() - self.last_barrier < limit:
             return
         self.ctx.log.warning("split source paused itself: no barrier for a while", seconds=limit)
