@@ -276,7 +276,7 @@ class _Settings:
     discover_every: int
     batch_rows: int
     wait_intervals: int
-    #: Records read and lag per split (kept across runs, as the actor's other counters).
+    #: Records read and lag per split, which the actor reports.
     metrics: SplitMetrics
 
 
