@@ -180,8 +180,9 @@ def test_a_run_on_executors_that_loses_a_task_s_python_worker_verifies_without_a
     assert done.stdout.strip().splitlines()[-1] == (
         "VERIFIED rows_in=20000 rows_out=20000 duplicates=0 epochs=3"
     )
-    assert "Python worker exited unexpectedly" in done.stderr  # the task did die, and ran again
     seen = {line.split()[1] for line in trace.read_text().splitlines()}
+    assert {"worker-killed", "task-again"} <= seen  # the task did die, and ran again
+    assert "Exception in task" not in done.stderr  # Spark's JVM trace of it is not printed
     assert {t.event for t in ACTS["spark-executors"].targets} <= seen  # its kill points
 
 

@@ -120,7 +120,9 @@ def executor_faults(df: Any, faults: Faults) -> Any:
     """``df`` with the armed batch's executor-side fault, if any: ``mid-batch`` — the first
     task attempt of partition 0 SIGKILLs the driver once it has passed on its first rows (the
     executors are staging); ``executor-lost`` — it SIGKILLs its own Python worker there
-    instead: Spark runs the task again and the run goes on."""
+    instead: Spark runs the task again and the run goes on. Both are traced from the task
+    (``worker-killed``, then ``task-again`` when Spark runs the task again): Spark no longer
+    logs the lost worker (see :mod:`barrierflow.spark_bridge.session`)."""
     if not faults.armed or faults.point not in ("mid-batch", "executor-lost"):
         return df
     driver = os.getpid() if faults.point == "mid-batch" else None
@@ -130,12 +132,16 @@ def executor_faults(df: Any, faults: Faults) -> Any:
         from pyspark import TaskContext
 
         context = TaskContext.get()
+        attempt = context.attemptNumber() if context is not None else 0
         armed = context is not None and context.partitionId() == 0
-        armed = armed and context is not None and context.attemptNumber() == 0
+        if armed and attempt > 0:
+            trace("task-again", f"partition 0 attempt {attempt}")
+        armed = armed and attempt == 0
         for batch in batches:
             yield batch
             if armed:
                 if driver is None:  # executor-lost: this executor's Python worker dies
+                    trace("worker-killed", "partition 0 attempt 0")
                     os.kill(os.getpid(), signal.SIGKILL)
                     return
                 sys.stdout.write(
