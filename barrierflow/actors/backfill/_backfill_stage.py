@@ -40,6 +40,7 @@ __all__ = [
     "BackfillStage",
     "Reading",
     "apply_change",
+    "ask_lag",
     "committed_states",
     "put_states",
 ]
@@ -125,6 +126,17 @@ class _EndMarked:
             return self._inner.receive_nowait()
         except anyio.EndOfStream:
             return _ENDED
+
+
+async def ask_lag(metrics: SplitMetrics, states: SplitBackfills) -> int | None:
+    """Ask the log how many records each split still backfilling has ahead of it (a split
+    past its history lags 0) into ``metrics``; returns their sum, ``None`` when the log
+    cannot tell for one of them."""
+    backfilling = states.unfinished()
+    await metrics.refresh(backfilling, frozenset(states.states).difference(backfilling))
+    lags = [metrics.lag(split) for split in backfilling]
+    known = [lag for lag in lags if lag is not None]
+    return sum(known) if len(known) == len(lags) else None
 
 
 @final
@@ -354,17 +366,13 @@ class BackfillStage:
             return
         self._refreshing = True
         self._asked_at = now
-        backfilling = self.states.unfinished()
-        done = frozenset(self.states.states).difference(backfilling)
-        rows = self.states.consumed_rows
 
         async def refresh() -> None:
+            rows = self.states.consumed_rows
             try:
                 with anyio.move_on_after(REFRESH_TIMEOUT):
-                    await self.metrics.refresh(backfilling, done)
-                    lags = [self.metrics.lag(split) for split in backfilling]
-                    known = [lag for lag in lags if lag is not None]
-                    self._total = rows + sum(known) if len(known) == len(lags) else None
+                    ahead = await ask_lag(self.metrics, self.states)
+                    self._total = None if ahead is None else rows + ahead
             except Exception as exc:
                 self._total = None
                 self.ctx.log.debug("source backfill: the log's lag is unknown", error=repr(exc))

@@ -77,6 +77,7 @@ from barrierflow.actors.backfill._backfill_stage import (
     BackfillStage,
     Reading,
     apply_change,
+    ask_lag,
     committed_states,
     put_states,
 )
@@ -193,9 +194,7 @@ class SourceBackfill(StreamActor):
     async def refresh_metrics(self) -> None:
         """Ask the log how far behind each split still backfilling is."""
         if self._states is not None:
-            backfilling = self._states.unfinished()
-            done = frozenset(self._states.states).difference(backfilling)
-            await self._split_metrics.refresh(backfilling, done)
+            await ask_lag(self._split_metrics, self._states)
 
     # The run.
 
