@@ -31,7 +31,9 @@ if TYPE_CHECKING:
     from barrierflow.testing.redis_server import RedisServer
     from barrierflow.testing.spark_cluster import StandaloneCluster
 
-pytest_plugins = ["pytester"]  # tests of the suite's own hooks run pytest in a subprocess
+# pytester: tests of the suite's own hooks run pytest on a small project; _tiers: the markers,
+# the unit tier (--tier unit) and the guard that fails an unmarked test starting a process.
+pytest_plugins = ["pytester", "_tiers"]
 
 hypothesis_settings.register_profile(
     "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=60
@@ -173,9 +175,10 @@ def pytest_runtest_protocol(
 ) -> Generator[None, object, object]:
     """Start Spark before the first test that needs it, outside that test's timeout (this
     wrapper runs before pytest-timeout's, which arms the per-test timer)."""
-    if "spark" in getattr(item, "fixturenames", ()):
+    fixtures = getattr(item, "fixturenames", ())
+    if "spark" in fixtures and item.get_closest_marker("spark"):
         _spark.start()
-    if "spark_cluster" in getattr(item, "fixturenames", ()):
+    if "spark_cluster" in fixtures and item.get_closest_marker("cluster"):
         _cluster.start()
     return (yield)
 

@@ -24,6 +24,7 @@ KEYS = ["name", "value", "unit", "baseline", "ratio", "goal", "goal_on", "meets_
         "changelog_replay_rows_per_s",  # a versioned table in a temporary directory
     ],
 )
+@pytest.mark.subprocess
 def test_benchmark_prints_one_json_record_per_benchmark(name: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--only", name],
@@ -44,6 +45,7 @@ def test_benchmark_prints_one_json_record_per_benchmark(name: str) -> None:
     assert isinstance(record["meets_goal"], bool)
 
 
+@pytest.mark.subprocess
 def test_unknown_benchmark_is_refused() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--only", "nope"],

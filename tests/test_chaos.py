@@ -53,6 +53,7 @@ def child(tmp_path: Path, mode: str) -> list[str]:
     return [sys.executable, "-c", CHILD, mode]
 
 
+@pytest.mark.subprocess
 def test_a_run_is_killed_whole_group_after_the_planned_event(tmp_path: Path) -> None:
     outcome = run_until(
         child(tmp_path, "group"),
@@ -70,6 +71,7 @@ def test_a_run_is_killed_whole_group_after_the_planned_event(tmp_path: Path) -> 
     assert int(outcome.where.split()[1]) >= 4
 
 
+@pytest.mark.subprocess
 def test_a_run_is_killed_whole_group_at_the_planned_moment_after_its_start(
     tmp_path: Path,
 ) -> None:
@@ -87,6 +89,7 @@ def test_a_run_is_killed_whole_group_at_the_planned_moment_after_its_start(
     assert 0.5 <= outcome.seconds < scaled(30)
 
 
+@pytest.mark.subprocess
 def test_a_helper_that_left_the_group_is_reported_as_a_survivor(tmp_path: Path) -> None:
     outcome = run_until(
         child(tmp_path, "escape"),
@@ -103,6 +106,7 @@ def test_a_helper_that_left_the_group_is_reported_as_a_survivor(tmp_path: Path) 
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.subprocess
 def test_a_run_that_ends_first_is_not_killed_and_a_hung_one_times_out(tmp_path: Path) -> None:
     ended = run_until(
         child(tmp_path, "exit"), trace=tmp_path / "t", log=tmp_path / "log",
@@ -402,6 +406,7 @@ def traced_events(act: str, tmp_path: Path, *args: str) -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.subprocess
 def test_the_views_act_traces_every_event_its_targets_name(tmp_path: Path, backend: str) -> None:
     seen = traced_events("views", tmp_path, *ACTS["views"].sizes, "--backend", backend)
     assert {t.event for t in ACTS["views"].targets} <= seen

@@ -99,6 +99,7 @@ async def test_bad_input_is_refused() -> None:
     assert rows.value.argument == "rows"
 
 
+@pytest.mark.subprocess
 async def test_the_parquet_table_survives_a_crash_at_every_step(storage: Path) -> None:
     report = await check_table(tables.parquet_table, tables.read_parquet, crash_steps=True)
     report.raise_for_failures()
@@ -106,10 +107,12 @@ async def test_the_parquet_table_survives_a_crash_at_every_step(storage: Path) -
     assert len(CRASH_RULES) == 11
 
 
+@pytest.mark.subprocess
 async def test_a_table_keeping_the_protocol_passes_the_crash_rules(storage: Path) -> None:
     assert await failures(tables.JsonDirTable, crash_steps=True) == set()
 
 
+@pytest.mark.subprocess
 async def test_recover_ignoring_pending_epochs_loses_rows(storage: Path) -> None:
     assert await failures(tables.IgnoresPending, crash_steps=True) == {
         "recover_keeps_pending",
@@ -119,6 +122,7 @@ async def test_recover_ignoring_pending_epochs_loses_rows(storage: Path) -> None
     }
 
 
+@pytest.mark.subprocess
 async def test_rows_published_at_prepare_are_reported(storage: Path) -> None:
     assert await failures(tables.PublishesAtPrepare, crash_steps=True) == {
         "invisible_before_commit",
@@ -129,6 +133,7 @@ async def test_rows_published_at_prepare_are_reported(storage: Path) -> None:
     }
 
 
+@pytest.mark.subprocess
 async def test_a_commit_replayed_after_a_crash_must_be_a_noop(storage: Path) -> None:
     broken = await failures(tables.ForgetsCommits, crash_steps=True)
     assert "replayed_commit_is_noop" in broken
@@ -152,6 +157,7 @@ async def test_crash_steps_refuse_an_in_memory_list_table(storage: Path) -> None
     assert in_memory.value.argument == "make"
 
 
+@pytest.mark.subprocess
 async def test_a_child_that_fails_before_its_kill_point_fails_the_rule(storage: Path) -> None:
     # The child cannot report the metadata, so it dies of the error, not of the SIGKILL:
     # every scenario that kills after the report fails rather than passing unchecked.

@@ -89,6 +89,7 @@ def with_change(staged: Manifest, change: Any) -> Manifest:
     return replace(staged, schema_change=change)
 
 
+@pytest.mark.subprocess
 async def test_the_delta_table_keeps_the_commit_protocol_across_crashes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -169,12 +170,14 @@ def test_an_empty_app_id_or_an_unsigned_column_is_refused(tmp_path: Path) -> Non
     assert unsigned.value.argument == "schema"
 
 
+@pytest.mark.subprocess
 def test_importing_the_connectors_does_not_import_deltalake() -> None:
     code = "import sys, barrierflow.connectors; sys.exit('deltalake' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], timeout=scaled(60), cwd=ROOT)
     assert done.returncode == 0
 
 
+@pytest.mark.subprocess
 def test_a_missing_deltalake_names_the_delta_extra(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """

@@ -31,6 +31,7 @@ def demo(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.subprocess
 def test_the_views_act_killed_mid_backfill_and_resumed_replays_to_the_view(
     tmp_path: Path, backend: str
 ) -> None:
@@ -46,6 +47,7 @@ def test_the_views_act_killed_mid_backfill_and_resumed_replays_to_the_view(
     assert last.endswith(" broken=0 wrong=0")
 
 
+@pytest.mark.subprocess
 def test_the_views_act_verifies_in_one_run(tmp_path: Path) -> None:
     done = demo(tmp_path, *SIZES)
     assert done.returncode == 0, done.stderr[-3000:]

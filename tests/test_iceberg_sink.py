@@ -78,6 +78,7 @@ def conformance_read() -> list[int]:
 
 
 @pytest.mark.anyio
+@pytest.mark.subprocess
 async def test_the_iceberg_table_keeps_the_commit_protocol_across_crashes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

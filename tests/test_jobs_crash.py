@@ -202,6 +202,7 @@ async def assert_gone_after_restart(tmp_path: Path, committed: int, rows: int) -
     assert counted == {"count": rows + 2, "audit": 1}
 
 
+@pytest.mark.subprocess
 async def test_a_job_added_but_not_checkpointed_is_gone_after_a_kill(
     tmp_path: Path, anyio_backend: str
 ) -> None:
@@ -217,6 +218,7 @@ async def test_a_job_added_but_not_checkpointed_is_gone_after_a_kill(
     await assert_gone_after_restart(tmp_path, checkpoint, rows=3)
 
 
+@pytest.mark.subprocess
 async def test_a_job_whose_add_barrier_was_a_checkpoint_is_still_gone_after_a_kill(
     tmp_path: Path, anyio_backend: str
 ) -> None:
@@ -233,6 +235,7 @@ async def test_a_job_whose_add_barrier_was_a_checkpoint_is_still_gone_after_a_ki
     await assert_gone_after_restart(tmp_path, committed, rows=5)
 
 
+@pytest.mark.subprocess
 async def test_a_job_killed_during_add_job_is_gone_after_restart(
     tmp_path: Path, anyio_backend: str
 ) -> None:
@@ -265,6 +268,7 @@ async def checkpointed_child(tmp_path: Path, anyio_backend: str) -> int:
     return created
 
 
+@pytest.mark.subprocess
 async def test_a_checkpointed_job_is_refused_undeclared_after_a_kill(
     tmp_path: Path, anyio_backend: str
 ) -> None:
@@ -278,6 +282,7 @@ async def test_a_checkpointed_job_is_refused_undeclared_after_a_kill(
     assert sorted(catalog) == ["audit", "main"]  # the refusal changed nothing
 
 
+@pytest.mark.subprocess
 async def test_a_checkpointed_job_declared_again_after_a_kill_keeps_its_epoch_and_sees_new_rows(
     tmp_path: Path, anyio_backend: str
 ) -> None:
@@ -298,6 +303,7 @@ async def test_a_checkpointed_job_declared_again_after_a_kill_keeps_its_epoch_an
     assert rows == {"count": 10, "audit": 5}  # both restored from the child's checkpoint
 
 
+@pytest.mark.subprocess
 async def test_a_checkpointed_job_forgotten_after_a_kill_is_gone(
     tmp_path: Path, anyio_backend: str
 ) -> None:

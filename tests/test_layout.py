@@ -345,12 +345,14 @@ def _loaded_after(statement: str) -> list[str]:
         ),
     ],
 )
+@pytest.mark.subprocess
 def test_importing_the_core_loads_no_optional_package(statement: str, may_load: set[str]) -> None:
     """``import barrierflow`` and the core load none of redis, pyiceberg, deltalake, pyspark
     (nor a layer above the one imported): a connector imports its extra when it is built."""
     assert set(_loaded_after(statement)) <= may_load
 
 
+@pytest.mark.subprocess
 def test_an_error_from_the_root_loads_only_its_layer() -> None:
     loaded = _loaded_after("from barrierflow import ChannelClosedError, StoreIOError")
     assert set(loaded) <= {"barrierflow.runtime"}
@@ -437,6 +439,7 @@ def _missing_extra(blocked: str, statement: str) -> dict[str, str]:
         ),
     ],
 )
+@pytest.mark.subprocess
 def test_a_connector_without_its_extra_raises_missing_extra_naming_it(
     blocked: str, statement: str, extra: str
 ) -> None:

@@ -400,6 +400,7 @@ anyio.run(main, sys.argv[1], backend=sys.argv[2])
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.subprocess
 def test_runtime_killed_restarts_from_last_checkpoint(tmp_path: Path, backend: str) -> None:
     import signal
     import subprocess

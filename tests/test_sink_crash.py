@@ -185,6 +185,7 @@ async def restart_and_resume(tmp_path: Path, durable_batches: int) -> tuple[list
     ],
     ids=["before-durable", "after-durable-before-commit", "mid-commit"],
 )
+@pytest.mark.subprocess
 def test_killed_sink_recovers_every_durable_row_exactly_once(
     tmp_path: Path, backend: str, point: str, durable_batches: int
 ) -> None:

@@ -187,6 +187,7 @@ def hold_directory(path: Path, writer: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.parametrize("writer", ["0", "1"], ids=["same-writer", "other-writer"])
+@pytest.mark.subprocess
 def test_a_table_directory_held_by_another_process_is_refused(tmp_path: Path, writer: str) -> None:
     table = tmp_path / "table"
     table.mkdir()
@@ -211,6 +212,7 @@ def test_a_table_directory_held_by_another_process_is_refused(tmp_path: Path, wr
     anyio.run(open_and_close)
 
 
+@pytest.mark.subprocess
 def test_an_iceberg_tables_staging_area_held_by_another_process_is_refused(
     tmp_path: Path,
 ) -> None:
@@ -225,6 +227,7 @@ def test_an_iceberg_tables_staging_area_held_by_another_process_is_refused(
         holder.communicate("", timeout=scaled(30))
 
 
+@pytest.mark.subprocess
 async def test_a_sink_task_reports_a_locked_directory_as_a_connector_error(
     tmp_path: Path,
 ) -> None:

@@ -110,6 +110,7 @@ def vnode_rows(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("point", POINTS)
+@pytest.mark.subprocess
 async def test_a_snapshot_backfill_killed_and_restarted_sees_every_change_exactly_once(
     tmp_path: Path, anyio_backend: str, point: str
 ) -> None:

@@ -285,6 +285,7 @@ def run_child_and_kill(path: Path, mode: str, backend: str, after_lines: int) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.subprocess
 def test_sigkill_between_buffered_writes_and_commit_restores_last_checkpoint(
     tmp_path: Path, backend: str
 ) -> None:
@@ -304,6 +305,7 @@ def test_sigkill_between_buffered_writes_and_commit_restores_last_checkpoint(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.subprocess
 def test_sigkill_during_commits_leaves_exactly_one_checkpoint(tmp_path: Path, backend: str) -> None:
     # Killed at an arbitrary point of a stream of commits, often inside a transaction: the
     # store must hold every key of exactly one checkpoint — never a mix.

@@ -390,6 +390,7 @@ LOCK_HOLDER = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.subprocess
 def test_lock_held_by_another_process_holds_against_other_spellings(
     tmp_path: Path, backend: str
 ) -> None:
@@ -527,6 +528,9 @@ async def test_missing_parent_directories_are_created(
 class BytesPath:
     def __fspath__(self) -> bytes:
         return b"s.db"
+
+    def __repr__(self) -> str:  # a stable test id: xdist's workers must collect the same ids
+        return "BytesPath()"
 
 
 class StrPath:

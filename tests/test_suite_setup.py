@@ -1,4 +1,4 @@
-"""The suite's own setup: deadlines scale with BARRIERFLOW_TEST_TIMEOUT_SCALE (the helper
+"""The suite's own setup: the tiers and their guard, deadlines that scale with BARRIERFLOW_TEST_TIMEOUT_SCALE (the helper
 every test uses, and the conftest hook that stretches pytest-timeout's per-test limit), and a
 SparkSession that cannot start is reported once, not as one confusing error per test."""
 
@@ -10,6 +10,13 @@ import pytest
 from _timeouts import ENV, scaled, timeout_scale
 
 TESTS = Path(__file__).resolve().parent
+
+
+def copy_suite_setup(pytester: pytest.Pytester) -> None:
+    """Give a pytester project this suite's conftest and the modules it imports."""
+    pytester.makeconftest((TESTS / "conftest.py").read_text())
+    pytester.makepyfile(_timeouts=(TESTS / "_timeouts.py").read_text())
+    pytester.makepyfile(_tiers=(TESTS / "_tiers.py").read_text())
 
 
 def test_deadlines_are_unscaled_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,12 +53,12 @@ def test_timer_is_scaled():
 
 
 @pytest.mark.parametrize(("scale", "passes"), [("3", True), ("1", False)])
+@pytest.mark.subprocess
 def test_the_conftest_hook_multiplies_the_per_test_timeout(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, scale: str, passes: bool
 ) -> None:
     monkeypatch.setenv(ENV, scale)
-    pytester.makeconftest((TESTS / "conftest.py").read_text())
-    pytester.makepyfile(_timeouts=(TESTS / "_timeouts.py").read_text())
+    copy_suite_setup(pytester)
     pytester.makepyfile(test_inner=INNER_TEST)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=scaled(120))
     result.assert_outcomes(passed=int(passes), failed=int(not passes))
@@ -60,20 +67,21 @@ def test_the_conftest_hook_multiplies_the_per_test_timeout(
 INNER_SPARK_TESTS = """
 import pytest
 
+@pytest.mark.spark
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_needs_spark(spark, n):
     pass
 """
 
 
+@pytest.mark.subprocess
 def test_a_spark_that_cannot_start_is_reported_once_then_in_one_line(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(pytester.path / "no-java-here"))
     monkeypatch.setenv("COLUMNS", "200")  # the summary lines name the whole error class
-    pytester.makeconftest((TESTS / "conftest.py").read_text())
-    pytester.makepyfile(_timeouts=(TESTS / "_timeouts.py").read_text())
+    copy_suite_setup(pytester)
     pytester.makepyfile(test_inner=INNER_SPARK_TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=scaled(120))
     result.assert_outcomes(errors=3)
@@ -85,3 +93,96 @@ def test_a_spark_that_cannot_start_is_reported_once_then_in_one_line(
             "ERROR test_inner.py::test_needs_spark?3? - Failed: Spark could not start earl*",
         ]
     )
+
+
+# The unit tier's guard (tests/_tiers.py). The inner projects run in this process: the guard
+# is the same audit hook, so an inner test that tries to start a process is stopped before
+# any process starts.
+
+UNMARKED_CHILDREN = """
+import multiprocessing
+import os
+import subprocess
+import sys
+
+
+def test_runs_a_child():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+
+def test_catches_the_guard_itself():
+    try:
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+    except Exception:
+        pass
+
+
+def test_forks():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+
+
+def test_spawns_with_multiprocessing():
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(target=print)
+    process.start()
+    process.join()
+
+
+def test_asks_for_a_server(redis_server):
+    pass
+"""
+
+
+def test_an_unmarked_test_that_starts_a_process_fails_naming_the_marker(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # the summary lines carry the whole message
+    copy_suite_setup(pytester)
+    pytester.makepyfile(test_inner=UNMARKED_CHILDREN)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rfE")
+    result.assert_outcomes(failed=4, errors=1)
+    result.stdout.fnmatch_lines_random(
+        [
+            "FAILED test_inner.py::test_runs_a_child - *started a child process (subprocess*"
+            "mark it @pytest.mark.subprocess*",
+            "FAILED test_inner.py::test_catches_the_guard_itself - *mark it @pytest.mark.subproc*",
+            "FAILED test_inner.py::test_forks - *started a child process (os.fork)*",
+            "FAILED test_inner.py::test_spawns_with_multiprocessing - *started a child process*",
+            "ERROR test_inner.py::test_asks_for_a_server - *uses the fixture 'redis_server'*",
+        ]
+    )
+
+
+MARKED_CHILD = """
+import subprocess
+
+import pytest
+
+
+@pytest.mark.subprocess
+def test_runs_a_child():
+    subprocess.run(["true"], check=True)
+
+
+@pytest.mark.slow
+def test_slow_in_process():
+    pass
+
+
+def test_unit():
+    pass
+"""
+
+
+@pytest.mark.subprocess
+def test_a_marked_test_may_start_a_process_and_the_unit_tier_leaves_it_out(
+    pytester: pytest.Pytester,
+) -> None:
+    copy_suite_setup(pytester)
+    pytester.makepyfile(test_inner=MARKED_CHILD)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=3)
+    unit = pytester.runpytest("-p", "no:cacheprovider", "--tier", "unit", "-v")
+    unit.assert_outcomes(passed=1, deselected=2)
+    unit.stdout.fnmatch_lines(["*test_unit PASSED*"])

@@ -521,6 +521,7 @@ CHILD = textwrap.dedent(
     [("before_durable", []), ("after_pending", list(range(10))), ("after_commit", list(range(10)))],
 )
 @pytest.mark.parametrize("adapter", TABLES)
+@pytest.mark.subprocess
 def test_killed_mid_commit_restarts_with_each_epoch_once(
     tmp_path: Path, adapter: Adapter, backend: str, point: str, expected: list[int]
 ) -> None:

@@ -401,6 +401,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 def test_vnodes_are_stable_across_processes_with_different_hash_seeds() -> None:
     finite = [f for f in FLOATS if f == f and abs(f) != float("inf")]
     here = [
