@@ -15,8 +15,10 @@ import structlog.testing
 from _timeouts import scaled
 
 from barrierflow import ActorFailedError, BarrierNotPassedError, BarrierStuckError, ConfigError
+from barrierflow.actors import add_sink
 from barrierflow.channels import Barrier, Chunk, Message
 from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
+from barrierflow.testing import ListTable
 
 pytestmark = pytest.mark.anyio
 
@@ -196,10 +198,32 @@ async def test_an_actor_waiting_on_its_input_with_a_barrier_kept_is_named_as_suc
     tmp_path: Path,
 ) -> None:
     rt = runtime(tmp_path, KeepsFirstBarrier)
-    # (Leaving ends it: the source passes its Stop and ends its output, so the actor's input
-    # ends and it finishes, not holding anything any more.)
-    async with rt:
-        with pytest.raises(BarrierStuckError) as held:
-            await rt.checkpoint(timeout=scaled(0.5))
-        assert held.value.culprits == ("middle",)
-        assert "'middle' (waiting on input 'events' after reading the barrier)" in str(held.value)
+    # (Leaving fails too: the actor keeps the Stop as well and finishes once its input ends.)
+    with pytest.raises(BarrierStuckError):
+        async with rt:
+            with pytest.raises(BarrierStuckError) as held:
+                await rt.checkpoint(timeout=scaled(0.5))
+            assert held.value.culprits == ("middle",)
+            assert "'middle' (waiting on input 'events' after reading the barrier)" in str(
+                held.value
+            )
+
+
+async def test_a_stop_an_actor_finished_without_passing_on_fails_the_exit_naming_it(
+    tmp_path: Path,
+) -> None:
+    # The actor keeps every barrier after the first, the Stop too, and finishes once the
+    # source's Stop ends its input: every actor finished, yet the sink never got the Stop, so
+    # the two acknowledged rows behind it were never committed. Leaving right after the push
+    # must say so, not exit cleanly (nor wait for the stop timeout to say it).
+    rt = runtime(tmp_path, KeepsFirstBarrier, stop_timeout=scaled(60))
+    table = ListTable(pa.schema([("id", pa.int64())]))
+    add_sink(rt, "out", table, input="middle")
+    with anyio.fail_after(scaled(30)), pytest.raises(BarrierStuckError) as stuck:
+        async with rt:
+            await rt.push("events", chunk(1, 2))
+    assert stuck.value.culprits == ("middle",)
+    assert set(stuck.value.waiting) == {"after", "out"}
+    assert stuck.value.waited < scaled(60)  # said at once, not at the stop timeout
+    assert "'middle' (finished without passing it on)" in str(stuck.value)
+    assert table.committed == {}  # what the error stands for

@@ -18,7 +18,7 @@ from barrierflow.channels.merge import AlignedMerge
 from barrierflow.channels.messages import Message
 from barrierflow.runtime._wiring import Wiring
 from barrierflow.runtime.actor import ActorContext, StreamActor
-from barrierflow.runtime.barrier_manager import BarrierManager
+from barrierflow.runtime.barrier_manager import BarrierManager, InFlightBarrier
 from barrierflow.runtime.context import NamedInputs
 from barrierflow.runtime.errors import ActorFailedError, BarrierStuckError, GraphError
 from barrierflow.runtime.graph import Node
@@ -101,10 +101,13 @@ class Incarnation:
         self.merges: dict[str, AlignedMerge] = {}
         self._services_started = 0
 
-    def stuck_error(self, nodes: Mapping[str, Node]) -> BarrierStuckError:
-        """The error naming who holds the oldest barrier in flight (see
+    def stuck_error(
+        self, nodes: Mapping[str, Node], flight: InFlightBarrier | None = None
+    ) -> BarrierStuckError:
+        """The error naming who holds ``flight`` (default: the oldest barrier in flight; see
         :mod:`~barrierflow.runtime.watchdog`); ``nodes`` is the graph, for who reads whom."""
-        flight = self.manager.oldest()
+        if flight is None:
+            flight = self.manager.oldest()
         if flight is None:
             return BarrierStuckError(
                 self.manager.current_epoch, 0.0, (), (), "nobody: no barrier could be injected"

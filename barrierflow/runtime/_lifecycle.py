@@ -11,8 +11,11 @@ or, with recovery, rebuilds the graph from the last committed checkpoint after a
 Leaving ``async with`` normally sends a final ``Stop`` checkpoint and waits (at most
 ``RuntimeConfig.stop_timeout`` seconds) for it to be committed; past that deadline the graph is
 cancelled and the exit raises :class:`~barrierflow.errors.BarrierStuckError` naming the actors
-that hold the barrier, rather than hang. A :class:`~barrierflow.runtime.watchdog.BarrierWatchdog`
-runs beside every incarnation and warns about such an actor long before.
+that hold the barrier, rather than hang. The same error comes at once when every actor finished
+but the Stop did not go through them all (an actor ended holding it): the rows behind it were
+never committed, and a clean exit would hide that. A
+:class:`~barrierflow.runtime.watchdog.BarrierWatchdog` runs beside every incarnation and warns
+about such an actor long before.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from barrierflow.runtime._incarnation import Incarnation, check_wiring, create_a
 from barrierflow.runtime._jobs import RunningJobs
 from barrierflow.runtime._live import LiveGraph
 from barrierflow.runtime._wiring import wire
-from barrierflow.runtime.barrier_manager import BarrierManager
+from barrierflow.runtime.barrier_manager import BarrierManager, InFlightBarrier
 from barrierflow.runtime.config import RuntimeConfig
 from barrierflow.runtime.errors import (
     ActorFailedError,
@@ -190,12 +193,20 @@ class Lifecycle:
         fail), then cancel what is left and close the store."""
         if exc is None and self._live.failure is None:
             timeout = self._config.stop_timeout
+            flight: InFlightBarrier | None = None
             with anyio.CancelScope(shield=True), anyio.move_on_after(timeout) as stop:
-                await self._stop_graph()
+                flight = await self._stop_graph()
             incarnation = self._live.incarnation
+            nodes = self._declarations.graph.nodes
+            stuck: BarrierStuckError | None = None
             if stop.cancelled_caught and incarnation is not None:
+                stuck = incarnation.stuck_error(nodes)
+            elif flight is not None and flight.missed and incarnation is not None:
+                # Every actor finished, but the Stop did not go through them all: one ended
+                # holding it, so the rows behind it were never committed downstream.
+                stuck = incarnation.stuck_error(nodes, flight)
+            if stuck is not None:
                 # What followed the last committed checkpoint is replayed at the next start.
-                stuck = incarnation.stuck_error(self._declarations.graph.nodes)
                 self._log.error(str(stuck), timeout_s=timeout)
                 await self._shutdown(BarrierStuckError, stuck, None)
                 raise stuck
@@ -237,10 +248,12 @@ class Lifecycle:
         if failure is not None and exc is None:
             raise failure from failure.cause
 
-    async def _stop_graph(self) -> None:
+    async def _stop_graph(self) -> InFlightBarrier | None:
+        """Inject the final ``Stop`` checkpoint and wait until it completed; return it (``None``:
+        no Stop was needed, every actor had finished already)."""
         incarnation = self._live.incarnation
         if incarnation is None or incarnation.finished:
-            return  # nothing runs that a Stop could reach (every actor finished already)
+            return None  # nothing runs that a Stop could reach (every actor finished already)
         await incarnation.ready.wait()
         try:
             async with self._jobs.lock:
@@ -249,7 +262,8 @@ class Lifecycle:
                 flight = await incarnation.manager.inject(BarrierKind.CHECKPOINT, stop)
             await flight.wait()
         except NotRunningError:
-            return  # every actor finished meanwhile (their own Stop, or their inputs ended)
+            return None  # every actor finished meanwhile (their own Stop, or inputs ended)
+        return flight
 
     async def _supervise(self, *, task_status: TaskStatus[None]) -> None:
         started = False

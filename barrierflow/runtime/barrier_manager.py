@@ -46,7 +46,15 @@ class InFlightBarrier:
         InvalidArgumentError: ``barrier`` is not a Barrier, or ``actors`` not a set of int ids.
     """
 
-    __slots__ = ("_done", "_error", "barrier", "collected_at", "injected_at", "remaining")
+    __slots__ = (
+        "_done",
+        "_error",
+        "barrier",
+        "collected_at",
+        "injected_at",
+        "missed",
+        "remaining",
+    )
 
     def __init__(self, barrier: Barrier, actors: set[int]) -> None:
         if not isinstance(barrier, Barrier):
@@ -58,6 +66,11 @@ class InFlightBarrier:
         self.injected_at = 0.0
         #: When every actor had collected it (``None`` until then).
         self.collected_at: float | None = None
+        #: The actors that finished without collecting it (their input ended first): it did
+        #: not go through them, so it completes without them — and whoever read it and ended
+        #: without passing it on lost it for everyone downstream (see
+        #: :func:`~barrierflow.runtime.watchdog.diagnose`).
+        self.missed: set[int] = set()
         self._done = anyio.Event()
         self._error: BaseException | None = None
 
@@ -286,8 +299,8 @@ class BarrierManager:
     def retire(self, actor_id: int, barrier: Barrier | None = None) -> None:
         """``actor_id`` finished: at ``barrier`` (stopped or dropped) — later barriers, in
         flight or to come, no longer wait for it — or, with ``None``, because its input ended
-        (no barrier it has not collected yet will ever reach it). A source gets no more
-        barriers.
+        (no barrier it has not collected yet will ever reach it: each in-flight one records
+        it in :attr:`InFlightBarrier.missed`). A source gets no more barriers.
 
         Raises:
             InvalidArgumentError: ``barrier`` is neither ``None`` nor a Barrier.
@@ -297,6 +310,8 @@ class BarrierManager:
         self._actors.discard(actor_id)
         self._sources.pop(actor_id, None)
         for flight in self._in_flight.values():
+            if barrier is None and actor_id in flight.remaining:
+                flight.missed.add(actor_id)
             if barrier is None or flight.barrier.epoch.curr > barrier.epoch.curr:
                 flight.remaining.discard(actor_id)
         self._collected.set()

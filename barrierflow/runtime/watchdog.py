@@ -9,7 +9,10 @@ in one line; the watchdog logs that line as a warning once a barrier has been in
 ``RuntimeConfig.stuck_barrier_intervals`` barrier intervals, then again each time the wait
 doubles (not once per interval), and ``Runtime.checkpoint(timeout=...)`` and leaving
 ``async with`` past ``RuntimeConfig.stop_timeout`` raise it as a
-:class:`~barrierflow.runtime.errors.BarrierStuckError`.
+:class:`~barrierflow.runtime.errors.BarrierStuckError`. An actor that *finished* without
+passing a barrier on holds it for good: leaving ``async with`` raises the same error at once
+when that barrier is the final ``Stop`` checkpoint, whose rows would otherwise be left
+uncommitted behind a clean exit.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ def diagnose(
     upstreams: Mapping[str, Iterable[str]],
     channels: Iterable[ChannelStatistics],
 ) -> BarrierStuckError:
-    """The error that names who holds ``flight``.
+    """The error that names who holds ``flight``: the actors that have not passed it on —
+    still running (:attr:`~InFlightBarrier.remaining`) or finished without it
+    (:attr:`~InFlightBarrier.missed`) — split into the culprits, whose every upstream passed
+    it, and those downstream of them that only never got it.
 
     Args:
         flight: the stuck barrier.
@@ -41,15 +47,22 @@ def diagnose(
         upstreams: actor name → the names of the actors it reads.
         channels: the graph's channels now (``"a->b"`` edges, ``"a inbox"`` inboxes).
     """
-    stuck = {names.get(i, f"actor {i}") for i in flight.remaining}
+    ended = {names.get(i, f"actor {i}") for i in flight.missed}
+    stuck = ended.union(names.get(i, f"actor {i}") for i in flight.remaining)
     culprits = sorted(a for a in stuck if not stuck.intersection(upstreams.get(a, ())))
     waiting = sorted(stuck.difference(culprits))
     stats = list(channels)
-    detail = "; ".join(f"{a!r} ({_doing(a, stats)})" for a in culprits) or (
-        "nobody: every actor passed it, its checkpoint is still being committed"
+    detail = (
+        "; ".join(f"{a!r} ({_FINISHED if a in ended else _doing(a, stats)})" for a in culprits)
+        or "nobody: every actor passed it, its checkpoint is still being committed"
     )
     waited = anyio.current_time() - flight.injected_at
     return BarrierStuckError(flight.barrier.epoch.curr, waited, culprits, waiting, detail)
+
+
+#: What a culprit that finished without collecting the barrier did (its input ended after the
+#: barrier reached it, or before: a source that ended on its own).
+_FINISHED = "finished without passing it on"
 
 
 def _doing(actor: str, channels: list[ChannelStatistics]) -> str:
