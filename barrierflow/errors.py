@@ -107,6 +107,7 @@ if _typing.TYPE_CHECKING:
     from barrierflow.runtime.errors import JobError as JobError
     from barrierflow.runtime.errors import JobNotDeclaredError as JobNotDeclaredError
     from barrierflow.runtime.errors import KeyColumnError as KeyColumnError
+    from barrierflow.runtime.errors import MetricsPortError as MetricsPortError
     from barrierflow.runtime.errors import NotAwaitedError as NotAwaitedError
     from barrierflow.runtime.errors import NotRunningError as NotRunningError
     from barrierflow.runtime.errors import SinkError as SinkError
@@ -194,6 +195,7 @@ _DEFINED_IN: dict[str, str] = {
     "JobError": "barrierflow.runtime.errors",
     "JobNotDeclaredError": "barrierflow.runtime.errors",
     "KeyColumnError": "barrierflow.runtime.errors",
+    "MetricsPortError": "barrierflow.runtime.errors",
     "NotAwaitedError": "barrierflow.runtime.errors",
     "NotRunningError": "barrierflow.runtime.errors",
     "PositionOverlapError": "barrierflow.actors.sinks.errors",

@@ -3,6 +3,7 @@ a graph runs, parsed with prometheus_client's own parser), job progress, both ba
 
 from __future__ import annotations
 
+import errno
 import math
 import re
 import socket
@@ -26,7 +27,12 @@ from barrierflow.actors.sources.split_log import Offset
 from barrierflow.app.top import run_top
 from barrierflow.channels import Chunk, Message
 from barrierflow.channels.mutation import Pause
-from barrierflow.errors import ActorFailedError, ConfigError, InvalidArgumentError
+from barrierflow.errors import (
+    ActorFailedError,
+    ConfigError,
+    InvalidArgumentError,
+    MetricsPortError,
+)
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
 from barrierflow.runtime.metrics import (
     Histogram,
@@ -173,9 +179,16 @@ async def test_a_metrics_port_in_use_fails_the_start_naming_it(tmp_path: Path) -
         taken.listen()
         port = taken.getsockname()[1]
         rt, _ = build(tmp_path, metrics_port=port)
-        with pytest.raises(OSError, match="in use"):
+        with pytest.raises(MetricsPortError) as refused:
             async with rt:
                 pass
+    error = refused.value
+    assert (error.argument, error.host, error.port) == ("metrics_port", "127.0.0.1", port)
+    assert isinstance(error.__cause__, OSError)
+    assert error.__cause__.errno == errno.EADDRINUSE
+    assert error.reason == error.__cause__.strerror
+    assert "RuntimeConfig.metrics_port: expected a port free to bind on 127.0.0.1" in str(error)
+    assert rt.metrics_url is None  # nothing was started, nothing is left running
 
 
 def test_histograms_count_into_buckets_and_give_quantiles() -> None:

@@ -78,7 +78,9 @@ class RuntimeConfig:
         metrics_port: serve the runtime's metrics (:mod:`barrierflow.runtime.metrics`) in
             Prometheus's text format at ``http://<metrics_host>:<port>/metrics`` while it runs
             (``0``: a free port, see ``Runtime.metrics_url``); ``None`` (the default): no
-            endpoint. Needs the ``metrics`` extra (prometheus-client).
+            endpoint. Needs the ``metrics`` extra (prometheus-client). A port that cannot be
+            bound when the runtime starts (in use) fails the start with
+            :class:`~barrierflow.errors.MetricsPortError`.
         metrics_host: the address the endpoint binds to; loopback by default, so that a
             pipeline's metrics are not on the network unless asked for.
 

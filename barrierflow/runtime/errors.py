@@ -18,6 +18,7 @@ __all__ = [
     "GraphError",
     "SinkError",
     "NotRunningError",
+    "MetricsPortError",
     "SinkStateMismatchError",
     "JobError",
     "DuplicateJobError",
@@ -79,6 +80,37 @@ class NotRunningError(BarrierflowError):
     def __init__(self, what: str, how: str) -> None:
         self.what = what
         super().__init__(f"{what} is not running: {how}")
+
+
+@final
+class MetricsPortError(InvalidArgumentError):
+    """The metrics endpoint (``RuntimeConfig.metrics_port``) could not bind its address when
+    the runtime started: the port is taken (by another runtime or program, or a previous run
+    that has not let go of it yet), needs privileges, or the host is not an address of this
+    machine. The runtime does not start. ``__cause__`` is the operating system's error (also an
+    :class:`InvalidArgumentError`).
+
+    Attributes:
+        argument: ``"metrics_port"``, the setting to change.
+        host: ``RuntimeConfig.metrics_host``, the address it tried.
+        port: the port it tried.
+        reason: what the operating system said (``"Address already in use"``).
+        expected, got: as for every :class:`InvalidArgumentError`.
+    """
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        self.argument = "metrics_port"
+        self.host = host
+        self.port = port
+        self.reason = reason
+        self.expected = f"a port free to bind on {host}"
+        self.got = port
+        Exception.__init__(
+            self,
+            f"RuntimeConfig.metrics_port: expected a port free to bind on {host} for the "
+            f"metrics endpoint, got {port}, which cannot be bound ({reason}); choose another "
+            "port, 0 for any free one, or None for no endpoint",
+        )
 
 
 @final

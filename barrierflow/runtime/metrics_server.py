@@ -18,6 +18,7 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from barrierflow._extras import require
+from barrierflow.runtime.errors import MetricsPortError
 from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry
 
 __all__ = ["MetricsServer", "to_prometheus"]
@@ -79,15 +80,20 @@ class MetricsServer:
         """Start serving; call on the runtime's event loop (its token is taken here).
 
         Raises:
-            OSError: the port cannot be bound (in use, not allowed).
+            MetricsPortError: the address cannot be bound (the port in use or not allowed, the
+                host not an address of this machine); ``__cause__`` is the ``OSError``.
         """
         exposition = require("metrics", "prometheus_client.exposition")
         registry_module = require("metrics", "prometheus_client.registry")
         registry = registry_module.CollectorRegistry(auto_describe=False)
         registry.register(_Collector(self._registry, anyio.lowlevel.current_token()))
-        self._server, self._thread = exposition.start_http_server(
-            self._port, addr=self._host, registry=registry
-        )
+        try:
+            self._server, self._thread = exposition.start_http_server(
+                self._port, addr=self._host, registry=registry
+            )
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise MetricsPortError(self._host, self._port, reason) from exc
 
     def stop(self) -> None:
         """Stop serving and free the port (idempotent; blocks until the thread ended)."""
