@@ -16,7 +16,7 @@ The zero padding makes names sort by epoch. Durable writes (fsync) are in
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,10 @@ __all__ = [
     "PRECOMMITTED",
     "STAGING",
     "clean_staging",
+    "delete_unreferenced_moves",
     "epoch_dir_name",
     "kept_epochs",
+    "moved_files",
     "staged_dir",
     "staged_name",
     "unstaged_path",
@@ -82,6 +84,65 @@ def clean_staging(root: Path, keep: set[str]) -> None:
     for entry in staging.iterdir():
         if entry.name not in keep:
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def moved_files(root: Path, keep: set[str]) -> list[Path]:
+    """The data files a committer moved out of staging into ``root`` —
+    ``root/<S, 20 digits>/w<writer>/*.parquet``, the layout :func:`unstaged_path` makes —
+    under staging epochs not in ``keep`` (the pending commits'). Nothing else in ``root`` is
+    barrierflow's to judge. Blocking."""
+    found: list[Path] = []
+    if not root.is_dir():
+        return found
+    for epoch_dir in root.iterdir():
+        name = epoch_dir.name
+        if len(name) != 20 or not name.isdigit() or name in keep or not epoch_dir.is_dir():
+            continue
+        for writer_dir in epoch_dir.iterdir():
+            if writer_dir.name.startswith("w") and writer_dir.is_dir():
+                found.extend(
+                    path
+                    for path in writer_dir.iterdir()
+                    if path.suffix == ".parquet" and path.is_file()
+                )
+    return found
+
+
+def delete_unreferenced_moves(
+    root: Path,
+    keep: set[str],
+    current: Callable[[], set[Path]],
+    ever: Callable[[], set[Path]],
+) -> list[Path]:
+    """Delete the files a commit moved into ``root`` but that no commit of the table
+    references: what a crash between a commit's file moves and the table's commit leaves when
+    the meta store that named them as pending is lost too (a new or empty store, adopted
+    positions). Nothing else would ever delete them — the table's own cleanup (``vacuum``,
+    orphan removal) only knows files its log once named — and a plain directory reader counts
+    their rows. Their epoch is not committed, so its rows are replayed from the positions
+    the table holds. Blocking.
+
+    Only :func:`moved_files` are candidates (barrierflow's own layout, staging epochs no
+    pending commit keeps), and a candidate is deleted only when neither the table's current
+    version (``current()``, read when there is any candidate) nor any version the table still
+    keeps (``ever()``, read only when some candidate is not current) references it.
+
+    Returns:
+        The deleted files.
+    """
+    candidates = {path.resolve() for path in moved_files(root, keep)}
+    if candidates:
+        candidates -= current()
+    if candidates:
+        candidates -= ever()
+    for path in sorted(candidates):
+        path.unlink(missing_ok=True)
+        for directory in (path.parent, path.parent.parent):
+            try:
+                directory.rmdir()  # only once empty: the epoch's directory goes with its files
+            except OSError:
+                break
+    return sorted(candidates)
 
 
 def unstaged_path(root: Path, relative: str) -> Path:

@@ -16,7 +16,9 @@ The parts, shaped like :mod:`barrierflow.connectors.iceberg_sink`:
   source of truth for "which epoch is committed": a commit whose epoch is not above the
   table's recorded version for the app id is a replay after a crash and is skipped. It survives
   checkpoints and log cleanup (the snapshot keeps the latest ``txn`` per app id). ``abort``
-  deletes the epoch's files; ``recover`` deletes staged files no pending commit references.
+  deletes the epoch's files; ``recover`` deletes staged files no pending commit references,
+  and files moved into the table that neither a pending commit nor the log names (a crash
+  between the moves and the Delta commit, with the meta store lost since).
 * **Source positions** go into the same commit's ``commitInfo`` (custom metadata):
   ``barrierflow.positions`` (this epoch's) and ``barrierflow.source-positions`` (every position
   the table holds, merged), with ``barrierflow.app-id`` and ``barrierflow.epoch``. They are
@@ -55,6 +57,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, final
+from urllib.parse import unquote
 
 import anyio
 import anyio.lowlevel
@@ -72,6 +75,7 @@ from barrierflow.connectors._iceberg_schema import same_fields
 from barrierflow.connectors._parquet_files import check_table_path
 from barrierflow.connectors._staging import (
     clean_staging,
+    delete_unreferenced_moves,
     gather_staged,
     kept_epochs,
     staged_dir,
@@ -263,8 +267,36 @@ class DeltaCommitter:
         return self._committed(self._sink.table())
 
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
-        """Delete staged epochs that no pending commit references."""
-        await self._run(clean_staging, self._sink.path, kept_epochs(pending.values()))
+        """Delete staged epochs that no pending commit references, and the files a commit
+        moved into the table that no pending commit and no commit in the log references (a
+        crash between the moves and the Delta commit, its meta store lost since: see
+        :func:`~._staging.delete_unreferenced_moves`)."""
+        await self._run(self._recover, kept_epochs(pending.values()))
+
+    def _recover(self, keep: set[str]) -> None:
+        root = self._sink.path
+        clean_staging(root, keep)
+        delete_unreferenced_moves(
+            root,
+            keep,
+            lambda: {Path(uri).resolve() for uri in self._latest().file_uris()},
+            self._logged_files,
+        )
+
+    def _logged_files(self) -> set[Path]:
+        """Every file an ``add`` or ``remove`` action of a commit still in the log names: a
+        file a later commit removed stays for time travel until ``vacuum`` deletes it. (A
+        commit file the log's cleanup deleted is older than ``delta.logRetentionDuration``,
+        past the removed files' retention: ``vacuum`` may delete those anyway.)"""
+        root = self._sink.path
+        named: set[Path] = set()
+        for commit in sorted((root / "_delta_log").glob("*.json")):
+            for line in commit.read_text().splitlines():
+                action = json.loads(line) if line.strip() else {}
+                for kind in ("add", "remove"):
+                    if isinstance(action.get(kind), dict) and "path" in action[kind]:
+                        named.add((root / unquote(action[kind]["path"])).resolve())
+        return named
 
     async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
         """Every writer's staged files of the epoch and its schema change (``None`` if there

@@ -13,7 +13,9 @@ local directory (:func:`open_local_catalog`). The parts:
   one atomic snapshot per epoch. A commit whose epoch is not above that property is a replay
   after a crash and is skipped — the property, not the snapshot summaries, is the source of
   truth, because snapshot expiry deletes old summaries. ``abort`` deletes the epoch's files;
-  ``recover`` deletes staged files no pending commit references.
+  ``recover`` deletes staged files no pending commit references, and files moved into the
+  table that neither a pending commit nor a snapshot names (a crash between the moves and the
+  catalog commit, with the meta store lost since).
 * **Source positions**: the same transaction records the positions the epoch's rows reach in
   the snapshot summary (``barrierflow.positions``) and, merged, in the table property
   ``barrierflow.source-positions``; an epoch whose batches the table holds already is dropped
@@ -57,6 +59,7 @@ from barrierflow.connectors._iceberg_schema import evolve, same_fields
 from barrierflow.connectors._parquet_files import check_table_path
 from barrierflow.connectors._staging import (
     clean_staging,
+    delete_unreferenced_moves,
     gather_staged,
     kept_epochs,
     staged_dir,
@@ -244,8 +247,23 @@ class IcebergCommitter:
         return int(self._sink.table().properties.get(COMMITTED_EPOCH_PROPERTY, "0"))
 
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
-        """Delete staged epochs that no pending commit references."""
-        await self._run(clean_staging, self._sink.data_path, kept_epochs(pending.values()))
+        """Delete staged epochs that no pending commit references, and the files a commit
+        moved into the table that no pending commit and no snapshot references (a crash
+        between the moves and the catalog commit, its meta store lost since: see
+        :func:`~._staging.delete_unreferenced_moves`)."""
+        await self._run(self._recover, kept_epochs(pending.values()))
+
+    def _recover(self, keep: set[str]) -> None:
+        clean_staging(self._sink.data_path, keep)
+        delete_unreferenced_moves(
+            self._sink.data_path,
+            keep,
+            lambda: self._data_files(self._sink.table().inspect.files()),
+            lambda: self._data_files(self._sink.table().inspect.all_files()),
+        )
+
+    def _data_files(self, files: pa.Table) -> set[Path]:
+        return {_local_path(path).resolve() for path in files["file_path"].to_pylist()}
 
     async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
         """Every writer's staged files of the epoch and its schema change (``None`` if there
