@@ -960,15 +960,31 @@ def test_bad_arguments_are_refused_with_what_was_expected_and_what_came(
     assert (bad.value.argument, bad.value.expected, bad.value.got) == (argument, expected, got)
 
 
-def test_good_arguments_at_their_bounds_are_accepted() -> None:
-    SourceBackfill(
-        _LOG,
-        splits=[],
+async def test_good_arguments_at_their_bounds_are_accepted(sleeps: _Sleeps) -> None:
+    # Accepted means taken as given: the smallest batch and retry count and the longest first
+    # backoff are the ones the reader uses, and an empty split list or a rate of 0 reads
+    # nothing (a wait of one interval is taken too; its effect has its own test).
+    async def run(actor: SourceBackfill) -> list[Exception]:
+        async with running(actor, FakeStore()) as (upstream, _, failed):
+            await upstream.barrier(Add())
+            await settle()
+        return failed
+
+    log = RecordingFailingLog(make_log(a=2), failures=100)
+    bounds = SourceBackfill(
+        log,  # type: ignore[arg-type]
+        splits=("a",),
         batch_rows=1,
         wait_barrier_intervals=1,
         max_reader_retries=1,
         retry_delay=3599.5,
-        rate_limit=0,
         clock=FakeClock(),
     )
-    SourceBackfill(_LOG, splits=("a",), retry_delay=1)
+    assert [type(error) for error in await run(bounds)] == [ConnectionError]
+    assert log.batch_rows == [1, 1]  # the first read and its one retry
+    assert sleeps.delays == [3599.5]
+    for kwargs in ({"splits": []}, {"splits": ["a"], "rate_limit": 0}):
+        log = RecordingFailingLog(make_log(a=2), failures=100)
+        actor = SourceBackfill(log, clock=FakeClock(), **kwargs)  # type: ignore[arg-type]
+        assert await run(actor) == []
+        assert log.reads == 0
