@@ -68,9 +68,14 @@ def test_core_uses_anyio_only() -> None:
 
 
 def test_every_module_imports() -> None:
+    imported = set()
     for info in pkgutil.walk_packages([str(PACKAGE_ROOT)], prefix="barrierflow."):
         if not info.name.endswith("__main__"):  # that one runs the CLI
             importlib.import_module(info.name)
+            imported.add(info.name)
+    # The walk reached every layer: a wrong root would import nothing and pass.
+    layers = {f"barrierflow.{layer}" for layer in ("channels", "runtime", "actors", "spark_bridge")}
+    assert layers <= imported
 
 
 def test_package_is_typed() -> None:

@@ -586,12 +586,18 @@ def test_writers_of_different_coordinators_may_share_a_writer_id(tmp_path: Path)
     mine, other = writer_of(orders, "0"), writer_of(refunds, "0")
     services = {"orders": orders, "refunds": refunds}
     mine.check_startup(StartupContext("w1", services, {"w0": other}))
+    # The same id under the same coordinator is a duplicate: the coordinator tells them apart.
+    with pytest.raises(DuplicateWriterError):
+        mine.check_startup(StartupContext("w1", services, {"w0": writer_of(orders, "0")}))
 
 
 def test_siblings_of_one_coordinator_with_distinct_ids_are_no_duplicates(tmp_path: Path) -> None:
     orders = coordinator_for(tmp_path)
     mine, other = writer_of(orders, "1"), writer_of(orders, "0")
     mine.check_startup(StartupContext("w1", {"orders": orders}, {"w0": other}))
+    # A sibling with this writer's id is a duplicate: the ids tell them apart.
+    with pytest.raises(DuplicateWriterError):
+        mine.check_startup(StartupContext("w1", {"orders": orders}, {"w0": writer_of(orders, "1")}))
 
 
 def test_only_the_later_of_two_duplicate_writers_reports_them(tmp_path: Path) -> None:

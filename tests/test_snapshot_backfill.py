@@ -1123,6 +1123,11 @@ def test_a_materialized_view_or_a_parallel_group_of_them_is_accepted(
     view: str, graph: dict[str, Any]
 ) -> None:
     SnapshotBackfill(view).check_startup(startup(graph))
+    # The same graph with those actors not views is refused: it is them the check accepted.
+    not_views = {name: actor if name == "src" else object() for name, actor in graph.items()}
+    with pytest.raises(NotAMaterializedViewError) as refused:
+        SnapshotBackfill(view).check_startup(startup(not_views))
+    assert refused.value.view == view
 
 
 @pytest.mark.parametrize(
