@@ -14,8 +14,11 @@ from typing import Any
 import anyio
 import pyarrow as pa
 import pytest
+from _timeouts import scaled
 
 from barrierflow._taskgroups import single_error
+from barrierflow.actors import SplitSource, add_sink
+from barrierflow.actors.sources.split_log import split_log_schema
 from barrierflow.channels import (
     Add,
     AlignedMerge,
@@ -43,6 +46,7 @@ from barrierflow.errors import (
     GraphError,
     InvalidArgumentError,
     SchemaMismatchError,
+    UnknownSplitError,
     WatermarkTypeMismatchError,
 )
 from barrierflow.runtime import (
@@ -55,8 +59,10 @@ from barrierflow.runtime import (
     Ticker,
 )
 from barrierflow.runtime.barrier_manager import BarrierManager
-from barrierflow.testing import FakeClock
+from barrierflow.testing import FakeClock, ListTable
+from barrierflow.testing.split_log import MemorySplitLog
 
+PAYLOAD = pa.schema([("v", pa.int64())])
 BATCH = pa.record_batch({"k": pa.array([1, 2, 3], pa.int64())})
 
 
@@ -275,6 +281,27 @@ async def test_actor_failed_error_names_the_real_error_not_a_group(tmp_path: Pat
     assert failure.__cause__ is failure.cause
     assert "ValueError: bad row" in str(failure)
     assert "TaskGroup" not in str(failure)
+
+
+@pytest.mark.parametrize("writers", [1, 2])
+@pytest.mark.anyio
+async def test_the_failure_that_caused_the_others_is_the_one_raised(
+    tmp_path: Path, writers: int
+) -> None:
+    # A misspelled split fails the source at its first barrier; its writers then see their
+    # input end and leave, and the sink's coordinator, still aligning them, fails on that
+    # (UnexpectedWriterRequestError). The source's error came first: it is the one raised.
+    log = MemorySplitLog(PAYLOAD)
+    log.append("a", {"v": [1, 2]})
+    rt = Runtime(RuntimeConfig(tmp_path / "state.db", barrier_interval=60.0))
+    rt.add_source("events", lambda: SplitSource(log, splits=["a", "zz"]))
+    add_sink(rt, "out", ListTable(split_log_schema(PAYLOAD)), input="events", parallelism=writers)
+    with anyio.fail_after(scaled(10)), pytest.raises(ActorFailedError) as info:
+        async with rt:
+            await rt.checkpoint()
+    assert info.value.actor == "events"
+    assert isinstance(info.value.cause, UnknownSplitError)
+    assert info.value.cause.split == "zz"
 
 
 @pytest.mark.anyio

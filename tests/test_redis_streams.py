@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -16,22 +17,27 @@ import pytest
 import redis
 from _timeouts import scaled
 
+from barrierflow.actors import SplitSource, add_sink
 from barrierflow.actors.sources.split_log import (
     OFFSET_MAJOR,
     OFFSET_MINOR,
     SPLIT_COLUMN,
     Offset,
     SplitLog,
+    split_log_schema,
 )
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors import RedisStreamLog, RetryBackoff
 from barrierflow.errors import (
+    ActorFailedError,
     OffsetOrderError,
     OffsetTrimmedError,
     SplitLogRecordError,
     SplitLogUnavailableError,
     UnknownSplitError,
 )
+from barrierflow.runtime import Runtime, RuntimeConfig
+from barrierflow.testing import ListTable
 from barrierflow.testing.redis_server import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -505,3 +511,25 @@ async def test_a_read_from_the_middle_learns_its_lag_once_it_caught_up(
             add(conn, a, ["9-0"])
             assert await log.records_after(a, Offset(8, 0)) == 1
             assert await log.records_after(a, Offset(6, 0)) is None  # never a batch's end
+
+
+async def test_a_misspelled_stream_in_a_graph_with_a_sink_fails_with_unknown_split_error(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # The source's error, not the sink coordinator's that follows it (its writers leave once
+    # the source's output ends), is the one raised.
+    p = redis_server.key_prefix()
+    with redis_server.client() as conn:
+        add(conn, f"{p}orders", ["1-0"])
+    async with RedisStreamLog(
+        redis_server.url, splits=[f"{p}orders", f"{p}ordres"], payload=PAYLOAD
+    ) as log:
+        rt = Runtime(RuntimeConfig(tmp_path / "state.db", barrier_interval=60.0))
+        rt.add_source("events", lambda: SplitSource(log))
+        add_sink(rt, "out", ListTable(split_log_schema(PAYLOAD)), input="events", parallelism=2)
+        with anyio.fail_after(scaled(10)), pytest.raises(ActorFailedError) as info:
+            async with rt:
+                await rt.checkpoint()
+    assert info.value.actor == "events"
+    assert isinstance(info.value.cause, UnknownSplitError)
+    assert (info.value.cause.split, info.value.cause.known) == (f"{p}ordres", [f"{p}orders"])

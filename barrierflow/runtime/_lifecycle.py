@@ -66,16 +66,29 @@ def _contains(group: BaseExceptionGroup[BaseException], exc: BaseException) -> b
     )
 
 
-def _first_actor_failure(group: BaseExceptionGroup[BaseException]) -> ActorFailedError | None:
-    """The first ActorFailedError in ``group`` (at any depth)."""
+def _actor_failures(group: BaseExceptionGroup[BaseException]) -> list[ActorFailedError]:
+    """Every ActorFailedError in ``group`` (at any depth)."""
+    found: list[ActorFailedError] = []
     for exc in group.exceptions:
         if isinstance(exc, ActorFailedError):
-            return exc
-        if isinstance(exc, BaseExceptionGroup):
-            found = _first_actor_failure(exc)
-            if found is not None:
-                return found
-    return None
+            found.append(exc)
+        elif isinstance(exc, BaseExceptionGroup):
+            found.extend(_actor_failures(exc))
+    return found
+
+
+def _root_failure(group: BaseExceptionGroup[BaseException]) -> ActorFailedError | None:
+    """The ActorFailedError in ``group`` that came first in time (``None``: there is none).
+
+    One failure brings others: a source that fails closes its outputs, so a sink's writers see
+    their input end and leave, and the sink's coordinator, still waiting for them to align,
+    fails on the leaving. The task groups' nesting decides where each error sits in the group
+    (the coordinator's, in the services' group, comes before the source's, in the actors'
+    group nested inside it), not which came first: the earliest is the cause, and the one to
+    raise.
+    """
+    failures = _actor_failures(group)
+    return min(failures, key=lambda failure: failure.failed_at, default=None)
 
 
 class Lifecycle:
@@ -236,7 +249,7 @@ class Lifecycle:
                         # The body's own error, not a group of it: what the actors raised while
                         # being torn down because of it is a consequence (and was logged).
                         raise exc from exc.__cause__
-                    failure = _first_actor_failure(group)
+                    failure = _root_failure(group)
                     if failure is not None:
                         raise failure from failure.cause
                     raise
@@ -307,8 +320,9 @@ class Lifecycle:
         try:
             await self._run_graph(task_status)
         except BaseExceptionGroup as group:
-            # Surface the actor failure itself (siblings were only cancelled by it).
-            failure = _first_actor_failure(group)
+            # Surface the failure that caused the others (siblings were cancelled by it, or
+            # failed because of it).
+            failure = _root_failure(group)
             if failure is None:
                 raise
             raise failure from failure.cause

@@ -6,6 +6,7 @@ Every public name is re-exported from :mod:`barrierflow.errors`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import final
 
@@ -50,12 +51,20 @@ class ActorGoneError(ActorError):
 
 @final
 class ActorFailedError(ActorError):
-    """An actor raised, which stopped its graph; ``__cause__`` is what it raised."""
+    """An actor raised, which stopped its graph; ``__cause__`` is what it raised.
+
+    Attributes:
+        failed_at: when the failure was reported (``time.perf_counter_ns()``, taken as the
+            error is made, before the actor's outputs close): of several failures of one
+            graph, the first in time is the cause of the others — a peer that saw its input
+            end or its writer leave fails only after — so the runtime raises that one.
+    """
 
     def __init__(self, actor: str, actor_id: int, cause: BaseException) -> None:
         self.actor = actor
         self.actor_id = actor_id
         self.cause = cause
+        self.failed_at = time.perf_counter_ns()
         super().__init__(f"actor {actor!r} (id {actor_id}) failed: {type(cause).__name__}: {cause}")
 
 
