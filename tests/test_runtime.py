@@ -246,17 +246,26 @@ async def test_a_clean_exit_commits_the_final_checkpoint_even_when_the_commit_is
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The actors finish as soon as they pass the Stop barrier, while its commit is still
-    # ahead: the runtime must let that commit finish instead of cancelling it.
+    # ahead: the runtime must let that commit finish instead of cancelling it. The commit
+    # holds until the actor finished and the runtime did all it does about that (every other
+    # task waits): a runtime that cancels the commit then cancels it here.
     commit = StateStore.commit
+    finished = anyio.Event()
+
+    class FinishingCounter(Counter):
+        async def run(self, ctx: ActorContext) -> None:
+            await super().run(ctx)
+            finished.set()
 
     async def slow_commit(self: StateStore, epoch: int) -> None:
-        await anyio.sleep(0.05)
+        await finished.wait()
+        await anyio.wait_all_tasks_blocked()
         await commit(self, epoch)
 
     monkeypatch.setattr(StateStore, "commit", slow_commit)
     rt = Runtime(config(tmp_path))
     rt.add_source("src")
-    rt.add_actor("count", Counter, inputs=["src"])
+    rt.add_actor("count", FinishingCounter, inputs=["src"])
     with anyio.fail_after(scaled(20)):
         async with rt:
             await rt.push("src", chunk(1, 2, 3))
