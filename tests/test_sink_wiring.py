@@ -142,15 +142,18 @@ async def test_a_coordinator_waiting_for_coverage_logs_what_is_missing(tmp_path:
     rt = runtime(tmp_path)
     rt.add_service("coordinator", coordinator)
     add_sink(rt, "sink", ParquetTable(tmp_path / "t2", SCHEMA), input="src")
-    with structlog.testing.capture_logs() as logs:
+    logged = anyio.Event()
+
+    def wake_on_waiting(_: object, __: str, event: structlog.typing.EventDict) -> object:
+        if str(event["event"]).startswith("waiting for writers"):
+            logged.set()
+        return event
+
+    with structlog.testing.capture_logs(processors=[wake_on_waiting]) as logs:
         async with rt:
             await coordinator.register(VnodeBitmap.split(2)[0], writer="0", name="left")
             with anyio.fail_after(scaled(10)):
-                # capture_logs has no hook to wait on: poll the captured list.
-                while not any(  # noqa: ASYNC110
-                    e["event"].startswith("waiting for writers") for e in logs
-                ):
-                    await anyio.sleep(0.01)
+                await logged.wait()
     waiting = next(e for e in logs if e["event"].startswith("waiting for writers"))
     assert waiting["uncovered_count"] == 128
     assert waiting["uncovered"] == "128-255"
