@@ -144,7 +144,9 @@ async def test_a_coordinator_waiting_for_coverage_logs_what_is_missing(tmp_path:
     add_sink(rt, "sink", ParquetTable(tmp_path / "t2", SCHEMA), input="src")
     logged = anyio.Event()
 
-    def wake_on_waiting(_: object, __: str, event: structlog.typing.EventDict) -> object:
+    def wake_on_waiting(
+        _: structlog.typing.WrappedLogger, __: str, event: structlog.typing.EventDict
+    ) -> structlog.typing.EventDict:
         if str(event["event"]).startswith("waiting for writers"):
             logged.set()
         return event

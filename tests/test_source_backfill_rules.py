@@ -983,7 +983,8 @@ async def test_good_arguments_at_their_bounds_are_accepted(sleeps: _Sleeps) -> N
     assert [type(error) for error in await run(bounds)] == [ConnectionError]
     assert log.batch_rows == [1, 1]  # the first read and its one retry
     assert sleeps.delays == [3599.5]
-    for kwargs in ({"splits": []}, {"splits": ["a"], "rate_limit": 0}):
+    nothing: list[dict[str, Any]] = [{"splits": []}, {"splits": ["a"], "rate_limit": 0}]
+    for kwargs in nothing:
         log = RecordingFailingLog(make_log(a=2), failures=100)
         actor = SourceBackfill(log, clock=FakeClock(), **kwargs)  # type: ignore[arg-type]
         assert await run(actor) == []
