@@ -10,6 +10,7 @@ import functools
 import itertools
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -38,7 +39,12 @@ CHILD = """
 import signal, subprocess, sys
 from barrierflow.app._trace import trace
 mode = sys.argv[1]
-if mode != "exit":
+if mode == "orphan":
+    # As PySpark's daemon: it leaves the group and exits on its own once the process that
+    # holds its stdin (the JVM; here the driver) is gone.
+    subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                     stdin=subprocess.PIPE, start_new_session=True)
+elif mode != "exit":
     # A helper process, as the Spark JVM is to the driver ("escape": it leaves the group).
     subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"],
                      start_new_session=mode == "escape")
@@ -90,20 +96,55 @@ def test_a_run_is_killed_whole_group_at_the_planned_moment_after_its_start(
 
 
 @pytest.mark.subprocess
-def test_a_helper_that_left_the_group_is_reported_as_a_survivor(tmp_path: Path) -> None:
+def test_a_helper_that_left_the_group_and_stays_is_reported_as_a_survivor_and_killed(
+    tmp_path: Path,
+) -> None:
     outcome = run_until(
         child(tmp_path, "escape"),
         trace=tmp_path / "t",
         log=tmp_path / "log",
         kill=KillAt("tick", occurrence=3),
         timeout=scaled(60),
+        orphan_grace=0.2,  # it never exits: any grace reports it
     )
+    assert outcome.killed
+    assert len(outcome.survivors) == 1
+    assert outcome.orphans == 0
+    # Killed once reported: nothing it does reaches the run that resumes after it.
+    (pid,) = outcome.survivors
+    assert gone_within(pid, scaled(10))
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` has exited, or does within ``seconds`` (its pidfd turns
+    readable when it exits)."""
     try:
-        assert outcome.killed
-        assert len(outcome.survivors) == 1
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], seconds)[0])
     finally:
-        for pid in outcome.survivors:
-            os.kill(pid, signal.SIGKILL)
+        os.close(fd)
+
+
+@pytest.mark.subprocess
+def test_a_helper_that_left_the_group_and_exits_on_its_own_is_no_survivor(
+    tmp_path: Path,
+) -> None:
+    # PySpark's daemon and workers put themselves in their own group and exit once their JVM
+    # is gone: a real crash kills the same processes as the harness does. The grace is the
+    # default one (10 s, scaled): the orphan exits at once when the driver's pipe closes.
+    outcome = run_until(
+        child(tmp_path, "orphan"),
+        trace=tmp_path / "t",
+        log=tmp_path / "log",
+        kill=KillAt("tick", occurrence=3),
+        timeout=scaled(60),
+    )
+    assert outcome.killed
+    assert outcome.survivors == ()
+    assert outcome.orphans == 1
 
 
 @pytest.mark.subprocess

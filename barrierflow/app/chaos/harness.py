@@ -128,6 +128,9 @@ class KillReport:
     clean: bool
     #: The table the round writes (``""``: the act has no choice).
     table: str = ""
+    #: Processes outside the group (PySpark's daemon and workers) that exited on their own
+    #: after the kill, within the grace: a real crash leaves them too; not survivors.
+    orphans: int = 0
 
 
 @dataclass(slots=True)
@@ -425,7 +428,11 @@ def _kill_entry(
     audit: Audit,
 ) -> KillReport:
     if outcome.survivors:
-        audit.add("survivors", f"pids {list(outcome.survivors)} outlived the SIGKILL of the group")
+        audit.add(
+            "survivors",
+            f"pids {list(outcome.survivors)} outlived the SIGKILL of the group (or, having "
+            "left it, the grace for orphans to exit on their own)",
+        )
     entry = KillReport(
         kill=len(report.kills) + 1,
         round=number,
@@ -442,6 +449,7 @@ def _kill_entry(
         audit=audit.summary(),
         clean=audit.clean,
         table=act.table,
+        orphans=outcome.orphans,
     )
     report.kills.append(entry)
     return entry

@@ -3,7 +3,12 @@ chosen moment of its wall-clock time.
 
 The run is started in a new session (``start_new_session``), so the driver and everything it
 starts — the Spark JVM, the Valkey server — share one process group, and ``killpg(SIGKILL)``
-takes them all down at once, as a power cut or an OOM kill of a container would. The run's
+takes them all down at once, as a power cut or an OOM kill of a container would. PySpark's
+Python daemon and its workers put themselves in a group of their own: a ``killpg`` misses them
+as it would in a real crash, and they exit on their own once their JVM is gone. So the
+descendants found outside the group at the kill are given :data:`ORPHAN_GRACE_SECONDS` (times
+``BARRIERFLOW_TEST_TIMEOUT_SCALE``) to exit; only those still running then are survivors —
+reported, and killed, so that nothing they write reaches the run that resumes after them. The run's
 trace file (:mod:`barrierflow.app._trace`) tells the harness when the chosen event has happened;
 after the kill its last line tells where the run was. A :class:`KillAfter` ignores the trace
 and kills a fixed number of seconds after the run was started: the moments no traced event
@@ -12,6 +17,7 @@ marks (between two events, or in code that traces nothing) are reachable only th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import final
 
+from barrierflow._timeout_scale import timeout_scale
 from barrierflow.app._trace import ENV as TRACE_ENV
 
 __all__ = ["KillAfter", "KillAt", "RunOutcome", "escaped", "group_members", "run_until"]
@@ -29,6 +36,9 @@ __all__ = ["KillAfter", "KillAt", "RunOutcome", "escaped", "group_members", "run
 _POLL_SECONDS = 0.002
 #: How long the members of a killed group may take to disappear from ``/proc``.
 _REAP_SECONDS = 10.0
+#: How long processes that had left the killed group (PySpark's daemon and workers) may take
+#: to exit on their own, before the scale of ``BARRIERFLOW_TEST_TIMEOUT_SCALE``.
+ORPHAN_GRACE_SECONDS = 10.0
 
 
 @final
@@ -76,6 +86,8 @@ class RunOutcome:
             that had left its group, or processes left running after the driver exited
             (should be none).
         timed_out: the run passed its time limit and was killed for it.
+        orphans: processes that had left the group and exited on their own after the kill,
+            within the grace (PySpark's daemon and workers; not survivors).
     """
 
     killed: bool
@@ -87,6 +99,7 @@ class RunOutcome:
     timed_out: bool = False
     #: Processes in the group when it was killed (the driver, the Spark JVM, a server...).
     members: int = 0
+    orphans: int = 0
 
 
 def _processes() -> dict[int, tuple[int, int]]:
@@ -124,6 +137,34 @@ def escaped(pid: int) -> list[int]:
             found.append(child)
         stack.extend(children.get(child, []))
     return found
+
+
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), ``None`` if it is gone or a zombie: with
+    the pid it names one process, never a later one that reuses the pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _outlast(orphans: Mapping[int, int], grace: float) -> tuple[int, ...]:
+    """Wait up to ``grace`` seconds for the ``orphans`` (pid → start time) to exit; kill and
+    return those still running then."""
+    deadline = time.monotonic() + grace
+    alive = dict(orphans)
+    while True:
+        alive = {pid: t for pid, t in alive.items() if _start_time(pid) == t}
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    for pid, started in alive.items():
+        if _start_time(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return tuple(alive)
 
 
 def _kill_group(pgid: int) -> tuple[int, ...]:
@@ -188,10 +229,14 @@ def run_until(
     timeout: float,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    orphan_grace: float | None = None,
 ) -> RunOutcome:
     """Run ``command`` in its own process group until it exits, or kill the whole group at
     ``kill`` — a traced event, or a moment after the start — (or when ``timeout`` seconds
-    have passed). Its output goes to ``log``."""
+    have passed). Its output goes to ``log``. After a kill, the descendants that had left the
+    group get ``orphan_grace`` seconds (default :data:`ORPHAN_GRACE_SECONDS` times
+    ``BARRIERFLOW_TEST_TIMEOUT_SCALE``) to exit on their own (see the module docstring)."""
+    grace = ORPHAN_GRACE_SECONDS * timeout_scale() if orphan_grace is None else orphan_grace
     trace.unlink(missing_ok=True)
     environment = {**os.environ, **(env or {}), TRACE_ENV: str(trace)}
     started = time.monotonic()
@@ -219,13 +264,16 @@ def run_until(
             if (fire_at is not None and now >= fire_at) or now - started > timeout:
                 timed_out = fire_at is None or now < fire_at
                 members = len(group_members(process.pid))
-                outside = escaped(process.pid)
-                survivors = _kill_group(process.pid) + tuple(outside)
+                outside = {
+                    pid: t for pid in escaped(process.pid) if (t := _start_time(pid)) is not None
+                }
+                survivors = _kill_group(process.pid)
                 process.wait()
+                stayed = _outlast(outside, grace)
                 tail.read()  # what it traced between the last poll and the kill
                 return RunOutcome(
-                    True, process.returncode, now - started, tail.last, tail.lines, survivors,
-                    timed_out, members,
+                    True, process.returncode, now - started, tail.last, tail.lines,
+                    survivors + stayed, timed_out, members, len(outside) - len(stayed),
                 )  # fmt: skip
             if process.poll() is not None:
                 # What the driver left running in its group (after a grace period for the
