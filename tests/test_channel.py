@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import pyarrow as pa
 import pytest
@@ -118,6 +120,31 @@ async def test_sender_blocks_while_channel_is_full() -> None:
     assert stats.blocked_sends == 1
     assert stats.blocked_seconds > 0
     assert stats.buffered_messages == 2
+
+
+async def test_waits_going_on_count_in_the_totals_as_they_go() -> None:
+    # A sender parked on a full channel and a receiver parked on an empty one: their waits
+    # grow in every snapshot while they last, and the snapshot after they end is not less
+    # (the finished wait was counted as it went, not added whole at its end).
+    full_tx, full_rx = create_channel[Message](1)
+    full_tx.send_nowait(chunk(1))
+    empty_tx, empty_rx = create_channel[Message](1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(full_tx.send, chunk(1, 1))
+        tg.start_soon(empty_rx.receive)
+        await wait_all_tasks_blocked()
+        at = time.perf_counter()
+        for tx, field in ((full_tx, "blocked_seconds"), (empty_tx, "receive_wait_seconds")):
+            first = getattr(tx.statistics(at + 1.0), field)
+            second = getattr(tx.statistics(at + 3.0), field)
+            assert first >= 1.0  # the wait so far, though it has not ended
+            assert second - first == pytest.approx(2.0)
+        waited = full_tx.statistics(), empty_tx.statistics()
+        await full_rx.receive()
+        empty_tx.send_nowait(chunk(1))
+    assert full_tx.statistics().blocked_seconds >= waited[0].blocked_seconds
+    assert empty_tx.statistics().receive_wait_seconds >= waited[1].receive_wait_seconds
+    assert full_tx.statistics().tasks_waiting_send == 0
 
 
 async def test_chunk_waits_for_row_permits() -> None:

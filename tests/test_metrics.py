@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import errno
 import math
+import platform
 import re
 import socket
+import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +24,12 @@ from _timeouts import scaled
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from barrierflow import __version__
 from barrierflow.actors import DeclaredSink, SourceBackfill, SplitSource, add_sink
 from barrierflow.actors.backfill._backfill_stage import LAG_EVERY
 from barrierflow.actors.sources.split_log import Offset
 from barrierflow.app.top import run_top
-from barrierflow.channels import Chunk, Message
+from barrierflow.channels import Chunk, Message, create_channel
 from barrierflow.channels.mutation import Pause
 from barrierflow.errors import (
     ActorFailedError,
@@ -34,6 +38,7 @@ from barrierflow.errors import (
     MetricsPortError,
 )
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
+from barrierflow.runtime._runtime_metrics import ActorTimes
 from barrierflow.runtime.metrics import (
     Histogram,
     MetricFamily,
@@ -145,6 +150,112 @@ async def test_the_endpoint_serves_metrics_that_move_while_the_graph_runs_and_fr
 
 
 @pytest.mark.anyio
+async def test_no_counter_goes_down_between_collects_across_long_waits(tmp_path: Path) -> None:
+    # Between pushes every actor waits for input, and the collects go on during those waits:
+    # busy time (uptime less the waits) must not grow during a wait and then fall back by its
+    # length when the wait ends (Prometheus would read a counter reset). The same holds for
+    # every counter and every histogram's cumulative samples.
+    rt, out = build(tmp_path)
+    last: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
+    checked = 0
+
+    def collect_and_compare() -> None:
+        nonlocal checked
+        for family in rt.metrics.collect():
+            if family.kind == "gauge":
+                continue
+            for sample in family.samples:
+                key = (family.name, sample.suffix, sample.labels)
+                before = last.get(key, 0.0)
+                assert sample.value >= before, f"{key} went down: {before} -> {sample.value}"
+                last[key] = sample.value
+                checked += 1
+
+    async with rt:
+        with anyio.fail_after(WAIT):
+            for round in range(12):
+                await rt.push("src", chunk(10 * round, 10))
+                if round % 4 == 3:
+                    await out.coordinator.wait_committed(await rt.checkpoint())
+                await anyio.wait_all_tasks_blocked()  # the rows went through: every actor waits
+                for _ in range(10):  # scrapes during the wait, as a scraper's would land
+                    collect_and_compare()
+                    await anyio.lowlevel.checkpoint()
+    busy = [k for k in last if k[0] == "barrierflow_actor_busy_seconds"]
+    assert {dict(k[2])["actor"] for k in busy} >= {"pass", "out.0", "out.1"}
+    pass_labels = next(k[2] for k in busy if dict(k[2])["actor"] == "pass")
+    assert last[("barrierflow_actor_rows_in", "", pass_labels)] == 120
+    assert checked > 0
+
+
+class HoldRows(StreamActor):
+    """Passes barriers on; holds the first chunk it reads until ``release`` is set."""
+
+    def __init__(self, release: anyio.Event) -> None:
+        self.release = release
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk):
+            await self.release.wait()
+        await ctx.emit(message)
+
+
+@pytest.mark.anyio
+async def test_an_actor_blocked_on_its_output_behind_a_merge_is_backpressured_not_idle(
+    tmp_path: Path,
+) -> None:
+    # "join" merges two inputs and is blocked sending into "hold"'s full input, while its merge
+    # waits on the two empty inputs: that is the merge's wait, not join's. Counted as join's
+    # idle time, it would grow as fast as its backpressure, and its busy time, the uptime less
+    # both, would fall.
+    release = anyio.Event()
+    rt = Runtime(
+        RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0, channel_capacity=1)
+    )
+    rt.add_source("a")
+    rt.add_source("b")
+    rt.add_actor("join", PassOn, inputs=["a", "b"])
+    rt.add_actor("hold", lambda: HoldRows(release), inputs=["join"])
+
+    def times() -> tuple[float, float, float]:
+        families = {f.name: f for f in rt.metrics.collect()}
+        read = [
+            families[f"barrierflow_actor_{kind}_seconds"].value(job="main", actor="join")
+            for kind in ("busy", "backpressured", "idle")
+        ]
+        busy, pressured, idle = (float(v or 0.0) for v in read)
+        return busy, pressured, idle
+
+    async with rt:
+        with anyio.fail_after(WAIT):
+            for start in (0, 10, 20):  # hold takes one, its input one; join blocks on the third
+                await rt.push("a", chunk(start, 10))
+            await anyio.wait_all_tasks_blocked()
+            assert rt.stats().channels["join->hold"].tasks_waiting_send == 1
+            first = times()
+            await anyio.wait_all_tasks_blocked()
+            second = times()
+            release.set()
+    assert second[1] > first[1]  # backpressured: it grows
+    assert second[2] == first[2]  # idle: join is not waiting for input, its merge is
+    assert second[0] >= first[0]
+
+
+def test_actor_times_never_report_less_than_they_reported_before() -> None:
+    # Uptime less waits that grew as fast as it can round to a hair below the last reading
+    # (here: a nanosecond); the reported busy time stays where it was instead.
+    tx, _rx = create_channel[Message](1, name="src->pass")
+    base = tx.statistics()
+    reader = ActorTimes()
+    first = reader.read(["pass"], {"src->pass": replace(base, receive_wait_seconds=1.0)}, 3.0, {})
+    later = {"src->pass": replace(base, receive_wait_seconds=1.5 + 1e-9)}
+    second = reader.read(["pass"], later, 3.5, {})
+    assert first["pass"] == (2.0, 0.0, 1.0)
+    assert second["pass"] == (2.0, 0.0, 1.5 + 1e-9)
+    assert ActorTimes().read(["pass"], later, 3.5, {})["pass"][0] < 2.0  # what it guards
+
+
+@pytest.mark.anyio
 async def test_two_runtimes_in_one_process_keep_separate_metrics(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -197,9 +308,11 @@ def test_histograms_count_into_buckets_and_give_quantiles() -> None:
         histogram.observe(seconds, "x")
     assert histogram.count("x") == 5
     assert histogram.count("y") == 0
-    assert histogram.quantile(0.5, "x") == 1.0
+    # Estimated inside the bucket as Prometheus's histogram_quantile does (test_top.py): the
+    # median is 1.5 of the 2 values of (0.1, 1]; the maximum, past the last bound, that bound.
+    assert histogram.quantile(0.5, "x") == pytest.approx(0.1 + 0.9 * 1.5 / 2)
     assert histogram.quantile(0.2, "x") == 0.1
-    assert histogram.quantile(1.0, "x") == math.inf
+    assert histogram.quantile(1.0, "x") == 10.0
     assert histogram.quantile(0.5, "y") is None
     family = histogram.family()
     buckets = [s.value for s in family.samples if s.suffix == "_bucket"]
@@ -273,9 +386,60 @@ async def test_top_shows_jobs_actors_barriers_and_sinks_of_a_live_endpoint(tmp_p
     assert any(r[:2] == ["pass", "main"] for r in rows)  # an actor's row
     assert any(r[0] == "injected → durable" for r in rows)
     sink = next(r for r in rows if r[0] == "out")  # the sink's row: one commit, timed
-    assert sink[1:4] == ["1", "0", "0"]
-    assert re.fullmatch(r"\d+ ms / \d+ ms", sink[4]), sink
-    assert re.fullmatch(r"\d+ ms", sink[5]), sink
+    assert [sink[1], *sink[3:5]] == ["1", "0", "0"]
+    assert re.fullmatch(r"\d+ s ago", sink[2]), sink
+    assert re.fullmatch(r"\d+ ms / \d+ ms", sink[5]), sink
+    assert re.fullmatch(r"\d+ ms", sink[6]), sink
+    # The header: the runtime's version, its process's CPU and memory.
+    assert re.search(rf"— barrierflow {re.escape(__version__)}, CPU \d+%, RSS [\d.]+ MiB", frame)
+
+
+@pytest.mark.anyio
+async def test_the_endpoint_serves_process_platform_and_build_info(
+    tmp_path: Path, anyio_backend_name: str
+) -> None:
+    rt, _ = build(tmp_path, metrics_port=0)
+    async with rt:
+        url = rt.metrics_url
+        assert url is not None
+        with anyio.fail_after(WAIT):
+            families = await anyio.to_thread.run_sync(scrape, url)
+    # prometheus_client's process and platform collectors, in the runtime's registry.
+    assert value(families, "process_cpu_seconds") > 0
+    assert value(families, "process_resident_memory_bytes") > 2**20
+    assert value(families, "process_open_fds") > 0
+    (python,) = families["python_info"].samples
+    assert python.labels["version"] == platform.python_version()
+    # What runs: barrierflow's version, Python's, pyarrow's and the backend.
+    (info,) = families["barrierflow_build_info"].samples
+    assert info.value == 1
+    assert info.labels == {
+        "version": __version__,
+        "python": platform.python_version(),
+        "pyarrow": pa.__version__,
+        "backend": anyio_backend_name,
+    }
+
+
+@pytest.mark.anyio
+async def test_a_sink_reports_the_wall_clock_time_of_its_last_commit(tmp_path: Path) -> None:
+    rt, out = build(tmp_path)
+    last_commit = "barrierflow_sink_last_commit_timestamp_seconds"
+    async with rt:
+        with anyio.fail_after(WAIT):
+            # No commit yet: no sample (0 would be a commit in 1970 to an alert on time() - x).
+            assert rt.stats().metric(last_commit, sink="out") is None
+            times = []
+            for start in (0, 10):
+                before = time.time()
+                await rt.push("src", chunk(start, 10))
+                await out.coordinator.wait_committed(await rt.checkpoint())
+                after = time.time()
+                times.append(rt.stats().metric(last_commit, sink="out"))
+                assert times[-1] is not None
+                # The commit of the rows went through after they came, before it was seen.
+                assert before <= times[-1] <= after
+    assert times[0] <= times[1]
 
 
 def test_top_on_a_dead_endpoint_is_one_line_naming_it(capsys: pytest.CaptureFixture[str]) -> None:

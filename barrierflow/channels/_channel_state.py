@@ -8,6 +8,7 @@ cancellation) on top of it.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar, final
@@ -54,10 +55,11 @@ class ChannelStatistics:
     tasks_waiting_receive: int
     #: Sends that had to wait for room (backpressure events).
     blocked_sends: int
-    #: Total seconds senders spent parked (wall clock).
+    #: Total seconds senders spent parked (wall clock), the waits still going on counted up to
+    #: the snapshot: a total that only grows, between two snapshots too.
     blocked_seconds: float
-    #: Total seconds receivers spent parked, waiting for a message (wall clock): the
-    #: consumer's idle time on this input.
+    #: Total seconds receivers spent parked, waiting for a message (wall clock; waits going
+    #: on counted up to the snapshot, as above): the consumer's idle time on this input.
     receive_wait_seconds: float = 0.0
 
 
@@ -89,6 +91,8 @@ class ChannelState(Generic[T]):
         "name",
         "open_receivers",
         "open_senders",
+        "parked_receivers",
+        "parked_senders",
         "receive_wait_seconds",
         "rows_sent",
         "waiting_receivers",
@@ -111,8 +115,13 @@ class ChannelState(Generic[T]):
         self.rows_sent = 0
         self.bytes_sent = 0
         self.blocked_sends = 0
+        # Finished waits are summed here; the ones going on are kept by when they began (a
+        # wait of its own per parked task, apart from the wake-up queues, which drop a waiter
+        # as soon as it is woken, before its task resumes).
         self.blocked_seconds = 0.0
         self.receive_wait_seconds = 0.0
+        self.parked_senders: dict[object, float] = {}
+        self.parked_receivers: dict[object, float] = {}
 
     def fits(self, rows: int) -> bool:
         """Whether a message of ``rows`` rows fits now (a message permit, and row permits)."""
@@ -145,8 +154,36 @@ class ChannelState(Generic[T]):
                 head.woken = True
                 head.event.set()
 
-    def statistics(self) -> ChannelStatistics:
-        """A snapshot of the counters."""
+    def park(self, sending: bool) -> object:
+        """Note that a sender (``sending``) or a receiver parks now; hand the ticket it returns
+        to :meth:`unpark` when the wait ends."""
+        ticket = object()
+        waits = self.parked_senders if sending else self.parked_receivers
+        waits[ticket] = time.perf_counter()
+        return ticket
+
+    def unpark(self, ticket: object, sending: bool) -> None:
+        """Add the wait of ``ticket`` (see :meth:`park`), which ends now, to its total."""
+        waits = self.parked_senders if sending else self.parked_receivers
+        waited = time.perf_counter() - waits.pop(ticket)
+        if sending:
+            self.blocked_seconds += waited
+        else:
+            self.receive_wait_seconds += waited
+
+    def statistics(self, now: float | None = None) -> ChannelStatistics:
+        """A snapshot of the counters, the waits going on counted up to ``now`` (a
+        ``time.perf_counter()`` reading; default: the current one).
+
+        A wait is counted as it goes, not added whole when it ends: a total that jumped by a
+        long wait at its end would fall behind the time around it in between (a consumer's busy
+        time, its uptime less its waits, would go down), and a counter must never go down.
+        """
+        at = time.perf_counter() if now is None else now
+        blocked = self.blocked_seconds + sum(max(at - t, 0.0) for t in self.parked_senders.values())
+        idle = self.receive_wait_seconds + sum(
+            max(at - t, 0.0) for t in self.parked_receivers.values()
+        )
         return ChannelStatistics(
             name=self.name,
             max_messages=self.max_messages,
@@ -162,6 +199,6 @@ class ChannelState(Generic[T]):
             tasks_waiting_send=len(self.waiting_senders),
             tasks_waiting_receive=len(self.waiting_receivers),
             blocked_sends=self.blocked_sends,
-            blocked_seconds=self.blocked_seconds,
-            receive_wait_seconds=self.receive_wait_seconds,
+            blocked_seconds=blocked,
+            receive_wait_seconds=idle,
         )

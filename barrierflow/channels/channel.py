@@ -27,7 +27,6 @@ one that raises a cancellation did nothing. Peers are woken only when they are p
 
 from __future__ import annotations
 
-import time
 from types import TracebackType
 from typing import Generic, TypeVar, final
 
@@ -122,7 +121,7 @@ class SendChannel(Generic[T]):
         waiter = Waiter(rows)
         state.waiting_senders[waiter] = None
         state.blocked_sends += 1
-        started = time.perf_counter()
+        ticket = state.park(sending=True)
         try:
             while True:
                 await waiter.event.wait()
@@ -139,7 +138,7 @@ class SendChannel(Generic[T]):
             del state.waiting_senders[waiter]
             state.push(item, rows)
         finally:
-            state.blocked_seconds += time.perf_counter() - started
+            state.unpark(ticket, sending=True)
             if waiter in state.waiting_senders:
                 del state.waiting_senders[waiter]
             # Pass the turn on: the next sender may fit too (or we gave up ours).
@@ -179,9 +178,11 @@ class SendChannel(Generic[T]):
         self.close()
         await checkpoint()
 
-    def statistics(self) -> ChannelStatistics:
-        """A snapshot of the channel's counters."""
-        return self._state.statistics()
+    def statistics(self, now: float | None = None) -> ChannelStatistics:
+        """A snapshot of the channel's counters; the waits going on count up to ``now`` (a
+        ``time.perf_counter()`` reading, default the current one: pass one reading to several
+        channels, and to what is compared with their waits, for totals as of one instant)."""
+        return self._state.statistics(now)
 
     def __enter__(self) -> SendChannel[T]:
         return self
@@ -271,11 +272,11 @@ class ReceiveChannel(Generic[T]):
         except anyio.WouldBlock:
             pass
         state = self._state
-        parked = time.perf_counter()
+        ticket = state.park(sending=False)
         try:
             return await self._receive_parked(state)
         finally:
-            state.receive_wait_seconds += time.perf_counter() - parked
+            state.unpark(ticket, sending=False)
 
     async def _receive_parked(self, state: ChannelState[T]) -> T:
         while True:
@@ -327,9 +328,11 @@ class ReceiveChannel(Generic[T]):
         self.close()
         await checkpoint()
 
-    def statistics(self) -> ChannelStatistics:
-        """A snapshot of the channel's counters."""
-        return self._state.statistics()
+    def statistics(self, now: float | None = None) -> ChannelStatistics:
+        """A snapshot of the channel's counters; the waits going on count up to ``now`` (a
+        ``time.perf_counter()`` reading, default the current one: pass one reading to several
+        channels, and to what is compared with their waits, for totals as of one instant)."""
+        return self._state.statistics(now)
 
     def __aiter__(self) -> ReceiveChannel[T]:
         return self

@@ -16,6 +16,7 @@ from barrierflow.channels.channel import SendChannel, create_channel
 from barrierflow.channels.endpoints import Receiver
 from barrierflow.channels.merge import AlignedMerge
 from barrierflow.channels.messages import Message
+from barrierflow.runtime._runtime_metrics import ActorTimes
 from barrierflow.runtime._wiring import Wiring
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.barrier_manager import BarrierManager, InFlightBarrier
@@ -99,6 +100,12 @@ class Incarnation:
         self.actor_done: dict[str, anyio.Event] = {}
         #: The aligned merges in front of actors with several inputs, by actor.
         self.merges: dict[str, AlignedMerge] = {}
+        #: The channel each of those merges feeds its actor through, by actor: the actor's
+        #: own waits for input are there (the merge's, on each input, go on while the actor
+        #: works or is blocked on its output).
+        self.merged: dict[str, SendChannel[Message]] = {}
+        #: Its actors' busy, backpressured and idle seconds as reported so far.
+        self.actor_times = ActorTimes()
         self._services_started = 0
 
     def stuck_error(
@@ -144,7 +151,7 @@ class Incarnation:
             ctx = ActorContext(
                 node.actor_id,
                 node.name,
-                _input_of(node, actor, receivers, self.actors, self.merges),
+                _input_of(node, actor, receivers, self.actors, self.merges, self.merged),
                 wiring.outputs[node.name],
                 self.store,
                 self.manager,
@@ -165,10 +172,12 @@ def _input_of(
     receivers: dict[str, Any],
     group: TaskGroup,
     merges: dict[str, AlignedMerge],
+    merged: dict[str, SendChannel[Message]],
 ) -> Receiver[Message]:
     if len(receivers) == 1 or not actor.aligned_inputs:
         return next(iter(receivers.values()))
     tx, rx = create_channel[Message](16, name=f"{node.name} merged")
+    merged[node.name] = tx
     merge = merges[node.name] = AlignedMerge(receivers)
     group.start_soon(merge.run, tx, name=f"merge into {node.name}")
     return rx

@@ -4,22 +4,31 @@ and services that report metrics of their own (:class:`~.metrics.ReportsMetrics`
 
 **Busy, backpressured, idle.** An actor is *backpressured* while it waits to send into a full
 output channel (the blocked seconds of the channels it sends into), *idle* while it waits for
-input (the seconds it spent parked on its input channels; with several inputs, the longest:
-it reads them concurrently, so their waits overlap), and *busy* the rest of the time since
-its graph started — Flink's ``busyTimeMsPerSecond`` / ``backPressuredTimeMsPerSecond`` /
+input (the seconds it spent parked on its input channel; with several aligned inputs, on the
+channel its merge feeds it through — the merge's own waits on each input go on while the actor
+works or is blocked on its output; with several inputs it reads itself, the longest: it reads
+them concurrently, so their waits overlap), and *busy* the rest of the time since its graph
+started — Flink's ``busyTimeMsPerSecond`` / ``backPressuredTimeMsPerSecond`` /
 ``idleTimeMsPerSecond`` as counters of seconds (a dashboard takes their ``rate``).
+
+Busy is uptime less the waits, so each counter must only grow: a wait counts as it goes (see
+:meth:`~barrierflow.channels.channel.SendChannel.statistics`), not whole once it ended —
+else busy time would rise through a long wait and fall back by its length at its end, which
+Prometheus reads as a counter reset — and the uptime and every wait are read at one instant.
+(Waits that overlap — an actor blocked on its output while a task of its own waits for its
+input — would still make it fall; no actor of barrierflow's does that.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, final
 
 from barrierflow.channels.channel import ChannelStatistics
 from barrierflow.runtime.metrics import MetricFamily, ReportsMetrics, counter, gauge
 from barrierflow.runtime.progress import JobProgress
 
-__all__ = ["runtime_families"]
+__all__ = ["ActorTimes", "runtime_families"]
 
 Values = list[tuple[Mapping[str, str], float]]
 
@@ -79,9 +88,13 @@ def _edges(name: str) -> tuple[str, str] | None:
 
 
 def _actor_times(
-    actors: Iterable[str], channels: Mapping[str, ChannelStatistics], uptime: float
+    actors: Iterable[str],
+    channels: Mapping[str, ChannelStatistics],
+    uptime: float,
+    merged_waits: Mapping[str, float],
 ) -> dict[str, tuple[float, float, float]]:
-    """Actor → (busy, backpressured, idle) seconds (see the module docstring)."""
+    """Actor → (busy, backpressured, idle) seconds (see the module docstring); an actor of
+    ``merged_waits`` waited that long on the channel its merge feeds it through."""
     sent: dict[str, float] = {}
     waited: dict[str, float] = {}
     for name, stats in channels.items():
@@ -92,12 +105,48 @@ def _actor_times(
         if sender:
             sent[sender] = sent.get(sender, 0.0) + stats.blocked_seconds
         waited[receiver] = max(waited.get(receiver, 0.0), stats.receive_wait_seconds)
+    waited.update(merged_waits)
     times: dict[str, tuple[float, float, float]] = {}
     for actor in actors:
         pressured = min(sent.get(actor, 0.0), uptime)
         idle = min(waited.get(actor, 0.0), uptime - pressured)
         times[actor] = (max(uptime - pressured - idle, 0.0), pressured, idle)
     return times
+
+
+@final
+class ActorTimes:
+    """The busy, backpressured and idle seconds reported for each actor of one graph
+    incarnation, each never less than the last reported.
+
+    The derivation (see the module docstring) only grows in exact arithmetic; in floating
+    point, uptime less waits that grow as fast as it (an actor idle, or blocked) can come out
+    an ulp below the last reading — a decrease all the same to Prometheus. So each value
+    reported is the larger of the new one and the last one: a guard against rounding, at most
+    a few ulps above the derivation, never a way to hide a wait counted late (a wait counts as
+    it goes, so there is none to hide).
+    """
+
+    def __init__(self) -> None:
+        self._reported: dict[str, tuple[float, float, float]] = {}
+
+    def read(
+        self,
+        actors: Iterable[str],
+        channels: Mapping[str, ChannelStatistics],
+        uptime: float,
+        merged_waits: Mapping[str, float],
+    ) -> dict[str, tuple[float, float, float]]:
+        """Actor → (busy, backpressured, idle) seconds now, from the ``channels`` and
+        ``merged_waits`` (the seconds an actor with a merge waited on the channel the merge
+        feeds it through) as of ``uptime`` seconds since the graph started."""
+        times = _actor_times(actors, channels, uptime, merged_waits)
+        for actor, now in times.items():
+            last = self._reported.get(actor)
+            if last is not None:
+                times[actor] = (max(now[0], last[0]), max(now[1], last[1]), max(now[2], last[2]))
+        self._reported.update(times)
+        return times
 
 
 def runtime_families(
@@ -107,13 +156,20 @@ def runtime_families(
     uptime: float,
     alignment: Mapping[str, float] | None = None,
     rows_written: int = 0,
+    *,
+    merged_waits: Mapping[str, float] | None = None,
+    actor_times: ActorTimes | None = None,
 ) -> list[MetricFamily]:
     """The runtime's families from its ``stats`` (a ``RuntimeStats``), its jobs' ``progress``,
     the ``parts`` (actor instances, services) that may report their own, the seconds since its
-    graph started, its merges' ``alignment`` seconds and the state rows checkpoints wrote."""
+    graph started, its merges' ``alignment`` seconds, the state rows checkpoints wrote, the
+    seconds each actor with a merge waited on the channel the merge feeds it through (taken
+    when ``stats`` and ``uptime`` were), and what its incarnation's ``actor_times`` reported
+    before (default: nothing)."""
     job_of = {actor: job for job, s in stats.jobs.items() for actor in s.actors}
     labels = {name: {"job": job_of.get(name, ""), "actor": name} for name in stats.actors}
-    times = _actor_times(stats.actors, stats.channels, uptime)
+    reader = ActorTimes() if actor_times is None else actor_times
+    times = reader.read(stats.actors, stats.channels, uptime, merged_waits or {})
 
     def runtime(value: float) -> Values:
         return [({}, value)]

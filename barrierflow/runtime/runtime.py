@@ -408,8 +408,10 @@ class Runtime:
         counters = self._counters()
         return replace(counters, metrics=tuple(self.metrics.collect()))
 
-    def _counters(self) -> RuntimeStats:
-        """The runtime's own counters (what its metrics are made of)."""
+    def _counters(self, now: float | None = None) -> RuntimeStats:
+        """The runtime's own counters (what its metrics are made of); the channels' waits
+        going on count up to ``now`` (a ``time.perf_counter()`` reading; default: the
+        current one)."""
         restarts = self._lifecycle.restarts
         incarnation = self._live.incarnation
         if incarnation is None:
@@ -428,7 +430,7 @@ class Runtime:
             )
         return RuntimeStats(
             actors=actors,
-            channels={tx.name: tx.statistics() for tx in incarnation.channels},
+            channels={tx.name: tx.statistics(now) for tx in incarnation.channels},
             current_epoch=incarnation.manager.current_epoch,
             committed_epoch=self.committed_epoch,
             barriers_in_flight=incarnation.manager.in_flight,
@@ -453,15 +455,30 @@ class Runtime:
     def _metric_families(self) -> list[MetricFamily]:
         """The runtime's own metrics and those of the actors and services that report some."""
         incarnation = self._live.incarnation
-        stats = self._counters()
+        # One reading for the uptime and the channels' waits: busy time is the one less the
+        # others, and readings apart by a few microseconds would make it go back by as much.
+        now = time.perf_counter()
+        stats = self._counters(now)
         progress = {name: r.snapshot() for name, r in self._declarations.records.items()}
         if incarnation is None:
             return runtime_families(stats, progress, (), 0.0)
         parts = [*incarnation.instances.values(), *self._declarations.services().values()]
-        uptime = time.perf_counter() - incarnation.started_at
+        uptime = now - incarnation.started_at
         alignment = {name: m.alignment_seconds for name, m in incarnation.merges.items()}
+        merged = {
+            n: tx.statistics(now).receive_wait_seconds for n, tx in incarnation.merged.items()
+        }
         rows_written = incarnation.store.rows_written
-        return runtime_families(stats, progress, parts, uptime, alignment, rows_written)
+        return runtime_families(
+            stats,
+            progress,
+            parts,
+            uptime,
+            alignment,
+            rows_written,
+            merged_waits=merged,
+            actor_times=incarnation.actor_times,
+        )
 
     def __repr__(self) -> str:
         state = "running" if self._live.attached else "stopped"
