@@ -57,6 +57,7 @@ async def test_the_redis_streams_log_keeps_the_contract(redis_server: RedisServe
     finally:
         conn.close()
     report.raise_for_failures()
+    assert len(report.results) == 9  # every rule checked, as for the memory log
 
 
 class Inclusive:
