@@ -22,6 +22,7 @@ from barrierflow.actors.sinks.coordinator.handles import AdoptStaged
 from barrierflow.actors.sinks.coordinator.staged import ExecutorBatches
 from barrierflow.actors.sinks.table import Manifest, StagedFile
 from barrierflow.connectors import ParquetTable
+from barrierflow.connectors._staging import clean_staging, kept_epochs
 from barrierflow.connectors.executor_staging import ExecutorStaging, staging_number
 from barrierflow.errors import (
     ActorFailedError,
@@ -78,6 +79,30 @@ def test_the_driver_adopts_one_attempt_per_partition_and_deletes_the_others(
     assert [f.rows for m in adopted for f in m.files] == [10, 5]
     # Every attempt directory is gone, the loser's with it.
     assert sorted(p.name for p in (root / ".staging").iterdir()) == [f"{number:020d}"]
+
+
+def test_a_dead_run_s_task_staging_late_is_never_adopted_nor_visible_and_recovery_drops_it(
+    tmp_path: Path,
+) -> None:
+    # A crash leaves PySpark's workers of the dead run behind for a moment (they exit once
+    # their JVM is gone): one may still be staging when the resumed run stages and adopts.
+    stage = staging(tmp_path)
+    root = Path(stage.root)
+    dead = staging_number()
+    resumed = staging_number(dead)
+    mine = stage.stage_task(resumed, 0, 0, rows(0, 10))
+    late = stage.stage_task(dead, 0, 0, rows(100, 5))  # the dead run's task, after the kill
+    adopted = stage.adopt(resumed, [mine])
+    stage.stage_task(dead, 1, 0, rows(200, 5))  # and even after the adoption
+    files = [root / f.path for m in adopted for f in m.files]
+    assert read(files) == list(range(10))  # only the resumed run's rows are adopted
+    assert all(f.parent.parent.name == f"{resumed:020d}" for f in files)
+    assert all((root / f.path).exists() for f in late.files)  # left where it wrote them
+    # A reader of the table's directory skips the staging area: none of it is visible.
+    assert ds.dataset(root, SCHEMA, format="parquet").to_table().num_rows == 0
+    # The next recovery deletes what no pending commit references: the dead run's files too.
+    clean_staging(root, kept_epochs([{"staging_epoch": resumed}]))
+    assert sorted(p.name for p in (root / ".staging").iterdir()) == [f"{resumed:020d}"]
 
 
 def test_adopting_files_outside_the_task_directories_or_gone_is_a_typed_error(
