@@ -26,6 +26,7 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from barrierflow._extras import MissingExtraError as MissingExtraError
+    from barrierflow._removed import RemovedNameError as RemovedNameError
     from barrierflow.actors.backfill.errors import (
         NotAMaterializedViewError as NotAMaterializedViewError,
     )
@@ -133,6 +134,7 @@ if _typing.TYPE_CHECKING:
 #: (``tests/test_layout.py`` checks that the two agree).
 _DEFINED_IN: dict[str, str] = {
     "MissingExtraError": "barrierflow._extras",
+    "RemovedNameError": "barrierflow._removed",
     "NotAMaterializedViewError": "barrierflow.actors.backfill.errors",
     "SnapshotBackfillStateError": "barrierflow.actors.backfill.errors",
     "UnfinishedSplitMigratedError": "barrierflow.actors.backfill.errors",

@@ -2,6 +2,9 @@
 worker), :mod:`.sources` (the batch feed, the split source) and :mod:`.backfill`. The systems
 behind the sink protocol (Parquet, Iceberg, print) are in :mod:`barrierflow.connectors`."""
 
+import typing as _typing
+
+from barrierflow._removed import removed_names as _removed_names
 from barrierflow.actors.backfill import BackfillPhase as BackfillPhase
 from barrierflow.actors.backfill import Materialize as Materialize
 from barrierflow.actors.backfill import SnapshotBackfill as SnapshotBackfill
@@ -67,3 +70,8 @@ __all__ = [
     "add_sink",
     "start_sink_task",
 ]
+
+if not _typing.TYPE_CHECKING:
+    # A removed name says what replaced it (see CHANGELOG.md); a type checker does not see
+    # this, so it still reports a removed or misspelt name as missing.
+    __getattr__ = _removed_names(__name__)

@@ -3,6 +3,9 @@ per epoch), Iceberg tables (one snapshot per epoch), Delta Lake tables (one comm
 the console, and Redis streams as a split log. Every table stages through
 :class:`ParquetStagingWriter` (the console prints instead)."""
 
+import typing as _typing
+
+from barrierflow._removed import removed_names as _removed_names
 from barrierflow.connectors.delta_table import DeltaCommitter as DeltaCommitter
 from barrierflow.connectors.delta_table import DeltaSink as DeltaSink
 from barrierflow.connectors.iceberg_sink import IcebergCommitter as IcebergCommitter
@@ -28,3 +31,8 @@ __all__ = [
     "RetryBackoff",
     "open_local_catalog",
 ]
+
+if not _typing.TYPE_CHECKING:
+    # A removed name says what replaced it (see CHANGELOG.md); a type checker does not see
+    # this, so it still reports a removed or misspelt name as missing.
+    __getattr__ = _removed_names(__name__)

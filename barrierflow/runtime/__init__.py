@@ -4,6 +4,9 @@ and embedding in async or sync drivers.
 This package exports what a user of the runtime calls; the machinery behind it (the barrier
 manager, epoch records, wiring) lives in its modules and may change between versions."""
 
+import typing as _typing
+
+from barrierflow._removed import removed_names as _removed_names
 from barrierflow.runtime.actor import ActorContext as ActorContext
 from barrierflow.runtime.actor import ActorStats as ActorStats
 from barrierflow.runtime.actor import StreamActor as StreamActor
@@ -61,3 +64,8 @@ __all__ = [
     "serve_commands",
     "stored_jobs",
 ]
+
+if not _typing.TYPE_CHECKING:
+    # A removed name says what replaced it (see CHANGELOG.md); a type checker does not see
+    # this, so it still reports a removed or misspelt name as missing.
+    __getattr__ = _removed_names(__name__)

@@ -32,6 +32,8 @@ class CoordinatorCounts(Protocol):
     def aborted_epochs(self) -> tuple[int, ...]: ...
     @property
     def rows_committed(self) -> int: ...
+    @property
+    def last_commit_time(self) -> float | None: ...
 
 
 def coordinator_families(sink: str, stats: CoordinatorCounts) -> list[MetricFamily]:
@@ -48,6 +50,11 @@ def coordinator_families(sink: str, stats: CoordinatorCounts) -> list[MetricFami
               [(labels, max(stats.acked_epochs - stats.committed_epochs, 0))]),
         gauge("barrierflow_sink_last_committed_epoch", "the sink's last committed epoch",
               [(labels, stats.last_committed_epoch)]),
+        # No sample before the sink's first commit (of this run): 0 would read as a commit in
+        # 1970, and an alert on ``time() - x`` would fire on every start.
+        gauge("barrierflow_sink_last_commit_timestamp_seconds", "Unix time the sink's last "
+              "commit went through", [] if stats.last_commit_time is None
+              else [(labels, stats.last_commit_time)]),
         counter("barrierflow_sink_commit_retries", "failed commit attempts (each is retried)",
                 [(labels, stats.commit_failures)]),
         counter("barrierflow_sink_aborted_epochs", "epochs aborted at the coordinator's "

@@ -4,6 +4,9 @@ that commit on their own (a coordinated sink's meta store builds on them), and t
 adapters (a worker thread with inline small commits on any backend — the default — and
 aiosqlite on asyncio)."""
 
+import typing as _typing
+
+from barrierflow._removed import removed_names as _removed_names
 from barrierflow.runtime.state.epoch_records import EpochRecord as EpochRecord
 from barrierflow.runtime.state.epoch_records import EpochRecords as EpochRecords
 from barrierflow.runtime.state.epoch_records import RecordStatus as RecordStatus
@@ -21,3 +24,8 @@ __all__ = [
     "StateTable",
     "VersionedTable",
 ]
+
+if not _typing.TYPE_CHECKING:
+    # A removed name says what replaced it (see CHANGELOG.md); a type checker does not see
+    # this, so it still reports a removed or misspelt name as missing.
+    __getattr__ = _removed_names(__name__)

@@ -36,6 +36,9 @@ restart), :mod:`.meta_store` (those records, persisted), :mod:`.replies` (the an
 writers, failed with the cause when a run fails) and :mod:`.coordinator` (the service).
 """
 
+import typing as _typing
+
+from barrierflow._removed import removed_names as _removed_names
 from barrierflow.actors.sinks.coordinator.coordinator import Coordinator as Coordinator
 from barrierflow.actors.sinks.coordinator.handles import WriterHandle as WriterHandle
 from barrierflow.actors.sinks.coordinator.meta_store import SinkState as SinkState
@@ -51,3 +54,8 @@ __all__ = [
     "SinkStates",
     "WriterHandle",
 ]
+
+if not _typing.TYPE_CHECKING:
+    # A removed name says what replaced it (see CHANGELOG.md); a type checker does not see
+    # this, so it still reports a removed or misspelt name as missing.
+    __getattr__ = _removed_names(__name__)

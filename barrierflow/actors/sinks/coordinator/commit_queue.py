@@ -15,6 +15,7 @@ run it again.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -80,6 +81,9 @@ class CommitQueue:
         self.commits = 0
         #: Rows the commits that went through published.
         self.rows_committed = 0
+        #: When the last commit of this run went through (Unix seconds; ``None`` before the
+        #: first): a wall-clock time, so that an alert can compute ``time() - x`` on it.
+        self.last_commit_time: float | None = None
         self.pending: deque[CommitItem] = deque()
         self.prepared: deque[CommitItem] = deque()
         self.retry_at: float | None = None
@@ -155,9 +159,7 @@ class CommitQueue:
             await run_with_warnings(
                 self.committer.commit(epoch, data), self._warn_interval, self._log, epoch
             )
-            self.commits += 1
-            self.rows_committed += sum(m.rows for m in manifests)
-            self.last_committed = epoch
+            self._went_through(epoch, sum(m.rows for m in manifests))
         if change is not None:
             await self._persist_pending(CommitItem(epoch, {"schema_change": dict(change)}, change))
 
@@ -194,10 +196,15 @@ class CommitQueue:
         self.unmarked = item.epoch
         self._mark_written = anyio.Event()
         self._mark_wanted.set()
-        self.last_committed = item.epoch
-        self.commits += 1
-        self.rows_committed += item.rows
+        self._went_through(item.epoch, item.rows)
         return True
+
+    def _went_through(self, epoch: int, rows: int) -> None:
+        """Count the commit of ``epoch`` (publishing ``rows``) that went through."""
+        self.last_committed = epoch
+        self.commits += 1
+        self.rows_committed += rows
+        self.last_commit_time = time.time()
 
     async def write_marks(self) -> None:
         """Write each committed mark (one small transaction: mark the epoch committed, prune

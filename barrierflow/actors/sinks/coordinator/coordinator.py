@@ -333,6 +333,7 @@ class Coordinator:
             retry_delays=tuple(self._backoff.recent),
             aborted_epochs=tuple(self._aborted),
             rows_committed=0 if queue is None else queue.rows_committed,
+            last_commit_time=None if queue is None else queue.last_commit_time,
         )
 
     def metric_families(self) -> list[MetricFamily]:

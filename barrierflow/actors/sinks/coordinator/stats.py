@@ -30,3 +30,5 @@ class CoordinatorStats:
     aborted_epochs: tuple[int, ...]
     #: Rows the commits of this run published (the writers' manifests' rows).
     rows_committed: int = 0
+    #: When the last commit of this run went through (Unix seconds; ``None`` before the first).
+    last_commit_time: float | None = None
