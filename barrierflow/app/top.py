@@ -18,43 +18,71 @@ parser) and redraws, with rich, what a Flink or RisingWave user looks at first:
   and the lag in records behind the log's latest (``-`` where the log cannot tell; when there
   are any).
 
-``--once`` scrapes twice, one interval apart, prints one frame and exits (for scripts and
-tests). An endpoint that cannot be read is one line naming the URL and the cause.
+The header names the runtime's version (``barrierflow_build_info``) and its process's CPU
+(the share of one core over the last interval) and resident memory (prometheus_client's
+process collector); each sink says how long ago its last commit went through
+(``barrierflow_sink_last_commit_timestamp_seconds``).
+
+Live, an endpoint that is not up yet or goes away is waited for, not a reason to exit: the
+screen says so ("waiting for URL — connection refused, retrying in 1.2 s") and top tries again
+on the library's retry schedule (:class:`~barrierflow._backoff.RetryBackoff`, capped at the
+interval), then draws the next frame from two good scrapes (a rate never spans the gap: the
+runtime may have restarted). ``--once`` scrapes twice, one interval apart, prints one frame and
+exits (for scripts and tests); there an endpoint that cannot be read is one line naming the URL
+and the cause.
 """
 
 from __future__ import annotations
 
+import random
+import socket
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 
+from barrierflow._backoff import RetryBackoff
 from barrierflow._extras import require
 from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
+from barrierflow.runtime.metrics import histogram_quantile
 
-__all__ = ["EndpointError", "Scrape", "render", "run_top", "scrape"]
+__all__ = ["EndpointError", "Scrape", "render", "retry_backoff", "run_top", "scrape", "watch"]
+
+#: The first retry delay of a live top whose endpoint cannot be read (seconds): the library's
+#: schedule from there (10 ms, 100 ms, 1 s, ... with full jitter), capped at the interval.
+FIRST_RETRY = 0.01
 
 
 class EndpointError(BarrierflowError):
-    """The metrics endpoint could not be read."""
+    """The metrics endpoint could not be read.
 
-    def __init__(self, url: str, cause: str) -> None:
+    Attributes:
+        url: the endpoint.
+        cause: what went wrong, with the exception's type (for the one-line error).
+        reason: the same in a few words, for top's waiting line ("connection refused").
+    """
+
+    def __init__(self, url: str, cause: str, reason: str | None = None) -> None:
         self.url = url
         self.cause = cause
+        self.reason = cause if reason is None else reason
         super().__init__(f"metrics endpoint {url!r}: expected Prometheus metrics, got {cause}")
 
 
 @dataclass(frozen=True, slots=True)
 class Scrape:
-    """One reading of the endpoint: when, and every sample by name and labels."""
+    """One reading of the endpoint: when (``at``, monotonic seconds, for rates; ``wall``, Unix
+    seconds, for the age of a timestamp the endpoint reports), and every sample by name and
+    labels."""
 
     at: float
     samples: Mapping[str, list[tuple[dict[str, str], float]]]
+    wall: float = 0.0
 
     def values(self, name: str) -> list[tuple[dict[str, str], float]]:
         """The samples of ``name`` (a counter's with ``_total``, a bucket's with ``_bucket``)."""
@@ -83,12 +111,28 @@ def scrape(url: str, timeout: float = 10.0) -> Scrape:
             for sample in family.samples:
                 samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
     except (OSError, urllib.error.URLError) as exc:
-        raise EndpointError(url, f"{type(exc).__name__}: {exc}") from None
+        raise EndpointError(url, f"{type(exc).__name__}: {exc}", _reason(exc)) from None
     except ValueError as exc:
-        raise EndpointError(url, f"text that is not Prometheus's format ({exc})") from None
+        raise EndpointError(
+            url, f"text that is not Prometheus's format ({exc})", "not Prometheus text"
+        ) from None
     if not any(name.startswith("barrierflow_") for name in samples):
-        raise EndpointError(url, "no barrierflow_ metric (is it a barrierflow runtime?)")
-    return Scrape(time.monotonic(), samples)
+        raise EndpointError(
+            url, "no barrierflow_ metric (is it a barrierflow runtime?)", "no barrierflow_ metric"
+        )
+    return Scrape(time.monotonic(), samples, time.time())
+
+
+def _reason(exc: OSError) -> str:
+    """``exc`` in a few words: ``connection refused``, ``timed out``, ``HTTP 404 Not Found``."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    cause: object = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(cause, TimeoutError | socket.timeout):
+        return "timed out"
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror[:1].lower() + cause.strerror[1:]
+    return str(cause) or type(cause).__name__
 
 
 def _rate(before: Scrape, after: Scrape, name: str, labels: Mapping[str, str]) -> float:
@@ -97,24 +141,52 @@ def _rate(before: Scrape, after: Scrape, name: str, labels: Mapping[str, str]) -
 
 
 def _quantile(scrape: Scrape, name: str, q: float, **labels: str) -> float | None:
-    """The bucket bound holding quantile ``q`` of histogram ``name`` (``None``: empty)."""
-    buckets = sorted(
+    """Quantile ``q`` of histogram ``name``, as Prometheus estimates it (``None``: empty)."""
+    buckets = [
         (float(have["le"]), value)
         for have, value in scrape.values(f"{name}_bucket")
         if all(have.get(k) == v for k, v in labels.items())
-    )
-    if not buckets or buckets[-1][1] == 0:
-        return None
-    rank = q * buckets[-1][1]
-    return next(bound for bound, count in buckets if count >= rank)
+    ]
+    return histogram_quantile(q, buckets)
 
 
 def _seconds(value: float | None) -> str:
     if value is None:
         return "-"
-    if value == float("inf"):
-        return "> 2 min"
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
+
+
+def _ago(scrape: Scrape, timestamp: float | None) -> str:
+    """How long before ``scrape`` the Unix time ``timestamp`` was (``-``: none)."""
+    if timestamp is None:
+        return "-"
+    age = max(scrape.wall - timestamp, 0.0)  # two machines' clocks may disagree a little
+    if age < 120:
+        return f"{age:.0f} s ago"
+    if age < 7200:
+        return f"{age / 60:.0f} min ago"
+    return f"{age / 3600:.1f} h ago"
+
+
+def _bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # the loop returns at GiB
+
+
+def _process(before: Scrape, after: Scrape) -> str:
+    """The runtime's version, and its process's CPU (share of one core over the interval) and
+    resident memory, where the endpoint reports them."""
+    info = after.values("barrierflow_build_info")
+    parts = [f"barrierflow {info[0][0].get('version', '?')}" if info else "barrierflow ?"]
+    if after.values("process_cpu_seconds_total"):
+        cpu = _rate(before, after, "process_cpu_seconds_total", {})
+        parts.append(f"CPU {max(cpu, 0.0):.0%}")
+    if after.values("process_resident_memory_bytes"):
+        parts.append(f"RSS {_bytes(after.one('process_resident_memory_bytes'))}")
+    return ", ".join(parts)
 
 
 def _share(before: Scrape, after: Scrape, kind: str, labels: Mapping[str, str]) -> float:
@@ -167,15 +239,20 @@ def render(before: Scrape, after: Scrape, url: str) -> Group:
     in_flight = after.one("barrierflow_barriers_in_flight")
 
     sinks = Table(title="sinks", title_justify="left", expand=True)
-    for column in ("sink", "committed epochs", "pending", "retries", "commit p50 / p99",
-                   "durable → committed p99"):  # fmt: skip
+    for column in ("sink", "committed epochs", "last commit", "pending", "retries",
+                   "commit p50 / p99", "durable → committed p99"):  # fmt: skip
         sinks.add_column(column)
+    last_commits = {
+        have["sink"]: at
+        for have, at in after.values("barrierflow_sink_last_commit_timestamp_seconds")
+    }
     for have, committed in after.values("barrierflow_sink_committed_epochs_total"):
         sink = have["sink"]
         commit = "barrierflow_sink_commit_seconds"
         sinks.add_row(
             sink,
             f"{committed:,.0f}",
+            _ago(after, last_commits.get(sink)),
             f"{after.one('barrierflow_sink_pending_epochs', sink=sink):,.0f}",
             f"{after.one('barrierflow_sink_commit_retries_total', sink=sink):,.0f}",
             f"{_seconds(_quantile(after, commit, 0.5, sink=sink))} / "
@@ -218,8 +295,9 @@ def render(before: Scrape, after: Scrape, url: str) -> Group:
 
     committed = after.one("barrierflow_epoch_committed")
     header = (
-        f"[b]barrierflow top[/b] {url} — committed epoch {committed:.0f}, "
-        f"{in_flight:.0f} barrier(s) in flight, slowest stage: {slowest[1]}"
+        f"[b]barrierflow top[/b] {url} — {_process(before, after)}\n"
+        f"committed epoch {committed:.0f}, {in_flight:.0f} barrier(s) in flight, "
+        f"slowest stage: {slowest[1]}"
     )
     # Feeds and splits only where the graph has some.
     shown = [t for t in (feeds, splits) if t.row_count]
@@ -243,6 +321,64 @@ def _backfill_detail(after: Scrape, job: str) -> str:
     return ", ".join(parts) or "-"
 
 
+def retry_backoff(interval: float, rng: random.Random | None = None) -> RetryBackoff:
+    """The retry schedule of a live top whose endpoint cannot be read: the library's one
+    (from :data:`FIRST_RETRY`), capped at ``interval`` — top never waits longer between tries
+    than between frames."""
+    return RetryBackoff(FIRST_RETRY, max(interval, FIRST_RETRY), rng or random.Random())
+
+
+def watch(
+    url: str,
+    interval: float,
+    *,
+    fetch: Callable[[str], Scrape],
+    show: Callable[[RenderableType], None],
+    sleep: Callable[[float], None],
+    backoff: RetryBackoff,
+    stop: Callable[[], bool] = lambda: False,
+) -> None:
+    """Top's live loop, until ``stop()``: ``fetch`` the endpoint, ``show`` a frame from the
+    last two good scrapes, ``sleep`` the interval, again.
+
+    A fetch that fails with :class:`EndpointError` is not the end: ``show`` says what top waits
+    for and when it tries again, and the next try comes after ``backoff``'s delay (a success
+    starts the schedule over). The scrape after a failure is the start of the next interval,
+    not the end of one: a rate must not span the gap, where the runtime may have restarted
+    and its counters with it. Everything it waits on is passed in, so that a test drives it
+    without a wall clock.
+
+    Args:
+        url: the endpoint (named on screen).
+        interval: seconds between frames.
+        fetch: reads the endpoint (:func:`scrape`).
+        show: draws a renderable (the live display's update).
+        sleep: waits that many seconds.
+        backoff: the retry schedule (:func:`retry_backoff`).
+        stop: checked before each fetch; true ends the loop.
+    """
+    before: Scrape | None = None
+    while not stop():
+        try:
+            after = fetch(url)
+        except EndpointError as exc:
+            before = None
+            delay = backoff.failed()
+            show(
+                f"[b]barrierflow top[/b] waiting for {url} — {exc.reason}, "
+                f"retrying in {_seconds(delay)}"
+            )
+            sleep(delay)
+            continue
+        backoff.succeeded()
+        if before is None:
+            show(f"[b]barrierflow top[/b] {url} — connected, first frame in {_seconds(interval)}")
+        else:
+            show(render(before, after, url))
+        before = after
+        sleep(interval)
+
+
 def run_top(
     url: str,
     *,
@@ -252,25 +388,30 @@ def run_top(
     stop: Callable[[], bool] = lambda: False,
 ) -> None:
     """Show ``url``'s pipeline, redrawn every ``interval`` seconds until interrupted (or
-    ``stop()``); with ``once``, one frame from two scrapes ``interval`` apart.
+    ``stop()``), waiting for the endpoint while it cannot be read (see :func:`watch`); with
+    ``once``, one frame from two scrapes ``interval`` apart.
 
     Raises:
         InvalidArgumentError: ``url`` is not an http(s) URL or ``interval`` not > 0.
-        EndpointError: the endpoint cannot be read.
+        EndpointError: (``once`` only) the endpoint cannot be read.
     """
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise InvalidArgumentError("url", "an http:// URL of a metrics endpoint", url)
     if type(interval) not in (int, float) or not 0 < interval < float("inf"):
         raise InvalidArgumentError("interval", "a number of seconds > 0", interval)
     console = console or Console()
-    before = scrape(url)
     if once:
+        before = scrape(url)
         time.sleep(interval)
         console.print(render(before, scrape(url), url))
         return
     with Live(console=console, auto_refresh=False) as live:
-        while not stop():
-            time.sleep(interval)
-            after = scrape(url)
-            live.update(render(before, after, url), refresh=True)
-            before = after
+        watch(
+            url,
+            interval,
+            fetch=scrape,
+            show=lambda frame: live.update(frame, refresh=True),
+            sleep=time.sleep,
+            backoff=retry_backoff(interval),
+            stop=stop,
+        )

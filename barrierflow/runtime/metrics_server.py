@@ -8,20 +8,50 @@ with the loop's token: the parts that ask a server are refreshed, then everythin
 collected), so the registry is only ever read on the loop, and the thread never touches a
 half-updated structure. The server is started when the
 runtime starts and shut down (its port freed) when it stops. Needs the ``metrics`` extra.
+
+Beside the pipeline's metrics the endpoint serves what describes the process that runs it,
+which an operator looks at first and no part of the pipeline knows: prometheus_client's
+process collector (``process_cpu_seconds_total``, ``process_resident_memory_bytes``,
+``process_open_fds``, ...; where the platform has ``/proc``) and platform collector
+(``python_info``), and ``barrierflow_build_info`` (1, labelled with the versions of
+barrierflow, Python and pyarrow and the event loop's backend: what a bug report needs). They
+are registered with the endpoint's own collector registry, not prometheus_client's global one:
+two runtimes in one process keep separate endpoints.
 """
 
 from __future__ import annotations
 
+import platform
 from typing import Any, final
 
 import anyio.from_thread
 import anyio.lowlevel
+import pyarrow
+import sniffio
 
+from barrierflow import __version__
 from barrierflow._extras import require
 from barrierflow.runtime.errors import MetricsPortError
-from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry
+from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry, gauge
 
-__all__ = ["MetricsServer", "to_prometheus"]
+__all__ = ["MetricsServer", "build_info", "to_prometheus"]
+
+
+def build_info(backend: str) -> MetricFamily:
+    """``barrierflow_build_info``: 1, labelled with the versions of barrierflow, Python and
+    pyarrow and the event loop's ``backend`` (``asyncio``, ``trio``) — Prometheus's idiom for
+    facts that are text (a query joins on the labels)."""
+    labels = {
+        "version": __version__,
+        "python": platform.python_version(),
+        "pyarrow": pyarrow.__version__,
+        "backend": backend,
+    }
+    return gauge(
+        "barrierflow_build_info",
+        "1, labelled with the versions of barrierflow, Python and pyarrow and the backend",
+        [(labels, 1.0)],
+    )
 
 
 def to_prometheus(families: list[MetricFamily]) -> list[Any]:
@@ -41,16 +71,17 @@ def to_prometheus(families: list[MetricFamily]) -> list[Any]:
 class _Collector:
     """The runtime's registry as a ``prometheus_client`` collector, read on the loop."""
 
-    def __init__(self, registry: MetricsRegistry, token: Any) -> None:
+    def __init__(self, registry: MetricsRegistry, token: Any, info: MetricFamily) -> None:
         self._registry = registry
         self._token = token
+        self._info = info
 
     def collect(self) -> list[Any]:
         try:
             families = anyio.from_thread.run(self._registry.snapshot, token=self._token)
         except Exception:  # the loop is gone (the runtime stopping): an empty scrape
             return []
-        return to_prometheus(families)
+        return to_prometheus([*families, self._info])
 
 
 @final
@@ -85,8 +116,12 @@ class MetricsServer:
         """
         exposition = require("metrics", "prometheus_client.exposition")
         registry_module = require("metrics", "prometheus_client.registry")
+        collectors = require("metrics", "prometheus_client")
         registry = registry_module.CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(self._registry, anyio.lowlevel.current_token()))
+        info = build_info(sniffio.current_async_library())
+        registry.register(_Collector(self._registry, anyio.lowlevel.current_token(), info))
+        collectors.ProcessCollector(registry=registry)
+        collectors.PlatformCollector(registry=registry)
         try:
             self._server, self._thread = exposition.start_http_server(
                 self._port, addr=self._host, registry=registry
