@@ -126,6 +126,9 @@ if _typing.TYPE_CHECKING:
     from barrierflow.runtime.state.errors import StoreVersionError as StoreVersionError
     from barrierflow.runtime.state.errors import VersionCompactedError as VersionCompactedError
     from barrierflow.spark_bridge.errors import ExecutorImportError as ExecutorImportError
+    from barrierflow.spark_bridge.errors import (
+        SparkCheckpointBehindError as SparkCheckpointBehindError,
+    )
     from barrierflow.spark_bridge.errors import SparkQueryFailedError as SparkQueryFailedError
     from barrierflow.spark_bridge.errors import SparkUnavailableError as SparkUnavailableError
 
@@ -217,6 +220,7 @@ _DEFINED_IN: dict[str, str] = {
     "VersionCompactedError": "barrierflow.runtime.state.errors",
     "SparkQueryFailedError": "barrierflow.spark_bridge.errors",
     "ExecutorImportError": "barrierflow.spark_bridge.errors",
+    "SparkCheckpointBehindError": "barrierflow.spark_bridge.errors",
     "SparkUnavailableError": "barrierflow.spark_bridge.errors",
 }
 

@@ -242,3 +242,40 @@ def test_a_failed_demo_run_prints_its_cause_first_and_its_trace_with_verbose(
 
 def one_line_of(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
+
+
+@pytest.mark.parametrize("lost", ["state store", "Spark checkpoint"])
+def test_a_refused_resume_prints_the_refusal_and_the_ways_on_not_a_failed_verification(
+    tmp_path: object,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    lost: str,
+) -> None:
+    from pathlib import Path
+
+    from barrierflow.app.demo import DemoConfig, DemoResult, refusal_remedies
+    from barrierflow.errors import SinkStateMismatchError, SparkCheckpointBehindError
+
+    workdir = Path(f"{tmp_path}/d")
+    failure: Exception = (
+        SinkStateMismatchError("demo.events", str(workdir / "state.db"), 5, {"events/q": 4})
+        if lost == "state store"
+        else SparkCheckpointBehindError("events-query", 4, 0, 5)
+    )
+    config = DemoConfig(workdir=workdir, resume=True, progress=False)
+    # What a refused resume reads back: the table's rows so far, fewer than the rows asked.
+    result = DemoResult(
+        rows_in=400_000, rows_out=125_000, duplicates=0, missing=275_000, epochs=5,
+        batches_this_run=0, seconds=1.0, error=one_line_of(failure), failure=failure,
+        remedies=refusal_remedies(config, failure),
+    )  # fmt: skip
+    monkeypatch.setattr(cli, "run_demo", lambda config: result)
+    assert cli.main(["demo", "--workdir", str(workdir), "--no-progress", "--resume"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no verification: no row counts, no FAILED line
+    refusal, *remedies = captured.err.strip().splitlines()
+    assert refusal == "barrierflow demo: refused: " + one_line_of(failure)
+    assert 1 <= len(remedies) <= 3
+    adopt = f"barrierflow demo --resume --workdir {workdir} --adopt-sink-positions"
+    assert any(line.endswith(f"positions the table recorded: {adopt}") for line in remedies)
+    assert "FAILED" not in captured.err

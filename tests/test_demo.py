@@ -188,6 +188,7 @@ def test_a_run_on_executors_that_loses_a_task_s_python_worker_verifies_without_a
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(900)
 def test_a_lost_state_store_is_refused_or_adopted_never_duplicated(tmp_path: Path) -> None:
     # The reproduction: a crashed run, then its store damaged or gone and Spark's checkpoint
@@ -205,11 +206,49 @@ def test_a_lost_state_store_is_refused_or_adopted_never_duplicated(tmp_path: Pat
         path.unlink()  # gone: the table holds commits the empty store knows nothing of
     refused = demo(workdir, "--resume")
     assert refused.returncode == 1, refused.stderr[-3000:]
-    assert "SinkStateMismatchError" in refused.stderr.strip().splitlines()[-1]
+    assert_refused(refused, "SinkStateMismatchError", workdir)
     adopted = demo(workdir, "--resume", "--adopt-sink-positions")
     assert adopted.returncode == 0, adopted.stderr[-3000:]
     last = adopted.stdout.strip().splitlines()[-1]
     assert last.startswith("VERIFIED rows_in=20000 rows_out=20000 duplicates=0")
+
+
+def assert_refused(done: subprocess.CompletedProcess[str], error: str, workdir: Path) -> None:
+    """A refused resume prints the refusal and the ways on — the command that adopts the
+    table's positions — and no verification (no FAILED line, no row counts)."""
+    lines = done.stderr.strip().splitlines()
+    refusal = next(i for i, line in enumerate(lines) if line.startswith("barrierflow demo: "))
+    assert lines[refusal].startswith(f"barrierflow demo: refused: {error}: "), lines[refusal]
+    adopt = f"barrierflow demo --resume --workdir {workdir} --adopt-sink-positions"
+    assert any(line.strip().endswith(adopt) for line in lines[refusal + 1 :]), lines
+    assert "FAILED" not in done.stdout + done.stderr
+    assert "rows asked" not in done.stdout
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.timeout(900)
+def test_a_lost_spark_checkpoint_is_refused_with_its_cause_then_adopted(tmp_path: Path) -> None:
+    # The state store kept, Spark's checkpoint deleted: Spark's batch ids restart at 0, below
+    # the store's.
+    workdir = tmp_path / "d"
+    crashed = demo(workdir, "--rows", "20000", "--batches", "4", "--crash-after", "2")
+    assert crashed.returncode == -9, crashed.stderr[-3000:]
+    shutil.rmtree(workdir / "spark-checkpoint")
+    refused = demo(workdir, "--resume")
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert_refused(refused, "SparkCheckpointBehindError", workdir)
+    assert "Spark's checkpoint was lost or reset" in refused.stderr
+    adopted = demo(workdir, "--resume", "--adopt-sink-positions")
+    assert adopted.returncode == 0, adopted.stdout[-2000:] + adopted.stderr[-3000:]
+    lines = adopted.stdout.strip().splitlines()
+    aside = "Spark's checkpoint is gone or behind: the state store was set aside"
+    assert any(line.startswith(aside) for line in lines)
+    assert lines[-1].startswith("VERIFIED rows_in=20000 rows_out=20000 duplicates=0")
+    assert list((workdir / "state-set-aside").glob("*/state.db"))  # moved, not deleted
+    audit = audit_iceberg(workdir, complete=True)
+    assert audit.clean, audit.summary()
 
 
 @pytest.mark.spark

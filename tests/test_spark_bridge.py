@@ -25,6 +25,7 @@ from barrierflow.errors import (
     InvalidArgumentError,
     NotRunningError,
     SchemaMismatchError,
+    SparkCheckpointBehindError,
     SparkQueryFailedError,
     SparkUnavailableError,
 )
@@ -483,7 +484,9 @@ def test_a_callback_error_is_raised_as_itself_not_as_a_py4j_wall(
         assert bridge.unwrap(query.exception()) is info.value
 
 
-def test_a_deleted_spark_checkpoint_is_one_batch_order_error(spark: Any, tmp_path: Path) -> None:
+def test_a_deleted_spark_checkpoint_is_refused_naming_the_cause_and_the_way_on(
+    spark: Any, tmp_path: Path
+) -> None:
     write_files(tmp_path / "in", [30, 30])
     rt, feed = build(tmp_path)
     with BlockingRuntime(rt) as handle:
@@ -496,10 +499,13 @@ def test_a_deleted_spark_checkpoint_is_one_batch_order_error(spark: Any, tmp_pat
         shutil.rmtree(tmp_path / "ck")
         again = bridge.start(streaming(spark, tmp_path / "in"), str(tmp_path / "ck"),
                              available_now=True)  # fmt: skip
-        with pytest.raises(BatchOrderError) as info:
+        with pytest.raises(SparkCheckpointBehindError) as info:
             bridge.await_termination(again)
+        assert isinstance(info.value, BatchOrderError)  # still one, for callers catching it
         assert (info.value.direction, info.value.batch_id, info.value.last) == ("backwards", 0, 1)
-        assert "got 0" in one_line_of(info.value)
+        line = one_line_of(info.value)
+        assert "Spark's checkpoint was lost or reset" in line  # the cause
+        assert "RuntimeConfig(adopt_sink_positions=True)" in line  # the way on
     assert keys(tmp_path) == list(range(60))
 
 

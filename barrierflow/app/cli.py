@@ -9,9 +9,10 @@ continues and verifies again. ``barrierflow bench`` is ``python -m benchmarks`` 
 parser and entry function, :func:`benchmarks.run.main`), from a checkout of the repository.
 
 Exit status: 0 verified (or benchmarks done); 1 the run failed (``FAILED``, or any other
-error, reported in one line); 2 bad arguments (``barrierflow: error: ...``, also for a
-:class:`~barrierflow.errors.InvalidArgumentError` such as ``--rows 0`` or a ``--resume`` with
-nothing started); 130 interrupted (Ctrl-C), with one line saying how to resume.
+error, reported in one line) or a resume was refused (``refused: ...`` and the ways on: the
+state store or Spark's checkpoint was lost); 2 bad arguments (``barrierflow: error: ...``,
+also for a :class:`~barrierflow.errors.InvalidArgumentError` such as ``--rows 0`` or a
+``--resume`` with nothing started); 130 interrupted (Ctrl-C), with one line saying how to resume.
 
 An error is reported by its cause, in one line, first: an error that arrives wrapped in
 Spark's Py4J and JVM traces is reduced to the error behind it
@@ -156,6 +157,15 @@ def _demo(args: argparse.Namespace) -> int:
     result = _interruptible("demo", run_demo, config, resume_command)
     if result is None:
         return EXIT_INTERRUPTED
+    if result.refused and result.failure is not None:
+        # Nothing was written and nothing is lost: the refusal and the ways on, not a
+        # verification that reads like data loss.
+        print(f"{PROG} demo: refused: {one_line(result.failure)}", file=sys.stderr)
+        for line in result.remedies:
+            print(f"  {line}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exception(result.failure, file=sys.stderr)
+        return 1
     if result.error is not None:  # the cause first, in one line; its trace only with -v
         print(f"{PROG} demo: FAILED: {result.error}", file=sys.stderr)
         if args.verbose and result.failure is not None:
@@ -342,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--adopt-sink-positions",
         action="store_true",
-        help="with --resume, when the state store is gone but the table holds commits: "
+        help="with --resume, when the state store is gone but the table holds commits, or "
+        "Spark's checkpoint is gone but the state store is not (the store is then set aside): "
         "continue from the source positions the table recorded instead of refusing "
         "(default: off)",
     )

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import shutil
 import signal
 import threading
@@ -69,7 +70,9 @@ from barrierflow.app._demo_tables import ICEBERG_TABLE, DemoTable, open_table
 from barrierflow.app._trace import trace
 from barrierflow.channels.errors import ConfigError
 from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
+from barrierflow.runtime.errors import SinkStateMismatchError
 from barrierflow.spark_bridge import SparkBridge, spark_session, unwrap_spark_error
+from barrierflow.spark_bridge.errors import SparkCheckpointBehindError
 
 __all__ = [
     "SCHEMA",
@@ -89,6 +92,13 @@ WRITERS = 4
 DEFAULT_ROWS = 1_000_000
 DEFAULT_BATCHES = 20
 TABLE = ICEBERG_TABLE
+#: Spark's own checkpoint (offsets, commits), under the work directory.
+SPARK_CHECKPOINT = "spark-checkpoint"
+#: Where ``--adopt-sink-positions`` moves a state store that outlived Spark's checkpoint.
+STATE_SET_ASIDE = "state-set-aside"
+#: Written when Spark's checkpoint was found behind the state store (a refused run): the
+#: refused run itself re-created Spark's checkpoint, so its absence no longer says so.
+SPARK_BEHIND = "spark-checkpoint-behind.json"
 
 CrashPoint = Literal["mid-batch", "after-checkpoint", "mid-commit", "executor-lost"]
 CRASH_POINTS: tuple[CrashPoint, ...] = (
@@ -174,6 +184,28 @@ def resume_command(config: DemoConfig) -> str:
     return words + (" --write-on executors" if config.write_on == "executors" else "")
 
 
+#: The errors that refuse a resume (the run stops before a row moves): the state store is
+#: gone while the table holds commits, or Spark's checkpoint is gone while the store is not.
+REFUSALS = (SinkStateMismatchError, SparkCheckpointBehindError)
+
+
+def refusal_remedies(config: DemoConfig, failure: BaseException) -> tuple[str, ...]:
+    """The ways on from a refused resume, one line each, for the user to copy."""
+    adopt = resume_command(config) + " --adopt-sink-positions"
+    if isinstance(failure, SinkStateMismatchError):
+        return (
+            f"the state store in {config.workdir} is gone but the table holds commits;",
+            f"to continue from the positions the table recorded: {adopt}",
+            "or restore the state store the table's commits came with, and resume",
+        )
+    return (
+        f"Spark's checkpoint in {config.workdir / SPARK_CHECKPOINT} was lost or reset "
+        "while the state store was kept;",
+        f"to continue from the positions the table recorded: {adopt}",
+        "or restore the Spark checkpoint that goes with the state store, and resume",
+    )
+
+
 @dataclass(frozen=True)
 class DemoResult:
     """What the demo verified, read back from the table."""
@@ -194,6 +226,15 @@ class DemoResult:
     rows_this_run: int = 0
     #: The table's format, as the demo's lines name it ("Iceberg", "Delta").
     table: str = "Iceberg"
+    #: What the user can do when the run was refused (:attr:`refused`), one line each.
+    remedies: tuple[str, ...] = ()
+
+    @property
+    def refused(self) -> bool:
+        """The run refused to start rather than risk duplicating rows (the state store and
+        the table or Spark's checkpoint disagree): nothing was written, nothing is lost; see
+        :attr:`remedies`. Not a failed verification."""
+        return isinstance(self.failure, REFUSALS)
 
     @property
     def verified(self) -> bool:
@@ -206,7 +247,8 @@ class DemoResult:
         )
 
     def summary_line(self) -> str:
-        """The machine-readable last line: ``VERIFIED ...`` or ``FAILED ...``."""
+        """The machine-readable last line: ``VERIFIED ...`` or ``FAILED ...`` (a refusal
+        has none: the CLI prints the refusal and its remedies instead)."""
         word = "VERIFIED" if self.verified else "FAILED"
         return (
             f"{word} rows_in={self.rows_in} rows_out={self.rows_out} "
@@ -304,6 +346,8 @@ def run_demo(config: DemoConfig) -> DemoResult:
         signal.signal(signal.SIGINT, on_interrupt)
     trace("spark-ready")
     faults = Faults(config.crash_after, config.crash_point, resume_command(config))
+    if config.resume and config.adopt_sink_positions:
+        _set_aside_state_without_spark_checkpoint(workdir)
     table = open_table(manifest.table, workdir)
     rt, feed, sink = build_runtime(
         workdir, table, faults, adopt_sink_positions=config.adopt_sink_positions
@@ -354,7 +398,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
 
             query = (
                 stream.writeStream.foreachBatch(callback)
-                .option("checkpointLocation", str(workdir / "spark-checkpoint"))
+                .option("checkpointLocation", str(workdir / SPARK_CHECKPOINT))
                 .trigger(availableNow=True)
                 .start()
             )
@@ -377,7 +421,45 @@ def run_demo(config: DemoConfig) -> DemoResult:
             error = one_line(failure)
     trace("verify")
     result = verify(table, manifest.rows, faults.batches, time.perf_counter() - started)
-    return dataclasses.replace(result, error=error, failure=failure, rows_this_run=rows_this_run)
+    remedies = refusal_remedies(config, failure) if isinstance(failure, REFUSALS) else ()
+    if isinstance(failure, SparkCheckpointBehindError):
+        behind = {"stream": failure.stream, "last": failure.last, "batch_id": failure.batch_id}
+        (workdir / SPARK_BEHIND).write_text(json.dumps(behind))
+    return dataclasses.replace(
+        result, error=error, failure=failure, rows_this_run=rows_this_run, remedies=remedies
+    )
+
+
+def _spark_checkpoint_lost(workdir: Path) -> bool:
+    """Spark's checkpoint holds no micro-batch: it was deleted (or never written), so Spark
+    starts again from batch 0."""
+    offsets = workdir / SPARK_CHECKPOINT / "offsets"
+    return not offsets.is_dir() or not any(p.name.isdigit() for p in offsets.iterdir())
+
+
+def _set_aside_state_without_spark_checkpoint(workdir: Path) -> None:
+    """``--resume --adopt-sink-positions`` with Spark's checkpoint lost (or found behind the
+    store by a refused run: :data:`SPARK_BEHIND`) and the state store kept: the store's batch
+    ids are ahead of Spark's restarted ones and would refuse them
+    (:class:`SparkCheckpointBehindError`). The table's positions do not depend on either, so
+    the store is moved to ``<workdir>/state-set-aside/`` (not deleted) and the run adopts them
+    as when both were lost. The store's pending epochs are not lost: the table does not hold
+    their batches, so Spark's replay delivers them again (and the committers' recovery deletes
+    their files)."""
+    stores = sorted(workdir.glob("state.db*"))
+    behind = workdir / SPARK_BEHIND
+    if not stores or not (behind.exists() or _spark_checkpoint_lost(workdir)):
+        return
+    aside = workdir / STATE_SET_ASIDE / time.strftime("%Y%m%dT%H%M%S")
+    aside.mkdir(parents=True, exist_ok=True)
+    for path in stores:
+        path.rename(aside / path.name)
+    behind.unlink(missing_ok=True)
+    print(
+        f"Spark's checkpoint is gone or behind: the state store was set aside to {aside}; "
+        "continuing from the positions the table recorded",
+        flush=True,
+    )
 
 
 #: How long the final table waits for the sink's last commit at most.

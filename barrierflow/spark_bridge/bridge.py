@@ -81,6 +81,7 @@ from barrierflow.actors.sinks.errors import (
     StaleStagingError,
 )
 from barrierflow.actors.sources.batch_feed import BatchFeed
+from barrierflow.actors.sources.errors import BatchOrderError
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.channels.schema import cast_fixes, check_schema, conform_schema
 from barrierflow.connectors.errors import ExecutorStagingError
@@ -88,6 +89,7 @@ from barrierflow.connectors.executor_staging import ExecutorStaging, staging_num
 from barrierflow.runtime.blocking import BlockingRuntime
 from barrierflow.runtime.errors import ActorFailedError, ActorGoneError, NotRunningError
 from barrierflow.runtime.metrics import MetricFamily, counter
+from barrierflow.spark_bridge.errors import SparkCheckpointBehindError
 from barrierflow.spark_bridge.executors import stage_on_executors
 from barrierflow.spark_bridge.failures import unwrap_spark_error
 
@@ -333,11 +335,29 @@ class SparkBridge:
             NotRunningError: the runtime is not running.
             SchemaMismatchError: ``df``'s schema is not the feed's — the sink table's, when
                 written on the executors — (nothing delivered).
-            BatchOrderError: ``batch_id`` goes backwards or skips (nothing delivered).
+            SparkCheckpointBehindError: ``batch_id`` is below the last durable one: Spark's
+                checkpoint was lost or reset (nothing delivered; a BatchOrderError).
+            BatchOrderError: ``batch_id`` goes backwards otherwise, or skips (nothing
+                delivered).
             ExecutorImportError: an executor cannot import barrierflow or its dependencies.
             InvalidArgumentError: ``write_on`` is not ``"driver"`` or ``"executors"``, or
                 ``"executors"`` for a bridge without a sink whose table stages Parquet files.
         """
+        try:
+            return self._deliver_batch(df, batch_id, stream, write_on)
+        except BatchOrderError as exc:
+            last = exc.last
+            if type(exc) is not BatchOrderError or last is None or exc.batch_id >= last:
+                raise
+            # Spark replays only the batch it did not commit (the last durable one at most):
+            # an id below that is Spark's checkpoint gone back, which the user must be told.
+            raise SparkCheckpointBehindError(
+                exc.stream, last, exc.batch_id, exc.expected_id
+            ) from None
+
+    def _deliver_batch(
+        self, df: Any, batch_id: int, stream: str | None, write_on: str
+    ) -> int | None:
         self._check_running()
         stream = self.stream if stream is None else stream
         if _check_write_on(write_on) == "executors":

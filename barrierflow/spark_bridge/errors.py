@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Literal, final
 
+from barrierflow.actors.sources.errors import BatchOrderError
 from barrierflow.channels.errors import BarrierflowError
 
 __all__ = [
     "ExecutorImportError",
+    "SparkCheckpointBehindError",
     "SparkQueryFailedError",
     "SparkUnavailableError",
 ]
@@ -77,4 +79,33 @@ class ExecutorImportError(BarrierflowError):
             "spark.pyspark.python) at the driver's virtual environment on every worker, or "
             "ship the environment with spark.archives (a packed venv) or the package with "
             "spark.submit.pyFiles"
+        )
+
+
+@final
+class SparkCheckpointBehindError(BatchOrderError):
+    """Spark sent a micro-batch id below the last one durable in the runtime's state store:
+    Spark's checkpoint was lost, reset or restored from an older copy, so its batch ids
+    restarted below the store's. Nothing is delivered — the store would skip none of those
+    batches as replays and the sinks would hold their rows twice.
+
+    The ways on: restore Spark's checkpoint that goes with the state store; or continue from
+    the positions the sinks recorded, which do not depend on either: remove the state store
+    and start with ``RuntimeConfig(adopt_sink_positions=True)`` (the demo: ``--resume
+    --adopt-sink-positions``, which does both).
+
+    Attributes: those of :class:`~barrierflow.errors.BatchOrderError` (``direction`` is
+    ``"backwards"``; ``last`` is the store's last durable batch id, never ``None``).
+    """
+
+    def __init__(self, stream: str, last: int, batch_id: int, expected: int) -> None:
+        super().__init__(stream, last, batch_id, expected)
+        # The base's fields stand; the message says the cause and the ways on instead.
+        self.args = (
+            f"Spark query stream {stream!r} sent batch {batch_id}, below the state store's "
+            f"last durable batch {last} (expected {expected}, or {last} again as a replay): "
+            "Spark's checkpoint was lost or reset — its batch ids restarted below the state "
+            "store's. To go on: restore the Spark checkpoint that goes with the store, or "
+            "continue from the positions the sinks recorded: remove the state store and start "
+            "with RuntimeConfig(adopt_sink_positions=True)",
         )

@@ -21,12 +21,14 @@ __all__ = [
 ]
 
 
-@final
 class BatchOrderError(InvalidArgumentError):
     """A numbered batch id went backwards or skipped ahead of the last durable one.
 
     A replay of the last durable batch is not an error (it is skipped); anything else out of
     sequence would lose or duplicate rows, so it is refused before any row is delivered.
+    (The Spark bridge raises its subclass
+    :class:`~barrierflow.spark_bridge.errors.SparkCheckpointBehindError` for ids below the last
+    durable one: Spark's own checkpoint went back.)
 
     Attributes:
         stream: the batch stream (a Spark query, a pump).
