@@ -167,6 +167,18 @@ def test_each_partition_of_a_batch_must_come_exactly_once() -> None:
     assert len(batches) == 0
 
 
+def test_a_partition_named_twice_is_refused_even_when_every_partition_is_named() -> None:
+    # Partitions 0 and 1 are both there, 1 twice: its rows would be committed twice. (The
+    # test above names a duplicate with a partition missing, which a check for missing
+    # partitions alone refuses too.)
+    batches = ExecutorBatches("out", set(), 1)
+    with pytest.raises(PartitionCoverageError) as info:
+        batches.add(handed(0, [0, 1, 1]))
+    assert (info.value.sink, info.value.batch) == ("out", "src/s#0")
+    assert (info.value.partitions, info.value.got) == (2, [0, 1, 1])
+    assert len(batches) == 0
+
+
 def test_a_batch_staged_in_another_coordinator_run_is_refused() -> None:
     with pytest.raises(StaleStagingError) as info:
         ExecutorBatches("out", set(), 2).add(handed(0, [0], generation=1))
@@ -275,6 +287,9 @@ async def test_a_refused_hand_over_fails_only_its_asker_and_the_run_goes_on(
             with pytest.raises(PartitionCoverageError) as coverage:
                 await coordinator.adopt_staged(key, 0, 2, adopted, generation)
             assert coverage.value.sink == "out"
+            with pytest.raises(PartitionCoverageError) as twice:
+                await coordinator.adopt_staged(key, 0, 1, [*adopted, *adopted], generation)
+            assert (twice.value.partitions, twice.value.got) == (1, [0, 0])
             await coordinator.adopt_staged(key, 0, 1, adopted, generation)  # still serving
             epoch = await feed.deliver(rt, "s", 0, SCHEMA.empty_table(), retries=0)
             assert epoch is not None
