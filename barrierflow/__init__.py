@@ -12,11 +12,10 @@ imported when the name is first looked up.
 import typing as _typing
 
 from barrierflow import errors as _errors
+from barrierflow._version import __version__ as __version__
 
 if _typing.TYPE_CHECKING:
     from barrierflow.errors import *  # noqa: F403 - every public error of barrierflow.errors
-
-__version__ = "0.1.0"
 
 if not _typing.TYPE_CHECKING:
     # A type checker reads the errors from the star import above and sees no

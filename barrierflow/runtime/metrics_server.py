@@ -29,8 +29,8 @@ import anyio.lowlevel
 import pyarrow
 import sniffio
 
-from barrierflow import __version__
 from barrierflow._extras import require
+from barrierflow._version import __version__
 from barrierflow.runtime.errors import MetricsPortError
 from barrierflow.runtime.metrics import MetricFamily, MetricsRegistry, gauge
 
