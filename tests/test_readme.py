@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import re
 import subprocess
 import sys
@@ -61,3 +63,33 @@ def test_readme_links_only_inside_the_repository() -> None:
         assert path.is_relative_to(ROOT), target
         assert path.exists(), target
     assert "../" not in README
+
+
+def _readme_imports() -> list[tuple[str, str | None]]:
+    """``(module, name)`` of every barrierflow import in the README's Python examples (name
+    ``None`` for ``import module``), and of every "`Name` (`barrierflow.module`)" in its
+    prose, which tells a reader where to import a name from."""
+    found: list[tuple[str, str | None]] = []
+    for example in re.findall(r"```python\n(.*?)```", README, re.S):
+        for node in ast.walk(ast.parse(example)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("barrierflow"):
+                assert node.module is not None
+                found.extend((node.module, alias.name) for alias in node.names)
+            elif isinstance(node, ast.Import):
+                names = (alias.name for alias in node.names)
+                found.extend((name, None) for name in names if name.startswith("barrierflow"))
+    prose = re.sub(r"```.*?```", "", README, flags=re.S)
+    mentions = re.findall(r"`(\w+)` \(`(barrierflow(?:\.\w+)*)`\)", prose)
+    found.extend((module, name) for name, module in mentions)
+    return found
+
+
+def test_every_import_the_readme_shows_resolves() -> None:
+    # The Python examples run only in the slow tier (they need Spark); their import lines,
+    # and the prose's "`Name` (`module`)", are checked here in-process.
+    imports = _readme_imports()
+    assert ("barrierflow.testing", "MemorySplitLog") in imports
+    for module, name in imports:
+        imported = importlib.import_module(module)
+        if name is not None:
+            assert hasattr(imported, name), f"README: {name} is not importable from {module}"

@@ -18,7 +18,8 @@
 * :class:`ListTable` / :class:`FailingTable` — an in-memory exactly-once table that records
   committed rows per epoch, and a wrapper that fails or hangs any table's writer or committer
   methods on cue (:mod:`barrierflow.testing.sinks`).
-* :class:`~barrierflow.testing.split_log.MemorySplitLog` — an in-memory split log.
+* :class:`MemorySplitLog` — an in-memory split log, scripted by the test
+  (:mod:`barrierflow.testing.split_log`).
 * :func:`check_table` / :func:`check_split_reader` / :func:`check_stream_actor` —
   conformance suites for a user's own table (the exactly-once commit protocol), split log
   (offsets, exclusive starts, following, unknown splits) and stream actor (the same rows with
@@ -51,6 +52,7 @@ from barrierflow.testing.sinks import FailingTable as FailingTable
 from barrierflow.testing.sinks import InjectedFaultError as InjectedFaultError
 from barrierflow.testing.sinks import ListTable as ListTable
 from barrierflow.testing.split_conformance import check_split_reader as check_split_reader
+from barrierflow.testing.split_log import MemorySplitLog as MemorySplitLog
 from barrierflow.testing.streams import drain as drain
 from barrierflow.testing.streams import rows_per_epoch as rows_per_epoch
 
@@ -65,6 +67,7 @@ __all__ = [
     "FakeClock",
     "InjectedFaultError",
     "ListTable",
+    "MemorySplitLog",
     "Playback",
     "RedisServer",
     "ScriptedCrashError",
