@@ -13,8 +13,8 @@ its tear-down), an audit hook watches every way Python starts one — ``subproce
 ``os.fork``/``forkpty``, ``os.posix_spawn``, ``os.system``, ``os.exec*``, ``os.spawn*`` and
 ``multiprocessing``'s spawn helper — and the test fails with one line naming the marker it
 needs. The fixtures that start Spark, the cluster or a server refuse an unmarked test the same
-way (see ``conftest.py``). Spark tests are pinned to one xdist worker (``xdist_group``), so
-that no worker starts more than one SparkSession and no more than one cluster.
+way. The tests that share the session's SparkSession, and those that share its cluster, are
+each pinned to one xdist worker (``xdist_group``), so no worker starts more than one of each.
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ SLOW_MARKERS: dict[str, str] = {
 
 OUTSIDE_UNIT_TIER = (*PROCESS_MARKERS, *SLOW_MARKERS)
 
-#: Which xdist worker group a marker pins its tests to: each group runs on one worker, so a
-#: worker starts at most one SparkSession and one cluster.
-XDIST_GROUPS = {"spark": "spark", "cluster": "spark"}
+#: The xdist worker group a fixture pins its tests to: each group runs on one worker, so a
+#: worker starts at most one SparkSession and one cluster (both live as long as the worker).
+#: Tests that run Spark in a child process (the demo's) are marked ``spark`` but free to go
+#: to any worker: they share nothing with this process.
+XDIST_GROUPS = {"spark": "spark-session", "spark_cluster": "spark-cluster"}
 
 #: The fixtures that start a process, and the marker a test that asks for one must carry.
 FIXTURE_MARKERS = {
@@ -70,7 +72,7 @@ _PROCESS_EVENTS = frozenset(
 )
 
 
-class UnitTierViolation(RuntimeError):
+class UnitTierViolationError(RuntimeError):
     """A test outside the process markers started (or tried to start) a child process."""
 
     def __init__(self, nodeid: str, how: str) -> None:
@@ -88,12 +90,12 @@ class _Guard:
 
     def __init__(self) -> None:
         self.nodeid: str | None = None
-        self.violations: list[UnitTierViolation] = []
+        self.violations: list[UnitTierViolationError] = []
 
     def check(self, how: str) -> None:
         if self.nodeid is None:
             return
-        violation = UnitTierViolation(self.nodeid, how)
+        violation = UnitTierViolationError(self.nodeid, how)
         self.violations.append(violation)
         raise violation
 
@@ -165,8 +167,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        for marker, group in XDIST_GROUPS.items():
-            if item.get_closest_marker(marker) is not None:
+        fixtures = getattr(item, "fixturenames", ())
+        for fixture, group in XDIST_GROUPS.items():
+            if fixture in fixtures:
                 item.add_marker(pytest.mark.xdist_group(group))
                 break
     if config.getoption("tier") != "unit":

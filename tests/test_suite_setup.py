@@ -1,6 +1,7 @@
-"""The suite's own setup: the tiers and their guard, deadlines that scale with BARRIERFLOW_TEST_TIMEOUT_SCALE (the helper
-every test uses, and the conftest hook that stretches pytest-timeout's per-test limit), and a
-SparkSession that cannot start is reported once, not as one confusing error per test."""
+"""The suite's own setup: the unit tier's guard, deadlines that scale with
+BARRIERFLOW_TEST_TIMEOUT_SCALE (the helper every test uses, and the conftest hook that
+stretches pytest-timeout's per-test limit), and a SparkSession that cannot start is reported
+once, not as one confusing error per test."""
 
 from __future__ import annotations
 
