@@ -126,6 +126,14 @@ def _guarded_fork_exec(original: Callable[..., int]) -> Callable[..., int]:
     return fork_exec
 
 
+def _weight(item: pytest.Item) -> int:
+    """0 for tests that start a JVM, 1 for other tests outside the unit tier, 2 for the rest;
+    sorting by it is stable, so the order within each weight stays the file order."""
+    if any(item.get_closest_marker(name) for name in ("spark", "cluster")):
+        return 0
+    return 1 if any(item.get_closest_marker(name) for name in OUTSIDE_UNIT_TIER) else 2
+
+
 def _check_fixture_markers(item: pytest.Item) -> None:
     """Fail ``item`` in one line if it asks for a fixture that starts a process (a
     SparkSession, the cluster, a server) without that fixture's marker."""
@@ -172,6 +180,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if fixture in fixtures:
                 item.add_marker(pytest.mark.xdist_group(group))
                 break
+    # Longest first: the tests that start JVMs and children go out to the workers before the
+    # in-process ones, which then fill the gaps, instead of one worker ending on a long tail.
+    items.sort(key=_weight)
     if config.getoption("tier") != "unit":
         return
     kept, dropped = [], []
