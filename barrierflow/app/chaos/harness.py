@@ -348,10 +348,12 @@ def _round(
             audit = act.audit(workdir, complete=False)
             entry = _kill_entry(report, number, act, backend, run, plan, kill, outcome, audit)
             clean = clean and entry.clean
+            orphans = f" ({entry.orphans} left it and exited)" if entry.orphans else ""
             say(
                 f"kill {entry.kill:>3} round {number} {_label(act, backend)} run {run}: aimed "
                 f"{entry.aimed} ({entry.plan}), landed after '{entry.landed}' at "
-                f"{entry.seconds:.2f} s, {entry.processes} processes killed; audit: {entry.audit}"
+                f"{entry.seconds:.2f} s, {entry.processes} processes killed{orphans}; audit: "
+                f"{entry.audit}"
             )
             continue
         if kill is not None and plan is not None:
