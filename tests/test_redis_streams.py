@@ -533,3 +533,15 @@ async def test_a_misspelled_stream_in_a_graph_with_a_sink_fails_with_unknown_spl
     assert info.value.actor == "events"
     assert isinstance(info.value.cause, UnknownSplitError)
     assert (info.value.cause.split, info.value.cause.known) == (f"{p}ordres", [f"{p}orders"])
+
+
+async def test_a_log_names_its_server_and_its_streams_without_a_password(
+    redis_server: RedisServer,
+) -> None:
+    # A log line names the log by it (a discovery that found no stream, for one).
+    url = redis_server.url.replace("redis://", "redis://:secret@")  # ends with its db, /0
+    async with RedisStreamLog(url, pattern="orders-*", payload=PAYLOAD) as log:
+        assert repr(log) == f"RedisStreamLog('{redis_server.url}', pattern='orders-*')"
+        assert "secret" not in repr(log)
+    async with RedisStreamLog(redis_server.url, splits=["a", "b"], payload=PAYLOAD) as log:
+        assert repr(log) == f"RedisStreamLog('{redis_server.url}', splits=['a', 'b'])"

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 import redis
+import structlog.testing
 from _timeouts import scaled
 
 from barrierflow.actors import SourceBackfill, SplitSource, add_sink
@@ -229,6 +230,41 @@ async def test_a_pattern_discovers_only_the_splits_it_matches(tmp_path: Path) ->
             await checkpoint_until(rt, lambda: len(seen.records) == 5)
             await rt.checkpoint()
     assert sorted(seen.records) == every(log, "events-1", "events-2")
+
+
+async def test_a_pattern_that_matches_nothing_warns_once_and_shows_zero_splits(
+    tmp_path: Path,
+) -> None:
+    log, seen = Listed([]), Seen()
+    fill(log, "events-1", 2)
+    with anyio.fail_after(scaled(10)), structlog.testing.capture_logs() as logs:
+        async with live_runtime(tmp_path, log, seen, pattern="evnets-*", discover_every=1) as rt:
+            for _ in range(3):
+                await rt.checkpoint()
+            families = {f.name: f for f in rt.metrics.collect()}
+            assert families["barrierflow_source_splits"].value(actor="src", kind="source") == 0
+            assert log.listings >= 4  # the first barrier's listing, then one per checkpoint
+    warnings = [e for e in logs if e["log_level"] == "warning" and "no split" in e["event"]]
+    assert len(warnings) == 1  # once, not at every listing that found nothing
+    assert warnings[0]["pattern"] == "evnets-*"
+    assert warnings[0]["log"] == "MemorySplitLog(splits=['events-1'])"
+    assert warnings[0]["listed"] == 1
+    assert seen.records == []
+
+
+async def test_the_splits_gauge_counts_the_splits_a_source_reads(tmp_path: Path) -> None:
+    log, seen = Listed([]), Seen()
+    fill(log, "events-1", 2)
+    fill(log, "other", 1)
+    with anyio.fail_after(scaled(10)):
+        async with live_runtime(tmp_path, log, seen, pattern="events-*", discover_every=1) as rt:
+            await rt.checkpoint()
+            splits = {f.name: f for f in rt.metrics.collect()}["barrierflow_source_splits"]
+            assert splits.value(actor="src", kind="source") == 1
+            fill(log, "events-2", 1)
+            await checkpoint_until(rt, lambda: len(seen.records) == 3)
+            splits = {f.name: f for f in rt.metrics.collect()}["barrierflow_source_splits"]
+            assert splits.value(actor="src", kind="source") == 2
 
 
 async def test_a_split_the_log_no_longer_lists_is_dropped_with_its_offset(tmp_path: Path) -> None:

@@ -255,6 +255,13 @@ class RedisStreamLog:
         self._closed = False
         self._ranks: dict[str, _Ranks] = {}
 
+    def __repr__(self) -> str:
+        """The server and the streams, as a log line names the log: ``RedisStreamLog(
+        'redis://host:6379/0', pattern='orders-*')`` (no password)."""
+        streams = f"splits={self._splits!r}" if self._splits is not None else ""
+        streams = streams or f"pattern={self._pattern!r}"
+        return f"RedisStreamLog({self._name!r}, {streams})"
+
     @staticmethod
     def _make_client(connection: str | Callable[[], redis.Redis], block_ms: int) -> redis.Redis:
         # redis-py is the [redis] extra: imported when a log is built, never at module import.

@@ -76,6 +76,10 @@ class MemorySplitLog:
         # Made on first wait: an anyio event needs a running event loop.
         self._appended: Notifier | None = None
 
+    def __repr__(self) -> str:
+        """The splits it has now, as a log line names the log."""
+        return f"MemorySplitLog(splits={sorted(self._splits)!r})"
+
     @property
     def schema(self) -> pa.Schema:
         """The payload columns, then the split and offset columns."""

@@ -60,10 +60,12 @@ splits of rule 1, in ``tests/test_split_discovery.py``):
     first record — every record it ever had is read, since none was read before — and the
     new assignment is put in ``"assignment"`` before the barrier is passed. A discovering
     source follows the log: a split that is no longer listed (a deleted stream) is dropped
-    with its offset. A waiting source only adds the splits it waits for. ``Add``'s assignment
-    or a split change by mutation ends discovery for good (the table ``"discovery"`` records
-    who wrote the assignment, so a restart keeps it): whoever assigns splits by mutation also
-    decides which ones exist, as RisingWave's source manager does.
+    with its offset. A listing that finds no split to read logs one warning per run, naming
+    the pattern and the log, and ``barrierflow_source_splits`` shows 0: a pattern that matches
+    nothing must not read nothing in silence. A waiting source only adds the splits it waits
+    for. ``Add``'s assignment or a split change by mutation ends discovery for good (the table
+    ``"discovery"`` records who wrote the assignment, so a restart keeps it): whoever assigns
+    splits by mutation also decides which ones exist, as RisingWave's source manager does.
 
     *Why the actor discovers, not the runtime.* RisingWave's source manager lists the
     splits and injects a ``SourceChangeSplit`` barrier; barrierflow has no source manager and
@@ -104,7 +106,7 @@ from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Message
 from barrierflow.channels.mutation import Split
 from barrierflow.runtime.actor import ActorContext, StreamActor
-from barrierflow.runtime.metrics import MetricFamily
+from barrierflow.runtime.metrics import MetricFamily, gauge
 from barrierflow.runtime.state.state_store import StateTable
 
 __all__ = ["SplitSource"]
@@ -215,10 +217,24 @@ class SplitSource(StreamActor):
         return self._settings.log.schema
 
     def metric_families(self) -> list[MetricFamily]:
-        """Records read and lag per split (see :mod:`~.split_metrics`)."""
-        if self._reading is None:
+        """Records read and lag per split (see :mod:`~.split_metrics`), and
+        ``barrierflow_source_splits``: how many splits the source reads (from its first
+        barrier on) — 0 is what to alert on: a discovery ``pattern=`` (the source's or the
+        log's) that matches nothing reads nothing, and the run ends without an error."""
+        reading = self._reading
+        if reading is None:
             return []
-        return self._settings.metrics.families(self._reading.ctx.name)
+        name = reading.ctx.name
+        families = self._settings.metrics.families(name)
+        if reading.positions is not None:
+            families.append(
+                gauge(
+                    "barrierflow_source_splits",
+                    "splits a split source reads (0: none assigned or found by its listing)",
+                    [({"actor": name, "kind": "source"}, len(reading.positions))],
+                )
+            )
+        return families
 
     async def refresh_metrics(self) -> None:
         """Ask the log how far behind each split's position is."""
@@ -299,6 +315,8 @@ class _Reading:
         #: Explicit splits the log does not have yet (``wait_for_splits=True``), with starts.
         self.pending: dict[str, Offset | None] = {}
         self.barriers_since_listing = 0
+        #: Whether a listing found no split and said so (once per run).
+        self.warned_nothing_found = False
         self.positions: Positions | None = None  # None until the first barrier
         self.paused = False
         self.rate: float | None = None
@@ -415,6 +433,8 @@ class _Reading:
         else:
             pattern = self.settings.pattern
             starts = {s: None for s in known if pattern is None or fnmatch.fnmatchcase(s, pattern)}
+            if not starts:
+                self.warn_nothing_found(len(known))
             if first:
                 # Following the log: a split it no longer has (a deleted stream) is dropped;
                 # if it comes back, it is a new one, read from its first record.
@@ -427,6 +447,21 @@ class _Reading:
         if listing_assigns and starts != self.committed_assignment:
             self.write_assignment(starts, by_mutation=False)
         return starts
+
+    def warn_nothing_found(self, listed: int) -> None:
+        """Rule 10: a discovery listing found no split to read. Warn once per run (not at
+        every listing): a pattern that matches nothing — the source's ``pattern=`` or the
+        log's — would otherwise read 0 rows and end cleanly, in silence."""
+        if self.warned_nothing_found:
+            return
+        self.warned_nothing_found = True
+        self.ctx.log.warning(
+            "split source: the log lists no split to read; reading nothing until one appears",
+            pattern=self.settings.pattern,
+            log=repr(self.settings.log),
+            listed=listed,
+            discover_every=self.settings.discover_every,
+        )
 
     def discovering(self) -> bool:
         """Whether the source lists the log at barriers: it discovers, or waits for splits."""
