@@ -415,8 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
         "top",
         help="a live view of a running pipeline, read from its metrics endpoint",
         description="Scrapes a runtime's Prometheus endpoint (RuntimeConfig(metrics_port=...)) "
-        "and redraws jobs and their backfill, actors' rows/s and busy/backpressured/idle "
-        "shares, barrier latency by stage, sinks and sources. Ctrl-C leaves.",
+        "and redraws the runtime's version, CPU and memory, jobs and their backfill, actors' "
+        "rows/s and busy/backpressured/idle shares, barrier latency by stage, sinks (with "
+        "their last commit's age) and sources. An endpoint that is not up (yet) is waited "
+        "for, retrying; with --once it is an error. Ctrl-C leaves.",
     )
     top.add_argument("url", help="the endpoint, e.g. http://127.0.0.1:9464/metrics")
     top.add_argument(
