@@ -35,7 +35,6 @@ and the cause.
 from __future__ import annotations
 
 import random
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -128,7 +127,7 @@ def _reason(exc: OSError) -> str:
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.reason}"
     cause: object = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-    if isinstance(cause, TimeoutError | socket.timeout):
+    if isinstance(cause, TimeoutError):
         return "timed out"
     if isinstance(cause, OSError) and cause.strerror:
         return cause.strerror[:1].lower() + cause.strerror[1:]
@@ -169,11 +168,8 @@ def _ago(scrape: Scrape, timestamp: float | None) -> str:
 
 
 def _bytes(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # the loop returns at GiB
+    """``value`` bytes in MiB, or GiB from one GiB on (a process's memory)."""
+    return f"{value / 2**30:.1f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
 
 
 def _process(before: Scrape, after: Scrape) -> str:
