@@ -739,6 +739,7 @@ async def test_single_phase_commits_every_writers_metadata_before_the_ack(
             assert coordinator.is_committed(2)
             stats = coordinator.stats()
             assert (stats.committed_epochs, stats.last_committed_epoch) == (2, 2)
+            assert stats.last_commit_time is not None  # when the last went through (Unix s)
             # Single-phase commits without a schema change leave nothing in the meta store.
             assert await SinkStates(store, SINK).list() == []
             tg.cancel_scope.cancel()

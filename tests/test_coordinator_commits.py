@@ -10,6 +10,7 @@ coordinator is a fake — so that each rule is checked where it lives, fast.
 from __future__ import annotations
 
 import math
+import time
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -237,6 +238,27 @@ async def test_commit_returns_whether_it_went_through() -> None:
     assert await q.commit(head) is True
     assert (list(q.prepared), q.last_committed, q.commits, q.retry_at) == ([], 4, 1, None)
     assert q.unmarked == 4
+
+
+async def test_a_commit_that_went_through_records_its_wall_clock_time_on_both_paths() -> None:
+    # What barrierflow_sink_last_commit_timestamp_seconds reports: Unix time, so that an
+    # alert can take time() - x; a failed attempt leaves it as it was.
+    committer = Committer()
+    q = queue(committer, States(), committed_epoch=4)
+    head = item(4)
+    q.push(head)
+    committer.failures = 1
+    assert await q.commit(head) is False
+    assert q.last_commit_time is None
+    before = time.time()
+    assert await q.commit(head) is True
+    assert q.last_commit_time is not None
+    assert before <= q.last_commit_time <= time.time()
+    single = queue(Committer(two_phase=False, pre_committed={"staged": 5}), States())
+    before = time.time()
+    await single.complete(5, manifests("1", epoch=5), None)
+    assert single.last_commit_time is not None
+    assert before <= single.last_commit_time <= time.time()
 
 
 async def test_the_mark_left_unwritten_at_the_end_of_a_run_is_written_shielded_within_2_s() -> None:

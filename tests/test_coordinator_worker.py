@@ -602,7 +602,8 @@ async def test_stats_start_at_zero_before_and_at_the_start_of_a_run(tmp_path: Pa
         before.commit_failures,
         before.retry_delays,
         before.aborted_epochs,
-    ) == (0, 0, 0, 0, 0, 0, 0, (), ())
+        before.last_commit_time,
+    ) == (0, 0, 0, 0, 0, 0, 0, (), (), None)
     async with (
         await StateStore.open(tmp_path / "state.db") as store,
         anyio.create_task_group() as tg,
@@ -616,7 +617,8 @@ async def test_stats_start_at_zero_before_and_at_the_start_of_a_run(tmp_path: Pa
             fresh.committed_epochs,
             fresh.last_acked_epoch,
             fresh.last_committed_epoch,
-        ) == (0, 0, 0, 0)
+            fresh.last_commit_time,
+        ) == (0, 0, 0, 0, None)
         tg.cancel_scope.cancel()
 
 
