@@ -2,7 +2,9 @@
 the table as a recovery would. A process killed between a commit's file moves and the table's
 commit (Iceberg, Delta), its store deleted, then a runtime that adopts the sink's positions:
 the moved files of the epoch that never committed are deleted — no barrierflow data file that
-no commit references stays in the table's directory — and every row is there exactly once."""
+no commit references stays in the table's directory — and every row is there exactly once.
+Files that only an older version of the table references (rows deleted outside barrierflow)
+stay: time travel needs them."""
 
 from __future__ import annotations
 
@@ -156,3 +158,37 @@ async def test_adopting_after_a_kill_between_moves_and_commit_deletes_the_moved_
     # A plain directory reader counts the table's rows, no more.
     rows = sum(pq.read_metadata(p).num_rows for p in moved_files(data_root(kind, tmp_path), set()))
     assert rows == (COMMITTED + 2) * ROWS
+
+
+def drop_first_batch(kind: str, root: Path) -> None:
+    """Delete the first batch's rows outside barrierflow: its files stay, named only by an
+    older version of the table (a Delta ``remove``, an older Iceberg snapshot)."""
+    sink = open_sink(kind, root)
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        DeltaTable(str(sink.path)).delete(f"id < {ROWS}")
+    else:
+        from pyiceberg.expressions import LessThan
+
+        sink.table().delete(LessThan("id", ROWS))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", TABLES)
+async def test_recovery_keeps_files_only_an_older_version_of_the_table_references(
+    tmp_path: Path, kind: str
+) -> None:
+    feed = BatchFeed(SCHEMA)
+    rt, _ = runtime(kind, tmp_path, feed, adopt=False)
+    async with rt:
+        await deliver(rt, feed, range(COMMITTED))
+    before = set(moved_files(data_root(kind, tmp_path), set()))
+    drop_first_batch(kind, tmp_path)
+    assert committed_ids(kind, tmp_path) == list(range(ROWS, COMMITTED * ROWS))
+    forget_state(tmp_path)
+    rt, _ = runtime(kind, tmp_path, BatchFeed(SCHEMA), adopt=True)
+    async with rt:  # the recovery runs at start
+        pass
+    # Time travel to the older version still needs the first batch's files: none deleted.
+    assert before <= set(moved_files(data_root(kind, tmp_path), set()))

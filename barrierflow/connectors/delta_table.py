@@ -295,7 +295,9 @@ class DeltaCommitter:
                 action = json.loads(line) if line.strip() else {}
                 for kind in ("add", "remove"):
                     if isinstance(action.get(kind), dict) and "path" in action[kind]:
-                        named.add((root / unquote(action[kind]["path"])).resolve())
+                        # Relative to the table, or an absolute URI (a shallow clone's).
+                        path = unquote(str(action[kind]["path"])).removeprefix("file://")
+                        named.add((root / path).resolve())
         return named
 
     async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
