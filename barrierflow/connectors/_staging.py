@@ -6,6 +6,7 @@ Layout under a table (or Iceberg data) directory::
     .staging/<epoch, 20 digits>/[w<writer>/]part-*.parquet   an epoch's files, not committed
     .staging/<epoch>/_PRECOMMITTED.json                      its pre-commit record
     epoch=<epoch, 20 digits>/                                 a committed epoch (Parquet sink)
+    <epoch, 20 digits>/w<writer>/part-*.parquet              moved by a commit (Iceberg, Delta)
     _manifest.json                                           the Parquet sink's manifest
 
 Readers never look at staged files: ``pyarrow.dataset`` skips names starting with ``.``/``_``.
@@ -19,6 +20,8 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from barrierflow.actors.sinks.table import Manifest, manifests_positions
 from barrierflow.connectors._iceberg_schema import check_schema_change
@@ -117,9 +120,9 @@ def delete_unreferenced_moves(
     """Delete the files a commit moved into ``root`` but that no commit of the table
     references: what a crash between a commit's file moves and the table's commit leaves when
     the meta store that named them as pending is lost too (a new or empty store, adopted
-    positions). Nothing else would ever delete them — the table's own cleanup (``vacuum``,
-    orphan removal) only knows files its log once named — and a plain directory reader counts
-    their rows. Their epoch is not committed, so its rows are replayed from the positions
+    positions). Nothing else would delete them — deltalake's ``vacuum`` only deletes files
+    its log once named, pyiceberg has no orphan-file removal — and a plain directory reader
+    counts their rows. Their epoch is not committed, so its rows are replayed from the positions
     the table holds. Blocking.
 
     Only :func:`moved_files` are candidates (barrierflow's own layout, staging epochs no
@@ -135,6 +138,12 @@ def delete_unreferenced_moves(
         candidates -= current()
     if candidates:
         candidates -= ever()
+    if candidates:
+        structlog.get_logger("barrierflow.sinks").warning(
+            "deleting files a commit moved into the table but no commit references",
+            table=str(root),
+            files=len(candidates),
+        )
     for path in sorted(candidates):
         path.unlink(missing_ok=True)
         for directory in (path.parent, path.parent.parent):
