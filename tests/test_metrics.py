@@ -47,7 +47,7 @@ from barrierflow.runtime.metrics import (
     refresh_parts,
 )
 from barrierflow.runtime.progress import JobProgress, Progress
-from barrierflow.testing import FakeClock, ListTable
+from barrierflow.testing import FailingTable, FakeClock, ListTable
 from barrierflow.testing.split_log import MemorySplitLog
 
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
@@ -253,6 +253,36 @@ def test_actor_times_never_report_less_than_they_reported_before() -> None:
     assert first["pass"] == (2.0, 0.0, 1.0)
     assert second["pass"] == (2.0, 0.0, 1.5 + 1e-9)
     assert ActorTimes().read(["pass"], later, 3.5, {})["pass"][0] < 2.0  # what it guards
+
+
+@pytest.mark.anyio
+async def test_sink_pending_epochs_counts_only_epochs_whose_commit_is_still_to_go(
+    tmp_path: Path,
+) -> None:
+    # Empty epochs are acknowledged with nothing to commit: never pending. An epoch with rows
+    # is pending while its commit has not gone through, and no longer once it has.
+    table = FailingTable(ListTable(SCHEMA))
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
+    rt.add_source("src")
+    out = add_sink(rt, "out", table, input="src")
+
+    def pending() -> float | None:
+        return rt.stats().metric("barrierflow_sink_pending_epochs", sink="out")
+
+    async with rt:
+        with anyio.fail_after(WAIT):
+            for _ in range(5):  # an idle pipeline
+                await out.coordinator.wait_committed(await rt.checkpoint())
+            assert out.coordinator.stats().acked_epochs >= 5
+            assert pending() == 0
+            table.hang("commit")
+            await rt.push("src", chunk(0, 10))
+            with_rows = await rt.checkpoint()
+            await table.wait_called("commit")
+            assert pending() == 1  # its commit hangs; the empty epochs before it are not
+            table.release("commit")
+            await out.coordinator.wait_committed(with_rows)
+            assert pending() == 0
 
 
 @pytest.mark.anyio

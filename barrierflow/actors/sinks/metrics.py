@@ -25,6 +25,8 @@ class CoordinatorCounts(Protocol):
     @property
     def committed_epochs(self) -> int: ...
     @property
+    def pending_epochs(self) -> int: ...
+    @property
     def last_committed_epoch(self) -> int: ...
     @property
     def commit_failures(self) -> int: ...
@@ -46,8 +48,9 @@ def coordinator_families(sink: str, stats: CoordinatorCounts) -> list[MetricFami
                 "(persisted as pending, or committed)", [(labels, stats.acked_epochs)]),
         counter("barrierflow_sink_committed_epochs", "epochs committed to the sink's table",
                 [(labels, stats.committed_epochs)]),
-        gauge("barrierflow_sink_pending_epochs", "epochs acknowledged and not yet committed",
-              [(labels, max(stats.acked_epochs - stats.committed_epochs, 0))]),
+        # Not acked less committed: an empty epoch is acknowledged and has nothing to commit.
+        gauge("barrierflow_sink_pending_epochs", "epochs acknowledged whose commit is still "
+              "to go through", [(labels, stats.pending_epochs)]),
         gauge("barrierflow_sink_last_committed_epoch", "the sink's last committed epoch",
               [(labels, stats.last_committed_epoch)]),
         # No sample before the sink's first commit (of this run): 0 would read as a commit in

@@ -126,6 +126,12 @@ class CommitQueue:
     def is_empty(self) -> bool:
         return not self.pending and not self.prepared
 
+    @property
+    def waiting(self) -> int:
+        """Epochs whose commit is still to go through (pending their checkpoint, or due): an
+        epoch with nothing to commit never is, nor one committed whose mark is unwritten."""
+        return len(self.pending) + len(self.prepared)
+
     def holds_through(self, epoch: int) -> bool:
         """Whether an epoch up to ``epoch`` still waits for its commit or its committed mark."""
         if self.unmarked is not None and self.unmarked <= epoch:

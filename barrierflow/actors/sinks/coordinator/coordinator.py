@@ -327,6 +327,7 @@ class Coordinator:
             running=len(self._writers.running),
             acked_epochs=self._acked,
             committed_epochs=0 if queue is None else queue.commits,
+            pending_epochs=0 if queue is None else queue.waiting,
             last_acked_epoch=self._last_acked or 0,
             last_committed_epoch=0 if queue is None else queue.last_committed,
             commit_failures=self._backoff.failures,

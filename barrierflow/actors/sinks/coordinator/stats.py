@@ -19,6 +19,9 @@ class CoordinatorStats:
     #: Epochs acknowledged to writers, and committed by the committer.
     acked_epochs: int
     committed_epochs: int
+    #: Epochs acknowledged whose commit is still to go through now (an empty epoch, with
+    #: nothing to commit, is acknowledged and never committed: it is not pending).
+    pending_epochs: int
     #: The last epoch acknowledged to writers / committed (0 before the first).
     last_acked_epoch: int
     last_committed_epoch: int
