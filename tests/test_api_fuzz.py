@@ -649,6 +649,7 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
         "FailingTable": (FailingTable, {"inner": ListTable(ROWS)}),
         "FakeClock": (FakeClock, {"start": 0.0}),
         "ListTable": (ListTable, {"schema": ROWS}),
+        "MemorySplitLog": (MemorySplitLog, {"payload": ROWS, "splits": ["a"]}),
         "RedisServer": (
             RedisServer,
             {

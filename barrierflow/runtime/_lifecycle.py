@@ -215,9 +215,11 @@ class Lifecycle:
             if stop.cancelled_caught and incarnation is not None:
                 stuck = incarnation.stuck_error(nodes)
             elif flight is not None and flight.missed and incarnation is not None:
-                # Every actor finished, but the Stop did not go through them all: one ended
-                # holding it, so the rows behind it were never committed downstream.
-                stuck = incarnation.stuck_error(nodes, flight)
+                # Every actor finished, but the Stop did not go through them all: if one ended
+                # holding it, the rows behind it were never committed downstream. (One whose
+                # input had ended before it was sent the Stop lost nothing: no culprit.)
+                lost = incarnation.stuck_error(nodes, flight)
+                stuck = lost if lost.culprits else None
             if stuck is not None:
                 # What followed the last committed checkpoint is replayed at the next start.
                 self._log.error(str(stuck), timeout_s=timeout)

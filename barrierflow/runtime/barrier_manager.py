@@ -53,6 +53,7 @@ class InFlightBarrier:
         "collected_at",
         "injected_at",
         "missed",
+        "passed",
         "remaining",
     )
 
@@ -71,6 +72,9 @@ class InFlightBarrier:
         #: without passing it on lost it for everyone downstream (see
         #: :func:`~barrierflow.runtime.watchdog.diagnose`).
         self.missed: set[int] = set()
+        #: The actors that collected it (passed it downstream): an actor whose every upstream
+        #: passed it was sent the barrier; one whose upstream ended first never was.
+        self.passed: set[int] = set()
         self._done = anyio.Event()
         self._error: BaseException | None = None
 
@@ -280,6 +284,7 @@ class BarrierManager:
         if flight is None or actor_id not in flight.remaining:
             raise BarrierCollectError(actor_id, barrier.epoch.curr, self._in_flight)
         flight.remaining.discard(actor_id)
+        flight.passed.add(actor_id)
         if progress is not None:
             self._progress.setdefault(barrier.epoch.curr, {})[actor_id] = progress
         if not flight.remaining:

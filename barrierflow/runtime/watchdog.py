@@ -39,7 +39,10 @@ def diagnose(
     """The error that names who holds ``flight``: the actors that have not passed it on —
     still running (:attr:`~InFlightBarrier.remaining`) or finished without it
     (:attr:`~InFlightBarrier.missed`) — split into the culprits, whose every upstream passed
-    it, and those downstream of them that only never got it.
+    it, and those downstream of them that only never got it. An actor that finished because
+    its input ended before the barrier was sent to it (its upstream was stopped earlier) lost
+    nothing and is not named (see :func:`_lost_by`); with no culprit left, the error names
+    nobody (``culprits`` is empty).
 
     Args:
         flight: the stuck barrier.
@@ -47,7 +50,7 @@ def diagnose(
         upstreams: actor name → the names of the actors it reads.
         channels: the graph's channels now (``"a->b"`` edges, ``"a inbox"`` inboxes).
     """
-    ended = {names.get(i, f"actor {i}") for i in flight.missed}
+    ended = _lost_by(flight, names, upstreams)
     stuck = ended.union(names.get(i, f"actor {i}") for i in flight.remaining)
     culprits = sorted(a for a in stuck if not stuck.intersection(upstreams.get(a, ())))
     waiting = sorted(stuck.difference(culprits))
@@ -58,6 +61,27 @@ def diagnose(
     )
     waited = anyio.current_time() - flight.injected_at
     return BarrierStuckError(flight.barrier.epoch.curr, waited, culprits, waiting, detail)
+
+
+def _lost_by(
+    flight: InFlightBarrier, names: Mapping[int, str], upstreams: Mapping[str, Iterable[str]]
+) -> set[str]:
+    """The names of the actors that finished without passing ``flight`` on although it was
+    sent to them — every upstream passed it (a source: it was injected into it) — and of the
+    finished ones downstream of such an actor or of one still holding it. A finished actor
+    whose upstream ended before passing it (stopped alone at an earlier barrier) was never
+    sent it: its input ended, and nothing behind the barrier was lost there."""
+    passed = {names.get(i, f"actor {i}") for i in flight.passed}
+    missed = {names.get(i, f"actor {i}") for i in flight.missed}
+    lost = {a for a in missed if passed.issuperset(upstreams.get(a, ()))}
+    holding = lost.union(names.get(i, f"actor {i}") for i in flight.remaining)
+    grew = True
+    while grew:  # the finished actors downstream of one that lost or holds it
+        behind = {a for a in missed - lost if holding.intersection(upstreams.get(a, ()))}
+        grew = bool(behind)
+        lost |= behind
+        holding |= behind
+    return lost
 
 
 #: What a culprit that finished without collecting the barrier did (its input ended after the

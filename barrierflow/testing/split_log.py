@@ -66,11 +66,16 @@ class MemorySplitLog:
         splits: the splits that exist from the start (more appear on first append).
 
     Raises:
-        InvalidArgumentError: ``payload`` is not a schema, or names a split log column.
+        InvalidArgumentError: ``payload`` is not a schema, or names a split log column;
+            ``splits`` is not a list or tuple of non-empty names.
     """
 
     def __init__(self, payload: pa.Schema, splits: Sequence[str] = ()) -> None:
-        self._schema = split_log_schema(payload)
+        self._schema = split_log_schema(payload, "payload")
+        if not isinstance(splits, list | tuple) or not all(
+            isinstance(s, str) and s for s in splits
+        ):
+            raise InvalidArgumentError("splits", "a list or tuple of non-empty split names", splits)
         self._payload = payload
         self._splits: dict[str, _Split] = {s: _Split(payload) for s in splits}
         # Made on first wait: an anyio event needs a running event loop.
