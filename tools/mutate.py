@@ -66,10 +66,13 @@ class Group:
     name: str
     modules: tuple[str, ...]
     tests: tuple[str, ...]
-    #: Extra pytest arguments. Slow crash tests run their code in a child process that a
-    #: mutant cannot reach, so they are deselected; a mutant that hangs a test fails it after
+    #: Extra pytest arguments. Tests that run their code in a child process (marked
+    #: ``subprocess``, ``spark`` or ``slow``), such as the crash tests, are out of a
+    #: mutant's reach, so they are deselected; a mutant that hangs a test fails it after
     #: 20 s (the slowest test of these files takes ~3 s) instead of the suite's 120 s.
-    pytest_args: tuple[str, ...] = ("-m", "not slow and not spark", "--timeout=20")
+    pytest_args: tuple[str, ...] = (
+        "-m", "not slow and not spark and not subprocess", "--timeout=20"
+    )  # fmt: skip
 
 
 SINKS = "barrierflow/actors/sinks"
