@@ -45,6 +45,7 @@ from barrierflow.actors.sinks.coordinator.handles import (
     StopHandle,
     WriterHandle,
     WriterRegistry,
+    take,
 )
 from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
 from barrierflow.actors.sinks.coordinator.recovery import Recovered, recover
@@ -603,7 +604,9 @@ async def test_stats_start_at_zero_before_and_at_the_start_of_a_run(tmp_path: Pa
         before.retry_delays,
         before.aborted_epochs,
         before.last_commit_time,
-    ) == (0, 0, 0, 0, 0, 0, 0, (), (), None)
+        before.pending_epochs,
+        before.rows_committed,
+    ) == (0, 0, 0, 0, 0, 0, 0, (), (), None, 0, 0)
     async with (
         await StateStore.open(tmp_path / "state.db") as store,
         anyio.create_task_group() as tg,
@@ -618,8 +621,21 @@ async def test_stats_start_at_zero_before_and_at_the_start_of_a_run(tmp_path: Pa
             fresh.last_acked_epoch,
             fresh.last_committed_epoch,
             fresh.last_commit_time,
-        ) == (0, 0, 0, 0, None)
+            fresh.pending_epochs,
+            fresh.rows_committed,
+        ) == (0, 0, 0, 0, None, 0, 0)
         tg.cancel_scope.cancel()
+
+
+def test_an_asked_request_gets_the_askers_reply_and_a_told_one_keeps_its_own() -> None:
+    handle = detached_handle()
+    asked, asker = commit_event(handle, 1), OneShot[None]()
+    assert take(asked, asker) is asked
+    assert asked.reply is asker  # the coordinator's answer reaches whoever waits on it
+    told = commit_event(handle, 2)
+    own = told.reply
+    assert take(told, None) is told
+    assert told.reply is own  # answered into the reply nobody waits on, never into None
 
 
 async def test_answered_replies_are_not_kept() -> None:
