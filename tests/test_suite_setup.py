@@ -187,3 +187,53 @@ def test_a_marked_test_may_start_a_process_and_the_unit_tier_leaves_it_out(
     unit = pytester.runpytest("-p", "no:cacheprovider", "--tier", "unit", "-v")
     unit.assert_outcomes(passed=1, deselected=2)
     unit.stdout.fnmatch_lines(["*test_unit PASSED*"])
+
+
+SCHEDULED = """
+import pytest
+
+
+def test_unit():
+    pass
+
+
+@pytest.mark.subprocess
+def test_child():
+    pass
+
+
+@pytest.mark.spark
+def test_spark_in_a_child():
+    pass
+
+
+@pytest.mark.spark
+def test_session(spark):
+    pass
+
+
+@pytest.mark.cluster
+def test_cluster(spark_cluster):
+    pass
+"""
+
+
+def test_jvm_tests_go_first_and_only_shared_spark_pins_a_worker(pytester: pytest.Pytester) -> None:
+    copy_suite_setup(pytester)
+    pytester.makepyfile(test_inner=SCHEDULED)
+    recorder = pytester.inline_run("--collect-only", "-p", "no:cacheprovider")
+    items = recorder.getcall("pytest_collection_finish").session.items
+    order = [item.name for item in items]
+    assert order == [
+        "test_spark_in_a_child", "test_session", "test_cluster", "test_child", "test_unit"
+    ]  # fmt: skip
+    groups = {
+        item.name: [m.args[0] for m in item.iter_markers("xdist_group")] for item in items
+    }
+    assert groups == {
+        "test_spark_in_a_child": [],  # its Spark lives in its child: any worker
+        "test_session": ["spark-session"],
+        "test_cluster": ["spark-cluster"],
+        "test_child": [],
+        "test_unit": [],
+    }
