@@ -193,16 +193,18 @@ def refusal_remedies(config: DemoConfig, failure: BaseException) -> tuple[str, .
     """The ways on from a refused resume, one line each, for the user to copy."""
     adopt = resume_command(config) + " --adopt-sink-positions"
     if isinstance(failure, SinkStateMismatchError):
-        return (
-            f"the state store in {config.workdir} is gone but the table holds commits;",
-            f"to continue from the positions the table recorded: {adopt}",
-            "or restore the state store the table's commits came with, and resume",
+        lost = f"the state store in {config.workdir} is gone but the table holds commits"
+        restore = "the state store the table's commits came with"
+    else:
+        lost = (
+            f"Spark's checkpoint in {config.workdir / SPARK_CHECKPOINT} was lost or reset "
+            "while the state store was kept"
         )
+        restore = "the Spark checkpoint that goes with the state store"
     return (
-        f"Spark's checkpoint in {config.workdir / SPARK_CHECKPOINT} was lost or reset "
-        "while the state store was kept;",
+        f"{lost};",
         f"to continue from the positions the table recorded: {adopt}",
-        "or restore the Spark checkpoint that goes with the state store, and resume",
+        f"or restore {restore}, and resume",
     )
 
 
