@@ -47,10 +47,15 @@ from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.positions import check_positions, merge_positions
 
 __all__ = [
+    "AlreadyCommitted",
     "CommitMetadata",
+    "CommitOutcome",
+    "Committed",
     "Committer",
+    "Failed",
     "Manifest",
     "PathChecked",
+    "RetryLater",
     "SchemaChange",
     "StagedFile",
     "StagingWriter",
@@ -202,6 +207,52 @@ class Manifest:
         )
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """:meth:`Committer.commit` made the epoch visible, now."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AlreadyCommitted:
+    """:meth:`Committer.commit` found the table's committed marker for the epoch: an earlier
+    call (before a crash, or whose reply was lost) committed it. Nothing was written."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RetryLater:
+    """:meth:`Committer.commit` failed for a reason that may pass (a concurrent writer won a
+    race, a timeout, a connection reset): the coordinator retries it after its backoff, within
+    its retry bound.
+
+    Attributes:
+        cause: what failed.
+    """
+
+    cause: BaseException
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """:meth:`Committer.commit` failed for good (the table is gone, its schema conflicts, a
+    permission is missing): the coordinator fails the pipeline with
+    :class:`~barrierflow.errors.TableCommitFailedError` and acknowledges nothing more.
+
+    Attributes:
+        cause: what failed.
+    """
+
+    cause: BaseException
+
+
+#: What :meth:`Committer.commit` says happened. Each table classifies its own errors; an
+#: exception a committer lets escape is treated as :class:`RetryLater` (retried within the
+#: bound, then failed), and logged as unclassified.
+CommitOutcome = Committed | AlreadyCommitted | RetryLater | Failed
+
 def manifests_positions(manifests: Sequence[Manifest]) -> dict[str, Any]:
     """The positions one epoch's rows reach, as every writer's manifest reports them, merged
     for the committer (``{"positions", "positions_from"}``; empty without positions): every
@@ -249,9 +300,11 @@ class Committer(Protocol):
         agree on their schema change (the coordinator checks it)."""
         ...
 
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
-        """Phase 2: publish ``epoch`` in one atomic commit, with its source positions; a
-        no-op if the table's committed marker shows it is committed already."""
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
+        """Phase 2: publish ``epoch`` in one atomic commit, with its source positions, and say
+        what happened: :class:`Committed`; :class:`AlreadyCommitted` when the table's
+        committed marker shows the epoch (nothing is written); :class:`RetryLater` for a
+        failure that may pass; :class:`Failed` for one that will not."""
         ...
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
