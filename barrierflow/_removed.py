@@ -10,13 +10,15 @@ module does not have) to ``removed_names(__name__)``. ``CHANGELOG.md`` lists the
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import NoReturn, final
+from typing import Any, final
 
 from barrierflow.channels.errors import BarrierflowError
 
-__all__ = ["REMOVED", "Removed", "RemovedNameError", "removed_names"]
+__all__ = ["DEPRECATED", "REMOVED", "Deprecated", "Removed", "RemovedNameError", "removed_names"]
 
 
 @final
@@ -90,12 +92,12 @@ REMOVED: Mapping[str, Mapping[str, Removed]] = {
             name: Removed(_V010, f"barrierflow.connectors.{name}")
             for name in (
                 "IcebergCommitter",
-                "IcebergSink",
                 "ParquetCommitter",
                 "PrintSink",
                 "open_local_catalog",
             )
         },
+        "IcebergSink": Removed(_V010, "barrierflow.connectors.IcebergTable"),
     },
     "barrierflow.actors.sinks": _SINK_PROTOCOL,
     "barrierflow.actors.sinks.coordinator": {
@@ -122,18 +124,53 @@ REMOVED: Mapping[str, Mapping[str, Removed]] = {
 }
 
 
-def removed_names(module: str) -> Callable[[str], NoReturn]:
+@dataclass(frozen=True, slots=True)
+class Deprecated:
+    """A renamed public name, still served for one release under its old name with a
+    ``DeprecationWarning`` naming the new one."""
+
+    #: The release that renamed it.
+    version: str
+    #: Its new name, in the same module.
+    new: str
+
+
+_V020 = "0.2.0"
+
+#: Module → its old names still served (the renames of ``CHANGELOG.md``); each is removed in
+#: the release after :attr:`Deprecated.version`, and then belongs in :data:`REMOVED`.
+DEPRECATED: Mapping[str, Mapping[str, Deprecated]] = {
+    "barrierflow.connectors": {
+        "IcebergSink": Deprecated(_V020, "IcebergTable"),
+        "DeltaSink": Deprecated(_V020, "DeltaLakeTable"),
+    },
+}
+
+
+def removed_names(module: str) -> Callable[[str], Any]:
     """The module-level ``__getattr__`` of ``module``, which no longer exports the names
-    :data:`REMOVED` lists for it.
+    :data:`REMOVED` lists for it, and serves those :data:`DEPRECATED` lists under their old
+    names.
 
     Returns:
-        A function Python calls only for a name the module does not have: it raises
+        A function Python calls only for a name the module does not have: it returns a
+        deprecated name's new object with a ``DeprecationWarning``, raises
         :class:`RemovedNameError` for a removed name, and ``AttributeError`` for any other
         (as a module without ``__getattr__`` would).
     """
     table = REMOVED.get(module, {})
+    renamed = DEPRECATED.get(module, {})
 
-    def lookup(name: str) -> NoReturn:
+    def lookup(name: str) -> Any:
+        old = renamed.get(name)
+        if old is not None:
+            warnings.warn(
+                f"{module}.{name} is deprecated since {old.version}: use {module}.{old.new} "
+                "(the old name goes in the next release)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(sys.modules[module], old.new)
         entry = table.get(name)
         if entry is None:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")

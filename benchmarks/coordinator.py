@@ -34,7 +34,7 @@ import pyarrow as pa
 from barrierflow.actors import Coordinator, Manifest, SinkWriter, StagedFile
 from barrierflow.actors.sinks.table import CommitMetadata
 from barrierflow.channels import Chunk, VnodeBitmap
-from barrierflow.connectors import IcebergSink, open_local_catalog
+from barrierflow.connectors import IcebergTable, open_local_catalog
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig, ServiceContext, StateStore
 from benchmarks.harness import Comparison, Settings, compare, make_record, median, samples
 
@@ -70,7 +70,7 @@ def _batches(count: int) -> list[pa.RecordBatch]:
 
 class _Pipeline:
     def __init__(self, root: str, catalog: Any) -> None:
-        self.sink = IcebergSink(catalog, "bench.coordinated", SCHEMA)
+        self.sink = IcebergTable(catalog, "bench.coordinated", SCHEMA)
         self.committer = self.sink.committer()
         self.coordinator = Coordinator("coordinated", self.committer)
         self.runtime = Runtime(
@@ -108,7 +108,7 @@ def coordinator_iceberg_rows_per_s(settings: Settings) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         catalog = open_local_catalog(os.path.join(tmp, "catalog"))
         pipeline = _Pipeline(tmp, catalog)
-        alone = IcebergSink(catalog, "bench.alone", SCHEMA).table()
+        alone = IcebergTable(catalog, "bench.alone", SCHEMA).table()
 
         async def candidate(n: int) -> None:
             await pipeline.epochs(chunks, n)

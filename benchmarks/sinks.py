@@ -14,7 +14,7 @@ Goal: ratio >= 0.8.
 
 ``coordinator_delta_rows_per_s`` — candidate: one runtime, a push source sending 4,096-row
 chunks (3 columns) round robin (an append-only table needs no key) to 4 coordinated writers
-declared by ``add_sink(..., parallelism=4)`` into a :class:`~barrierflow.connectors.DeltaSink`:
+declared by ``add_sink(..., parallelism=4)`` into a :class:`~barrierflow.connectors.DeltaLakeTable`:
 Parquet files staged per writer, one Delta commit per checkpoint (the files' add actions, the
 app transaction, the positions). A checkpoint every 64 chunks (256 K rows), timed until the
 last epoch is committed. Baseline: ``deltalake.write_deltalake(path, table, mode="append")`` of
@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from barrierflow.actors import add_sink
 from barrierflow.channels import Chunk
-from barrierflow.connectors import DeltaSink, ParquetTable
+from barrierflow.connectors import DeltaLakeTable, ParquetTable
 from barrierflow.runtime import Runtime, RuntimeConfig
 from benchmarks.harness import (
     Comparison,
@@ -209,7 +209,7 @@ class _DeltaPipeline:
     (round robin) → Delta table."""
 
     def __init__(self, root: str, writers: int) -> None:
-        self.sink = DeltaSink(os.path.join(root, "delta"), DELTA_SCHEMA, app_id="bench")
+        self.sink = DeltaLakeTable(os.path.join(root, "delta"), DELTA_SCHEMA, app_id="bench")
         self.runtime = Runtime(
             RuntimeConfig(state_path=os.path.join(root, "state.db"), barrier_interval=3600.0)
         )

@@ -26,7 +26,7 @@ ratio <= 1.5.
 ``spark_executors_iceberg_rows_per_s`` — micro-batches into an Iceberg table with the rows
 written on Spark's executors. Candidate: :meth:`SparkBridge.deliver` with
 ``write_on="executors"`` of ``K`` micro-batches of ``n`` rows (4 partitions) into a runtime
-whose feed source feeds 4 coordinated writers of an :class:`~barrierflow.connectors.IcebergSink`:
+whose feed source feeds 4 coordinated writers of an :class:`~barrierflow.connectors.IcebergTable`:
 per batch one Spark job staging Parquet files in the tasks, the driver adopting them, the end
 mark, a durable checkpoint, one Iceberg commit — timed until the last epoch is committed.
 Baseline: the hand-written exactly-once-less path a user would write, ``df.toArrow()`` then
@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 from barrierflow.actors import BatchFeed, add_sink
 from barrierflow.channels import Chunk
 from barrierflow.channels.messages import Message
-from barrierflow.connectors import IcebergSink, open_local_catalog
+from barrierflow.connectors import IcebergTable, open_local_catalog
 from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.spark_bridge import SparkBridge, spark_session
@@ -398,7 +398,7 @@ def _iceberg_run(root: str, frames: Sequence[Any], write_on: str, catalog: Any, 
     feed = BatchFeed(ICEBERG_SCHEMA)
     rt = Runtime(RuntimeConfig(state_path=os.path.join(root, "state.db"), barrier_interval=3600.0))
     rt.add_source("events", feed.source)
-    table = IcebergSink(catalog, name, ICEBERG_SCHEMA)
+    table = IcebergTable(catalog, name, ICEBERG_SCHEMA)
     sink = add_sink(rt, "out", table, input="events", parallelism=4, key=("key",))
     with BlockingRuntime(rt) as handle:
         bridge = SparkBridge(handle, feed, sink=sink)
@@ -442,7 +442,7 @@ def spark_executors_iceberg_rows_per_s(settings: Settings) -> dict[str, Any]:
                 return run
 
             def baseline() -> float:
-                table = IcebergSink(catalog, f"bench.alone{next(runs)}", ICEBERG_SCHEMA).table()
+                table = IcebergTable(catalog, f"bench.alone{next(runs)}", ICEBERG_SCHEMA).table()
                 started = time.perf_counter()
                 for _ in range(batches):
                     table.append(df.toArrow())

@@ -715,8 +715,8 @@ CONSTRUCTOR_EXEMPT = {
     "ConformanceError", "InjectedFaultError", "ScriptedCrashError", "ScriptedFailureError",
     # Async, or needing a live system: fuzzed through the classes above or their own tests.
     "start_sink_task",  # SinkTask's options, checked by the same function
-    "IcebergSink", "IcebergCommitter",  # need a catalog: tests/test_iceberg_sink.py
-    "DeltaSink", "DeltaCommitter",  # create a Delta table: tests/test_delta_table.py
+    "IcebergTable", "IcebergCommitter",  # need a catalog: tests/test_iceberg_table.py
+    "DeltaLakeTable", "DeltaCommitter",  # create a Delta table: tests/test_delta_table.py
     "SparkReader", "read_spark", "spark_session", "require_spark", "arrow_schema_of",
     "unwrap_spark_error",  # need Spark or its errors: tests/test_spark_bridge.py
     # Functions of the testing kit that run a whole conformance suite or a script.

@@ -26,7 +26,7 @@ from barrierflow.actors import add_sink
 from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.connectors import DeltaSink
+from barrierflow.connectors import DeltaLakeTable
 from barrierflow.connectors.delta_table import APP_ID_KEY, EPOCH_KEY
 from barrierflow.runtime import Runtime, RuntimeConfig
 from barrierflow.testing.conformance import check_table
@@ -46,12 +46,12 @@ def batch(start: int, count: int) -> Chunk:
     )
 
 
-def ids(sink: DeltaSink) -> list[int]:
+def ids(sink: DeltaLakeTable) -> list[int]:
     """The ids deltalake's own reader sees."""
     return sorted(sink.read()["id"].to_pylist())
 
 
-def dataset_ids(sink: DeltaSink) -> list[int]:
+def dataset_ids(sink: DeltaLakeTable) -> list[int]:
     """The ids pyarrow sees over exactly the files the Delta log names."""
     files = sink.table().file_uris()
     if not files:
@@ -59,7 +59,7 @@ def dataset_ids(sink: DeltaSink) -> list[int]:
     return sorted(ds.dataset(files, format="parquet").to_table()["id"].to_pylist())
 
 
-def barrierflow_commits(sink: DeltaSink) -> list[dict[str, Any]]:
+def barrierflow_commits(sink: DeltaLakeTable) -> list[dict[str, Any]]:
     return [c for c in sink.table().history() if APP_ID_KEY in c]
 
 
@@ -67,10 +67,10 @@ def barrierflow_commits(sink: DeltaSink) -> list[dict[str, Any]]:
 # storage named by STORAGE_ENV.
 
 
-def conformance_table() -> DeltaSink:
+def conformance_table() -> DeltaLakeTable:
     """A Delta table over ``$STORAGE_ENV/delta`` (what the suite drives)."""
     path = Path(os.environ[STORAGE_ENV]) / "delta"
-    return DeltaSink(path, pa.schema([("id", pa.int64())]))
+    return DeltaLakeTable(path, pa.schema([("id", pa.int64())]))
 
 
 def conformance_read() -> list[int]:
@@ -102,7 +102,7 @@ async def test_the_delta_table_keeps_the_commit_protocol_across_crashes(
 async def test_a_schema_only_change_is_one_atomic_commit(tmp_path: Path) -> None:
     # The column and its type, the marker and the refused change: test_tables.py, for every
     # table. Delta's own: no second commit for the transaction and the epoch.
-    sink = DeltaSink(tmp_path / "delta", SCHEMA, app_id="s")
+    sink = DeltaLakeTable(tmp_path / "delta", SCHEMA, app_id="s")
     committer = sink.committer()
     change = {"add_columns": [{"name": "note", "type": "string"}]}
     pre = await committer.prepare(5, [Manifest("0", 1, schema_change=change)])
@@ -118,7 +118,7 @@ async def test_a_schema_only_change_is_one_atomic_commit(tmp_path: Path) -> None
 async def test_a_schema_change_with_files_survives_a_crash_between_its_two_commits(
     tmp_path: Path,
 ) -> None:
-    sink = DeltaSink(tmp_path / "delta", SCHEMA, app_id="s")
+    sink = DeltaLakeTable(tmp_path / "delta", SCHEMA, app_id="s")
     writer = sink.writer("0")
     await writer.open()
     await writer.begin(9)
@@ -143,7 +143,7 @@ async def test_a_schema_change_with_files_survives_a_crash_between_its_two_commi
 
 
 async def test_one_writer_commits_its_epochs_once_across_runs(tmp_path: Path) -> None:
-    sink = DeltaSink(tmp_path / "delta", SCHEMA, app_id="one")
+    sink = DeltaLakeTable(tmp_path / "delta", SCHEMA, app_id="one")
     for start in (0, 20):  # a second run over the same state and table
         rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600.0))
         rt.add_source("src")
@@ -162,11 +162,11 @@ async def test_one_writer_commits_its_epochs_once_across_runs(tmp_path: Path) ->
 def test_an_empty_app_id_or_an_unsigned_column_is_refused(tmp_path: Path) -> None:
     # A table whose schema differs is refused for every table: test_tables.py.
     with pytest.raises(InvalidArgumentError) as app:
-        DeltaSink(tmp_path / "delta", SCHEMA, app_id="")
+        DeltaLakeTable(tmp_path / "delta", SCHEMA, app_id="")
     assert app.value.argument == "app_id"
     # Delta has no unsigned ints: a new table would store another type than the rows have.
     with pytest.raises(InvalidArgumentError) as unsigned:
-        DeltaSink(tmp_path / "unsigned", pa.schema([("id", pa.uint64())]))
+        DeltaLakeTable(tmp_path / "unsigned", pa.schema([("id", pa.uint64())]))
     assert unsigned.value.argument == "schema"
 
 
@@ -185,9 +185,9 @@ def test_a_missing_deltalake_names_the_delta_extra(tmp_path: Path) -> None:
         sys.modules["deltalake"] = None  # as if not installed
         import pyarrow as pa
         from barrierflow.errors import MissingExtraError
-        from barrierflow.connectors import DeltaSink
+        from barrierflow.connectors import DeltaLakeTable
         try:
-            DeltaSink(sys.argv[1], pa.schema([("id", pa.int64())]))
+            DeltaLakeTable(sys.argv[1], pa.schema([("id", pa.int64())]))
         except MissingExtraError as error:
             sys.exit(0 if error.extra == "delta" else 2)
         sys.exit(3)

@@ -427,8 +427,8 @@ def _missing_extra(blocked: str, statement: str) -> dict[str, str]:
         ),
         (
             "pyiceberg",
-            "from barrierflow.connectors import IcebergSink; "
-            "IcebergSink(object(), 'ns.t', pa.schema([('v', pa.int64())]))",
+            "from barrierflow.connectors import IcebergTable; "
+            "IcebergTable(object(), 'ns.t', pa.schema([('v', pa.int64())]))",
             "iceberg",
         ),
         (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from barrierflow._removed import REMOVED
+from barrierflow._removed import DEPRECATED, REMOVED
 from barrierflow.errors import BarrierflowError, RemovedNameError
 
 CHANGELOG = Path(__file__).resolve().parent.parent / "CHANGELOG.md"
@@ -72,3 +72,27 @@ def test_a_name_that_never_existed_is_still_an_attribute_error(module: str) -> N
     with pytest.raises(ImportError) as info:
         exec(f"from {module} import NoSuchName", {})
     assert not isinstance(info.value, RemovedNameError)
+
+
+DEPRECATED_CASES = [
+    pytest.param(module, name, id=f"{module}.{name}")
+    for module, names in DEPRECATED.items()
+    for name in names
+]
+
+
+@pytest.mark.parametrize(("module", "name"), DEPRECATED_CASES)
+def test_a_renamed_name_is_served_for_one_release_with_a_warning_naming_the_new_one(
+    module: str, name: str
+) -> None:
+    entry = DEPRECATED[module][name]
+    namespace: dict[str, object] = {}
+    with pytest.warns(DeprecationWarning, match=f"use {module}.{entry.new} ") as caught:
+        exec(f"from {module} import {name}", namespace)
+    assert namespace[name] is getattr(importlib.import_module(module), entry.new)
+    # (Importing from a package looks the name up twice: each says the same.)
+    assert {str(w.message) for w in caught} == {
+        f"{module}.{name} is deprecated since {entry.version}: use {module}.{entry.new} "
+        "(the old name goes in the next release)"
+    }
+    assert f"`{name}`" in CHANGELOG.read_text()

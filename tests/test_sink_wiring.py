@@ -21,7 +21,7 @@ from _timeouts import scaled
 from barrierflow.actors import Coordinator, SinkWriter, add_sink
 from barrierflow.channels import VnodeBitmap
 from barrierflow.connectors import (
-    IcebergSink,
+    IcebergTable,
     ParquetCommitter,
     ParquetStagingWriter,
     ParquetTable,
@@ -222,7 +222,7 @@ def test_an_iceberg_tables_staging_area_held_by_another_process_is_refused(
     tmp_path: Path,
 ) -> None:
     catalog = open_local_catalog(tmp_path / "iceberg")
-    table = IcebergSink(catalog, "demo.events", SCHEMA)
+    table = IcebergTable(catalog, "demo.events", SCHEMA)
     table.data_path.mkdir(parents=True, exist_ok=True)
     holder = hold_directory(table.data_path, "0")
     try:

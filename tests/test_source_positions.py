@@ -30,8 +30,8 @@ from barrierflow.actors import (
 )
 from barrierflow.actors.sinks.positions import epoch_already_held
 from barrierflow.channels import VnodeBitmap
-from barrierflow.connectors import IcebergSink, ParquetTable, open_local_catalog
-from barrierflow.connectors.iceberg_sink import POSITIONS_PROPERTY
+from barrierflow.connectors import IcebergTable, ParquetTable, open_local_catalog
+from barrierflow.connectors.iceberg_table import POSITIONS_PROPERTY
 from barrierflow.errors import PositionOverlapError, SinkStateMismatchError
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig
 from barrierflow.testing import ListTable
@@ -157,8 +157,8 @@ async def test_a_store_gone_back_in_time_has_the_sink_skip_what_it_holds(
 
 def iceberg_runtime(
     tmp_path: Path, feed: BatchFeed, *, adopt: bool = False
-) -> tuple[Runtime, IcebergSink]:
-    table = IcebergSink(open_local_catalog(tmp_path / "iceberg"), "demo.events", SCHEMA)
+) -> tuple[Runtime, IcebergTable]:
+    table = IcebergTable(open_local_catalog(tmp_path / "iceberg"), "demo.events", SCHEMA)
     coordinator = Coordinator("events", table.committer())
     rt = Runtime(
         RuntimeConfig(
@@ -180,7 +180,7 @@ def iceberg_runtime(
     return rt, table
 
 
-def iceberg_ids(table: IcebergSink) -> list[int]:
+def iceberg_ids(table: IcebergTable) -> list[int]:
     return sorted(table.table().scan().to_arrow()["id"].to_pylist())
 
 

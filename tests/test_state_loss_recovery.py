@@ -21,9 +21,9 @@ from _timeouts import scaled
 
 from barrierflow.actors import BatchFeed, add_sink
 from barrierflow.actors.sinks.add_sink import DeclaredSink
-from barrierflow.connectors import IcebergSink, open_local_catalog
+from barrierflow.connectors import IcebergTable, open_local_catalog
 from barrierflow.connectors._staging import moved_files
-from barrierflow.connectors.delta_table import DeltaSink
+from barrierflow.connectors.delta_table import DeltaLakeTable
 from barrierflow.runtime import Runtime, RuntimeConfig
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -70,8 +70,8 @@ def rows_of(batch_id: int) -> pa.Table:
 
 def open_sink(kind: str, root: Path) -> Any:
     if kind == "delta":
-        return DeltaSink(root / "delta", SCHEMA, app_id="events")
-    return IcebergSink(open_local_catalog(root / "iceberg"), "demo.events", SCHEMA)
+        return DeltaLakeTable(root / "delta", SCHEMA, app_id="events")
+    return IcebergTable(open_local_catalog(root / "iceberg"), "demo.events", SCHEMA)
 
 
 def data_root(kind: str, root: Path) -> Path:

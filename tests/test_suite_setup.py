@@ -227,9 +227,7 @@ def test_jvm_tests_go_first_and_only_shared_spark_pins_a_worker(pytester: pytest
     assert order == [
         "test_spark_in_a_child", "test_session", "test_cluster", "test_child", "test_unit"
     ]  # fmt: skip
-    groups = {
-        item.name: [m.args[0] for m in item.iter_markers("xdist_group")] for item in items
-    }
+    groups = {item.name: [m.args[0] for m in item.iter_markers("xdist_group")] for item in items}
     assert groups == {
         "test_spark_in_a_child": [],  # its Spark lives in its child: any worker
         "test_session": ["spark-session"],

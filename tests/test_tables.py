@@ -1,13 +1,13 @@
 """The rules every coordinated table keeps, run once against each of them: a directory of
 Parquet files (:class:`~barrierflow.connectors.ParquetTable`), an Iceberg table
-(:class:`~barrierflow.connectors.IcebergSink`) and a Delta table
-(:class:`~barrierflow.connectors.DeltaSink`).
+(:class:`~barrierflow.connectors.IcebergTable`) and a Delta table
+(:class:`~barrierflow.connectors.DeltaLakeTable`).
 
 Each table is reached through a small :class:`Adapter` (make it, read its rows, its committed
 marker, its commits, its recorded positions); a rule a table does not support is either
 asserted to be refused as documented (Parquet refuses a schema change) or skipped for that
 table with the reason in the skip mark. What only one table does lives in its own file
-(``test_iceberg_sink.py``, ``test_delta_table.py``, ``test_parquet_sink.py``).
+(``test_iceberg_table.py``, ``test_delta_table.py``, ``test_parquet_sink.py``).
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ from barrierflow.actors.sinks.table import Manifest, Table
 from barrierflow.channels import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors import (
-    DeltaSink,
-    IcebergSink,
+    DeltaLakeTable,
+    IcebergTable,
     ParquetTable,
     delta_table,
-    iceberg_sink,
+    iceberg_table,
     open_local_catalog,
 )
 from barrierflow.connectors.delta_table import APP_ID_KEY, EPOCH_KEY, POSITIONS_KEY
 from barrierflow.connectors.errors import SchemaEvolutionError
-from barrierflow.connectors.iceberg_sink import COMMITTED_EPOCH_PROPERTY, POSITIONS_PROPERTY
+from barrierflow.connectors.iceberg_table import COMMITTED_EPOCH_PROPERTY, POSITIONS_PROPERTY
 from barrierflow.runtime import Runtime, RuntimeConfig
 
 pytestmark = pytest.mark.anyio
@@ -163,14 +163,14 @@ PARQUET = Adapter(
 # Iceberg: a local SQL catalog; a table property is the marker, each epoch one snapshot.
 
 
-def _iceberg_state(sink: IcebergSink) -> Any:
+def _iceberg_state(sink: IcebergTable) -> Any:
     table = sink.table()
     return [s.snapshot_id for s in table.snapshots()], dict(table.properties)
 
 
 ICEBERG = Adapter(
     name="iceberg",
-    open=lambda root, schema: IcebergSink(
+    open=lambda root, schema: IcebergTable(
         open_local_catalog(root / "catalog"), "ns.events", schema
     ),
     root=lambda sink: sink.data_path,
@@ -190,7 +190,7 @@ ICEBERG = Adapter(
 # Delta: the app transaction is the marker, each epoch one Delta commit with commitInfo.
 
 
-def _delta_positions(sink: DeltaSink) -> dict[str, int]:
+def _delta_positions(sink: DeltaLakeTable) -> dict[str, int]:
     for info in sink.table().history():  # newest first
         if APP_ID_KEY in info:
             held: dict[str, int] = json.loads(info.get(POSITIONS_KEY, "{}"))
@@ -200,7 +200,7 @@ def _delta_positions(sink: DeltaSink) -> dict[str, int]:
 
 DELTA = Adapter(
     name="delta",
-    open=lambda root, schema: DeltaSink(root / "delta", schema, app_id=APP_ID),
+    open=lambda root, schema: DeltaLakeTable(root / "delta", schema, app_id=APP_ID),
     root=lambda sink: sink.path,
     ids=lambda sink: sorted(sink.read()["id"].to_pylist()),
     files=lambda sink: list(sink.table().file_uris()),
@@ -441,7 +441,7 @@ def test_a_table_schema_that_differs_is_refused(tmp_path: Path, adapter: Adapter
             id="parquet",
             marks=pytest.mark.skip(reason="ParquetCommitter keeps no commit timings"),
         ),
-        pytest.param(ICEBERG, iceberg_sink, id="iceberg"),
+        pytest.param(ICEBERG, iceberg_table, id="iceberg"),
         pytest.param(DELTA, delta_table, id="delta"),
     ],
 )
@@ -473,7 +473,7 @@ CHILD = textwrap.dedent(
     point = os.environ["KILL_AT"]
     committer = {{
         "parquet": ("barrierflow.connectors.parquet_committer", "ParquetCommitter"),
-        "iceberg": ("barrierflow.connectors.iceberg_sink", "IcebergCommitter"),
+        "iceberg": ("barrierflow.connectors.iceberg_table", "IcebergCommitter"),
         "delta": ("barrierflow.connectors.delta_table", "DeltaCommitter"),
     }}[sys.argv[3]]
     if point == "before_durable":

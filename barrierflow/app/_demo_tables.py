@@ -70,10 +70,10 @@ class IcebergDemoTable:
     title = "Iceberg"
 
     def __init__(self, workdir: Path) -> None:
-        from barrierflow.connectors import IcebergSink, open_local_catalog
+        from barrierflow.connectors import IcebergTable, open_local_catalog
 
         catalog = open_local_catalog(workdir / "warehouse")
-        self._sink = IcebergSink(catalog, ICEBERG_TABLE, SCHEMA)
+        self._sink = IcebergTable(catalog, ICEBERG_TABLE, SCHEMA)
 
     @property
     def sink(self) -> Any:
@@ -100,9 +100,9 @@ class DeltaDemoTable:
     title = "Delta"
 
     def __init__(self, workdir: Path) -> None:
-        from barrierflow.connectors.delta_table import DeltaSink
+        from barrierflow.connectors.delta_table import DeltaLakeTable
 
-        self._sink = DeltaSink(workdir / DELTA_PATH, SCHEMA, app_id=DELTA_APP_ID)
+        self._sink = DeltaLakeTable(workdir / DELTA_PATH, SCHEMA, app_id=DELTA_APP_ID)
 
     @property
     def sink(self) -> Any:

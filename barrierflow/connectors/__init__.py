@@ -7,10 +7,10 @@ import typing as _typing
 
 from barrierflow._removed import removed_names as _removed_names
 from barrierflow.connectors.delta_table import DeltaCommitter as DeltaCommitter
-from barrierflow.connectors.delta_table import DeltaSink as DeltaSink
-from barrierflow.connectors.iceberg_sink import IcebergCommitter as IcebergCommitter
-from barrierflow.connectors.iceberg_sink import IcebergSink as IcebergSink
-from barrierflow.connectors.iceberg_sink import open_local_catalog as open_local_catalog
+from barrierflow.connectors.delta_table import DeltaLakeTable as DeltaLakeTable
+from barrierflow.connectors.iceberg_table import IcebergCommitter as IcebergCommitter
+from barrierflow.connectors.iceberg_table import IcebergTable as IcebergTable
+from barrierflow.connectors.iceberg_table import open_local_catalog as open_local_catalog
 from barrierflow.connectors.parquet_committer import ParquetCommitter as ParquetCommitter
 from barrierflow.connectors.parquet_table import ParquetTable as ParquetTable
 from barrierflow.connectors.parquet_writer import ParquetStagingWriter as ParquetStagingWriter
@@ -20,9 +20,9 @@ from barrierflow.connectors.redis_streams import RetryBackoff as RetryBackoff
 
 __all__ = [
     "DeltaCommitter",
-    "DeltaSink",
+    "DeltaLakeTable",
     "IcebergCommitter",
-    "IcebergSink",
+    "IcebergTable",
     "ParquetCommitter",
     "ParquetStagingWriter",
     "ParquetTable",

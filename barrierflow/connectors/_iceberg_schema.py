@@ -1,4 +1,4 @@
-"""The Arrow and Iceberg schemas of an :class:`~barrierflow.connectors.iceberg_sink.IcebergSink`:
+"""The Arrow and Iceberg schemas of an :class:`~barrierflow.connectors.iceberg_table.IcebergTable`:
 whether a table's schema is the sink's, and the schema changes a commit may carry.
 
 Apart from the sink because they are about types, not about files or transactions: the sink

@@ -1,9 +1,9 @@
 """A coordinated exactly-once Delta Lake table: one Delta commit per epoch, with the
 ``deltalake`` package (delta-rs; no Spark, no server).
 
-The parts, shaped like :mod:`barrierflow.connectors.iceberg_sink`:
+The parts, shaped like :mod:`barrierflow.connectors.iceberg_table`:
 
-* **Writers** are Parquet staging writers (:meth:`DeltaSink.writer`): each stages its rows
+* **Writers** are Parquet staging writers (:meth:`DeltaLakeTable.writer`): each stages its rows
   of sink epoch *S* under ``<table>/.staging/<S>/w<id>/``, fsyncs them when it stages the
   epoch and sends its manifest to the coordinator. Delta readers see only the files the log
   names, and ``vacuum`` skips names starting with ``.``, so staged files are invisible and
@@ -94,7 +94,7 @@ __all__ = [
     "POSITIONS_KEY",
     "RECENT_COMMITS",
     "DeltaCommitter",
-    "DeltaSink",
+    "DeltaLakeTable",
 ]
 
 #: How many of the latest commit durations a :class:`DeltaCommitter` keeps.
@@ -123,7 +123,7 @@ def _deltalake() -> Any:
 
 
 @final
-class DeltaSink:
+class DeltaLakeTable:
     """A Delta table opened for an exactly-once sink.
 
     Use :meth:`committer` for the :class:`~barrierflow.actors.sinks.coordinator.Coordinator`
@@ -138,7 +138,7 @@ class DeltaSink:
             id would take each other's epochs for replays.
 
     The constructor creates or loads the table, which is blocking file I/O. From async code
-    use ``await DeltaSink.open(...)``, which does it on a worker thread.
+    use ``await DeltaLakeTable.open(...)``, which does it on a worker thread.
 
     Raises:
         InvalidArgumentError: ``schema`` is not a pyarrow.Schema, differs from the table's, or
@@ -156,7 +156,7 @@ class DeltaSink:
             raise InvalidArgumentError("schema", "a pyarrow.Schema", type(schema).__name__)
         if not isinstance(app_id, str) or not app_id:
             raise InvalidArgumentError("app_id", "a non-empty application id", app_id)
-        self.path = check_table_path(path, "DeltaSink").resolve()
+        self.path = check_table_path(path, "DeltaLakeTable").resolve()
         self.schema = schema
         self.app_id = app_id
         existed = (self.path / "_delta_log").is_dir()
@@ -177,7 +177,7 @@ class DeltaSink:
         *,
         app_id: str = "barrierflow",
         limiter: anyio.CapacityLimiter | None = None,
-    ) -> DeltaSink:
+    ) -> DeltaLakeTable:
         """Create or load the table on a worker thread (behind ``limiter``, else anyio's
         default one). Takes the same arguments and raises the same errors as the
         constructor."""
@@ -212,12 +212,12 @@ class DeltaSink:
         return self.table().to_pyarrow_table()
 
     def __repr__(self) -> str:
-        return f"DeltaSink({str(self.path)!r}, app_id={self.app_id!r})"
+        return f"DeltaLakeTable({str(self.path)!r}, app_id={self.app_id!r})"
 
 
 @final
 class DeltaCommitter:
-    """The two-phase committer of a :class:`DeltaSink` (see the module docstring).
+    """The two-phase committer of a :class:`DeltaLakeTable` (see the module docstring).
 
     Lifecycle: that of a :class:`~barrierflow.actors.sinks.table.Committer`: ``abort`` of
     aborted epochs, ``recover`` once, then ``prepare`` and ``commit`` per epoch in epoch
@@ -226,7 +226,7 @@ class DeltaCommitter:
 
     two_phase = True
 
-    def __init__(self, sink: DeltaSink, *, checkpoint_every: int | None = None) -> None:
+    def __init__(self, sink: DeltaLakeTable, *, checkpoint_every: int | None = None) -> None:
         if checkpoint_every is not None and (
             type(checkpoint_every) is not int or checkpoint_every < 1
         ):

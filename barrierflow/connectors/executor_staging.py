@@ -100,8 +100,8 @@ class ExecutorStaging:
         if not isinstance(writer, StagesOnExecutors):
             raise InvalidArgumentError(
                 "table",
-                "a table whose writers stage Parquet files (ParquetTable, IcebergSink, "
-                "DeltaSink) to be written on executors",
+                "a table whose writers stage Parquet files (ParquetTable, IcebergTable, "
+                "DeltaLakeTable) to be written on executors",
                 type(table).__name__,
             )
         return writer.executor_staging()

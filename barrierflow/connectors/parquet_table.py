@@ -1,6 +1,6 @@
 """A Parquet table: a directory of Parquet files, one directory per epoch, exactly once.
 
-:class:`ParquetTable` is to Parquet files what :class:`~barrierflow.connectors.IcebergSink` is
+:class:`ParquetTable` is to Parquet files what :class:`~barrierflow.connectors.IcebergTable` is
 to an Iceberg table — what :func:`~barrierflow.actors.add_sink` needs to declare its writers
 (one or many) and their coordinator: ``writer(id)`` gives each writer its
 :class:`~barrierflow.connectors.ParquetStagingWriter` (staging under

@@ -1,7 +1,7 @@
 """The staging writer of every file table: Parquet files staged per writer and epoch.
 
 :class:`ParquetStagingWriter` is what ``writer(id)`` of :class:`~.parquet_table.ParquetTable`,
-:class:`~.iceberg_sink.IcebergSink` and :class:`~.delta_table.DeltaSink` returns. It stages
+:class:`~.iceberg_table.IcebergTable` and :class:`~.delta_table.DeltaLakeTable` returns. It stages
 the rows of sink epoch *S* under ``<root>/.staging/<S>/w<id>/`` and never makes anything
 visible: each table's committer moves the files into place.
 

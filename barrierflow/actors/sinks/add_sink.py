@@ -8,7 +8,7 @@ makes all three from one description, so none can be forgotten or mismatched:
 
 * ``table`` a **table** (:class:`~barrierflow.actors.sinks.table.Table`: ``schema``,
   ``writer(writer_id)`` and ``committer()``), such as
-  :class:`~barrierflow.connectors.IcebergSink`, :class:`~barrierflow.connectors.DeltaSink` or
+  :class:`~barrierflow.connectors.IcebergTable`, :class:`~barrierflow.connectors.DeltaLakeTable` or
   :class:`~barrierflow.connectors.ParquetTable`: ``parallelism`` writers (default 1) named
   ``<name>.0`` … ``<name>.N-1`` with writer ids ``"0"`` … ``"N-1"`` (one writer declared
   without ``parallelism`` or ``key`` is named ``<name>``, writer id ``"0"``), and a

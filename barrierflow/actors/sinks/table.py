@@ -253,6 +253,7 @@ class Failed:
 #: bound, then failed), and logged as unclassified.
 CommitOutcome = Committed | AlreadyCommitted | RetryLater | Failed
 
+
 def manifests_positions(manifests: Sequence[Manifest]) -> dict[str, Any]:
     """The positions one epoch's rows reach, as every writer's manifest reports them, merged
     for the committer (``{"positions", "positions_from"}``; empty without positions): every

@@ -3,7 +3,7 @@
 No server: the catalog is pyiceberg's ``SqlCatalog`` on a local SQLite file and the warehouse a
 local directory (:func:`open_local_catalog`). The parts:
 
-* **Writers** are Parquet staging writers (:meth:`IcebergSink.writer`): each stages
+* **Writers** are Parquet staging writers (:meth:`IcebergTable.writer`): each stages
   its rows of sink epoch *S* under ``<table>/data/.staging/<S>/w<id>/``, fsyncs them when it
   stages the epoch and sends its manifest to the coordinator.
 * **The committer** (:class:`IcebergCommitter`, the coordinator's two-phase committer):
@@ -78,7 +78,7 @@ __all__ = [
     "POSITIONS_PROPERTY",
     "RECENT_COMMITS",
     "IcebergCommitter",
-    "IcebergSink",
+    "IcebergTable",
     "open_local_catalog",
 ]
 
@@ -124,7 +124,7 @@ def _local_path(location: str) -> Path:
 
 
 @final
-class IcebergSink:
+class IcebergTable:
     """An Iceberg table opened for a coordinated exactly-once sink.
 
     Use :meth:`committer` for the :class:`~barrierflow.actors.sinks.coordinator.Coordinator` and
@@ -136,7 +136,7 @@ class IcebergSink:
         schema: the Arrow schema of the rows; its nullability must match the table's.
 
     The constructor loads (or creates) the table: catalog I/O that blocks. In a driver's sync
-    code that is fine; from async code use ``await IcebergSink.open(...)``, which does it on a
+    code that is fine; from async code use ``await IcebergTable.open(...)``, which does it on a
     worker thread so the event loop keeps running.
 
     Raises:
@@ -163,7 +163,7 @@ class IcebergSink:
         schema: pa.Schema,
         *,
         limiter: anyio.CapacityLimiter | None = None,
-    ) -> IcebergSink:
+    ) -> IcebergTable:
         """Load (or create) the table on a worker thread (behind ``limiter``, else anyio's
         default one); the same arguments and errors as the constructor."""
         return await anyio.to_thread.run_sync(
@@ -218,11 +218,11 @@ class IcebergSink:
 
 @final
 class IcebergCommitter:
-    """The two-phase committer of an :class:`IcebergSink` (see the module docstring)."""
+    """The two-phase committer of an :class:`IcebergTable` (see the module docstring)."""
 
     two_phase = True
 
-    def __init__(self, sink: IcebergSink, *, keep_snapshots: int, expire_every: int) -> None:
+    def __init__(self, sink: IcebergTable, *, keep_snapshots: int, expire_every: int) -> None:
         for name, value in (("keep_snapshots", keep_snapshots), ("expire_every", expire_every)):
             if type(value) is not int or value < 1:
                 raise InvalidArgumentError(name, "an int >= 1", value)

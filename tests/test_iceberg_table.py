@@ -22,7 +22,7 @@ from _timeouts import scaled
 from barrierflow import InvalidArgumentError
 from barrierflow.actors import Coordinator, SinkWriter, add_sink
 from barrierflow.channels import Chunk
-from barrierflow.connectors import IcebergSink, open_local_catalog
+from barrierflow.connectors import IcebergTable, open_local_catalog
 from barrierflow.runtime import Fanout, Job, Runtime, RuntimeConfig
 from barrierflow.testing.conformance import check_table
 from barrierflow.testing.crash_conformance import CRASH_RULES
@@ -40,8 +40,8 @@ def batch(start: int, count: int) -> Chunk:
 
 def build(
     tmp_path: Path, writers: int = 2, **committer: Any
-) -> tuple[Runtime, IcebergSink, Coordinator]:
-    sink = IcebergSink(open_local_catalog(tmp_path / "catalog"), "ns.events", SCHEMA)
+) -> tuple[Runtime, IcebergTable, Coordinator]:
+    sink = IcebergTable(open_local_catalog(tmp_path / "catalog"), "ns.events", SCHEMA)
     coordinator = Coordinator("events", sink.committer(**committer))
     rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600.0))
     rt.add_source("src", fanout=Fanout("hash", ("id",)))
@@ -57,7 +57,7 @@ def build(
     return rt, sink, coordinator
 
 
-def ids(sink: IcebergSink) -> list[int]:
+def ids(sink: IcebergTable) -> list[int]:
     return sorted(sink.table().scan().to_arrow()["id"].to_pylist())
 
 
@@ -65,10 +65,10 @@ def ids(sink: IcebergSink) -> list[int]:
 # the storage named by STORAGE_ENV.
 
 
-def conformance_table() -> IcebergSink:
+def conformance_table() -> IcebergTable:
     """An Iceberg table in a local catalog under ``$STORAGE_ENV`` (what the suite drives)."""
     catalog = open_local_catalog(Path(os.environ[STORAGE_ENV]) / "catalog")
-    return IcebergSink(catalog, "ns.conformance", pa.schema([("id", pa.int64())]))
+    return IcebergTable(catalog, "ns.conformance", pa.schema([("id", pa.int64())]))
 
 
 def conformance_read() -> list[int]:
@@ -108,9 +108,9 @@ async def test_an_iceberg_sink_opened_off_the_loop_joins_a_running_pipeline(
 ) -> None:
     # The catalog I/O on a worker thread; then two coordinated writers join at an Add barrier
     # (their first barrier, not the initial one) and see exactly the rows after it.
-    sink = await IcebergSink.open(open_local_catalog(tmp_path / "catalog"), "ns.events", SCHEMA)
+    sink = await IcebergTable.open(open_local_catalog(tmp_path / "catalog"), "ns.events", SCHEMA)
     with pytest.raises(InvalidArgumentError) as bad:
-        await IcebergSink.open(sink.catalog, "no-namespace", SCHEMA)
+        await IcebergTable.open(sink.catalog, "no-namespace", SCHEMA)
     assert bad.value.argument == "identifier"
     rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600.0))
     rt.add_source("src")
