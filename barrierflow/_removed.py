@@ -83,7 +83,19 @@ _SINK_PROTOCOL = {
 }
 
 #: Module → its removed public names. Keep it in step with ``CHANGELOG.md``.
+_V020 = "0.2.0"
+
+_STAGED_IN_THE_STREAM = (
+    "barrierflow.errors.StagedFilesGoneError (files staged on Spark executors travel to their "
+    "sink in the stream as a barrierflow.channels.Committable, in the epoch that commits them: "
+    "no hand-over can be stale or missing)"
+)
+
 REMOVED: Mapping[str, Mapping[str, Removed]] = {
+    "barrierflow.errors": {
+        "StaleStagingError": Removed(_V020, _STAGED_IN_THE_STREAM),
+        "StagedBatchMissingError": Removed(_V020, _STAGED_IN_THE_STREAM),
+    },
     "barrierflow.connectors": {"ParquetFileSink": Removed(_V010, _PARQUET_TABLE)},
     "barrierflow.actors": {
         **_SINK_PROTOCOL,
@@ -135,7 +147,6 @@ class Deprecated:
     new: str
 
 
-_V020 = "0.2.0"
 
 #: Module → its old names still served (the renames of ``CHANGELOG.md``); each is removed in
 #: the release after :attr:`Deprecated.version`, and then belongs in :data:`REMOVED`.

@@ -63,8 +63,8 @@ if _typing.TYPE_CHECKING:
     from barrierflow.actors.sinks.errors import SinkRecordsOrderError as SinkRecordsOrderError
     from barrierflow.actors.sinks.errors import SinkRecoveryError as SinkRecoveryError
     from barrierflow.actors.sinks.errors import SinkWriterInputError as SinkWriterInputError
-    from barrierflow.actors.sinks.errors import StagedBatchMissingError as StagedBatchMissingError
-    from barrierflow.actors.sinks.errors import StaleStagingError as StaleStagingError
+    from barrierflow.actors.sinks.errors import StagedFilesGoneError as StagedFilesGoneError
+    from barrierflow.actors.sinks.errors import TableCommitFailedError as TableCommitFailedError
     from barrierflow.actors.sinks.errors import (
         UnexpectedWriterRequestError as UnexpectedWriterRequestError,
     )
@@ -89,6 +89,10 @@ if _typing.TYPE_CHECKING:
     from barrierflow.channels.errors import VnodeOwnershipError as VnodeOwnershipError
     from barrierflow.channels.errors import WatermarkTypeMismatchError as WatermarkTypeMismatchError
     from barrierflow.connectors.errors import ExecutorStagingError as ExecutorStagingError
+    from barrierflow.connectors.errors import (
+        PostgresSchemaMismatchError as PostgresSchemaMismatchError,
+    )
+    from barrierflow.connectors.errors import PostgresUnavailableError as PostgresUnavailableError
     from barrierflow.connectors.errors import SchemaEvolutionError as SchemaEvolutionError
     from barrierflow.connectors.errors import SinkLockedError as SinkLockedError
     from barrierflow.connectors.errors import SinkPathError as SinkPathError
@@ -157,8 +161,8 @@ _DEFINED_IN: dict[str, str] = {
     "SinkRecoveryError": "barrierflow.actors.sinks.errors",
     "SinkWriterInputError": "barrierflow.actors.sinks.errors",
     "PartitionCoverageError": "barrierflow.actors.sinks.errors",
-    "StagedBatchMissingError": "barrierflow.actors.sinks.errors",
-    "StaleStagingError": "barrierflow.actors.sinks.errors",
+    "StagedFilesGoneError": "barrierflow.actors.sinks.errors",
+    "TableCommitFailedError": "barrierflow.actors.sinks.errors",
     "ExecutorStagingError": "barrierflow.connectors.errors",
     "UnexpectedWriterRequestError": "barrierflow.actors.sinks.errors",
     "BatchAbortedError": "barrierflow.actors.sources.errors",
@@ -181,6 +185,8 @@ _DEFINED_IN: dict[str, str] = {
     "UnknownInputError": "barrierflow.channels.errors",
     "VnodeOwnershipError": "barrierflow.channels.errors",
     "WatermarkTypeMismatchError": "barrierflow.channels.errors",
+    "PostgresSchemaMismatchError": "barrierflow.connectors.errors",
+    "PostgresUnavailableError": "barrierflow.connectors.errors",
     "SchemaEvolutionError": "barrierflow.connectors.errors",
     "SinkLockedError": "barrierflow.connectors.errors",
     "SinkPathError": "barrierflow.connectors.errors",
@@ -234,12 +240,16 @@ if not _typing.TYPE_CHECKING:
         cached in this module's namespace afterwards).
 
         Raises:
+            RemovedNameError: ``name`` is an error that was removed (naming what replaced it).
             AttributeError: ``name`` is not a public error of barrierflow.
         """
         try:
             module = _DEFINED_IN[name]
         except KeyError:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+            # A removed error says what replaced it (imported on a miss only: it is light).
+            from barrierflow._removed import removed_names
+
+            return removed_names(__name__)(name)
         value = getattr(_importlib.import_module(module), name)
         globals()[name] = value
         return value

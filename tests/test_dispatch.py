@@ -16,6 +16,7 @@ from barrierflow.channels import (
     Barrier,
     BroadcastDispatcher,
     Chunk,
+    Committable,
     Dispatcher,
     HashDispatcher,
     Message,
@@ -224,3 +225,28 @@ async def test_hash_dispatch_refuses_rows_for_a_dropped_output_with_vnodes() -> 
     dispatcher.update_bitmaps([VnodeBitmap.full(), VnodeBitmap.empty()])
     await dispatcher.dispatch(chunk)
     assert ends[0][1].receive_nowait().num_rows == 100
+
+
+@pytest.mark.parametrize("make", [BroadcastDispatcher, RoundRobinDispatcher, None])
+async def test_a_committable_goes_to_one_live_output_never_copied_within_a_group(
+    make: type[Dispatcher] | None,
+) -> None:
+    # Every output of a group is a writer of the same sink: a copy to each would be committed
+    # once per writer. The first live output gets it, also after output 0 was dropped.
+    senders, receivers = [], []
+    for i in range(3):
+        tx, rx = create_channel[Message](4, name=f"out{i}")
+        senders.append(tx)
+        receivers.append(rx)
+    dispatcher = (
+        make(senders)
+        if make is not None
+        else HashDispatcher(senders, VnodeBitmap.split(3, 8), ("k",))
+    )
+    first, second = Committable("sink", 1), Committable("sink", 2)
+    await dispatcher.dispatch(first)
+    dispatcher.drop_output(0)
+    await dispatcher.dispatch(second)
+    dispatcher.close()
+    got = [await drain(rx) for rx in receivers]
+    assert got == [[first], [second], []]

@@ -1,6 +1,6 @@
 """Staging on executors without Spark: what a task attempt stages, what the driver adopts, and
-the coordinator's rules for batches staged that way (partitions as the shares, nothing lost,
-nothing stale). The Spark half is in ``test_spark_executors.py``.
+the rules for batches staged that way (partitions as the shares, committed by the epoch whose
+committable holds them, nothing lost). The Spark half is in ``test_spark_executors.py``.
 
 A task is simulated by calling :meth:`ExecutorStaging.stage_task` in this process, the way a
 Spark task calls it on an executor.
@@ -8,6 +8,7 @@ Spark task calls it on an executor.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import anyio
@@ -18,9 +19,9 @@ from _timeouts import scaled
 
 from barrierflow.actors import BatchFeed, add_sink
 from barrierflow.actors.sinks.add_sink import DeclaredSink
-from barrierflow.actors.sinks.coordinator.handles import AdoptStaged
-from barrierflow.actors.sinks.coordinator.staged import ExecutorBatches
+from barrierflow.actors.sinks.committables import StagedBatch, check_epoch_batches
 from barrierflow.actors.sinks.table import Manifest, StagedFile
+from barrierflow.channels import Committable
 from barrierflow.connectors import ParquetTable
 from barrierflow.connectors._staging import clean_staging, kept_epochs
 from barrierflow.connectors.executor_staging import ExecutorStaging, staging_number
@@ -29,10 +30,10 @@ from barrierflow.errors import (
     ExecutorStagingError,
     InvalidArgumentError,
     PartitionCoverageError,
-    StagedBatchMissingError,
-    StaleStagingError,
+    SinkWriterInputError,
+    StagedFilesGoneError,
 )
-from barrierflow.runtime import Runtime, RuntimeConfig
+from barrierflow.runtime import Runtime, RuntimeConfig, StreamActor
 from barrierflow.testing import ListTable
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False)])
@@ -137,215 +138,202 @@ def test_a_table_whose_writers_stage_no_parquet_files_cannot_be_written_on_execu
 # The coordinator's rules, partitions as the shares.
 
 
-def handed(
-    batch: int, partitions: list[int], generation: int = 1, key: str = "src/s"
-) -> AdoptStaged:
+def batch(
+    batch_id: int, partitions: list[int], count: int | None = None, key: str = "src/s"
+) -> StagedBatch:
     manifests = tuple(
         Manifest(f"p{p}", 3, (StagedFile(f".staging/x/wp{p}/part.parquet", 1, 1),))
         for p in partitions
     )
-    return AdoptStaged(key, batch, max(partitions, default=-1) + 1, manifests, generation)
-
-
-def reaching(last: int, first: int | None = None, key: str = "src/s") -> Manifest:
-    """A writer actor's (empty) manifest of an epoch whose positions reach ``last``."""
-    return Manifest(
-        "0", 5, positions={key: last}, positions_from={} if first is None else {key: first}
-    )
+    count = max(partitions, default=-1) + 1 if count is None else count
+    return StagedBatch(key, batch_id, count, manifests, "/nowhere")
 
 
 def test_each_partition_of_a_batch_must_come_exactly_once() -> None:
-    batches = ExecutorBatches("out", set(), 1)
-    duplicate = handed(0, [0, 1, 1])
-    duplicate.partitions = 3
-    missing = handed(0, [0, 2])
-    for event, got in ((duplicate, [0, 1, 1]), (missing, [0, 2])):
+    for staged, got in ((batch(0, [0, 1, 1], 3), [0, 1, 1]), (batch(0, [0, 2]), [0, 2])):
         with pytest.raises(PartitionCoverageError) as info:
-            batches.add(event)
+            check_epoch_batches("out", [staged])
         assert (info.value.sink, info.value.batch, info.value.partitions) == ("out", "src/s#0", 3)
         assert info.value.got == got
-    assert len(batches) == 0
 
 
 def test_a_partition_named_twice_is_refused_even_when_every_partition_is_named() -> None:
     # Partitions 0 and 1 are both there, 1 twice: its rows would be committed twice. (The
     # test above names a duplicate with a partition missing, which a check for missing
     # partitions alone refuses too.)
-    batches = ExecutorBatches("out", set(), 1)
     with pytest.raises(PartitionCoverageError) as info:
-        batches.add(handed(0, [0, 1, 1]))
+        check_epoch_batches("out", [batch(0, [0, 1, 1])])
     assert (info.value.sink, info.value.batch) == ("out", "src/s#0")
     assert (info.value.partitions, info.value.got) == (2, [0, 1, 1])
-    assert len(batches) == 0
 
 
-def test_a_batch_staged_in_another_coordinator_run_is_refused() -> None:
-    with pytest.raises(StaleStagingError) as info:
-        ExecutorBatches("out", set(), 2).add(handed(0, [0], generation=1))
-    assert (info.value.staged_in, info.value.current) == (1, 2)
+def test_an_epoch_holding_one_batch_twice_is_refused_and_distinct_batches_are_taken() -> None:
+    with pytest.raises(PartitionCoverageError) as info:
+        check_epoch_batches("out", [batch(4, [0, 1]), batch(5, [0]), batch(4, [0, 1])])
+    assert (info.value.batch, info.value.partitions, info.value.got) == ("src/s#4", 2, [0, 1, 0, 1])
+    taken = check_epoch_batches(
+        "out", [batch(4, [0, 1]), batch(5, [0]), batch(4, [0], key="other/s")]
+    )
+    assert [m.writer for m in taken] == ["p0", "p1", "p0", "p0"]
 
 
-def test_the_epoch_that_reaches_a_batch_takes_its_files_and_one_without_them_fails() -> None:
-    keys: set[str] = set()
-    batches = ExecutorBatches("out", keys, 1)
-    batches.add(handed(0, [0, 1]))
-    batches.add(handed(1, [0]))
-    assert keys == {"src/s"}
-    assert batches.claim(10, [Manifest("0", 5)]) == []  # an epoch before any batch
-    taken = batches.claim(11, [reaching(0)])
-    assert [m.writer for m in taken] == ["p0", "p1"]
-    assert [m.writer for m in batches.claim(12, [reaching(1, first=0)])] == ["p0"]
-    assert batches.claim(13, [reaching(1, first=1)]) == []  # nothing new
-    assert len(batches) == 0
-    # A later run, a batch reached that was never handed over: the keys are remembered.
-    later = ExecutorBatches("out", keys, 2)
-    with pytest.raises(StagedBatchMissingError) as info:
-        later.claim(14, [reaching(3, first=1)])
-    assert (info.value.epoch, info.value.key, info.value.batches) == (14, "src/s", [2, 3])
-    # Keys never written on executors are not its business.
-    assert later.claim(15, [reaching(9, key="other/s")]) == []
+def test_a_partition_that_staged_no_file_counts_but_commits_nothing() -> None:
+    empty = StagedBatch("src/s", 0, 2, (Manifest("p0", 3), batch(0, [1]).manifests[0]), "/r")
+    assert [m.writer for m in check_epoch_batches("out", [empty])] == ["p1"]
+    with pytest.raises(PartitionCoverageError):  # but it must be there
+        check_epoch_batches("out", [StagedBatch("src/s", 0, 2, empty.manifests[1:], "/r")])
 
 
-# In a runtime: hand-over, end mark, commit.
+def test_a_writer_id_that_names_no_partition_breaks_the_coverage() -> None:
+    for writers, got in ((("p0", "q1"), [0, -1]), (("p0", "zz"), [0, -1]), (("p0", "p"), [0, -1])):
+        manifests = tuple(Manifest(w, 3) for w in writers)
+        with pytest.raises(PartitionCoverageError) as info:
+            check_epoch_batches("out", [StagedBatch("src/s", 0, 2, manifests, "/r")])
+        assert info.value.got == got
 
 
-def build(tmp_path: Path) -> tuple[Runtime, BatchFeed, ParquetTable, DeclaredSink]:
+def test_a_staged_batch_refuses_bad_fields_by_name() -> None:
+    good = ("k/s", 0, 1, (), "/r")
+    for index, value, name, expected in (
+        (0, "", "key", "a position key '<source>/<stream>'"),
+        (1, -1, "batch_id", "an int >= 0"),
+        (2, True, "partitions", "an int >= 0"),
+        (3, ("m",), "manifests", "a tuple of Manifests"),
+        (3, [], "manifests", "a tuple of Manifests"),
+        (4, "", "root", "the table's root directory"),
+    ):
+        arguments = list(good)
+        arguments[index] = value
+        with pytest.raises(InvalidArgumentError) as info:
+            StagedBatch(*arguments)  # type: ignore[arg-type]
+        assert (info.value.argument, info.value.expected, info.value.got) == (name, expected, value)
+
+
+def test_a_staged_batch_names_its_first_missing_file(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x")
+    files = (StagedFile("a", 1, 1), StagedFile("b", 1, 1))
+    staged = StagedBatch("k/s", 3, 1, (Manifest("p0", 1, files),), str(tmp_path))
+    assert staged.missing_file() == str(tmp_path / "b")
+    (tmp_path / "b").write_bytes(b"x")
+    assert staged.missing_file() is None
+    assert (staged.label, staged.rows) == ("k/s#3", 2)
+
+
+# In a runtime: committables through the feed, committed by the epoch that holds them.
+
+
+def build(
+    tmp_path: Path, *, between: bool = False
+) -> tuple[Runtime, BatchFeed, ParquetTable, DeclaredSink]:
     feed = BatchFeed(SCHEMA)
     table = ParquetTable(tmp_path / "table", SCHEMA)
     rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
     rt.add_source("events", feed.source)
-    sink = add_sink(rt, "out", table, input="events", parallelism=2, key=("id",))
+    if between:  # an actor that knows nothing of committables: it passes them on
+        rt.add_actor("between", StreamActor, inputs=["events"])
+    sink = add_sink(
+        rt, "out", table, input="between" if between else "events", parallelism=2, key=("id",)
+    )
     return rt, feed, table, sink
 
 
+def stage_batch(stage: ExecutorStaging, key: str, batch_id: int, start: int) -> StagedBatch:
+    number = staging_number()
+    attempts = [stage.stage_task(number, p, p, rows(start + p * 10, 10)) for p in range(2)]
+    return StagedBatch(key, batch_id, 2, tuple(stage.adopt(number, attempts)), stage.root)
+
+
 @pytest.mark.anyio
-async def test_a_handed_over_batch_is_committed_with_the_epoch_of_its_end_mark(
+@pytest.mark.parametrize("between", [False, True], ids=["direct", "through-an-actor"])
+async def test_a_batch_delivered_as_a_committable_is_committed_by_the_epoch_that_holds_it(
+    tmp_path: Path, between: bool
+) -> None:
+    rt, feed, _, sink = build(tmp_path, between=between)
+    stage = staging(tmp_path)
+    epochs: list[int] = []
+    async with rt:
+        with anyio.fail_after(WAIT):
+            key = await feed.position_key("s", rt)
+            for batch_id in (0, 1):
+                staged = stage_batch(stage, key, batch_id, batch_id * 100)
+                epoch = await feed.deliver(
+                    rt, "s", batch_id, SCHEMA.empty_table(), retries=0,
+                    committables=[Committable("out", staged)],
+                )  # fmt: skip
+                assert epoch is not None
+                epochs.append(epoch)
+            await sink.coordinator.wait_committed(epochs[-1])
+            stats = sink.coordinator.stats()
+    assert stats.rows_committed == 40
+    # Each batch's files are in the commit of the epoch whose positions reach its batch id
+    # (the epoch its committable travelled in), and only there.
+    root = tmp_path / "table"
+    held = {}
+    for record in root.glob("epoch=*/_PRECOMMITTED.json"):
+        facts = json.loads(record.read_text())
+        held[facts["positions"][key]] = read(sorted(record.parent.glob("*/*.parquet")))
+    assert held == {0: list(range(0, 20)), 1: list(range(100, 120))}
+
+
+@pytest.mark.anyio
+async def test_a_committable_whose_files_are_gone_fails_its_epoch_and_commits_nothing(
     tmp_path: Path,
 ) -> None:
     rt, feed, _, sink = build(tmp_path)
     stage = staging(tmp_path)
     with pytest.raises(ActorFailedError) as stopped:
         async with rt:
-            coordinator = sink.coordinator
             with anyio.fail_after(WAIT):
                 key = await feed.position_key("s", rt)
-                generation = await coordinator.staging_generation()
-                number = staging_number()
-                attempts = [stage.stage_task(number, p, p, rows(p * 10, 10)) for p in range(2)]
-                adopted = stage.adopt(number, attempts)
-                await coordinator.adopt_staged(key, 0, 2, adopted, generation)
-                epoch = await feed.deliver(rt, "s", 0, SCHEMA.empty_table(), retries=0)
-                assert epoch is not None
-                await coordinator.wait_committed(epoch)
-                # The next end mark without its files: the graph fails, nothing is lost.
+                staged = stage_batch(stage, key, 0, 0)
+                # What a recovery cleaning the staging area meanwhile does.
+                gone = Path(stage.root, staged.manifests[1].files[0].path)
+                await anyio.Path(gone).unlink()
                 with pytest.raises(ActorFailedError) as info:
-                    await feed.deliver(rt, "s", 1, SCHEMA.empty_table(), retries=0)
+                    await feed.deliver(
+                        rt, "s", 0, SCHEMA.empty_table(), retries=0,
+                        committables=[Committable("out", staged)],
+                    )  # fmt: skip
     assert stopped.value is info.value
-    missing = info.value.cause
-    assert isinstance(missing, StagedBatchMissingError)
-    assert (missing.sink, missing.key, missing.batches) == ("out", "events/s", [1])
-    assert missing.epoch > epoch  # the epoch that reached batch 1
-    assert isinstance(info.value.cause, StagedBatchMissingError)
-    files = sorted((tmp_path / "table").glob("epoch=*/*/*.parquet"))
-    assert read(files) == list(range(20))
-    assert {f.parent.name for f in files} == {"wp0", "wp1"}
+    error = info.value.cause
+    assert isinstance(error, StagedFilesGoneError)
+    assert (error.sink, error.batch, error.path) == ("out", f"{key}#0", str(gone))
+    assert sorted((tmp_path / "table").glob("epoch=*/*/*.parquet")) == []
+    assert sink.coordinator.stats().committed_epochs == 0
 
 
 @pytest.mark.anyio
-async def test_handing_over_bad_arguments_is_refused_by_name(tmp_path: Path) -> None:
-    rt, _, _, sink = build(tmp_path)
-    coordinator = sink.coordinator
-    for arguments, name, expected, got in (
-        (("", 0, 1, [], 1), "key", "a position key '<source>/<stream>'", ""),
-        (("k/s", -1, 1, [], 1), "batch", "an int >= 0", -1),
-        (("k/s", 0, True, [], 1), "partitions", "an int >= 0", True),
-        (("k/s", 0, 1, ["m"], 1), "manifests", "Manifests", ["m"]),
-    ):
-        with pytest.raises(InvalidArgumentError) as info:
-            await coordinator.adopt_staged(*arguments)
-        assert (info.value.argument, info.value.expected, info.value.got) == (name, expected, got)
-    del rt
-
-
-@pytest.mark.anyio
-async def test_a_refused_hand_over_fails_only_its_asker_and_the_run_goes_on(
+async def test_a_committable_for_another_sink_is_passed_on_and_a_foreign_payload_refused(
     tmp_path: Path,
 ) -> None:
     rt, feed, _, sink = build(tmp_path)
-    stage = staging(tmp_path)
-    async with rt:
-        coordinator = sink.coordinator
-        with anyio.fail_after(WAIT):
-            key = await feed.position_key("s", rt)
-            generation = await coordinator.staging_generation()
-            assert generation == 1  # the first run
-            number = staging_number()
-            adopted = stage.adopt(number, [stage.stage_task(number, 0, 1, rows(0, 5))])
-            with pytest.raises(StaleStagingError) as stale:
-                await coordinator.adopt_staged(key, 0, 1, adopted, generation + 1)
-            assert (stale.value.sink, stale.value.staged_in, stale.value.current) == ("out", 2, 1)
-            with pytest.raises(PartitionCoverageError) as coverage:
-                await coordinator.adopt_staged(key, 0, 2, adopted, generation)
-            assert coverage.value.sink == "out"
-            with pytest.raises(PartitionCoverageError) as twice:
-                await coordinator.adopt_staged(key, 0, 1, [*adopted, *adopted], generation)
-            assert (twice.value.partitions, twice.value.got) == (1, [0, 0])
-            await coordinator.adopt_staged(key, 0, 1, adopted, generation)  # still serving
-            epoch = await feed.deliver(rt, "s", 0, SCHEMA.empty_table(), retries=0)
-            assert epoch is not None
-            await coordinator.wait_committed(epoch)
-    files = sorted((tmp_path / "table").glob("epoch=*/*/*.parquet"))
-    assert read(files) == list(range(5))
+    with pytest.raises(ActorFailedError) as stopped:
+        async with rt:
+            with anyio.fail_after(WAIT):
+                # For another sink: the writer passes it on (nothing downstream: dropped).
+                epoch = await feed.deliver(
+                    rt, "s", 0, SCHEMA.empty_table(), committables=[Committable("other", 1)]
+                )
+                assert epoch is not None
+                await sink.coordinator.wait_committed(epoch)
+                assert sink.coordinator.stats().rows_committed == 0
+                with pytest.raises(ActorFailedError) as info:
+                    await feed.deliver(
+                        rt, "s", 1, SCHEMA.empty_table(), retries=0,
+                        committables=[Committable("out", "not a batch")],
+                    )  # fmt: skip
+    assert stopped.value is info.value
+    error = info.value.cause
+    assert isinstance(error, SinkWriterInputError)
+    assert "StagedBatch" in str(error)
+    with pytest.raises(InvalidArgumentError) as refused:
+        await feed.deliver(rt, "s", 2, SCHEMA.empty_table(), committables=["x"])  # type: ignore[list-item]
+    assert refused.value.argument == "committables"
 
 
-def test_a_writer_id_that_names_no_partition_breaks_the_coverage() -> None:
-    batches = ExecutorBatches("out", set(), 1)
-    for writers, got in ((("p0", "q1"), [0, -1]), (("p0", "zz"), [0, -1]), (("p0", "p"), [0, -1])):
-        manifests = tuple(Manifest(w, 3) for w in writers)
-        with pytest.raises(PartitionCoverageError) as info:
-            batches.add(AdoptStaged("src/s", 0, 2, manifests, 1))
-        assert info.value.got == got
-    assert len(batches) == 0
-
-
-def test_claims_look_at_every_executor_written_key_and_the_first_epoch_at_its_end() -> None:
-    batches = ExecutorBatches("out", set(), 1)
-    batches.add(handed(3, [0], key="b/s"))
-    batches.add(handed(0, [0], key="a/s"))  # sorted first; the epoch below does not reach it
-    # The key's first epoch (no start): only the batch it ends at is required and taken.
-    taken = batches.claim(20, [Manifest("0", 5, positions={"b/s": 3})])
-    assert [m.writer for m in taken] == ["p0"]
-    assert len(batches) == 1  # a/s batch 0 still waits
-    with pytest.raises(StagedBatchMissingError) as info:
-        batches.claim(21, [Manifest("0", 5, positions={"b/s": 5})])
-    assert (info.value.sink, info.value.epoch, info.value.batches) == ("out", 21, [5])
-
-
-@pytest.mark.anyio
-async def test_the_staging_generation_is_each_recovered_run_and_waits_for_one(
-    tmp_path: Path,
-) -> None:
-    from barrierflow.actors.sinks.coordinator import Coordinator
-    from barrierflow.runtime.service import ServiceContext
-    from barrierflow.runtime.state.state_store import StateStore
-    from barrierflow.testing import ListTable
-
-    coordinator = Coordinator("out", ListTable(SCHEMA).committer())
-    seen: list[int] = []
-
-    async def generation() -> None:
-        seen.append(await coordinator.staging_generation())
-
-    async with await StateStore.open(tmp_path / "state.db") as store:
-        for run in (1, 2):
-            async with anyio.create_task_group() as waiting:
-                waiting.start_soon(generation)
-                await anyio.wait_all_tasks_blocked()
-                assert len(seen) == run - 1  # no run recovered yet: it waits
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(coordinator.run, ServiceContext("out", store))
-                    with anyio.fail_after(WAIT):
-                        while len(seen) < run:
-                            await anyio.wait_all_tasks_blocked()
-                    tg.cancel_scope.cancel()
-    assert seen == [1, 2]
+def test_the_runtime_says_which_actors_reach_which(tmp_path: Path) -> None:
+    rt, _, _, sink = build(tmp_path, between=True)
+    assert all(rt.reaches("events", writer) for writer in sink.writers)
+    assert rt.reaches("events", "between")
+    assert not rt.reaches("between", "events")
+    assert not rt.reaches("events", "events")

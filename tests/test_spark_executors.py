@@ -1,10 +1,10 @@
 """Micro-batches written on Spark's executors and committed by the driver's coordinator, with a
 real local Spark: every table, replays, task retries, and the typed errors. Both backends.
 
-The rules (see ``barrierflow.actors.sinks.coordinator.staged``): the partitions of a
-micro-batch are the shares — each exactly once; the batch's files join the commit of the epoch
-that seals its batch id; nothing staged by a failed or losing attempt becomes visible; no row is
-collected to the driver.
+The rules (see ``barrierflow.actors.sinks.committables``): the partitions of a micro-batch are
+the shares — each exactly once; the batch's files travel through the feed as a committable and
+join the commit of the epoch that holds it; nothing staged by a failed or losing attempt
+becomes visible; no row is collected to the driver; two crossings into the runtime per batch.
 """
 
 from __future__ import annotations
@@ -177,6 +177,52 @@ def test_writing_on_executors_refuses_what_it_cannot_do_naming_it(
             )
 
 
+def test_a_micro_batch_on_executors_crosses_into_the_runtime_twice_and_a_replay_twice(
+    spark: Any, tmp_path: Path
+) -> None:
+    rt, feed, sink, table = build(tmp_path, ADAPTERS["parquet"])
+    with BlockingRuntime(rt) as handle:
+        bridge = SparkBridge(handle, feed, sink=sink)
+        crossings: list[str] = []
+        call = handle.call
+
+        def counted(function: Any, *args: Any) -> Any:
+            crossings.append(getattr(function, "__name__", None) or function.func.__name__)
+            return call(function, *args)
+
+        handle.call = counted  # type: ignore[method-assign]
+        epoch = bridge.deliver(ids(spark, 0, 100), 0, write_on="executors")
+        assert crossings == ["_probe", "deliver"]  # the batch-id check, then the delivery
+        crossings.clear()
+        assert bridge.deliver(ids(spark, 0, 100), 0, write_on="executors") is None
+        assert crossings == ["_probe", "deliver"]  # a replay: no Spark job, a confirmation
+        handle.call = call  # type: ignore[method-assign]
+        assert epoch is not None
+        handle.call(sink.coordinator.wait_committed, epoch)
+    assert ADAPTERS["parquet"].ids(table) == list(range(100))
+
+
+def test_a_sink_not_downstream_of_the_feed_is_refused_before_any_spark_work(
+    spark: Any, tmp_path: Path
+) -> None:
+    adapter = ADAPTERS["parquet"]
+    feed, other = BatchFeed(SCHEMA), BatchFeed(SCHEMA)
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
+    rt.add_source("events", feed.source)
+    rt.add_source("elsewhere", other.source)
+    table = adapter.make(tmp_path)
+    sink = add_sink(rt, "out", table, input="elsewhere", parallelism=2, key=("id",))
+    with BlockingRuntime(rt) as handle:
+        bridge = SparkBridge(handle, feed, sink=sink)
+        with pytest.raises(InvalidArgumentError) as info:
+            bridge.deliver(ids(spark, 0, 10), 0, write_on="executors")
+        assert bridge.stats().staged_batches == 0
+    assert info.value.argument == "sink"
+    assert "'events'" in info.value.expected
+    assert "out.0" in str(info.value.got)
+    assert adapter.ids(table) == []
+
+
 def test_a_module_executors_cannot_import_is_one_typed_error_saying_how_to_ship_it(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -212,7 +258,7 @@ class FailOnFirstBarrier(StreamActor):
 
 
 @BACKENDS
-def test_a_graph_failure_after_the_hand_over_stages_the_batch_again_and_holds_it_once(
+def test_a_graph_failure_after_the_staging_stages_the_batch_again_and_holds_it_once(
     spark: Any, tmp_path: Path, backend: str
 ) -> None:
     FailOnFirstBarrier.failed = False
@@ -233,7 +279,7 @@ def test_a_graph_failure_after_the_hand_over_stages_the_batch_again_and_holds_it
         assert epoch is not None
         handle.call(sink.coordinator.wait_committed, epoch)
         assert handle.stats().restarts == 1
-        # Staged twice: the first hand-over died with the coordinator's run.
+        # Staged twice: the first committable died with its epoch.
         assert (bridge.stats().staged_batches, bridge.stats().batches) == (2, 1)
     assert FailOnFirstBarrier.failed
     assert adapter.ids(table) == list(range(300))

@@ -26,6 +26,7 @@ from barrierflow.channels.epoch import epoch_from_unix_ms as epoch_from_unix_ms
 from barrierflow.channels.epoch import physical_time_ms as physical_time_ms
 from barrierflow.channels.merge import AlignedMerge as AlignedMerge
 from barrierflow.channels.merge import merge_aligned as merge_aligned
+from barrierflow.channels.messages import Committable as Committable
 from barrierflow.channels.messages import Message as Message
 from barrierflow.channels.messages import Watermark as Watermark
 from barrierflow.channels.mutation import Add as Add
@@ -51,6 +52,7 @@ __all__ = [
     "COOPERATIVE_BUDGET",
     "ChannelStatistics",
     "Chunk",
+    "Committable",
     "DEFAULT_VNODE_COUNT",
     "Dispatcher",
     "EPOCH_BASE_UNIX_MS",

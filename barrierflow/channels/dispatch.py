@@ -32,7 +32,7 @@ from barrierflow.channels.errors import (
     DroppedOutputRowsError,
     InvalidArgumentError,
 )
-from barrierflow.channels.messages import Message, Watermark
+from barrierflow.channels.messages import MESSAGE_EXPECTED, Committable, Message, Watermark
 from barrierflow.channels.vnode import (
     VnodeBitmap,
     check_key_columns,
@@ -101,19 +101,24 @@ class Dispatcher:
         return [o for i, o in enumerate(self._outputs) if i not in self._dropped]
 
     async def dispatch(self, message: Message) -> None:
-        """Send ``message`` on: a chunk as the strategy routes it, anything else to all.
+        """Send ``message`` on: a chunk as the strategy routes it, a committable to the first
+        output, anything else to all.
 
         Raises:
             ChannelBrokenError: an output's receiver is gone.
-            InvalidArgumentError: ``message`` is not a Message (Chunk, Barrier or Watermark);
-                nothing was sent.
+            InvalidArgumentError: ``message`` is not a Message (Chunk, Barrier, Watermark or
+                Committable); nothing was sent.
         """
         if isinstance(message, Chunk):
             await self.dispatch_chunk(message)
+        elif isinstance(message, Committable):
+            # One copy per group: every output is a writer of the same sink, whose
+            # coordinator collects all of them, and a copy to each would commit it twice.
+            live = self._live() if self._dropped else self._outputs
+            if live:
+                await live[0].send(message)
         elif not isinstance(message, Barrier | Watermark):
-            raise InvalidArgumentError(
-                "message", "a Message (Chunk, Barrier or Watermark)", type(message).__name__
-            )
+            raise InvalidArgumentError("message", MESSAGE_EXPECTED, type(message).__name__)
         else:
             for output in self._live() if self._dropped else self._outputs:
                 await output.send(message)

@@ -9,7 +9,7 @@ from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
 
-__all__ = ["Watermark", "Message", "message_rows"]
+__all__ = ["Committable", "Message", "Watermark", "message_rows"]
 
 
 @final
@@ -41,8 +41,41 @@ class Watermark:
             raise InvalidArgumentError("Watermark.value", "an orderable value (not NaN)", value)
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class Committable:
+    """Work staged outside the graph for the sink ``sink`` — a Spark task's files — travelling
+    to that sink like rows do, so that it belongs to the epoch whose barrier follows it.
+
+    The sink's writer that receives it hands ``payload`` to the sink's coordinator with its
+    own part of that epoch (Flink's ``CommittableMessage``; RisingWave's writers reporting at
+    the barrier): an epoch holds exactly the committables that arrived before its barrier,
+    and one whose epoch fails is discarded with the epoch and staged again by its producer.
+
+    A dispatcher sends a committable to one output of each of its groups (never copies it
+    within a group: the sink would commit it twice), and an actor that does not take
+    committables passes them on untouched (:attr:`~barrierflow.runtime.StreamActor
+    .takes_committables`).
+
+    Raises:
+        InvalidArgumentError: ``sink`` is not a non-empty str.
+    """
+
+    sink: str
+    payload: Any
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sink, str) or not self.sink:
+            raise InvalidArgumentError("Committable.sink", "a non-empty sink name", self.sink)
+
+
 #: What a stream actor reads and writes.
-Message = Chunk | Barrier | Watermark
+Message = Chunk | Barrier | Watermark | Committable
+
+#: The message kinds, for the type checks of the places that route them.
+MESSAGE_TYPES = (Chunk, Barrier, Watermark, Committable)
+#: How a refusal names what was expected.
+MESSAGE_EXPECTED = "a Message (Chunk, Barrier, Watermark or Committable)"
 
 
 def message_rows(message: object) -> int:

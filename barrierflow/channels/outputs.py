@@ -16,10 +16,9 @@ from collections.abc import Iterable, Sequence
 from typing import final
 
 from barrierflow.channels.barrier import Barrier
-from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.dispatch import Dispatcher, HashDispatcher
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.channels.messages import Message, Watermark
+from barrierflow.channels.messages import MESSAGE_EXPECTED, MESSAGE_TYPES, Message
 from barrierflow.channels.mutation import NewOutput, Update
 from barrierflow.channels.vnode import VnodeBitmap
 
@@ -80,10 +79,8 @@ class Outputs:
             ChannelBrokenError: an output's receiver is gone.
             InvalidArgumentError: ``message`` is not a Message.
         """
-        if not isinstance(message, Chunk | Barrier | Watermark):
-            raise InvalidArgumentError(
-                "message", "a Message (Chunk, Barrier or Watermark)", type(message).__name__
-            )
+        if not isinstance(message, MESSAGE_TYPES):
+            raise InvalidArgumentError("message", MESSAGE_EXPECTED, type(message).__name__)
         for group in self._groups:
             await group.dispatcher.dispatch(message)
 

@@ -39,15 +39,15 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, final, runtime_checkable
 
 import pyarrow as pa
 
 from barrierflow._fs import fsync_path
-from barrierflow.actors.sinks.coordinator.staged import partition_writer
-from barrierflow.actors.sinks.table import Manifest, StagedFile
+from barrierflow.actors.sinks.committables import partition_writer
+from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels.epoch import epoch_from_unix_ms
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.schema import conform_schema
@@ -181,11 +181,7 @@ class ExecutorStaging:
                     manifest.writer,
                     number,
                     tuple(
-                        StagedFile(
-                            str((destination / Path(f.path).name).relative_to(root)),
-                            f.rows,
-                            f.size,
-                        )
+                        replace(f, path=str((destination / Path(f.path).name).relative_to(root)))
                         for f in manifest.files
                     ),
                 )

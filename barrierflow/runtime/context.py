@@ -28,7 +28,7 @@ from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.dispatch import Dispatcher
 from barrierflow.channels.endpoints import Receiver
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.channels.messages import Message, Watermark
+from barrierflow.channels.messages import MESSAGE_EXPECTED, Committable, Message, Watermark
 from barrierflow.channels.outputs import Outputs
 from barrierflow.channels.select import BiasedSelect
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
@@ -225,8 +225,12 @@ class ActorContext:
         chosen = names or tuple(inputs)
         return BiasedSelect({name: inputs[name] for name in chosen})
 
-    def messages(self) -> Messages:
+    def messages(self, *, committables: bool = False) -> Messages:
         """The actor's input, until it ends or the actor has finished.
+
+        Committables (work staged outside the graph for a sink) are passed on downstream as
+        they come, unless ``committables`` is true: a sink's writer takes the ones for its
+        sink (see :class:`~barrierflow.channels.messages.Committable`).
 
         Raises:
             GraphError: the actor reads several named inputs independently (use
@@ -236,6 +240,7 @@ class ActorContext:
             raise GraphError(
                 "inputs", "one input, or aligned inputs, to read ctx.messages()", list(self._named)
             )
+        self._messages.forward = None if committables else self.emit
         return self._messages
 
     # State.
@@ -375,8 +380,8 @@ class ActorContext:
         changes to the outputs, and report collection.
 
         Raises:
-            InvalidArgumentError: ``message`` is not a Message (Chunk, Barrier or Watermark),
-                even when the actor has no output.
+            InvalidArgumentError: ``message`` is not a Message (Chunk, Barrier, Watermark or
+                Committable), even when the actor has no output.
             BarrierNotPassedError: rows emitted before this actor passed its first barrier.
         """
         if isinstance(message, Barrier):
@@ -387,10 +392,8 @@ class ActorContext:
                 # Downstream would fail on rows before any barrier, and be blamed for it.
                 raise BarrierNotPassedError(self.name, "emitted rows")
             self._rows_out += message.cardinality
-        elif not isinstance(message, Watermark):
-            raise InvalidArgumentError(
-                "message", "a Message (Chunk, Barrier or Watermark)", type(message).__name__
-            )
+        elif not isinstance(message, Watermark | Committable):
+            raise InvalidArgumentError("message", MESSAGE_EXPECTED, type(message).__name__)
         output = self._output if self._bare is None else self._outputs()
         if output is not None:
             await output.dispatch(message)

@@ -234,6 +234,10 @@ class Graph:
                     stack.append([*path, down])
         return None
 
+    def reaches(self, upstream: str, downstream: str) -> bool:
+        """Whether what ``upstream`` emits reaches ``downstream`` along the graph's edges."""
+        return upstream != downstream and self._path(upstream, downstream) is not None
+
     def downstream_of(self, name: str) -> list[str]:
         """The actors reading ``name``'s output, in declaration order."""
         return [n.name for n in self._nodes.values() if name in n.inputs]

@@ -3,7 +3,7 @@ one (the backfills)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Protocol
 
 import anyio
@@ -11,7 +11,7 @@ import anyio
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.endpoints import Receiver
 from barrierflow.channels.errors import UnknownInputError
-from barrierflow.channels.messages import Message
+from barrierflow.channels.messages import Committable, Message
 from barrierflow.channels.select import PollableReceiver
 
 __all__ = ["Finishing", "Messages", "NamedInputs"]
@@ -50,17 +50,24 @@ class Messages:
     """Iterator over an actor's input (a class, not an async generator, so that an actor
     raising mid-iteration leaves nothing to finalize), counting what it reads.
 
+    Committables (:class:`~barrierflow.channels.messages.Committable`) are passed on through
+    :attr:`forward` as they are read, in their place among the other messages, unless it is
+    ``None`` (an actor that takes them: a sink's writer); :meth:`receive_nowait` returns them
+    either way, to a caller that polls and must pass them on itself.
+
     Args:
         input: the actor's one (or aligned) input.
         actor: the reading actor; its ``finished`` ends the iteration, and is set when the
             input ends.
     """
 
-    __slots__ = ("_actor", "_input", "messages_in", "rows_in")
+    __slots__ = ("_actor", "_input", "forward", "messages_in", "rows_in")
 
     def __init__(self, input: Receiver[Message], actor: Finishing) -> None:
         self._input = input
         self._actor = actor
+        #: Where committables read by :meth:`receive` go (``None``: to the reader).
+        self.forward: Callable[[Committable], Awaitable[None]] | None = None
         #: Messages read so far.
         self.messages_in = 0
         #: Rows of the chunks read so far.
@@ -82,14 +89,18 @@ class Messages:
             anyio.EndOfStream: the input ended, or the actor has finished.
         """
         actor = self._actor
-        if actor.finished:
-            raise anyio.EndOfStream
-        try:
-            message = await self._input.receive()
-        except anyio.EndOfStream:
-            actor.finished = True
-            raise
-        return self._count(message)
+        while True:
+            if actor.finished:
+                raise anyio.EndOfStream
+            try:
+                message = await self._input.receive()
+            except anyio.EndOfStream:
+                actor.finished = True
+                raise
+            if self.forward is None or not isinstance(message, Committable):
+                return self._count(message)
+            self.messages_in += 1
+            await self.forward(message)
 
     def receive_nowait(self) -> Message | None:
         """The next message if one is waiting now, else ``None`` — for an actor that does

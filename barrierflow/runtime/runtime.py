@@ -146,6 +146,12 @@ class Runtime:
     def _store(self) -> StateStore | None:
         return self._lifecycle.store
 
+    def reaches(self, upstream: str, downstream: str) -> bool:
+        """Whether what actor ``upstream`` emits reaches actor ``downstream`` along the
+        declared graph's edges (what the Spark bridge checks before it sends a sink's
+        committables through its feed's source)."""
+        return self._graph.reaches(upstream, downstream)
+
     # Entering and leaving.
 
     async def __aenter__(self) -> Self:

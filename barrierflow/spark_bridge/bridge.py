@@ -41,20 +41,26 @@ micro-batch, on Spark's callback thread:
    as Parquet files under its attempt's own directory and returns only its manifest
    (:mod:`barrierflow.spark_bridge.executors`); no shuffle is added;
 3. the driver moves the files of the one attempt Spark kept per partition into the staging
-   layout writer actors use (one rename per partition) and hands the manifests to the sink's
-   coordinator, which checks that they cover every partition exactly once and holds them
-   (:mod:`barrierflow.actors.sinks.coordinator.staged`);
-4. the batch's end mark — no rows — goes through the feed as in step 3 above: the epoch that
-   seals the batch id takes the staged files into its commit, persisted as pending before the
-   checkpoint can be durable, committed once it is. The batch-id dedup and the positions the
-   table records work as for rows delivered through the driver.
+   layout writer actors use (one rename per partition) and wraps the partitions' manifests in
+   one :class:`~barrierflow.actors.sinks.committables.StagedBatch`;
+4. the batch goes through the feed as on the driver path — one crossing into the runtime,
+   with the batch-id check — but as a *committable* with its end mark instead of rows: it
+   flows to the sink's writer, which hands it to the coordinator with its manifest of the
+   epoch whose barrier follows; the coordinator checks that the batch's manifests cover every
+   partition exactly once, persists the epoch as pending before the checkpoint can be
+   durable, and commits it once it is. The batch-id dedup and the positions the table records
+   work as for rows delivered through the driver.
 
-A graph failure or a coordinator restart in between is retried from step 1 (the feed's
-``retries`` times): the batch is either durable by then, or staged again under a new staging
-number (what the first try staged is deleted by the coordinator's recovery). Which is the
-default: ``"driver"``, because it runs every graph (an executor-written sink must be fed by
-the feed's source directly — the graph's operators between them would be skipped — and its
-table's directory must be a path both the driver and the executors see).
+Two crossings per micro-batch: the batch-id check before any Spark work (a replay is skipped
+without computing it), and the delivery. A graph failure in between, or during the delivery,
+is retried from step 1 (the feed's ``retries`` times): the batch is either durable by then, or
+staged again under a new staging number (the epoch that held the first try failed; its files
+are deleted by the coordinator's recovery, and a committable whose files that recovery deleted
+fails its epoch at the writer rather than commit without them). Which is the default:
+``"driver"``, because it runs every graph (on the executors no row flows through the graph, so
+operators between the feed and the sink would be skipped; the sink must be downstream of the
+feed's source, which is checked, and its table's directory must be a path both the driver and
+the executors see).
 
 **Failures.** An error raised in the callback stops the query, and Spark hands it to the
 driver as a ``StreamingQueryException`` whose text buries it under Py4J and JVM traces.
@@ -75,14 +81,12 @@ import pyarrow as pa
 
 from barrierflow._extras import require
 from barrierflow.actors.sinks.add_sink import DeclaredSink
-from barrierflow.actors.sinks.errors import (
-    CoordinatorAbortedError,
-    StagedBatchMissingError,
-    StaleStagingError,
-)
+from barrierflow.actors.sinks.committables import StagedBatch
+from barrierflow.actors.sinks.errors import CoordinatorAbortedError
 from barrierflow.actors.sources.batch_feed import BatchFeed
 from barrierflow.actors.sources.errors import BatchOrderError
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
+from barrierflow.channels.messages import Committable
 from barrierflow.channels.schema import cast_fixes, check_schema, conform_schema
 from barrierflow.connectors.errors import ExecutorStagingError
 from barrierflow.connectors.executor_staging import ExecutorStaging, staging_number
@@ -396,42 +400,63 @@ class SparkBridge:
 
     async def _probe(self, stream: str, batch_id: int) -> tuple[str, bool]:
         """The stream's position key, and whether ``batch_id`` is new (in the runtime's
-        thread: the feed's ids are the running source's)."""
-        key = await self.feed.position_key(stream, self.runtime.runtime)
+        thread: the feed's ids are the running source's). Also checks that the feed's source
+        reaches every writer of the sink: a committable that cannot reach its sink would let
+        the batch id become durable without its files.
+
+        Raises:
+            InvalidArgumentError: the sink is not downstream of the feed's source.
+        """
+        rt = self.runtime.runtime
+        key = await self.feed.position_key(stream, rt)
+        assert self.sink is not None  # checked by _executor_staging
+        source = key[: -len(stream) - 1]
+        cut_off = [w for w in self.sink.writers if not rt.reaches(source, w)]
+        if cut_off:
+            raise InvalidArgumentError(
+                "sink",
+                f"a sink whose writers read the feed's source {source!r} (the files staged on "
+                "the executors reach it through the feed)",
+                f"sink {self.sink.name!r} with writers {cut_off} not downstream of it",
+            )
         return key, self.feed.check_batch(stream, batch_id)
 
     def _deliver_on_executors(
         self, df: Any, stream: str, batch_id: int, staging: ExecutorStaging
     ) -> int | None:
-        """Stage ``df`` on the executors, hand the files to the sink's coordinator, then
-        deliver the batch's end mark; the whole is retried after a graph failure or a
-        coordinator restart (see the module docstring)."""
+        """Stage ``df`` on the executors, then deliver the batch's files as a committable with
+        its end mark through the feed: two crossings into the runtime (the batch-id check
+        before any Spark work, the delivery). The whole is retried after a graph failure (see
+        the module docstring)."""
         assert self.sink is not None  # checked by _executor_staging
-        coordinator = self.sink.coordinator
+        sink = self.sink.coordinator.sink
         rt = self.runtime.runtime
         end_mark = self.feed.schema.empty_table()
         failures = 0
-        deliver_end = partial(self.feed.deliver, rt, stream, batch_id, end_mark, retries=0)
         while True:
             key, new = self.runtime.call(self._probe, stream, batch_id)
             if not new:
                 # A replay: the feed confirms it (a checkpoint, if an abandoned call sent it).
-                self.runtime.call(deliver_end)
+                self.runtime.call(
+                    partial(self.feed.deliver, rt, stream, batch_id, end_mark, retries=0)
+                )
                 self._replays += 1
                 return None
-            generation = self.runtime.call(coordinator.staging_generation)
             self._number = staging_number(self._number)
             started = time.perf_counter()
             try:
                 partitions, manifests = stage_on_executors(df, staging, self._number)
                 adopted = staging.adopt(self._number, manifests)
+                batch = StagedBatch(key, batch_id, partitions, tuple(adopted), staging.root)
                 self._stage += time.perf_counter() - started
                 self._staged += 1
-                self.runtime.call(
-                    coordinator.adopt_staged, key, batch_id, partitions, adopted, generation
-                )
                 started = time.perf_counter()
-                epoch = self.runtime.call(deliver_end)
+                epoch = self.runtime.call(
+                    partial(
+                        self.feed.deliver, rt, stream, batch_id, end_mark, retries=0,
+                        committables=(Committable(sink, batch),),
+                    )
+                )  # fmt: skip
                 self._deliver += time.perf_counter() - started
             except _STAGE_AGAIN:
                 failures += 1
@@ -442,7 +467,7 @@ class SparkBridge:
                 self._replays += 1
             else:
                 self._batches += 1
-                self._rows += sum(manifest.rows for manifest in adopted)
+                self._rows += batch.rows
             return epoch
 
     def _deliver_table(self, stream: str, batch_id: int, table: pa.Table) -> int | None:
@@ -545,16 +570,9 @@ class SparkBridge:
         return delivered
 
 
-#: What makes the bridge stage a micro-batch again: the graph failed (and recovered), or the
-#: coordinator's run changed under the staging (its recovery may have deleted the files).
-_STAGE_AGAIN = (
-    ActorFailedError,
-    ActorGoneError,
-    CoordinatorAbortedError,
-    ExecutorStagingError,
-    StagedBatchMissingError,
-    StaleStagingError,
-)
+#: What makes the bridge stage a micro-batch again: the graph failed (and recovered: its
+#: epoch and the committable are gone; its recovery may have deleted the files too).
+_STAGE_AGAIN = (ActorFailedError, ActorGoneError, CoordinatorAbortedError, ExecutorStagingError)
 
 
 def _check_write_on(write_on: object) -> str:

@@ -11,7 +11,7 @@ attempt per partition; the files of failed, retried and speculative attempts sta
 own attempt directories and are deleted by the driver's adoption or the committer's recovery.
 
 How the bridge puts it together, and the mapping of seed 000's rules onto partitions, is in
-:mod:`barrierflow.spark_bridge.bridge` and :mod:`barrierflow.actors.sinks.coordinator.staged`.
+:mod:`barrierflow.spark_bridge.bridge` and :mod:`barrierflow.actors.sinks.committables`.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ from barrierflow.actors.backfill.snapshot_progress import SnapshotPhase, Snapsho
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
-from barrierflow.channels.messages import Message
+from barrierflow.channels.messages import Committable, Message
 from barrierflow.channels.mutation import check_rate
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.inputs import Messages
@@ -306,7 +306,11 @@ class SnapshotBackfill(StreamActor):
 
     async def _on_upstream(self, ctx: ActorContext, table: StateTable, message: Message) -> None:
         """While backfilling: a barrier is passed (after what the lag rule asks); chunks and
-        watermarks are dropped (their epochs are read back from the change log)."""
+        watermarks are dropped (their epochs are read back from the change log); a committable
+        (work staged for a sink downstream, polled here) is passed on as it is."""
+        if isinstance(message, Committable):
+            await ctx.emit(message)
+            return
         if not isinstance(message, Barrier):
             return
         progress = self.progress

@@ -26,8 +26,8 @@ __all__ = [
     "SinkRecordsOrderError",
     "SinkRecoveryError",
     "SinkWriterInputError",
-    "StagedBatchMissingError",
-    "StaleStagingError",
+    "StagedFilesGoneError",
+    "TableCommitFailedError",
     "UnexpectedWriterRequestError",
 ]
 
@@ -356,42 +356,67 @@ class PartitionCoverageError(ProtocolError):
 
 
 @final
-class StaleStagingError(SinkError):
-    """Files staged on executors were handed to a coordinator run that started after the
-    staging began: that run's recovery may have deleted them, so the batch is staged again.
+class StagedFilesGoneError(SinkError):
+    """A committable reached its sink's writer, but a file it names is gone: the coordinator's
+    recovery cleaned the staging area between the staging and the delivery (the files were
+    staged while the graph recovered). The epoch fails, and the bridge stages the batch again.
 
     Attributes:
         sink: the sink's name.
-        staged_in, current: the coordinator runs (generations) of the staging and now.
+        batch: the micro-batch (``"<position key>#<batch id>"``).
+        path: the first missing file.
     """
 
-    def __init__(self, sink: str, staged_in: int, current: int) -> None:
+    def __init__(self, sink: str, batch: str, path: str) -> None:
         self.sink = sink
-        self.staged_in = staged_in
-        self.current = current
+        self.batch = batch
+        self.path = path
         super().__init__(
-            f"sink {sink!r}: expected staged files from coordinator run {current}, got files "
-            f"staged during run {staged_in}; stage the batch again"
+            f"sink {sink!r}: expected the files staged for {batch} to exist, but {path} is gone "
+            "(a recovery cleaned the staging area meanwhile); the batch is staged again"
         )
 
 
 @final
-class StagedBatchMissingError(SinkError):
-    """An epoch reaches a micro-batch that is written on Spark executors, but the coordinator
-    holds no files staged for it: committing the epoch would lose the batch's rows.
+class TableCommitFailedError(SinkError):
+    """A table's commit of an epoch failed for good: the table said so (the committer
+    returned :class:`~barrierflow.actors.sinks.table.Failed`: the table is gone, its schema
+    conflicts, a permission is missing), or it kept failing for a reason that might have
+    passed (:class:`~barrierflow.actors.sinks.table.RetryLater`, or an unclassified error)
+    for longer than the coordinator's ``commit_retry_timeout``.
+
+    The coordinator fails with it, which fails the pipeline: no writer is acknowledged after
+    it, so a table that can no longer commit stops the run instead of one that looks alive and
+    never commits again. The epoch stays pending in the meta store: once the cause is fixed,
+    a restart commits it.
 
     Attributes:
-        sink, epoch: where.
-        key: the position key (``"<source>/<stream>"``).
-        batches: the batch ids with no staged files.
+        sink: the sink's name (the table's, as declared with ``add_sink``).
+        epoch: the epoch whose commit failed.
+        cause: what the commit failed with (also ``__cause__``).
+        retry_timeout: ``None`` when the table said the failure is permanent; else the retry
+            bound, in seconds, that ran out.
     """
 
-    def __init__(self, sink: str, epoch: int, key: str, batches: Iterable[int]) -> None:
+    def __init__(
+        self, sink: str, epoch: int, cause: BaseException, retry_timeout: float | None = None
+    ) -> None:
         self.sink = sink
         self.epoch = epoch
-        self.key = key
-        self.batches = sorted(batches)
-        super().__init__(
-            f"sink {sink!r}: epoch {epoch} reaches batches {self.batches} of {key!r}, but "
-            "expected their files staged on executors first; the bridge stages them again"
+        self.cause = cause
+        self.retry_timeout = retry_timeout
+        why = (
+            "permanently (the table says retrying will not help)"
+            if retry_timeout is None
+            else f"after retrying for {retry_timeout:g} s (commit_retry_timeout ran out)"
         )
+        detail = " ".join(f"{type(cause).__name__}: {cause}".split())
+        super().__init__(
+            f"sink {sink!r}: expected the table to commit epoch {epoch}, got a failure {why}: "
+            f"{detail}"
+        )
+
+    @property
+    def permanent(self) -> bool:
+        """Whether the table classified the failure as permanent (not a retry bound)."""
+        return self.retry_timeout is None

@@ -24,6 +24,12 @@ the ``curr`` epoch of the barrier that opened it:
    between never exposes rows that recovery replays: the coordinator aborts what was not
    durable, commits what was.
 
+Committables: a :class:`~barrierflow.channels.messages.Committable` for this writer's sink (a
+micro-batch Spark tasks staged, see :mod:`barrierflow.actors.sinks.committables`) joins the
+open epoch: its files exist (checked, or the epoch fails with
+:class:`~barrierflow.errors.StagedFilesGoneError`) and go to the coordinator with the epoch's
+manifest. One for another sink is passed on.
+
 Failures: a failed stage discards the open epoch and fails the writer; the runtime's
 supervision or recovery takes over from there. Rescaling: a barrier carrying ``Update`` with a
 new bitmap for the writer re-registers it; one dropping it makes it leave the coordinator.
@@ -45,11 +51,13 @@ import anyio
 import numpy as np
 import pyarrow as pa
 
+from barrierflow.actors.sinks.committables import StagedBatch
 from barrierflow.actors.sinks.coordinator import Coordinator, WriterHandle
 from barrierflow.actors.sinks.errors import (
     CoordinatorMissingError,
     DuplicateWriterError,
     SinkWriterInputError,
+    StagedFilesGoneError,
 )
 from barrierflow.actors.sinks.metrics import writer_families
 from barrierflow.actors.sinks.positions import table_commits
@@ -66,6 +74,7 @@ from barrierflow.actors.sinks.table import PathChecked, StagingWriter
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.messages import Committable
 from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.actor import ActorContext, StreamActor
@@ -106,6 +115,7 @@ class SinkWriter(StreamActor):
     _line: WriterHandle | None  # this writer's line to the coordinator (None: it left)
     _rewind: int | None  # the rewind epoch the coordinator started it with (None: fresh)
     _last_checkpoint: int  # the last checkpoint whose manifest the coordinator acknowledged
+    _staged: list[StagedBatch]  # batches staged outside the graph that joined the open epoch
 
     def __init__(
         self,
@@ -223,6 +233,7 @@ class SinkWriter(StreamActor):
     async def run(self, ctx: ActorContext) -> None:
         """Join the coordinator, then stage every message's rows and follow its barriers."""
         self._open, self._first_barrier, self._last_checkpoint = None, True, 0
+        self._staged = []
         writer, self._prepared = self._writer_now(), None
         self._actor = ctx.name  # its metrics' label
         await self._join(ctx)
@@ -270,12 +281,34 @@ class SinkWriter(StreamActor):
         await self._line.stop()
 
     async def _consume(self, ctx: ActorContext, handle: SinkTaskHandle) -> None:
-        async for message in ctx.messages():
+        async for message in ctx.messages(committables=True):
             if isinstance(message, Chunk):
                 await self._write(ctx, handle, message)
             elif isinstance(message, Barrier):
                 await self._on_barrier(ctx, handle, message)
+            elif isinstance(message, Committable):
+                await self._take(ctx, message)
             # Watermarks mean nothing to a sink.
+
+    async def _take(self, ctx: ActorContext, message: Committable) -> None:
+        """A committable joins the open epoch if it is for this sink; else it is passed on."""
+        sink = self._coordinator.sink
+        if message.sink != sink:
+            await ctx.emit(message)
+            return
+        batch = message.payload
+        if not isinstance(batch, StagedBatch):
+            raise SinkWriterInputError(
+                ctx.name, "committables whose payload is a StagedBatch", type(batch).__name__
+            )
+        if self._open is None:
+            raise SinkWriterInputError(
+                ctx.name, "a barrier to begin an epoch before committables", batch.label
+            )
+        missing = await anyio.to_thread.run_sync(batch.missing_file)
+        if missing is not None:
+            raise StagedFilesGoneError(sink, batch.label, missing)
+        self._staged.append(batch)
 
     async def _write(self, ctx: ActorContext, handle: SinkTaskHandle, chunk: Chunk) -> None:
         if chunk.cardinality == 0:
@@ -329,13 +362,15 @@ class SinkWriter(StreamActor):
             )
             # Acknowledged only once every writer's part of the epoch is in and recorded as
             # pending: the checkpoint cannot become durable without that record.
-            await line.commit(barrier.epoch.prev, manifest)
+            staged, self._staged = tuple(self._staged), []
+            await line.commit(barrier.epoch.prev, manifest, staged)
             self._last_checkpoint = barrier.epoch.prev
         await ctx.emit(barrier)
         if barrier.is_stop(ctx.actor_id):
             if self._open is not None:
                 await handle.discard(self._open)
                 self._open = None
+                self._staged = []  # their files go with the epoch; the producer stages again
             if line is not None and isinstance(barrier.mutation, Update):
                 # Dropped by a rescale: leave now, so the coordinator can realign the others
                 # (waiting for a commit here would wait on that realignment).

@@ -22,6 +22,7 @@ from barrierflow.actors.sources.errors import BatchOrderError, FeedSharedError
 from barrierflow.channels.channel import SendChannel
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import ChannelBrokenError, ChannelClosedError, InvalidArgumentError
+from barrierflow.channels.messages import Committable
 from barrierflow.channels.schema import conform_schema
 from barrierflow.runtime.errors import ActorFailedError
 from barrierflow.runtime.metrics import MetricFamily, counter
@@ -258,12 +259,16 @@ class BatchFeed:
         data: pa.Table | pa.RecordBatch | Sequence[pa.RecordBatch],
         *,
         retries: int | None = None,
+        committables: Sequence[Committable] = (),
     ) -> int | None:
         """Deliver batch ``batch_id`` of ``stream`` exactly once; returns the durable
         checkpoint epoch holding it, or ``None`` if it was a replay (already durable).
 
         ``retries`` overrides the feed's for this call (``0``: a caller that must redo work
         of its own before a batch is delivered again, such as staging it on Spark executors).
+        ``committables`` travel with the batch's rows, before its end mark: work staged outside
+        the graph for a sink (a batch's files staged on Spark executors), committed by the
+        epoch that holds the batch.
 
         Raises:
             SchemaMismatchError: ``data`` does not have the feed's schema (nothing delivered).
@@ -278,6 +283,9 @@ class BatchFeed:
                 raise InvalidArgumentError("data", "a Table, RecordBatch or RecordBatches", data)
             data = pa.Table.from_batches(list(data), schema=self.schema)
         table = conform_schema(data, self.schema, f"batch {batch_id} of stream {stream!r}")
+        committables = tuple(committables)
+        if not all(isinstance(c, Committable) for c in committables):
+            raise InvalidArgumentError("committables", "a sequence of Committable", committables)
         if retries is None:
             retries = self.retries
         elif type(retries) is not int or retries < 0:
@@ -302,7 +310,7 @@ class BatchFeed:
                             self._unconfirmed.discard(stream)
                         self._replays += 1
                         return None
-                    epoch = await self._deliver_once(runtime, stream, batch_id, table)
+                    epoch = await self._deliver_once(runtime, stream, batch_id, table, committables)
                 except (ActorFailedError, _SourceGoneError) as exc:
                     attempt += 1
                     if attempt <= retries:
@@ -317,7 +325,12 @@ class BatchFeed:
                 return epoch
 
     async def _deliver_once(
-        self, runtime: Runtime, stream: str, batch_id: int, table: pa.Table
+        self,
+        runtime: Runtime,
+        stream: str,
+        batch_id: int,
+        table: pa.Table,
+        committables: tuple[Committable, ...],
     ) -> int:
         send = await self._channel(runtime)
         blocked = send.statistics().blocked_seconds
@@ -327,6 +340,9 @@ class BatchFeed:
                 if batch.num_rows:
                     await send.send(Chunk(batch))
                     sent = True
+            for committable in committables:
+                await send.send(committable)
+                sent = True
             await send.send(BatchEnd(stream, batch_id))
             self._last[stream] = batch_id
             self._unconfirmed.add(stream)

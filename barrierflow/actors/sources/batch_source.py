@@ -54,7 +54,7 @@ from barrierflow.actors.sources.errors import BatchAbortedError, FeedBypassedErr
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.channel import ReceiveChannel, SendChannel, create_channel
 from barrierflow.channels.chunk import Chunk
-from barrierflow.channels.messages import Message
+from barrierflow.channels.messages import Committable, Message
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.positions import position_key
 from barrierflow.runtime.state.state_store import StateTable
@@ -76,8 +76,8 @@ class BatchEnd:
     batch_id: int
 
 
-#: What travels from the feed to its source: the batch's rows (and the runtime's barriers),
-#: then its end mark.
+#: What travels from the feed to its source: the batch's rows and committables (and the
+#: runtime's barriers), then its end mark.
 FeedItem = Message | BatchEnd
 
 
@@ -226,7 +226,9 @@ class BatchSource(StreamActor):
         open_batch = False
         held: list[Message] = []
         async for item in receive:
-            if isinstance(item, Chunk):
+            if isinstance(item, Chunk | Committable):
+                # A committable (work staged outside the graph for a sink) travels with its
+                # batch's rows: in the epoch that holds the batch.
                 open_batch = True
                 await ctx.emit(item)
             elif isinstance(item, BatchEnd):

@@ -24,7 +24,6 @@ serving cannot express. A run that fails answers what it took and what is still 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import Any, final
 
 import anyio
@@ -33,6 +32,7 @@ import structlog
 
 from barrierflow._sync import Notifier
 from barrierflow._taskgroups import single_error
+from barrierflow.actors.sinks.committables import check_epoch_batches
 from barrierflow.actors.sinks.coordinator.commit_queue import (
     MILLISECOND,
     CommitItem,
@@ -47,7 +47,6 @@ from barrierflow.actors.sinks.coordinator.coverage import (
     register_all,
 )
 from barrierflow.actors.sinks.coordinator.handles import (
-    AdoptStaged,
     AlignInitial,
     Commit,
     CommittedEpoch,
@@ -64,7 +63,6 @@ from barrierflow.actors.sinks.coordinator.handles import (
 from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
 from barrierflow.actors.sinks.coordinator.recovery import recover
 from barrierflow.actors.sinks.coordinator.replies import OpenReplies, abort_run, refuse
-from barrierflow.actors.sinks.coordinator.staged import ExecutorBatches
 from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats
 from barrierflow.actors.sinks.errors import (
     CommittedEpochsEndedError,
@@ -76,7 +74,7 @@ from barrierflow.actors.sinks.metrics import (
     commit_histograms,
     coordinator_families,
 )
-from barrierflow.actors.sinks.table import Committer, Manifest
+from barrierflow.actors.sinks.table import Committer
 from barrierflow.channels.channel import ReceiveChannel
 from barrierflow.channels.errors import EpochOrderError, InvalidArgumentError
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
@@ -103,6 +101,12 @@ class Coordinator:
             [0, 1); a successful commit starts it over (see
             :class:`~.commit_queue.RetryBackoff`). ``base_delay`` is at least 1 ms.
         warn_interval: seconds between warnings while one commit runs (the seed's 5 s).
+        commit_retry_timeout: seconds an epoch's failing commit is retried, from its first
+            failure, before the coordinator fails with
+            :class:`~barrierflow.errors.TableCommitFailedError` (the seed retries for ever,
+            which hides a table that can no longer commit behind writers that keep being
+            acknowledged); a warning each time the time spent retrying doubles. A committer
+            saying :class:`~barrierflow.actors.sinks.table.Failed` fails it at once.
         rng: the jitter's random source (a test may pass a seeded one).
     """
 
@@ -115,6 +119,7 @@ class Coordinator:
         base_delay: float = 0.01,
         max_delay: float = 60.0,
         warn_interval: float = 5.0,
+        commit_retry_timeout: float = 300.0,
         rng: random.Random | None = None,
     ) -> None:
         if not isinstance(sink, str) or not sink:
@@ -125,6 +130,7 @@ class Coordinator:
             ("base_delay", base_delay),
             ("max_delay", max_delay),
             ("warn_interval", warn_interval),
+            ("commit_retry_timeout", commit_retry_timeout),
         ):
             check_seconds(name, value)
         if base_delay < MILLISECOND:
@@ -141,6 +147,7 @@ class Coordinator:
         self._base_delay = float(base_delay)
         self._max_delay = float(max_delay)
         self._warn_interval = float(warn_interval)
+        self._commit_retry_timeout = float(commit_retry_timeout)
         self._rng = rng or random.Random()
         self._log = structlog.get_logger("barrierflow.coordinator").bind(sink=sink)
         # Notifiers hold an anyio.Event, which needs async context: made on first use.
@@ -148,9 +155,6 @@ class Coordinator:
         self._progress: Notifier | None = None  # an epoch was acknowledged or committed
         self._ref: ActorRef[Event] | None = None  # the inbox of the current run
         self._next_id = 0
-        self._generation = 0  # runs started
-        self._recovered: Notifier | None = None  # the current run finished its recovery
-        self._staged_keys: set[str] = set()  # position keys ever written on executors
         self._reset_run_state()
 
     @property
@@ -178,6 +182,11 @@ class Coordinator:
         """Seconds between warnings while one commit (or a round) runs."""
         return self._warn_interval
 
+    @property
+    def commit_retry_timeout(self) -> float:
+        """Seconds a failing commit is retried before the coordinator fails."""
+        return self._commit_retry_timeout
+
     def _reset_run_state(self) -> None:
         self._writers = WriterRegistry(self.sink)
         self._last_acked: int | None = None
@@ -187,8 +196,6 @@ class Coordinator:
         self._replies = OpenReplies()
         self._state_waiting: set[int] | None = None  # writers waiting for a flushed schema change
         self._queue: CommitQueue | None = None
-        self._staged = ExecutorBatches(self.sink, self._staged_keys, self._generation)
-        self._ready_for_staging = False
         self._durable = DurableMarks()  # the runtime's committed epochs, and when
 
     # The writers' side.
@@ -249,7 +256,7 @@ class Coordinator:
         """
         await (await self._running_ref()).tell(event)
 
-    async def ask(self, event: Commit | AlignInitial | AdoptStaged) -> Any:
+    async def ask(self, event: Commit | AlignInitial) -> Any:
         """Queue a writer handle's request and wait for its answer (waits for the run to
         start).
 
@@ -259,40 +266,6 @@ class Coordinator:
             Exception: the error the coordinator refused the request with.
         """
         return await (await self._running_ref()).ask(event)
-
-    async def staging_generation(self) -> int:
-        """The current coordinator run, once it has recovered (waits for that): what a
-        micro-batch staged on executors from now on is handed over with
-        (:meth:`adopt_staged`). A later run's recovery may delete what was staged meanwhile,
-        and then the hand-over is refused."""
-        while not self._ready_for_staging:
-            if self._recovered is None:
-                self._recovered = Notifier()
-            await self._recovered.wait()
-        return self._generation
-
-    async def adopt_staged(
-        self, key: str, batch: int, partitions: int, manifests: Sequence[Manifest], generation: int
-    ) -> None:
-        """Hand over batch ``batch`` of position key ``key`` (a micro-batch of ``partitions``
-        partitions) staged on Spark executors during run ``generation``: one manifest per
-        partition (see :mod:`.staged`). Returns once the coordinator holds it; the batch's end
-        mark may then be delivered.
-
-        Raises:
-            StaleStagingError: ``generation`` is not the current run.
-            PartitionCoverageError: the manifests do not name each partition exactly once.
-            InvalidArgumentError: a bad argument.
-        """
-        if not isinstance(key, str) or not key:
-            raise InvalidArgumentError("key", "a position key '<source>/<stream>'", key)
-        for name, value in (("batch", batch), ("partitions", partitions)):
-            if type(value) is not int or value < 0:
-                raise InvalidArgumentError(name, "an int >= 0", value)
-        staged = tuple(manifests)
-        if not all(isinstance(m, Manifest) for m in staged):
-            raise InvalidArgumentError("manifests", "Manifests", manifests)
-        await self.ask(AdoptStaged(key, batch, partitions, staged, generation))
 
     async def _running_ref(self) -> ActorRef[Event]:
         while self._ref is None:
@@ -331,6 +304,7 @@ class Coordinator:
             last_acked_epoch=self._last_acked or 0,
             last_committed_epoch=0 if queue is None else queue.last_committed,
             commit_failures=self._backoff.failures,
+            commit_replays=0 if queue is None else queue.replays,
             retry_delays=tuple(self._backoff.recent),
             aborted_epochs=tuple(self._aborted),
             rows_committed=0 if queue is None else queue.rows_committed,
@@ -355,7 +329,6 @@ class Coordinator:
 
     async def run(self, ctx: ServiceContext) -> None:
         """Coordinate until cancelled; on failure abort every writer handle, then raise."""
-        self._generation += 1
         self._reset_run_state()
         self._commit_seconds, self._commit_latency = commit_histograms(ctx.metrics)
         ref, receive = open_command_actor(self.actor, 1024)
@@ -376,7 +349,6 @@ class Coordinator:
             # abort_run emptied it. The ref itself is left open: writers send through it, and
             # closing it would tell a blocked one that *its* handle was closed.
             self._ref = None
-            self._ready_for_staging = False
             receive.close()
             if self._queue is not None:
                 await self._queue.mark_committed()
@@ -412,6 +384,7 @@ class Coordinator:
         queue = self._queue = CommitQueue(
             self._committer, states, ctx.committed_epoch, last_committed, self._backoff,
             self._warn_interval, self._log, self._made_progress,
+            sink=self.sink, retry_timeout=self._commit_retry_timeout,
         )  # fmt: skip
         tg.start_soon(queue.write_marks)
         for item in recovered.pending:
@@ -419,9 +392,6 @@ class Coordinator:
         await self._committer.recover(
             {item.epoch: item.metadata for item in recovered.pending if item.metadata is not None}
         )
-        self._ready_for_staging = True  # recovery cleaned the staging area: stage from now on
-        if self._recovered is not None:
-            self._recovered.notify()
         running = await register_all(self.sink, self._vnode_count, self._round_event, self._writers)
         await self._try_start(running)
         epochs = EpochRounds(self.sink, self._vnode_count)
@@ -477,14 +447,6 @@ class Coordinator:
                 self._durable.add(event.epoch, anyio.current_time())
                 self._queue.on_committed_epoch(event.epoch)
                 return None  # re-evaluate what is due
-            if isinstance(event, AdoptStaged):
-                try:
-                    self._staged.add(event)
-                except Exception as exc:
-                    event.reply.fail(exc)  # the bridge's to handle; the run goes on
-                else:
-                    event.reply.set(None)
-                continue
             self._replies.track(event)
             return event
 
@@ -547,7 +509,8 @@ class Coordinator:
                 )
         assert self._queue is not None
         manifests = [request.manifest for request in requests]
-        manifests += self._staged.claim(oldest, manifests)
+        # The batches staged outside the graph whose committables arrived in this epoch.
+        manifests += check_epoch_batches(self.sink, [b for r in requests for b in r.staged])
         await self._queue.complete(oldest, manifests, change)
         for request in requests:
             self._replies.answer(request.reply)

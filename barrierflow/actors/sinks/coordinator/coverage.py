@@ -17,7 +17,6 @@ from typing import Any, Generic, TypeVar
 import anyio
 
 from barrierflow.actors.sinks.coordinator.handles import (
-    AdoptStaged,
     AlignInitial,
     Commit,
     CommittedEpoch,
@@ -114,7 +113,7 @@ def _unexpected(sink: str, stage: str, expected: str, event: Event) -> Unexpecte
     gets it too: it would otherwise wait for an answer until the run's abort)."""
     # Committed epochs and staged batches never reach a round (the coordinator's next_event
     # absorbs them).
-    assert not isinstance(event, CommittedEpoch | AdoptStaged)
+    assert not isinstance(event, CommittedEpoch)
     error = UnexpectedWriterRequestError(
         sink, stage, expected, event_name(event), event.handle.handle_id,
         getattr(event, "epoch", None),

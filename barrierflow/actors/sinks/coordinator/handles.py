@@ -7,7 +7,8 @@ A request that is asked carries the :class:`~barrierflow._sync.OneShot` of its a
 coordinator attaches the one ``ask`` sent with it when it takes the request (see
 :func:`take`), so a coverage round that answers it later holds it with the
 request. A writer's commit request carries its
-:class:`~barrierflow.actors.sinks.table.Manifest`."""
+:class:`~barrierflow.actors.sinks.table.Manifest`, and the batches staged outside the graph
+that reached it within the epoch (:mod:`barrierflow.actors.sinks.committables`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, final
 
 from barrierflow._sync import OneShot
+from barrierflow.actors.sinks.committables import StagedBatch
 from barrierflow.actors.sinks.errors import DuplicateWriterError
 from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels.epoch import check_epoch
@@ -47,6 +49,8 @@ class Commit:
     handle: WriterHandle
     epoch: int
     manifest: Manifest
+    #: Batches staged outside the graph whose committables reached the writer in the epoch.
+    staged: tuple[StagedBatch, ...] = ()
     reply: OneShot[None] = field(default_factory=OneShot)
 
 
@@ -62,20 +66,7 @@ class CommittedEpoch:
     epoch: int
 
 
-@dataclass(slots=True)
-class AdoptStaged:
-    """A micro-batch's files staged on Spark executors (see :mod:`.staged`): one manifest per
-    partition, staged while coordinator run ``generation`` ran."""
-
-    key: str
-    batch: int
-    partitions: int
-    manifests: tuple[Manifest, ...]
-    generation: int
-    reply: OneShot[None] = field(default_factory=OneShot)
-
-
-Event = NewHandle | UpdateBitmap | StopHandle | Commit | AlignInitial | CommittedEpoch | AdoptStaged
+Event = NewHandle | UpdateBitmap | StopHandle | Commit | AlignInitial | CommittedEpoch
 
 #: What the coordinator's inbox holds: an event and, if it was asked, the reply its asker awaits.
 Inbound = tuple[Event, OneShot[Any] | None]
@@ -84,7 +75,7 @@ Inbound = tuple[Event, OneShot[Any] | None]
 def take(event: Event, reply: OneShot[Any] | None) -> Event:
     """``event`` as the coordinator takes it from its inbox: a request that was asked gets the
     reply its asker waits on (a told one keeps the reply nobody waits on)."""
-    if reply is not None and isinstance(event, Commit | AlignInitial | AdoptStaged):
+    if reply is not None and isinstance(event, Commit | AlignInitial):
         event.reply = reply
     return event
 
@@ -119,7 +110,7 @@ class CoordinatorLine(Protocol):
         """
         ...
 
-    async def ask(self, event: Commit | AlignInitial | AdoptStaged) -> Any:
+    async def ask(self, event: Commit | AlignInitial) -> Any:
         """Queue a writer's request and wait for the coordinator's answer.
 
         Raises:
@@ -180,19 +171,24 @@ class WriterHandle:
         aligned: int = await self._coordinator.ask(AlignInitial(self, epoch))
         return aligned
 
-    async def commit(self, epoch: int, manifest: Manifest) -> None:
-        """Send this writer's manifest of checkpoint ``epoch`` and wait for the
-        acknowledgement (sent once every vnode's writer sent theirs and the epoch is persisted
-        or committed).
+    async def commit(
+        self, epoch: int, manifest: Manifest, staged: tuple[StagedBatch, ...] = ()
+    ) -> None:
+        """Send this writer's manifest of checkpoint ``epoch``, with the batches ``staged``
+        outside the graph whose committables reached it in the epoch, and wait for the
+        acknowledgement (sent once every vnode's writer sent theirs and the epoch is persisted).
 
         Raises:
-            InvalidArgumentError: a bad epoch, or ``manifest`` is not a Manifest.
+            InvalidArgumentError: a bad epoch, ``manifest`` is not a Manifest, or ``staged``
+                not a tuple of StagedBatch.
         """
         check_epoch("epoch", epoch)
         if not isinstance(manifest, Manifest):
             raise InvalidArgumentError("manifest", "a Manifest", type(manifest).__name__)
+        if not isinstance(staged, tuple) or not all(isinstance(b, StagedBatch) for b in staged):
+            raise InvalidArgumentError("staged", "a tuple of StagedBatch", staged)
         self._check_open()
-        await self._coordinator.ask(Commit(self, epoch, manifest))
+        await self._coordinator.ask(Commit(self, epoch, manifest, staged))
 
     async def update_vnode_bitmap(self, bitmap: VnodeBitmap) -> None:
         """Change this writer's vnodes (rescaling); then :meth:`wait_started` again."""
