@@ -20,7 +20,7 @@ __all__ = ["EXTRAS", "MissingExtraError", "require"]
 
 #: The extras of the distribution (``pyproject.toml``'s ``[project.optional-dependencies]``)
 #: that hold a connector's package, by name.
-EXTRAS = frozenset({"iceberg", "delta", "redis", "spark", "metrics"})
+EXTRAS = frozenset({"iceberg", "delta", "redis", "spark", "metrics", "postgres"})
 
 
 @final

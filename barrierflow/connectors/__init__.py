@@ -14,6 +14,7 @@ from barrierflow.connectors.iceberg_table import open_local_catalog as open_loca
 from barrierflow.connectors.parquet_committer import ParquetCommitter as ParquetCommitter
 from barrierflow.connectors.parquet_table import ParquetTable as ParquetTable
 from barrierflow.connectors.parquet_writer import ParquetStagingWriter as ParquetStagingWriter
+from barrierflow.connectors.postgres_table import PostgresTable as PostgresTable
 from barrierflow.connectors.print_sink import PrintSink as PrintSink
 from barrierflow.connectors.redis_streams import RedisStreamLog as RedisStreamLog
 from barrierflow.connectors.redis_streams import RetryBackoff as RetryBackoff
@@ -26,6 +27,7 @@ __all__ = [
     "ParquetCommitter",
     "ParquetStagingWriter",
     "ParquetTable",
+    "PostgresTable",
     "PrintSink",
     "RedisStreamLog",
     "RetryBackoff",

