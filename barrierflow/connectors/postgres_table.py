@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, final
 
@@ -183,6 +184,7 @@ class _Worker:
     def __init__(self, spec: TableSpec) -> None:
         self.spec = spec
         self.connection: Connection | None = None
+        self._closer: weakref.finalize[Any, Any] | None = None
         self._limiter: anyio.CapacityLimiter | None = None
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -194,13 +196,18 @@ class _Worker:
         """The connection, (re)opened if it is missing or broken (the server restarted)."""
         connection = self.connection
         if connection is None or connection.closed or connection.broken:
-            if connection is not None:
-                connection.close()
+            self.close()
             self.connection = connection = connect(self.spec)
+            # A committer has no close in its protocol: its connection is closed when it is
+            # collected, not left to warn.
+            self._closer = weakref.finalize(self, connection.close)
         return connection
 
     def close(self) -> None:
         connection, self.connection = self.connection, None
+        if self._closer is not None:
+            self._closer.detach()
+            self._closer = None
         if connection is not None:
             connection.close()  # the server rolls back an open transaction; prepared stay
 

@@ -1,0 +1,335 @@
+"""PostgresTable on a real PostgreSQL server: the commit protocol with crash steps, a pipeline
+of four writers, recovery by ``pg_prepared_xacts``, a server killed mid-epoch, a permanent
+commit failure, the schema check at declaration and upsert by key.
+
+Each test keeps to its own table (``postgres_server.unique_name()``) on the session's server.
+The crash steps' children build their tables with :func:`conformance_table` (importable by
+name: ``tests/`` is on the path the suite hands them), reaching the table the test names in
+:data:`DSN_ENV` and :data:`TABLE_ENV`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import anyio
+import psycopg
+import psycopg.errors
+import pyarrow as pa
+import pytest
+from _timeouts import scaled
+
+from barrierflow.actors import add_sink
+from barrierflow.actors.sinks.table import (
+    AlreadyCommitted,
+    Committed,
+    Failed,
+    Manifest,
+    RetryLater,
+)
+from barrierflow.channels import Chunk
+from barrierflow.connectors import PostgresTable
+from barrierflow.connectors._postgres_sql import classify
+from barrierflow.errors import (
+    ActorFailedError,
+    PostgresSchemaMismatchError,
+    SinkRecoveryError,
+    TableCommitFailedError,
+)
+from barrierflow.runtime import Fanout, Runtime, RuntimeConfig
+from barrierflow.testing import PostgresServer, check_table
+
+DSN_ENV = "BARRIERFLOW_TEST_POSTGRES_DSN"
+TABLE_ENV = "BARRIERFLOW_TEST_POSTGRES_TABLE"
+
+SCHEMA = pa.schema([("id", pa.int64())])
+KEYED = pa.schema([("id", pa.int64()), ("v", pa.string())])
+
+
+def conformance_table() -> PostgresTable:
+    """The table the crash steps' children build (and this process, as after a restart)."""
+    return PostgresTable(os.environ[DSN_ENV], os.environ[TABLE_ENV], SCHEMA)
+
+
+def conformance_ids() -> list[int]:
+    """The ids a reader of that table sees now."""
+    return select(os.environ[DSN_ENV], f'SELECT id FROM "{os.environ[TABLE_ENV]}"')
+
+
+def select(dsn: str, query: str, *params: Any) -> list[Any]:
+    """The first column of ``query``'s rows, read by a plain psycopg connection."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        return [row[0] for row in connection.execute(query, params).fetchall()]
+
+
+def execute(dsn: str, statement: str) -> None:
+    """Run ``statement`` (no result) on a plain psycopg connection."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(statement)  # type: ignore[call-overload]  # a test's own SQL
+
+
+def prepared(dsn: str, table: str) -> list[str]:
+    """The gids of the prepared transactions of the sink writing ``table``."""
+    return select(
+        dsn, "SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, %s)", f"bf:public.{table}:"
+    )
+
+
+def ids(rows: list[int]) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(rows, pa.int64())], schema=SCHEMA)
+
+
+async def staged(table: PostgresTable, writer: str, epoch: int, rows: list[int]) -> Manifest:
+    w = table.writer(writer)
+    await w.open()
+    await w.begin(epoch)
+    await w.write(ids(rows))
+    manifest = await w.stage(epoch)
+    await w.close()
+    return manifest
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+@pytest.mark.subprocess  # the crash steps fork children
+async def test_postgres_table_keeps_the_commit_protocol_through_crashes(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(DSN_ENV, postgres_server.dsn)
+    monkeypatch.setenv(TABLE_ENV, postgres_server.unique_name())
+    report = await check_table(conformance_table, conformance_ids, crash_steps=True)
+    report.raise_for_failures()
+    assert len(report.results) == 20  # the in-process rules and every crash rule ran
+    assert prepared(postgres_server.dsn, os.environ[TABLE_ENV]) == []
+
+
+def build(dsn: str, table: str, state: str) -> tuple[Runtime, Any]:
+    rt = Runtime(RuntimeConfig(state_path=state, barrier_interval=3600.0))
+    rt.add_source("src", fanout=Fanout("hash", ("id",)), schema=SCHEMA)
+    sink = add_sink(rt, "pg", PostgresTable(dsn, table, SCHEMA), input="src", parallelism=4)
+    return rt, sink
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_four_writers_commit_every_row_exactly_once_across_a_restart(
+    postgres_server: PostgresServer, tmp_path: Any
+) -> None:
+    dsn, table = postgres_server.dsn, postgres_server.unique_name()
+    state = str(tmp_path / "state.db")
+    rt, sink = build(dsn, table, state)
+    async with rt:
+        for start in range(0, 400, 100):
+            await rt.push("src", Chunk(ids(list(range(start, start + 100)))))
+            epoch = await rt.checkpoint()
+            with anyio.fail_after(scaled(20)):
+                await sink.coordinator.wait_committed(epoch)
+        # Every writer's share of each epoch was its own prepared transaction.
+        assert sorted(select(dsn, f'SELECT id FROM "{table}"')) == list(range(400))
+        await rt.push("src", Chunk(ids(list(range(400, 450)))))
+    rt, sink = build(dsn, table, state)
+    async with rt:
+        await rt.push("src", Chunk(ids(list(range(450, 500)))))
+        epoch = await rt.checkpoint()
+        with anyio.fail_after(scaled(20)):
+            await sink.coordinator.wait_committed(epoch)
+    assert sorted(select(dsn, f'SELECT id FROM "{table}"')) == list(range(500))
+    assert prepared(dsn, table) == []
+    marker = select(dsn, "SELECT epoch FROM bf_sink_commits WHERE sink = %s", f"public.{table}")
+    assert marker == [epoch]
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_recovery_commits_the_pending_epoch_and_rolls_back_the_unknown_one(
+    postgres_server: PostgresServer,
+) -> None:
+    dsn, name = postgres_server.dsn, postgres_server.unique_name()
+    table = PostgresTable(dsn, name, SCHEMA)
+    committer = table.committer()
+    await committer.recover({})
+    pending = await committer.prepare(
+        5, [await staged(table, "0", 5, [1, 2]), await staged(table, "1", 5, [3])]
+    )
+    # Epoch 6 was prepared by its writers but never reached the meta store.
+    await committer.prepare(6, [await staged(table, "0", 6, [4]), await staged(table, "1", 6, [5])])
+    assert pending is not None
+    assert len(prepared(dsn, name)) == 4
+    restarted = PostgresTable(dsn, name, SCHEMA).committer()
+    await restarted.recover({5: pending})
+    assert sorted(prepared(dsn, name)) == sorted(pending["gids"])
+    assert await restarted.commit(5, pending) == Committed()
+    assert await restarted.commit(5, pending) == AlreadyCommitted()
+    assert sorted(select(dsn, f'SELECT id FROM "{name}"')) == [1, 2, 3]
+    assert prepared(dsn, name) == []
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_a_server_killed_mid_epoch_keeps_prepared_epochs_and_loses_the_open_one(
+    postgres_restartable: PostgresServer,
+) -> None:
+    server = postgres_restartable
+    dsn, name = server.dsn, server.unique_name()
+    table = PostgresTable(dsn, name, SCHEMA)
+    committer = table.committer()
+    await committer.recover({})
+    writer = table.writer("0")
+    await writer.open()
+    await writer.begin(1)
+    await writer.write(ids([1, 2]))
+    metadata = await committer.prepare(1, [await writer.stage(1)])
+    assert metadata is not None
+    await writer.begin(2)
+    await writer.write(ids([3]))
+    await writer.flush()  # epoch 2's rows are in an open transaction when the server dies
+    await anyio.to_thread.run_sync(server.stop)
+    outcome = await committer.commit(1, metadata)
+    assert isinstance(outcome, RetryLater)  # the coordinator retries after its backoff
+    await anyio.to_thread.run_sync(server.start)
+    with pytest.raises(psycopg.OperationalError):
+        await writer.stage(2)  # its transaction died with the server: the epoch is replayed
+    await writer.discard(2)
+    await writer.begin(2)
+    await writer.write(ids([3]))
+    replayed = await committer.prepare(2, [await writer.stage(2)])
+    await writer.close()
+    assert replayed is not None
+    assert await committer.commit(1, metadata) == Committed()
+    assert await committer.commit(2, replayed) == Committed()
+    assert sorted(select(dsn, f'SELECT id FROM "{name}"')) == [1, 2, 3]
+    assert prepared(dsn, name) == []
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_a_commit_whose_marker_table_was_dropped_fails_for_good(
+    postgres_server: PostgresServer,
+) -> None:
+    dsn, name = postgres_server.dsn, postgres_server.unique_name()
+    table = PostgresTable(dsn, name, SCHEMA, db_schema=name)  # its own marker tables
+    committer = table.committer()
+    await committer.recover({})
+    metadata = await committer.prepare(3, [await staged(table, "0", 3, [7])])
+    assert metadata is not None
+    execute(dsn, f'DROP TABLE "{name}".bf_sink_commits')
+    outcome = await committer.commit(3, metadata)
+    assert isinstance(outcome, Failed)
+    assert isinstance(outcome.cause, psycopg.errors.UndefinedTable)
+    # Refused before anything became visible: the epoch stays prepared for a restart.
+    assert select(dsn, f'SELECT id FROM "{name}"."{name}"') == []
+    restarted = PostgresTable(dsn, name, SCHEMA, db_schema=name).committer()
+    await restarted.recover({3: metadata})  # the marker table is declared again
+    assert await restarted.commit(3, metadata) == Committed()
+    assert select(dsn, f'SELECT id FROM "{name}"."{name}"') == [7]
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_a_commit_on_a_dropped_marker_table_fails_the_pipeline(
+    postgres_server: PostgresServer, tmp_path: Any
+) -> None:
+    dsn, name = postgres_server.dsn, postgres_server.unique_name()
+    rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600.0))
+    rt.add_source("src", schema=SCHEMA)
+    sink = add_sink(rt, "pg", PostgresTable(dsn, name, SCHEMA, db_schema=name), input="src")
+    drop = f'DROP TABLE "{name}".bf_sink_commits'
+    with anyio.fail_after(scaled(30)), pytest.raises(ActorFailedError) as info:
+        async with rt:
+            await rt.push("src", Chunk(ids([1])))
+            await sink.coordinator.wait_committed(await rt.checkpoint())
+            await anyio.to_thread.run_sync(execute, dsn, drop)
+            await rt.push("src", Chunk(ids([2])))
+            failed = await rt.checkpoint()  # durable: its commit finds no marker table
+            await anyio.sleep_forever()  # the runtime fails and cancels this
+    assert info.value.actor == "pg.coordinator"
+    error = info.value.cause
+    assert isinstance(error, TableCommitFailedError)
+    assert (error.sink, error.epoch, error.permanent) == ("pg", failed, True)
+    assert isinstance(error.cause, psycopg.errors.UndefinedTable)
+    assert select(dsn, f'SELECT id FROM "{name}"."{name}"') == [1]
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_a_prepared_transaction_lost_outside_barrierflow_fails_the_commit(
+    postgres_server: PostgresServer,
+) -> None:
+    dsn, name = postgres_server.dsn, postgres_server.unique_name()
+    table = PostgresTable(dsn, name, SCHEMA)
+    committer = table.committer()
+    await committer.recover({})
+    metadata = await committer.prepare(
+        4, [await staged(table, "0", 4, [1]), await staged(table, "1", 4, [2])]
+    )
+    assert metadata is not None
+    execute(dsn, f"ROLLBACK PREPARED '{metadata['gids'][1]}'")
+    outcome = await committer.commit(4, metadata)
+    assert isinstance(outcome, Failed)
+    assert isinstance(outcome.cause, SinkRecoveryError)
+    assert select(dsn, f'SELECT id FROM "{name}"') == []  # no writer's rows went in
+
+
+@pytest.mark.postgres
+def test_an_existing_table_of_another_column_type_is_refused_at_declaration(
+    postgres_server: PostgresServer,
+) -> None:
+    dsn, name = postgres_server.dsn, postgres_server.unique_name()
+    execute(dsn, f'CREATE TABLE "{name}" (id text, v text)')
+    with pytest.raises(PostgresSchemaMismatchError) as info:
+        PostgresTable(dsn, name, SCHEMA)
+    assert (info.value.column, info.value.table_has, info.value.schema_wants) == (
+        "id",
+        "text",
+        "bigint",
+    )
+    with pytest.raises(PostgresSchemaMismatchError) as missing:
+        PostgresTable(dsn, name, pa.schema([("v", pa.string()), ("w", pa.int32())]))
+    assert (missing.value.column, missing.value.table_has) == ("w", "no such column")
+    with pytest.raises(PostgresSchemaMismatchError) as keyless:
+        PostgresTable(dsn, name, pa.schema([("v", pa.string())]), key=["v"])
+    assert keyless.value.column == "v"
+    assert keyless.value.schema_wants == "a primary key or unique index on the upsert key"
+    PostgresTable(dsn, name, pa.schema([("v", pa.string())]))  # a fitting subset is fine
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_upsert_by_key_keeps_the_last_row_of_each_key(
+    postgres_server: PostgresServer,
+) -> None:
+    dsn, name = postgres_server.dsn, postgres_server.unique_name()
+    table = PostgresTable(dsn, name, KEYED, key=("id",), batch_rows=2)
+    committer = table.committer()
+    await committer.recover({})
+    writer = table.writer("0")
+    await writer.open()
+
+    async def epoch(number: int, rows: list[tuple[int, str]]) -> None:
+        await writer.begin(number)
+        for key, value in rows:  # one batch per row: copied in several rounds
+            await writer.write(pa.record_batch([[key], [value]], schema=KEYED))
+        metadata = await committer.prepare(number, [await writer.stage(number)])
+        assert metadata is not None
+        assert await committer.commit(number, metadata) == Committed()
+
+    await epoch(1, [(1, "a"), (2, "b"), (1, "c")])
+    await epoch(2, [(2, "d"), (3, "e")])
+    await writer.close()
+    with psycopg.connect(dsn) as connection:
+        rows = connection.execute(f'SELECT id, v FROM "{name}" ORDER BY id').fetchall()
+    assert rows == [(1, "c"), (2, "d"), (3, "e")]
+    assert prepared(dsn, name) == []
+
+
+def test_commit_errors_are_classified_by_sqlstate() -> None:
+    assert isinstance(classify(psycopg.errors.UndefinedTable("gone")), Failed)
+    assert isinstance(classify(psycopg.errors.InsufficientPrivilege("no")), Failed)
+    assert isinstance(classify(psycopg.errors.NumericValueOutOfRange("big")), Failed)
+    assert isinstance(classify(psycopg.errors.SerializationFailure("race")), RetryLater)
+    assert isinstance(classify(psycopg.errors.DeadlockDetected("cycle")), RetryLater)
+    assert isinstance(classify(psycopg.errors.AdminShutdown("bye")), RetryLater)
+    assert isinstance(classify(psycopg.OperationalError("connection refused")), RetryLater)
+    assert isinstance(classify(ConnectionResetError()), RetryLater)
+    assert classify(ValueError("not the database's")) is None
