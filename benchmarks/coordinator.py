@@ -31,7 +31,8 @@ import anyio
 import numpy as np
 import pyarrow as pa
 
-from barrierflow.actors import Coordinator, Manifest, SinkWriter, StagedFile
+from barrierflow.actors import Coordinator, Manifest, StagedFile
+from barrierflow.actors.sinks.sink_writer import SinkWriter
 from barrierflow.actors.sinks.table import CommitMetadata
 from barrierflow.channels import Chunk, VnodeBitmap
 from barrierflow.connectors import IcebergTable, open_local_catalog
@@ -158,8 +159,6 @@ def coordinator_iceberg_rows_per_s(settings: Settings) -> dict[str, Any]:
 
 
 class _NoopCommitter:
-    two_phase = True
-
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         await anyio.lowlevel.checkpoint()
 

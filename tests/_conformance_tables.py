@@ -134,8 +134,6 @@ class JsonCommitter:
     committed marker too) and deletes it; ``recover`` deletes every staged file no pending
     epoch references."""
 
-    two_phase = True
-
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         keep = {path for metadata in pending.values() for path in metadata["paths"]}
         for path in (_root() / "staging").glob("*/*.json"):

@@ -11,10 +11,10 @@ import pyarrow.dataset as ds
 import pytest
 from _timeouts import scaled
 
-from barrierflow import GraphError, InvalidArgumentError
 from barrierflow.actors import Coordinator, add_sink
 from barrierflow.channels import Chunk, Message
 from barrierflow.connectors import ParquetTable
+from barrierflow.errors import GraphError, InvalidArgumentError
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
 from barrierflow.testing import ListTable
 
@@ -94,7 +94,13 @@ async def test_add_sink_with_one_writer_declares_its_coordinator_too(tmp_path: P
     assert sink.writers == ("out",)
     assert isinstance(sink.coordinator, Coordinator)
     assert sink.coordinator.sink == "out"
+    assert sink.coordinator.commit_retry_timeout == 300.0  # the coordinator's default
     assert rt.name_in_use("out.coordinator")
+    bounded = add_sink(
+        rt, "bounded", ParquetTable(tmp_path / "b", SCHEMA), input="events",
+        commit_retry_timeout=12.5,
+    )  # fmt: skip
+    assert bounded.coordinator.commit_retry_timeout == 12.5
     with anyio.fail_after(scaled(30)):
         async with rt:
             await rt.push("events", chunk(1, 2, 3))
@@ -194,6 +200,9 @@ def test_add_sink_rejects_bad_input(tmp_path: Path) -> None:
     with pytest.raises(GraphError) as bad_parallelism:
         add_sink(rt, "out", table, input="events", parallelism=0)
     assert bad_parallelism.value.argument == "parallelism"
+    with pytest.raises(InvalidArgumentError) as bad_bound:
+        add_sink(rt, "out", table, input="events", commit_retry_timeout=0)
+    assert bad_bound.value.argument == "commit_retry_timeout"
     with pytest.raises(InvalidArgumentError) as writer_option:
         ParquetTable(tmp_path / "t", SCHEMA, writer="0")
     assert writer_option.value.argument == "options"

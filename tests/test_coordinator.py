@@ -25,11 +25,19 @@ from _timeouts import scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from barrierflow.actors.sinks import SinkState, SinkStateRecord, SinkStates
-from barrierflow.actors.sinks.coordinator import Coordinator, WriterHandle
 from barrierflow.actors.sinks.coordinator.commit_queue import RECENT_DELAYS, RetryBackoff
+from barrierflow.actors.sinks.coordinator.coordinator import Coordinator
+from barrierflow.actors.sinks.coordinator.handles import WriterHandle
+from barrierflow.actors.sinks.coordinator.meta_store import SinkState, SinkStateRecord, SinkStates
 from barrierflow.actors.sinks.errors import CommittedEpochsEndedError
-from barrierflow.actors.sinks.table import Committer, Manifest
+from barrierflow.actors.sinks.table import (
+    AlreadyCommitted,
+    CommitOutcome,
+    Committed,
+    Committer,
+    Failed,
+    Manifest,
+)
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import (
     ActorGoneError,
@@ -39,6 +47,7 @@ from barrierflow.errors import (
     InvalidArgumentError,
     ProtocolError,
     SchemaChangeMismatchError,
+    TableCommitFailedError,
     UnexpectedWriterRequestError,
 )
 from barrierflow.runtime.service import ServiceContext
@@ -65,8 +74,7 @@ class FakeCommitter:
     is skipped (``committed`` lists the commits that took effect).
     """
 
-    def __init__(self, *, two_phase: bool = True, store: StateStore | None = None) -> None:
-        self._two_phase = two_phase
+    def __init__(self, *, store: StateStore | None = None) -> None:
         self.store = store
         self.calls: list[tuple[Any, ...]] = []
         self.committed: list[int] = []
@@ -74,13 +82,12 @@ class FakeCommitter:
         self.durable_at_commit: list[tuple[int, int]] = []
         self.fail_commits = 0
         self.fail_prepare: BaseException | None = None
-        self.fail_single_phase: BaseException | None = None  # fails the coordinator
+        #: A commit then says Failed(cause): the coordinator fails.
+        self.fail_for_good: BaseException | None = None
+        #: What a commit that took effect returns (``None``: an old-style committer).
+        self.went_through: CommitOutcome | None = Committed()
         self.gate: anyio.Event | None = None
         self._changed = anyio.Event()
-
-    @property
-    def two_phase(self) -> bool:
-        return self._two_phase
 
     def _record(self, *call: Any) -> None:
         self.calls.append(call)
@@ -115,22 +122,25 @@ class FakeCommitter:
             metadata["schema_change"] = change
         return metadata
 
-    async def commit(self, epoch: int, metadata: Mapping[str, Any]) -> None:
+    async def commit(self, epoch: int, metadata: Mapping[str, Any]) -> CommitOutcome | None:
         data = {k: v for k, v in metadata.items() if k != "schema_change"}
         self._record("commit", epoch, data, metadata.get("schema_change"))
         if self.store is not None:
             self.durable_at_commit.append((epoch, self.store.committed_epoch))
         if self.gate is not None:
             await self.gate.wait()
-        if self.fail_single_phase is not None:
-            raise self.fail_single_phase
+        if self.fail_for_good is not None:
+            self._record("commit_failed", epoch)
+            return Failed(self.fail_for_good)
         if self.fail_commits > 0:
             self.fail_commits -= 1
             self._record("commit_failed", epoch)
             raise CommitFailedError(f"commit of epoch {epoch} failed")
-        if not self.committed or epoch > self.committed[-1]:
+        replay = bool(self.committed) and epoch <= self.committed[-1]
+        if not replay:
             self.committed.append(epoch)
         self._record("committed", epoch)
+        return AlreadyCommitted() if replay else self.went_through
 
     async def abort(self, epoch: int, metadata: Any) -> None:
         self._record("abort", epoch, metadata)
@@ -455,10 +465,9 @@ async def write_records(store: StateStore, records: list[tuple[int, str]]) -> No
 # Per epoch.
 
 
-@pytest.mark.parametrize("two_phase", [True, False], ids=["two-phase", "single-phase"])
-async def test_only_the_oldest_pending_epoch_completes(tmp_path: Path, two_phase: bool) -> None:
+async def test_only_the_oldest_pending_epoch_completes(tmp_path: Path) -> None:
     async with await StateStore.open(tmp_path / "state.db") as store:
-        committer = FakeCommitter(two_phase=two_phase)
+        committer = FakeCommitter()
         coordinator = make(committer)
         first_call = "prepare"
         async with anyio.create_task_group() as tg:
@@ -686,6 +695,8 @@ async def test_align_initial_epoch_after_init_is_an_unexpected_request(tmp_path:
         ({"vnode_count": 0}, "an int in 1..32768"),
         ({"vnode_count": 256.0}, "an int in 1..32768"),
         ({"rng": 42}, "None or a random.Random"),
+        ({"commit_retry_timeout": 0}, "a finite number of seconds > 0"),
+        ({"commit_retry_timeout": math.inf}, "a finite number of seconds > 0"),
     ],
 )
 async def test_constructor_rejects_bad_arguments(kwargs: dict[str, Any], expected: str) -> None:
@@ -699,50 +710,7 @@ async def test_constructor_rejects_bad_arguments(kwargs: dict[str, Any], expecte
     assert info.value.got is got
 
 
-# Single-phase and two-phase commits.
-
-
-async def test_single_phase_commits_every_writers_metadata_before_the_ack(
-    tmp_path: Path,
-) -> None:
-    async with await StateStore.open(tmp_path / "state.db") as store:
-        committer = FakeCommitter(two_phase=False)
-        coordinator = make(committer)
-        acked_after: list[list[str]] = []
-        async with anyio.create_task_group() as tg:
-            start(tg, coordinator, ServiceContext(SINK, store))
-            handles = await register_started(coordinator, THIRDS)
-
-            async def commit(handle: WriterHandle, epoch: int) -> None:
-                await handle.commit(epoch, meta(handle, epoch))
-                acked_after.append(committer.names())
-
-            for epoch in (1, 2):
-                with anyio.fail_after(WAIT):
-                    async with anyio.create_task_group() as writers:
-                        for handle in handles:
-                            writers.start_soon(commit, handle, epoch)
-            assert committer.calls[1:] == [
-                call
-                for epoch in (1, 2)
-                for call in (
-                    ("prepare", epoch, sorted_metas([meta(h, epoch) for h in handles]), None),
-                    ("commit", epoch, {"epoch": epoch, "parts": 3}, None),
-                    ("committed", epoch),
-                )
-            ]
-            # Every ack came after its epoch's commit; nothing waited for durability.
-            assert all(names.count("committed") >= 1 for names in acked_after)
-            assert [names.count("committed") for names in acked_after] == [1, 1, 1, 2, 2, 2]
-            assert committer.committed == [1, 2]
-            assert store.committed_epoch == 0
-            assert coordinator.is_committed(2)
-            stats = coordinator.stats()
-            assert (stats.committed_epochs, stats.last_committed_epoch) == (2, 2)
-            assert stats.last_commit_time is not None  # when the last went through (Unix s)
-            # Single-phase commits without a schema change leave nothing in the meta store.
-            assert await SinkStates(store, SINK).list() == []
-            tg.cancel_scope.cancel()
+# Two-phase commits.
 
 
 async def test_two_phase_persists_pending_before_the_ack_and_commits_once_durable(
@@ -882,9 +850,14 @@ async def test_coordinator_defaults_are_the_seeds_10_ms_backoff_60_s_cap_5_s_war
     defaults = {
         name: parameter.default
         for name, parameter in inspect.signature(Coordinator).parameters.items()
-        if name in ("base_delay", "max_delay", "warn_interval")
+        if name in ("base_delay", "max_delay", "warn_interval", "commit_retry_timeout")
     }
-    assert defaults == {"base_delay": 0.01, "max_delay": 60.0, "warn_interval": 5.0}
+    assert defaults == {
+        "base_delay": 0.01,
+        "max_delay": 60.0,
+        "warn_interval": 5.0,
+        "commit_retry_timeout": 300.0,  # ours: the seed retries for ever
+    }
 
 
 async def test_retry_delays_keep_a_bounded_recent_window_and_count_every_failure(
@@ -1315,27 +1288,6 @@ async def test_writers_start_after_a_recovered_schema_change_is_committed(
             tg.cancel_scope.cancel()
 
 
-async def test_single_phase_schema_change_is_committed_once_durable_before_new_writers(
-    tmp_path: Path,
-) -> None:
-    async with await StateStore.open(tmp_path / "state.db") as store:
-        committer = FakeCommitter(two_phase=False)
-        coordinator = make(committer)
-        change = {"add_column": "c"}
-        async with anyio.create_task_group() as tg:
-            start(tg, coordinator, ServiceContext(SINK, store))
-            a, b = await register_started(coordinator, HALVES)
-            await commit_all([a, b], 1, change)
-            assert committer.committed == [1]  # the data, at once
-            assert states(await SinkStates(store, SINK).list()) == [(1, "pending")]
-            _, outcomes = await rescale_to_thirds(tg, coordinator, a, b)
-            assert not any(o.done.is_set() for o in outcomes)
-            await store.commit(1)
-            assert [await o.wait() for o in outcomes] == [1, 1, 1]
-            assert ("commit", 1, {}, change) in committer.calls
-            tg.cancel_scope.cancel()
-
-
 # Rescaling.
 
 
@@ -1451,30 +1403,127 @@ async def test_a_failing_pre_commit_aborts_every_writer_with_the_cause(tmp_path:
                 await handle.stop()  # a no-op on an aborted handle
 
 
+async def test_a_commit_failed_for_good_fails_the_run_at_once_and_acks_no_writer_after_it(
+    tmp_path: Path,
+) -> None:
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        committer = FakeCommitter()
+        gone = PermissionError("the table's directory is read-only")
+        committer.fail_for_good = gone
+        coordinator = make(committer, commit_retry_timeout=3600.0)
+        async with anyio.create_task_group() as tg:
+            run = start(tg, coordinator, ServiceContext(SINK, store))
+            a, b = await register_started(coordinator, HALVES)
+            await commit_all([a, b], 1)
+            await store.commit(1)
+            failure = await run.failure()
+        assert isinstance(failure, TableCommitFailedError)
+        assert (failure.sink, failure.epoch, failure.cause, failure.permanent) == (
+            SINK, 1, gone, True,
+        )  # fmt: skip
+        assert committer.epochs("commit") == [1]  # not retried
+        assert coordinator.stats().commit_failures == 0
+        # No writer is acknowledged after it: their next commit fails with the cause.
+        for handle in (a, b):
+            with pytest.raises(CoordinatorAbortedError) as info:
+                await handle.commit(2, meta(handle, 2))
+            assert info.value.cause is failure
+        # The epoch stays pending: a restart commits it once the table is fixed.
+        assert states(await SinkStates(store, SINK).list()) == [(1, "pending")]
+
+
+async def test_a_commit_failing_transiently_past_the_retry_bound_fails_the_run_within_it(
+    tmp_path: Path,
+) -> None:
+    bound = 0.05
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        committer = FakeCommitter()
+        committer.fail_commits = 10**6
+        coordinator = make(committer, commit_retry_timeout=bound)
+        async with anyio.create_task_group() as tg:
+            run = start(tg, coordinator, ServiceContext(SINK, store))
+            handles = await register_started(coordinator, HALVES)
+            await commit_all(handles, 1)
+            await store.commit(1)
+            await committer.wait_for(lambda: "commit_failed" in committer.names())
+            first_failure = anyio.current_time()
+            failure = await run.failure()
+            failed_at = anyio.current_time()
+        assert isinstance(failure, TableCommitFailedError)
+        assert (failure.epoch, failure.retry_timeout, failure.permanent) == (1, bound, False)
+        assert isinstance(failure.cause, CommitFailedError)
+        # Retried (the backoff's delays are at most 4 ms) until the bound, then given up.
+        attempts = committer.epochs("commit")
+        assert len(attempts) > 2
+        assert set(attempts) == {1}
+        assert failed_at - first_failure >= bound * 0.9
+        assert committer.committed == []
+
+
+async def test_a_commit_recovering_within_the_retry_bound_commits(tmp_path: Path) -> None:
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        committer = FakeCommitter()
+        committer.fail_commits = 3
+        coordinator = make(committer, commit_retry_timeout=scaled(60))
+        async with anyio.create_task_group() as tg:
+            run = start(tg, coordinator, ServiceContext(SINK, store))
+            handles = await register_started(coordinator, HALVES)
+            await commit_all(handles, 1)
+            await store.commit(1)
+            with anyio.fail_after(WAIT):
+                await coordinator.wait_committed(1)
+            assert committer.committed == [1]
+            assert coordinator.stats().commit_failures == 3
+            assert run.error is None
+            tg.cancel_scope.cancel()
+
+
+async def test_replayed_commits_are_counted_in_stats_and_metrics(tmp_path: Path) -> None:
+    async with await StateStore.open(tmp_path / "state.db") as store:
+        committer = FakeCommitter()
+        committer.committed = [2]  # the table holds epoch 2 already (an earlier run)
+        coordinator = make(committer)
+        async with anyio.create_task_group() as tg:
+            start(tg, coordinator, ServiceContext(SINK, store))
+            handles = await register_started(coordinator, HALVES)
+            for epoch in (1, 2, 3):
+                await commit_all(handles, epoch)
+            await store.commit(3)
+            with anyio.fail_after(WAIT):
+                await coordinator.wait_committed(3)
+            stats = coordinator.stats()
+            families = {f.name: f for f in coordinator.metric_families()}
+            tg.cancel_scope.cancel()
+    assert (stats.committed_epochs, stats.commit_replays) == (3, 2)
+    assert families["barrierflow_sink_commit_replays"].value(sink=SINK) == 2
+
+
 async def test_a_failure_also_aborts_requests_still_queued_for_the_coordinator(
     tmp_path: Path,
 ) -> None:
     async with await StateStore.open(tmp_path / "state.db") as store:
-        committer = FakeCommitter(two_phase=False)
-        boom = RuntimeError("single-phase commit exploded")
+        committer = FakeCommitter()
+        boom = RuntimeError("the table is gone")
         coordinator = make(committer)
         async with anyio.create_task_group() as tg:
             run = start(tg, coordinator, ServiceContext(SINK, store))
             a, b = await register_started(coordinator, HALVES)
+            await commit_all([a, b], 1)
             committer.gate = anyio.Event()
-            first = [await post(tg, h, 1) for h in (a, b)]
+            await store.commit(1)
             await committer.wait_for(lambda: "commit" in committer.names())
             # While the coordinator is busy committing, a request and a registration queue up.
             queued = await post(tg, a, 2)
             joining = spawn(tg, lambda: coordinator.register(FULL))
             await anyio.wait_all_tasks_blocked()
-            committer.fail_single_phase = boom
+            committer.fail_for_good = boom
             committer.gate.set()
-            assert leaf(await run.failure()) is boom
-            for outcome in [*first, queued]:
-                error = await outcome.wait_error()
-                assert isinstance(error, CoordinatorAbortedError)
-                assert error.cause is boom
+            failure = await run.failure()
+            assert isinstance(failure, TableCommitFailedError)
+            assert failure.cause is boom
+            error = await queued.wait_error()
+            assert isinstance(error, CoordinatorAbortedError)
+            assert error.cause is failure
             late = await joining.wait()
             with anyio.fail_after(WAIT), pytest.raises(CoordinatorAbortedError):
                 await late.wait_started()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,14 @@ from barrierflow.actors.sinks.coordinator.handles import (
     WriterHandle,
     WriterRegistry,
 )
-from barrierflow.actors.sinks.table import Manifest
+from barrierflow.actors.sinks.table import (
+    AlreadyCommitted,
+    CommitOutcome,
+    Committed,
+    Failed,
+    Manifest,
+    RetryLater,
+)
 from barrierflow.channels.epoch import MAX_EPOCH
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.errors import (
@@ -65,6 +72,7 @@ from barrierflow.errors import (
     DuplicateVnodeError,
     DuplicateWriterError,
     InvalidArgumentError,
+    TableCommitFailedError,
     UnexpectedWriterRequestError,
 )
 from barrierflow.runtime.service import ServiceContext
@@ -136,19 +144,16 @@ def manifests(*writers: str, epoch: int = 1, change: Any = None) -> list[Manifes
 
 
 class Committer:
-    """A committer whose prepare returns ``pre_committed`` and whose commits fail while
-    ``failures`` > 0; ``gate`` holds commits (and single-phase commits) back."""
+    """A committer whose prepare returns ``pre_committed`` and whose commits raise while
+    ``failures`` > 0, else return the next of ``outcomes`` (``None`` once they ran out: a
+    committer written before outcomes existed); ``gate`` holds commits back."""
 
-    def __init__(self, *, two_phase: bool = True, pre_committed: Any = "staged") -> None:
-        self._two_phase = two_phase
+    def __init__(self, *, pre_committed: Any = "staged") -> None:
         self.pre_committed = pre_committed
         self.failures = 0
+        self.outcomes: list[CommitOutcome] = []
         self.gate: anyio.Event | None = None
         self.calls: list[tuple[Any, ...]] = []
-
-    @property
-    def two_phase(self) -> bool:
-        return self._two_phase
 
     async def recover(self, pending: Mapping[int, Any]) -> None:
         self.calls.append(("recover", dict(pending)))
@@ -157,13 +162,14 @@ class Committer:
         self.calls.append(("prepare", epoch, [m.writer for m in manifests], changes(manifests)))
         return self.pre_committed
 
-    async def commit(self, epoch: int, metadata: Any) -> None:
+    async def commit(self, epoch: int, metadata: Any) -> CommitOutcome | None:
         self.calls.append(("commit", epoch, metadata))
         if self.gate is not None:
             await self.gate.wait()
         if self.failures > 0:
             self.failures -= 1
             raise RuntimeError(f"commit of epoch {epoch} failed")
+        return self.outcomes.pop(0) if self.outcomes else None
 
     async def abort(self, epoch: int, metadata: Any) -> None:
         self.calls.append(("abort", epoch, metadata))
@@ -178,12 +184,14 @@ def queue(
     draw: float = 0.5,
     warn_interval: float = 60.0,
     log: Log | None = None,
+    retry_timeout: float = 300.0,
+    clock: Callable[[], float] = anyio.current_time,
 ) -> CommitQueue:
     return CommitQueue(
         committer,  # type: ignore[arg-type]
         states,  # type: ignore[arg-type]
         committed_epoch, last_committed, RetryBackoff(0.01, 60.0, FixedDraw(draw)), warn_interval,
-        log or Log(),
+        log or Log(), sink=SINK, retry_timeout=retry_timeout, clock=clock,
     )  # fmt: skip
 
 
@@ -254,11 +262,6 @@ async def test_a_commit_that_went_through_records_its_wall_clock_time_on_both_pa
     assert await q.commit(head) is True
     assert q.last_commit_time is not None
     assert before <= q.last_commit_time <= time.time()
-    single = queue(Committer(two_phase=False, pre_committed={"staged": 5}), States())
-    before = time.time()
-    await single.complete(5, manifests("1", epoch=5), None)
-    assert single.last_commit_time is not None
-    assert before <= single.last_commit_time <= time.time()
 
 
 async def test_the_mark_left_unwritten_at_the_end_of_a_run_is_written_shielded_within_2_s() -> None:
@@ -320,9 +323,8 @@ async def test_two_phase_prepares_and_persists_the_epochs_schema_change() -> Non
     assert q.has_uncommitted_schema_change()
 
 
-@pytest.mark.parametrize("two_phase", [True, False], ids=["two-phase", "single-phase"])
-async def test_an_epoch_with_nothing_to_commit_is_not_persisted(two_phase: bool) -> None:
-    committer = Committer(two_phase=two_phase, pre_committed=None)
+async def test_an_epoch_with_nothing_to_commit_is_not_persisted() -> None:
+    committer = Committer(pre_committed=None)
     states = States()
     q = queue(committer, states)
     await q.complete(4, manifests("1", epoch=4), None)
@@ -331,36 +333,180 @@ async def test_an_epoch_with_nothing_to_commit_is_not_persisted(two_phase: bool)
     assert q.is_empty()
 
 
-async def test_single_phase_commits_the_data_now_and_the_schema_change_once_durable() -> None:
-    committer = Committer(two_phase=False, pre_committed={"staged": 5})
-    states = States()
-    q = queue(committer, states)
-    change = {"add": "column"}
-    await q.complete(5, manifests("1", "2", epoch=5, change=change), change)
-    # The data was prepared without the change and committed at once ...
-    assert committer.calls == [
-        ("prepare", 5, ["1", "2"], [None, None]),
-        ("commit", 5, {"staged": 5}),
-    ]
-    assert (q.last_committed, q.commits) == (5, 1)
-    # ... the change waits for durability, persisted as pending.
-    assert states.calls == [("pending", 5, {"schema_change": change}, change)]
-    assert q.has_uncommitted_schema_change()
-
-
-async def test_a_long_single_phase_commit_logs_a_warning_every_interval() -> None:
-    committer = Committer(two_phase=False)
+async def test_a_long_commit_logs_a_warning_every_interval() -> None:
+    committer = Committer()
     committer.gate = anyio.Event()
     log = Log()
-    q = queue(committer, States(), warn_interval=0.001, log=log)
+    q = queue(committer, States(), committed_epoch=7, warn_interval=0.001, log=log)
+    head = item(7)
+    q.push(head)
     with anyio.fail_after(WAIT):
         async with anyio.create_task_group() as tg:
-            done = spawn(tg, lambda: q.complete(7, manifests("1", epoch=7), None))
+            done = spawn(tg, lambda: q.commit(head))
             await log.wait_for("commit still running", 2)
             committer.gate.set()
-            await done.wait()
+            assert await done.wait() is True
     assert {w["epoch"] for w in log.named("commit still running")} == {7}
     assert (q.last_committed, q.commits) == (7, 1)
+
+
+# Commit outcomes.
+
+
+class Clock:
+    """A monotonic clock that moves only when told (the retry bound's)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def failing(cause: Exception, times: int) -> list[CommitOutcome]:
+    return [RetryLater(cause) for _ in range(times)]
+
+
+async def test_a_commit_the_table_says_failed_fails_at_once_naming_sink_epoch_and_cause() -> None:
+    committer = Committer()
+    gone = FileNotFoundError("the table's directory is gone")
+    committer.outcomes = [Failed(gone)]
+    q = queue(committer, States(), committed_epoch=4, retry_timeout=300.0)
+    head = item(4)
+    q.push(head)
+    with pytest.raises(TableCommitFailedError) as info:
+        await q.commit(head)
+    error = info.value
+    assert (error.sink, error.epoch, error.cause, error.retry_timeout) == (SINK, 4, gone, None)
+    assert error.permanent
+    assert error.__cause__ is gone
+    assert str(error) == (
+        f"sink {SINK!r}: expected the table to commit epoch 4, got a failure permanently (the "
+        "table says retrying will not help): FileNotFoundError: the table's directory is gone"
+    )
+    # Not retried, not counted as committed: the epoch stays pending for a restart.
+    assert [c[0] for c in committer.calls] == ["commit"]
+    assert (q.commits, q.retry_at, list(q.prepared)) == (0, None, [head])
+
+
+async def test_a_transient_failure_is_retried_within_the_bound_then_fails() -> None:
+    clock = Clock()
+    committer = Committer()
+    busy = TimeoutError("the catalog is busy")
+    committer.outcomes = failing(busy, 10)
+    q = queue(committer, States(), committed_epoch=1, retry_timeout=100.0, clock=clock)
+    head = item(1)
+    q.push(head)
+    for now in (0.0, 40.0, 99.0):  # first failure at 0: the bound runs out at 100
+        clock.now = now
+        assert await q.commit(head) is False
+        assert q.retry_at is not None
+        assert q.retry_at <= 100.0
+    clock.now = 100.0
+    with pytest.raises(TableCommitFailedError) as info:
+        await q.commit(head)
+    error = info.value
+    assert (error.epoch, error.cause, error.retry_timeout, error.permanent) == (1, busy, 100, False)
+    assert "after retrying for 100 s (commit_retry_timeout ran out)" in str(error)
+    assert len([c for c in committer.calls if c[0] == "commit"]) == 4
+
+
+async def test_the_last_retry_is_scheduled_at_the_bound_not_a_backoff_past_it() -> None:
+    clock = Clock()
+    committer = Committer()
+    committer.outcomes = failing(TimeoutError("busy"), 2)
+    # Draw 1.0: the first retry waits the full 10 ms; the bound is 5 ms.
+    q = queue(committer, States(), committed_epoch=1, retry_timeout=0.005, clock=clock, draw=1.0)
+    head = item(1)
+    q.push(head)
+    assert await q.commit(head) is False
+    assert q.retry_at == 0.005
+
+
+async def test_a_commit_that_recovers_within_the_bound_commits_and_the_next_epoch_starts_over() -> (
+    None
+):
+    clock = Clock()
+    committer = Committer()
+    committer.outcomes = [*failing(TimeoutError("busy"), 2), Committed()]
+    q = queue(committer, States(), committed_epoch=2, retry_timeout=100.0, clock=clock)
+    first, second = item(1), item(2)
+    q.push(first)
+    q.push(second)
+    assert await q.commit(first) is False
+    clock.now = 99.0
+    assert await q.commit(first) is False
+    assert await q.commit(first) is True
+    assert (q.last_committed, q.commits) == (1, 1)
+    q.unmarked = None  # its mark written
+    # Epoch 2 fails long after epoch 1's first failure: its own bound starts now.
+    committer.outcomes = failing(TimeoutError("busy"), 1)
+    clock.now = 500.0
+    assert await q.commit(second) is False
+    assert q.retry_at is not None
+    assert 500.0 <= q.retry_at <= 600.0
+
+
+async def test_an_exception_escaping_commit_is_retried_and_logged_as_unclassified() -> None:
+    committer = Committer()
+    committer.failures = 1
+    log = Log()
+    q = queue(committer, States(), committed_epoch=1, log=log)
+    head = item(1)
+    q.push(head)
+    assert await q.commit(head) is False
+    (entry,) = log.named("commit failed; retrying after backoff")
+    assert entry["classified"] is False
+    assert entry["error"] == repr(RuntimeError("commit of epoch 1 failed"))
+    committer.outcomes = failing(TimeoutError("busy"), 1)
+    q.retry_at = None
+    assert await q.commit(head) is False
+    assert log.named("commit failed; retrying after backoff")[1]["classified"] is True
+
+
+async def test_a_replay_goes_through_and_is_counted() -> None:
+    committer = Committer()
+    committer.outcomes = [AlreadyCommitted(), Committed()]
+    q = queue(committer, States(), committed_epoch=2)
+    first, second = item(1), item(2)
+    q.push(first)
+    q.push(second)
+    assert await q.commit(first) is True
+    assert (q.replays, q.commits, q.last_committed) == (1, 1, 1)
+    q.unmarked = None
+    assert await q.commit(second) is True
+    assert (q.replays, q.commits, q.last_committed) == (1, 2, 2)
+
+
+async def test_a_commit_returning_none_is_taken_as_committed() -> None:
+    committer = Committer()  # no outcomes: returns None
+    q = queue(committer, States(), committed_epoch=1)
+    head = item(1)
+    q.push(head)
+    assert await q.commit(head) is True
+    assert (q.commits, q.replays, q.unmarked) == (1, 0, 1)
+
+
+async def test_a_warning_each_time_the_time_spent_retrying_doubles() -> None:
+    clock = Clock()
+    committer = Committer()
+    committer.outcomes = failing(TimeoutError("busy"), 8)
+    log = Log()
+    q = queue(committer, States(), committed_epoch=1, retry_timeout=100.0, clock=clock, log=log)
+    head = item(1)
+    q.push(head)
+    for now in (0.0, 1.0, 1.5, 2.0, 3.0, 4.0, 7.0, 8.0):
+        clock.now = now
+        assert await q.commit(head) is False
+    warned = [
+        w["retrying_s"]
+        for w in log.named("commit still failing; the pipeline fails once the retry bound runs out")
+    ]
+    assert warned == [1.0, 2.0, 4.0, 8.0]
+    assert {
+        w["retry_timeout_s"]
+        for w in log.named("commit still failing; the pipeline fails once the retry bound runs out")
+    } == {100.0}
 
 
 # Coverage rounds.

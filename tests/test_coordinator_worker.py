@@ -37,8 +37,8 @@ from test_coordinator import (
 )
 
 from barrierflow._sync import OneShot
-from barrierflow.actors.sinks.coordinator import Coordinator, SinkState, SinkStateRecord
 from barrierflow.actors.sinks.coordinator.commit_queue import CommitItem
+from barrierflow.actors.sinks.coordinator.coordinator import Coordinator
 from barrierflow.actors.sinks.coordinator.handles import (
     Commit,
     NewHandle,
@@ -47,7 +47,7 @@ from barrierflow.actors.sinks.coordinator.handles import (
     WriterRegistry,
     take,
 )
-from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
+from barrierflow.actors.sinks.coordinator.meta_store import SinkState, SinkStateRecord, SinkStates
 from barrierflow.actors.sinks.coordinator.recovery import Recovered, recover
 from barrierflow.actors.sinks.coordinator.replies import OpenReplies, abort_run, refuse
 from barrierflow.actors.sinks.errors import CommittedEpochsEndedError, SinkRecordsOrderError
@@ -537,17 +537,16 @@ async def test_a_registration_waiting_on_a_full_inbox_when_the_run_stops_is_acto
     tmp_path: Path,
 ) -> None:
     async with await StateStore.open(tmp_path / "state.db") as store:
-        committer = FakeCommitter(two_phase=False)
+        committer = FakeCommitter()
         coordinator = make(committer)
         async with anyio.create_task_group() as tg:
             run = start(tg, coordinator, ServiceContext(SINK, store))
             a, b = await register_started(coordinator, HALVES)
             await commit_all([a, b], 1)
             await anyio.wait_all_tasks_blocked()  # every committed epoch taken in
-            committer.gate = anyio.Event()  # the coordinator is busy in epoch 2's commit
-            await post(tg, a, 2)
-            await post(tg, b, 2)
-            await committer.wait_for(lambda: committer.epochs("commit") == [1, 2])
+            committer.gate = anyio.Event()  # the coordinator is busy in epoch 1's commit
+            await store.commit(1)
+            await committer.wait_for(lambda: committer.epochs("commit") == [1])
             with anyio.fail_after(WAIT):
                 queued = [await coordinator.register(FULL) for _ in range(1024)]
             blocked = spawn(tg, lambda: coordinator.register(FULL))
@@ -895,7 +894,7 @@ async def test_the_inbox_holds_1024_events_then_writers_wait(tmp_path: Path) -> 
     # Bounded: a coordinator that is busy (here in a slow commit) slows its writers down
     # instead of queueing their requests without limit.
     async with await StateStore.open(tmp_path / "state.db") as store:
-        committer = FakeCommitter(two_phase=False)
+        committer = FakeCommitter()
         coordinator = make(committer)
         async with anyio.create_task_group() as tg:
             start(tg, coordinator, ServiceContext(SINK, store))
@@ -903,9 +902,8 @@ async def test_the_inbox_holds_1024_events_then_writers_wait(tmp_path: Path) -> 
             await commit_all([a, b], 1)
             await anyio.wait_all_tasks_blocked()  # every committed epoch taken in
             committer.gate = anyio.Event()
-            await post(tg, a, 2)
-            await post(tg, b, 2)
-            await committer.wait_for(lambda: committer.epochs("commit") == [1, 2])
+            await store.commit(1)
+            await committer.wait_for(lambda: committer.epochs("commit") == [1])
             with anyio.fail_after(WAIT):
                 for _ in range(1024):
                     await coordinator.register(FULL)
@@ -985,15 +983,14 @@ def with_rows(handle: Any, epoch: int) -> Manifest:
     return Manifest(str(handle.handle_id), epoch, files=staged)
 
 
-@pytest.mark.parametrize("two_phase", [True, False], ids=["two-phase", "single-phase"])
 async def test_the_coordinator_reports_its_epochs_rows_and_commit_latencies(
-    tmp_path: Path, two_phase: bool
+    tmp_path: Path,
 ) -> None:
     from barrierflow.runtime.metrics import MetricsRegistry
 
     registry = MetricsRegistry()
     async with await StateStore.open(tmp_path / "state.db") as store:
-        committer = RowsCommitter(two_phase=two_phase)
+        committer = RowsCommitter()
         coordinator = make(committer)
         before = {f.name: f for f in coordinator.metric_families()}
         assert before["barrierflow_sink_rows_committed"].value(sink=SINK) == 0
@@ -1014,10 +1011,6 @@ async def test_the_coordinator_reports_its_epochs_rows_and_commit_latencies(
             families = {f.name: f for f in coordinator.metric_families()}
             tg.cancel_scope.cancel()
     value = {name: f.value(sink=SINK) for name, f in families.items()}
-    if not two_phase:  # committed as soon as prepared, without waiting for durability
-        assert value["barrierflow_sink_rows_committed"] == 2 * (10 + 20 + 30)
-        assert value["barrierflow_sink_committed_epochs"] == 3
-        return
     # Two writers' manifests of epochs 1 and 2, not 3 (not durable), not the metadata's.
     assert value["barrierflow_sink_rows_committed"] == 2 * (10 + 20)
     assert value["barrierflow_sink_acked_epochs"] == 3

@@ -16,16 +16,11 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from barrierflow import InvalidArgumentError, SinkRecoveryError
 from barrierflow.actors import Committer, Manifest, StagedFile, StagingWriter, Table
-from barrierflow.connectors import (
-    ParquetCommitter,
-    ParquetStagingWriter,
-    ParquetTable,
-    PrintSink,
-    _parquet_files,
-)
+from barrierflow.connectors import ParquetStagingWriter, ParquetTable, PrintSink, _parquet_files
 from barrierflow.connectors._staging import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
+from barrierflow.connectors.parquet_committer import ParquetCommitter
+from barrierflow.errors import InvalidArgumentError, SinkRecoveryError
 
 pytestmark = pytest.mark.anyio
 
@@ -97,7 +92,6 @@ async def test_the_table_has_one_staging_writer_per_id_and_a_committer(tmp_path:
     assert table.writer("3") is not writer  # a new one per incarnation
     committer = table.committer()
     assert isinstance(committer, Committer)
-    assert committer.two_phase is True
     assert committer.path == tmp_path / "table"
     assert not (tmp_path / "table").exists()  # nothing is created before open
     await writer.open()

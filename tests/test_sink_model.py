@@ -22,10 +22,10 @@ from _timeouts import scaled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from barrierflow import ActorFailedError
 from barrierflow.actors import CommitMetadata, Committer, DeclaredSink, StagingWriter, add_sink
 from barrierflow.channels import Chunk
 from barrierflow.connectors import ParquetTable
+from barrierflow.errors import ActorFailedError
 from barrierflow.runtime import Runtime, RuntimeConfig
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -75,8 +75,6 @@ class FaultyWriter:
 
 class FaultyCommitter:
     """A committer whose next commit fails when armed."""
-
-    two_phase = True
 
     def __init__(self, inner: Committer, faults: Faults) -> None:
         self.inner = inner

@@ -20,15 +20,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barrierflow.actors import (
-    BatchFeed,
-    CommitMetadata,
-    Coordinator,
-    Manifest,
-    SinkWriter,
-    add_sink,
-)
+from barrierflow.actors import BatchFeed, CommitMetadata, Coordinator, Manifest, add_sink
 from barrierflow.actors.sinks.positions import epoch_already_held
+from barrierflow.actors.sinks.sink_writer import SinkWriter
 from barrierflow.channels import VnodeBitmap
 from barrierflow.connectors import IcebergTable, ParquetTable, open_local_catalog
 from barrierflow.connectors.iceberg_table import POSITIONS_PROPERTY
@@ -261,8 +255,6 @@ class Capturing:
 
 
 class CapturingCommitter:
-    two_phase = True
-
     def __init__(self, table: Capturing) -> None:
         self.table = table
         self.inner = table.inner.committer()

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
-from barrierflow import InvalidArgumentError
 from barrierflow.actors import add_sink
 from barrierflow.actors.sinks.table import Committer, Manifest, StagingWriter, Table
 from barrierflow.channels import Chunk
+from barrierflow.errors import ActorFailedError, InvalidArgumentError, TableCommitFailedError
 from barrierflow.runtime import Runtime, RuntimeConfig
 from barrierflow.testing.sinks import FailingTable, InjectedFaultError, ListTable
 
@@ -76,6 +76,38 @@ async def test_a_failed_commit_is_retried_with_every_row_exactly_once(tmp_path: 
             await declared.coordinator.wait_committed(second)
     assert ids(table) == [1, 2, 3]  # the failed epoch committed by the retry, not lost or twice
     assert failing.called("commit")[:2] == [first, first]
+
+
+async def test_a_commit_failed_for_good_fails_the_runtime_with_table_commit_failed_error(
+    tmp_path: Path,
+) -> None:
+    table = ListTable(SCHEMA)
+    failing = FailingTable(table)
+    failing.fail("commit", permanent=True)
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600))
+    rt.add_source("src")
+    add_sink(rt, "out", failing, input="src")
+    with anyio.fail_after(scaled(30)), pytest.raises(ActorFailedError) as info:
+        async with rt:
+            await rt.push("src", chunk(1, 2))
+            epoch = await rt.checkpoint()  # durable: its commit says Failed
+            await anyio.sleep_forever()  # the runtime fails and cancels this
+    # The root failure is the coordinator's (the writers' aborts only follow from it).
+    assert info.value.actor == "out.coordinator"
+    error = info.value.cause
+    assert isinstance(error, TableCommitFailedError)
+    assert (error.sink, error.epoch, error.permanent) == ("out", epoch, True)
+    assert isinstance(error.cause, InjectedFaultError)
+    assert failing.called("commit") == [epoch]  # not retried
+    assert table.committed == {}
+
+
+def test_fail_for_good_is_for_commits_only() -> None:
+    failing = FailingTable(ListTable(SCHEMA))
+    for method, permanent in (("write", True), ("commit", 1)):
+        with pytest.raises(InvalidArgumentError) as info:
+            failing.fail(method, permanent=permanent)  # type: ignore[arg-type]
+        assert info.value.argument == "permanent"
 
 
 async def test_a_hanging_call_waits_for_release_and_a_fault_fires_as_often_as_asked() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from barrierflow.actors import CommitMetadata, Manifest, StagingWriter, Table
+from barrierflow.actors import CommitMetadata, CommitOutcome, Manifest, StagingWriter, Table
 from barrierflow.app._trace import TracedCommitter, TracedTable, trace
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors.executor_staging import ExecutorStaging, StagesOnExecutors
@@ -162,7 +162,6 @@ class CrashingCommitter:
     def __init__(self, inner: TracedCommitter, faults: Faults) -> None:
         self.inner = inner
         self._faults = faults
-        self.two_phase = inner.two_phase
 
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         await self.inner.recover(pending)
@@ -174,12 +173,13 @@ class CrashingCommitter:
     async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
         return await self.inner.prepare(epoch, manifests)
 
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
-        await self.inner.commit(epoch, metadata)
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
+        outcome = await self.inner.commit(epoch, metadata)
         if self._faults.armed and self._faults.point == "mid-commit":
             kill_self(
                 "mid-commit, the table committed, the commit not yet recorded", self._faults.resume
             )
+        return outcome
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
         await self.inner.abort(epoch, metadata)

@@ -26,6 +26,7 @@ import pyarrow as pa
 from barrierflow.actors.sinks.positions import table_commits
 from barrierflow.actors.sinks.table import (
     CommitMetadata,
+    CommitOutcome,
     Committer,
     Manifest,
     StagingWriter,
@@ -92,7 +93,6 @@ class TracedCommitter:
 
     def __init__(self, inner: Committer) -> None:
         self.inner = inner
-        self.two_phase = inner.two_phase
 
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         await self.inner.recover(pending)
@@ -101,10 +101,11 @@ class TracedCommitter:
         trace("pre-commit", epoch)
         return await self.inner.prepare(epoch, manifests)
 
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
         trace("commit-begin", epoch)
-        await self.inner.commit(epoch, metadata)
+        outcome = await self.inner.commit(epoch, metadata)
         trace("commit-done", epoch)
+        return outcome
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
         await self.inner.abort(epoch, metadata)

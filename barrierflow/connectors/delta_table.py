@@ -69,8 +69,16 @@ from barrierflow._extras import require
 from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.positions import epoch_already_held
-from barrierflow.actors.sinks.table import CommitMetadata, Manifest, SchemaChange
+from barrierflow.actors.sinks.table import (
+    AlreadyCommitted,
+    CommitMetadata,
+    CommitOutcome,
+    Committed,
+    Manifest,
+    SchemaChange,
+)
 from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.connectors._file_table import file_commit_outcome
 from barrierflow.connectors._iceberg_schema import same_fields
 from barrierflow.connectors._parquet_files import check_table_path
 from barrierflow.connectors._staging import (
@@ -224,8 +232,6 @@ class DeltaCommitter:
     order; ``commit`` may be repeated after a crash and is then a no-op.
     """
 
-    two_phase = True
-
     def __init__(self, sink: DeltaLakeTable, *, checkpoint_every: int | None = None) -> None:
         if checkpoint_every is not None and (
             type(checkpoint_every) is not int or checkpoint_every < 1
@@ -311,29 +317,45 @@ class DeltaCommitter:
         await anyio.lowlevel.checkpoint()
         return gather_staged(str(self._sink.path), epoch, manifests, evolves=True)
 
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
         """Move the epoch's files out of staging and add them in one Delta commit carrying
-        the app transaction ``(app_id, epoch)``, the positions and the schema change (a
-        no-op if the table has the transaction already).
+        the app transaction ``(app_id, epoch)``, the positions and the schema change
+        (:class:`AlreadyCommitted` if the table has the transaction already, or its positions
+        hold the epoch's batches).
 
-        Raises:
-            SinkRecoveryError: a file of the epoch is neither staged nor moved, or the
-                positions the table holds cannot be read.
-            PositionOverlapError: the epoch's source batches are partly held already.
+        A concurrent commit that won the race (deltalake's ``CommitFailedError``) is
+        :class:`RetryLater`; a missing table, a schema or protocol conflict, a file of the
+        epoch neither staged nor moved, damaged positions or an epoch whose source batches
+        are partly held already are :class:`Failed`; file errors as
+        :func:`~._file_table.file_commit_outcome` says.
         """
-        await self._run(self._commit, epoch, dict(metadata))
+        exceptions = require("delta", "deltalake.exceptions")
+        try:
+            outcome: CommitOutcome = await self._run(self._commit, epoch, dict(metadata))
+        except Exception as exc:
+            return file_commit_outcome(
+                exc,
+                self._sink.path,
+                retryable=(exceptions.CommitFailedError,),
+                permanent=(
+                    exceptions.TableNotFoundError,
+                    exceptions.SchemaMismatchError,
+                    exceptions.DeltaProtocolError,
+                ),
+            )
+        return outcome
 
-    def _commit(self, epoch: int, metadata: dict[str, Any]) -> None:
+    def _commit(self, epoch: int, metadata: dict[str, Any]) -> CommitOutcome:
         delta = _deltalake()
         table = self._latest()
         committed = self._committed(table)
         if epoch <= committed:
             self._drop_staging(metadata)  # a replayed commit
-            return
+            return AlreadyCommitted()
         paths = metadata.get("paths", [])
         schema_change = metadata.get("schema_change")
         if not paths and schema_change is None:
-            return  # nothing to publish
+            return Committed()  # nothing to publish
         held = self._held_positions(table, committed)
         positions = metadata.get("positions", {})
         if epoch_already_held(
@@ -342,7 +364,7 @@ class DeltaCommitter:
             # The runtime's store went back in time and the upstream replayed rows this table
             # holds: drop them instead of committing them twice.
             self._abort_files(metadata)
-            return
+            return AlreadyCommitted()
         finals = [self._move(relative, epoch) for relative in paths]
         # The new directories' entries too: the commit names files under them.
         directories = {final.parent for final in finals}
@@ -378,6 +400,7 @@ class DeltaCommitter:
             table.update_incremental()
             table.create_checkpoint()
         self._drop_staging(metadata)
+        return Committed()
 
     def _move(self, relative: str, epoch: int) -> Path:
         """Move one staged file into the table, unless a crashed commit moved it already."""

@@ -53,8 +53,15 @@ from barrierflow._extras import require
 from barrierflow._fs import fsync_path, make_directory
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.positions import epoch_already_held
-from barrierflow.actors.sinks.table import CommitMetadata, Manifest
+from barrierflow.actors.sinks.table import (
+    AlreadyCommitted,
+    CommitMetadata,
+    CommitOutcome,
+    Committed,
+    Manifest,
+)
 from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.connectors._file_table import file_commit_outcome
 from barrierflow.connectors._iceberg_schema import evolve, same_fields
 from barrierflow.connectors._parquet_files import check_table_path
 from barrierflow.connectors._staging import (
@@ -220,8 +227,6 @@ class IcebergTable:
 class IcebergCommitter:
     """The two-phase committer of an :class:`IcebergTable` (see the module docstring)."""
 
-    two_phase = True
-
     def __init__(self, sink: IcebergTable, *, keep_snapshots: int, expire_every: int) -> None:
         for name, value in (("keep_snapshots", keep_snapshots), ("expire_every", expire_every)):
             if type(value) is not int or value < 1:
@@ -275,15 +280,34 @@ class IcebergCommitter:
         await anyio.lowlevel.checkpoint()
         return gather_staged(self._sink.identifier, epoch, manifests, evolves=True)
 
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
         """Move the epoch's files out of staging and add them as one snapshot, with the
-        schema change and the positions (idempotent)."""
-        await self._run(self._commit, epoch, dict(metadata))
+        schema change and the positions (idempotent: :class:`AlreadyCommitted` when the
+        table's epoch property holds the epoch, or its positions hold the epoch's batches).
 
-    def _commit(self, epoch: int, metadata: dict[str, Any]) -> None:
+        A concurrent writer's commit (pyiceberg's ``CommitFailedException``) or an unknown
+        commit state is :class:`RetryLater`; a table dropped from the catalog is
+        :class:`Failed`, file errors as :func:`~._file_table.file_commit_outcome` says.
+        """
+        exceptions = require("iceberg", "pyiceberg.exceptions")
+        try:
+            outcome: CommitOutcome = await self._run(self._commit, epoch, dict(metadata))
+        except Exception as exc:
+            return file_commit_outcome(
+                exc,
+                self._sink.location,
+                retryable=(
+                    exceptions.CommitFailedException,
+                    exceptions.CommitStateUnknownException,
+                ),
+                permanent=(exceptions.NoSuchTableError,),
+            )
+        return outcome
+
+    def _commit(self, epoch: int, metadata: dict[str, Any]) -> CommitOutcome:
         table = self._sink.table()
         if epoch <= int(table.properties.get(COMMITTED_EPOCH_PROPERTY, "0")):
-            return  # a replayed commit
+            return AlreadyCommitted()  # a replayed commit
         held = self._held_positions(table)
         positions = metadata.get("positions", {})
         schema_change = metadata.get("schema_change")
@@ -293,7 +317,7 @@ class IcebergCommitter:
             # The runtime's store went back in time and the upstream replayed rows this table
             # holds: drop them instead of committing them twice.
             self._abort_files(epoch, metadata)
-            return
+            return AlreadyCommitted()
         finals: list[str] = []
         for relative in metadata.get("paths", []):
             staged = self._sink.data_path / relative
@@ -333,6 +357,7 @@ class IcebergCommitter:
             self._expire()
         staging = staged_dir(self._sink.data_path, metadata["staging_epoch"])
         shutil.rmtree(staging, ignore_errors=True)
+        return Committed()
 
     def _expire(self) -> None:
         table = self._sink.table()

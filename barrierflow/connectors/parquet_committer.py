@@ -48,7 +48,14 @@ import anyio.to_thread
 
 from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.errors import SinkRecoveryError
-from barrierflow.actors.sinks.table import CommitMetadata, Manifest
+from barrierflow.actors.sinks.table import (
+    AlreadyCommitted,
+    CommitMetadata,
+    CommitOutcome,
+    Committed,
+    Manifest,
+)
+from barrierflow.connectors._file_table import file_commit_outcome
 from barrierflow.connectors._parquet_files import (
     StagedFiles,
     check_table_path,
@@ -81,8 +88,6 @@ class ParquetCommitter:
             under a file, not writable); what only creating it tells is refused when the
             coordinator starts.
     """
-
-    two_phase = True
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._root = check_table_path(path, "ParquetCommitter")
@@ -119,24 +124,29 @@ class ParquetCommitter:
         await anyio.lowlevel.checkpoint()
         return gather_staged(str(self._root), epoch, manifests, evolves=False)
 
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
-        """Rename the staged epoch into the table and record ``epoch`` (idempotent).
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
+        """Rename the staged epoch into the table and record ``epoch``
+        (:class:`AlreadyCommitted` at or below the manifest's epoch, or when the table holds
+        the epoch's batches). An epoch neither staged nor committed (its files are lost) is
+        :class:`Failed`; file errors as :func:`~._file_table.file_commit_outcome` says."""
+        try:
+            outcome: CommitOutcome = await self._run(self._commit, epoch, dict(metadata))
+        except Exception as exc:
+            return file_commit_outcome(exc, self._root)
+        return outcome
 
-        Raises:
-            SinkRecoveryError: the epoch is neither staged nor committed (its files are lost).
-        """
-        await self._run(self._commit, epoch, dict(metadata))
-
-    def _commit(self, epoch: int, metadata: dict[str, Any]) -> None:
+    def _commit(self, epoch: int, metadata: dict[str, Any]) -> CommitOutcome:
         files = self._files
         with files.lock:
             manifest = files.read_manifest()
             if epoch <= manifest["committed_epoch"]:
-                return  # a replayed commit
+                return AlreadyCommitted()  # a replayed commit
             staging_epoch = int(metadata["staging_epoch"])
             staged = staged_dir(self._root, staging_epoch)
             final = self._root / epoch_dir_name(staging_epoch)
-            if not final.exists():
+            # In place already: a commit cut short after its rename, only its record is due.
+            replayed = final.exists()
+            if not replayed:
                 if not staged.exists():
                     raise SinkRecoveryError(
                         str(self._root),
@@ -145,7 +155,7 @@ class ParquetCommitter:
                     )
                 if files.skip_if_held(manifest, epoch, metadata):
                     shutil.rmtree(staged, ignore_errors=True)  # in the table already
-                    return
+                    return AlreadyCommitted()
                 # The epoch's record travels with its files: what it holds, and from where.
                 write_json_atomically(
                     staged / PRECOMMITTED,
@@ -161,6 +171,7 @@ class ParquetCommitter:
                 int(metadata["rows"]),
                 metadata.get("positions"),
             )
+        return AlreadyCommitted() if replayed else Committed()
 
     async def sink_commits(self) -> SinkCommits | None:
         """What the table holds (``None``: nothing committed yet)."""

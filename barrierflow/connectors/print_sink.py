@@ -21,7 +21,7 @@ from typing import TextIO, final
 import anyio.lowlevel
 import pyarrow as pa
 
-from barrierflow.actors.sinks.table import CommitMetadata, Manifest
+from barrierflow.actors.sinks.table import CommitMetadata, CommitOutcome, Committed, Manifest
 from barrierflow.channels.errors import InvalidArgumentError
 
 __all__ = ["NothingToCommit", "PrintSink", "PrintWriter"]
@@ -143,8 +143,6 @@ class PrintWriter:
 class NothingToCommit:
     """The committer of an at-least-once table whose writers publish as they write."""
 
-    two_phase = True
-
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         """Nothing staged, nothing to recover."""
         await anyio.lowlevel.checkpoint()
@@ -154,9 +152,10 @@ class NothingToCommit:
         await anyio.lowlevel.checkpoint()
         return None
 
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
-        """Never called: nothing was prepared."""
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
+        """Never called: nothing was prepared (:class:`Committed` if it were)."""
         await anyio.lowlevel.checkpoint()
+        return Committed()
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
         """Nothing staged to delete."""

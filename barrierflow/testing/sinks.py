@@ -10,9 +10,12 @@ wrapper that makes any table's writers or committer fail or hang on cue.
   recoveries and restarts in that process — not a process crash (use a file-backed table,
   such as :class:`~barrierflow.connectors.ParquetTable`, for those).
 * :class:`FailingTable` — wraps a table; ``fail("commit", times=2)`` makes the next two
-  commits raise :class:`InjectedFaultError` (before reaching the wrapped committer),
-  ``hang("flush")`` makes writers' flushes wait until :meth:`FailingTable.release`. Every call
-  is recorded in :attr:`FailingTable.calls`.
+  commits raise :class:`InjectedFaultError` (before reaching the wrapped committer: the
+  coordinator retries them as unclassified), ``fail("commit", permanent=True)`` makes the
+  next one say :class:`~barrierflow.actors.sinks.table.Failed` (the pipeline fails with
+  :class:`~barrierflow.errors.TableCommitFailedError`), ``hang("flush")`` makes writers'
+  flushes wait until :meth:`FailingTable.release`. Every call is recorded in
+  :attr:`FailingTable.calls`.
 """
 
 from __future__ import annotations
@@ -26,8 +29,12 @@ import pyarrow as pa
 from barrierflow._sync import Notifier
 from barrierflow.actors.sinks.positions import epoch_already_held, table_commits
 from barrierflow.actors.sinks.table import (
+    AlreadyCommitted,
     CommitMetadata,
+    CommitOutcome,
+    Committed,
     Committer,
+    Failed,
     Manifest,
     StagedFile,
     StagingWriter,
@@ -162,8 +169,6 @@ class ListWriter:
 class ListCommitter:
     """The committer of a :class:`ListTable`."""
 
-    two_phase = True
-
     def __init__(self, table: ListTable) -> None:
         self._table = table
 
@@ -180,20 +185,21 @@ class ListCommitter:
             return None
         return {"paths": paths, **manifests_positions(manifests)}
 
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
         await anyio.lowlevel.checkpoint()
         table = self._table
         if epoch <= table.last_committed:
-            return  # a replayed commit
+            return AlreadyCommitted()  # a replayed commit
         positions = metadata.get("positions", {})
         if epoch_already_held(
             "ListTable", epoch, table.positions, metadata.get("positions_from", {}), positions
         ):
             await self.abort(epoch, metadata)
-            return
+            return AlreadyCommitted()
         batches = [table.staged.pop(path) for path in metadata["paths"]]
         table.committed[epoch] = pa.Table.from_batches(batches, table.schema)
         table.positions = merge_positions(table.positions, positions)
+        return Committed()
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
         await anyio.lowlevel.checkpoint()
@@ -238,16 +244,23 @@ class FailingTable:
     def committer(self) -> FailingCommitter:
         return FailingCommitter(self, self.inner.committer())
 
-    def fail(self, method: str, times: int = 1) -> None:
-        """Make the next ``times`` calls of ``method`` raise :class:`InjectedFaultError`.
+    def fail(self, method: str, times: int = 1, *, permanent: bool = False) -> None:
+        """Make the next ``times`` calls of ``method`` raise :class:`InjectedFaultError` —
+        or, with ``permanent`` (``"commit"`` only), the next ``times`` commits return
+        :class:`~barrierflow.actors.sinks.table.Failed` with it, as a table that can never
+        commit again says.
 
         Raises:
-            InvalidArgumentError: an unknown method, or ``times`` not an int >= 1.
+            InvalidArgumentError: an unknown method, ``times`` not an int >= 1, or
+                ``permanent`` not a bool or given for a method other than ``"commit"``.
         """
         _check_method(method)
         if type(times) is not int or times < 1:
             raise InvalidArgumentError("times", "an int >= 1", times)
-        self._failures[method] = self._failures.get(method, 0) + times
+        if type(permanent) is not bool or (permanent and method != "commit"):
+            raise InvalidArgumentError("permanent", "a bool, True only for 'commit'", permanent)
+        key = "commit-for-good" if permanent else method
+        self._failures[key] = self._failures.get(key, 0) + times
 
     def hang(self, method: str) -> None:
         """Make calls of ``method`` wait until :meth:`release` (cancellable, like a stuck
@@ -290,9 +303,16 @@ class FailingTable:
         hang = self._hangs.get(method)
         if hang is not None:
             await hang.wait()
-        if self._failures.get(method, 0) > 0:
-            self._failures[method] -= 1
+        if self.take_failure(method):
             raise InjectedFaultError(method)
+
+    def take_failure(self, key: str) -> bool:
+        """Whether a failure is due for ``key`` (a method, or ``"commit-for-good"``); counts
+        it off."""
+        if self._failures.get(key, 0) > 0:
+            self._failures[key] -= 1
+            return True
+        return False
 
 
 @final
@@ -344,10 +364,6 @@ class FailingCommitter:
         self._faults = faults
         self.inner = inner
 
-    @property
-    def two_phase(self) -> bool:
-        return self.inner.two_phase
-
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         await self._faults.enter("recover", tuple(sorted(pending)))
         await self.inner.recover(pending)
@@ -356,9 +372,11 @@ class FailingCommitter:
         await self._faults.enter("prepare", epoch)
         return await self.inner.prepare(epoch, manifests)
 
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> None:
+    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
         await self._faults.enter("commit", epoch)
-        await self.inner.commit(epoch, metadata)
+        if self._faults.take_failure("commit-for-good"):
+            return Failed(InjectedFaultError("commit"))
+        return await self.inner.commit(epoch, metadata)
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
         await self._faults.enter("abort", epoch)

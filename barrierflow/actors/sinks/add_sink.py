@@ -30,7 +30,7 @@ from typing import Protocol, final
 
 import pyarrow as pa
 
-from barrierflow.actors.sinks.coordinator import Coordinator
+from barrierflow.actors.sinks.coordinator.coordinator import Coordinator
 from barrierflow.actors.sinks.sink_writer import SinkWriter
 from barrierflow.actors.sinks.table import Table
 from barrierflow.channels.errors import InvalidArgumentError
@@ -86,6 +86,7 @@ def add_sink(
     input: str,
     parallelism: int | None = None,
     key: Sequence[str] | None = None,
+    commit_retry_timeout: float = 300.0,
 ) -> DeclaredSink:
     """Declare sink ``name`` reading ``input`` into ``target`` (see the module).
 
@@ -98,12 +99,16 @@ def add_sink(
         input: the actor whose output the sink writes.
         parallelism: writers (default 1).
         key: the columns rows are hash-dispatched to the writers by (round robin without).
+        commit_retry_timeout: seconds a failing commit of the table is retried before the
+            pipeline fails with :class:`~barrierflow.errors.TableCommitFailedError` (the
+            coordinator's, see :class:`~barrierflow.actors.sinks.coordinator.Coordinator`).
 
     Returns:
         The writers' names and the coordinator.
 
     Raises:
-        InvalidArgumentError: ``table`` is not a table; ``input`` not a str.
+        InvalidArgumentError: ``table`` is not a table; ``input`` not a str;
+            ``commit_retry_timeout`` not a finite number of seconds > 0.
         GraphError: a bad or taken name, a bad ``parallelism`` or ``key`` (from the graph).
         KeyColumnError: ``key`` names a column the input's declared schema lacks.
         SinkSchemaError: the table's schema differs from the input's declared schema (a
@@ -117,7 +122,7 @@ def add_sink(
         raise InvalidArgumentError(
             "table", "a table (schema, writer(id) and committer())", type(table).__name__
         )
-    return _add_coordinated(target, name, table, input, parallelism, key)
+    return _add_coordinated(target, name, table, input, parallelism, key, commit_retry_timeout)
 
 
 def _add_coordinated(
@@ -127,6 +132,7 @@ def _add_coordinated(
     upstream: str,
     parallelism: int | None,
     key: Sequence[str] | None,
+    commit_retry_timeout: float,
 ) -> DeclaredSink:
     service = f"{name}.coordinator"
     # All or nothing: the service's name is checked before the writers are declared (which
@@ -135,7 +141,7 @@ def _add_coordinated(
         raise GraphError("name", "a sink name whose coordinator name is free", service)
     if isinstance(table.schema, pa.Schema):
         check_input_schema(name, table.schema, upstream, target.declared_schema(upstream))
-    coordinator = Coordinator(name, table.committer())
+    coordinator = Coordinator(name, table.committer(), commit_retry_timeout=commit_retry_timeout)
 
     def writer(index: int) -> SinkWriter:
         writer_id = str(index)

@@ -31,6 +31,8 @@ class CoordinatorCounts(Protocol):
     @property
     def commit_failures(self) -> int: ...
     @property
+    def commit_replays(self) -> int: ...
+    @property
     def aborted_epochs(self) -> tuple[int, ...]: ...
     @property
     def rows_committed(self) -> int: ...
@@ -60,6 +62,8 @@ def coordinator_families(sink: str, stats: CoordinatorCounts) -> list[MetricFami
               else [(labels, stats.last_commit_time)]),
         counter("barrierflow_sink_commit_retries", "failed commit attempts (each is retried)",
                 [(labels, stats.commit_failures)]),
+        counter("barrierflow_sink_commit_replays", "commits that found their epoch committed "
+                "already (a replay)", [(labels, stats.commit_replays)]),
         counter("barrierflow_sink_aborted_epochs", "epochs aborted at the coordinator's "
                 "recovery", [(labels, len(stats.aborted_epochs))]),
         gauge("barrierflow_sink_writers", "writers registered with the sink's coordinator",

@@ -250,7 +250,9 @@ class Failed:
 
 #: What :meth:`Committer.commit` says happened. Each table classifies its own errors; an
 #: exception a committer lets escape is treated as :class:`RetryLater` (retried within the
-#: bound, then failed), and logged as unclassified.
+#: bound, then failed), and logged as unclassified. A commit that returns ``None`` (a
+#: committer written before outcomes existed, whose commit is idempotent and raises on
+#: failure) is taken as :class:`Committed`.
 CommitOutcome = Committed | AlreadyCommitted | RetryLater | Failed
 
 
@@ -276,17 +278,23 @@ class Committer(Protocol):
     :meth:`prepare` and — once the epoch's checkpoint is durable — :meth:`commit`, in epoch
     order. ``commit`` may be called again for an epoch after a failure or a crash.
 
-    ``two_phase`` false is the seed's *single-phase* coordinator: each epoch's data is
-    committed as soon as it is prepared, without waiting for the checkpoint — only for tables
-    that tell replays apart themselves; a schema change is still committed once durable, by a
-    second ``commit`` of the epoch with the metadata ``{"schema_change": change}``. Every
-    table of :mod:`barrierflow.connectors` is two-phase.
-    """
+    What the coordinator does with each outcome of :meth:`commit`:
 
-    @property
-    def two_phase(self) -> bool:
-        """Whether commits wait for the epoch's checkpoint to be durable."""
-        ...
+    * :class:`Committed`, :class:`AlreadyCommitted`: the epoch went through (a replay is
+      counted, ``barrierflow_sink_commit_replays``); the next epoch's commit may start.
+    * :class:`RetryLater` — or an exception the committer let escape (logged as
+      unclassified): the commit is retried after the seed's backoff, while the writers go on
+      being acknowledged, for at most the coordinator's ``commit_retry_timeout`` seconds from
+      the epoch's first failure; then it fails as below.
+    * :class:`Failed`: at once, the coordinator fails with
+      :class:`~barrierflow.errors.TableCommitFailedError` naming the sink, the epoch and the
+      cause, which fails the pipeline; no writer is acknowledged after it.
+    * ``None`` (a committer written before outcomes existed): taken as :class:`Committed`.
+
+    Every commit waits for the epoch's checkpoint to be durable (two-phase): a table that
+    must publish earlier has no place in this protocol, which is what makes a replay after a
+    crash exact.
+    """
 
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         """Prepare (load the table, ...) once per coordinator run. ``pending`` maps the epochs

@@ -1,15 +1,23 @@
-"""The commit queue of a two-phase coordinator: pre-committed epochs waiting for the runtime's
-committed epoch, then committed in epoch order, a failed commit retried after a backoff.
+"""The commit queue of a coordinator: pre-committed epochs waiting for the runtime's
+committed epoch, then committed in epoch order, a failed commit retried after a backoff for a
+bounded time.
 
-An epoch is *pending* while its checkpoint is not durable, then *prepared* (due). A commit that
-fails is retried after the seed's exponential backoff (tokio-retry's
+An epoch is *pending* while its checkpoint is not durable, then *prepared* (due). Its commit
+says what happened (:data:`~barrierflow.actors.sinks.table.CommitOutcome`). A commit that
+may succeed later (``RetryLater``, or an exception the committer did not classify) is retried
+after the seed's exponential backoff (tokio-retry's
 ``ExponentialBackoff::from_millis(10)``: the n-th retry waits 10^n ms — 10 ms, 100 ms, 1 s,
 10 s — base^n, not doubling, capped at ``max_delay``, full jitter; the library's one schedule,
 :class:`barrierflow._backoff.RetryBackoff`) while the coordinator keeps
-serving writers; the next epoch's retries start again from the first delay. A commit running
-long logs a warning every ``warn_interval`` seconds. A commit that went through is marked
-*committed* in the meta store at once (:meth:`CommitQueue.write_marks`), so a restart does not
-run it again.
+serving writers; the next epoch's retries start again from the first delay. Unlike the seed,
+which retries for ever, the retries of one epoch are bounded by ``retry_timeout`` seconds from
+its first failure (a warning each time the time spent retrying doubles): past it — or at once
+when the table says ``Failed`` — the queue raises
+:class:`~barrierflow.errors.TableCommitFailedError`, which fails the coordinator and the
+pipeline, so a table that can no longer commit is not hidden behind writers that keep being
+acknowledged. A commit running long logs a warning every ``warn_interval`` seconds. A commit
+that went through is marked *committed* in the meta store at once
+(:meth:`CommitQueue.write_marks`), so a restart does not run it again.
 """
 
 from __future__ import annotations
@@ -18,8 +26,8 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import anyio
 
@@ -29,9 +37,22 @@ from barrierflow._backoff import MILLISECOND as MILLISECOND
 from barrierflow._backoff import RECENT_DELAYS, RetryBackoff
 from barrierflow._taskgroups import single_error
 from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
-from barrierflow.actors.sinks.table import CommitMetadata, Committer, Manifest, SchemaChange
+from barrierflow.actors.sinks.errors import TableCommitFailedError
+from barrierflow.actors.sinks.table import (
+    AlreadyCommitted,
+    CommitMetadata,
+    CommitOutcome,
+    Committed,
+    Committer,
+    Failed,
+    Manifest,
+    RetryLater,
+    SchemaChange,
+)
 
 __all__ = ["RECENT_DELAYS", "CommitItem", "CommitQueue", "RetryBackoff", "run_with_warnings"]
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -60,6 +81,12 @@ class CommitQueue:
         warn_interval: seconds between warnings while one commit runs.
         log: where warnings go.
         on_marked: called once a committed mark is written (the epoch now counts as committed).
+        sink: the sink's name (what a :class:`~barrierflow.errors.TableCommitFailedError`
+            names).
+        retry_timeout: seconds an epoch's commit is retried, from its first failure, before
+            the queue gives up with :class:`~barrierflow.errors.TableCommitFailedError`.
+        clock: the monotonic clock retries are timed by (``anyio.current_time``; a test may
+            pass a fake one).
     """
 
     def __init__(
@@ -72,6 +99,10 @@ class CommitQueue:
         warn_interval: float,
         log: Any,
         on_marked: Callable[[], None] = lambda: None,
+        *,
+        sink: str,
+        retry_timeout: float,
+        clock: Callable[[], float] = anyio.current_time,
     ) -> None:
         self.committer = committer
         self.states = states
@@ -84,6 +115,8 @@ class CommitQueue:
         #: When the last commit of this run went through (Unix seconds; ``None`` before the
         #: first): a wall-clock time, so that an alert can compute ``time() - x`` on it.
         self.last_commit_time: float | None = None
+        #: Commits that found the epoch committed already (:class:`AlreadyCommitted`).
+        self.replays = 0
         self.pending: deque[CommitItem] = deque()
         self.prepared: deque[CommitItem] = deque()
         self.retry_at: float | None = None
@@ -91,6 +124,13 @@ class CommitQueue:
         self._warn_interval = warn_interval
         self._log = log
         self._on_marked = on_marked
+        self._sink = sink
+        self._retry_timeout = retry_timeout
+        self._clock = clock
+        #: When the head epoch's commit first failed (``None``: it has not), and the time
+        #: spent retrying at which the next "still retrying" warning is due.
+        self._failing_since: float | None = None
+        self._warn_after = 0.0
         #: The epoch committed whose committed mark is not written yet (at most one: the next
         #: commit waits for it).
         self.unmarked: int | None = None
@@ -144,57 +184,38 @@ class CommitQueue:
     async def complete(
         self, epoch: int, manifests: list[Manifest], change: SchemaChange | None
     ) -> None:
-        """Every vnode's writer sent its manifest of ``epoch``: prepare its commit, then commit
-        it now (single-phase) or persist it as pending (two-phase). Returns once the writers
-        may be acknowledged.
-
-        A single-phase committer commits the data at once, as the seed's does, but a schema
-        change only once the epoch is durable: the data is prepared from the manifests
-        without it, and the change is persisted as pending with the metadata
-        ``{"schema_change": change}`` for its later commit."""
-        if self.committer.two_phase:
-            metadata = await self.committer.prepare(epoch, manifests)
-            if metadata is not None:
-                rows = sum(m.rows for m in manifests)
-                await self._persist_pending(CommitItem(epoch, metadata, change, rows))
-            return
-        if change is not None:
-            manifests = [replace(manifest, schema_change=None) for manifest in manifests]
-        data = await self.committer.prepare(epoch, manifests)
-        if data is not None:
-            await run_with_warnings(
-                self.committer.commit(epoch, data), self._warn_interval, self._log, epoch
-            )
-            self._went_through(epoch, sum(m.rows for m in manifests))
-        if change is not None:
-            await self._persist_pending(CommitItem(epoch, {"schema_change": dict(change)}, change))
+        """Every vnode's writer sent its manifest of ``epoch``: prepare its commit and persist
+        it as pending (nothing to commit: nothing is persisted). Returns once the writers may
+        be acknowledged."""
+        metadata = await self.committer.prepare(epoch, manifests)
+        if metadata is not None:
+            rows = sum(m.rows for m in manifests)
+            await self._persist_pending(CommitItem(epoch, metadata, change, rows))
 
     async def commit(self, item: CommitItem) -> bool:
-        """Commit ``item`` (the due head); returns whether it went through. On failure, log
-        it and schedule the retry. The previous commit's mark is written first: marks are
-        written in commit order, so at most the last commit is ever unmarked."""
+        """Commit ``item`` (the due head); returns whether it went through. A failure that
+        may pass is logged and its retry scheduled, within the retry bound. The previous
+        commit's mark is written first: marks are written in commit order, so at most the
+        last commit is ever unmarked.
+
+        Raises:
+            TableCommitFailedError: the committer said :class:`Failed`, or the epoch's commit
+                kept failing for ``retry_timeout`` seconds.
+        """
         if self.unmarked is not None:
             await self._mark_written.wait()
-        try:
-            await run_with_warnings(
-                self.committer.commit(item.epoch, item.metadata),
-                self._warn_interval, self._log, item.epoch,
-            )  # fmt: skip
-        except Exception as exc:
-            delay = self._backoff.failed()
-            self.retry_at = anyio.current_time() + delay
-            self._log.error(
-                "commit failed; retrying after backoff",
-                epoch=item.epoch,
-                error=repr(exc),
-                backoff_s=round(delay, 4),
-            )
+        outcome, classified = await self._attempt(item)
+        if isinstance(outcome, RetryLater | Failed):
+            self._failed(item, outcome, classified)
             return False
         self.prepared.popleft()
         self.retry_at = None
+        self._failing_since = None
         # The seed drops its backoff state on success (``ack_committed``): the next epoch's
         # retries start again from the first delay.
         self._backoff.succeeded()
+        if isinstance(outcome, AlreadyCommitted):
+            self.replays += 1
         # The seed marks the epoch committed at once (``commit_and_prune_epoch`` in
         # ``ack_committed``), so a restart does not commit it again. The mark is written by
         # :meth:`write_marks` beside the coordinator's loop: writers' requests are not held up
@@ -204,6 +225,53 @@ class CommitQueue:
         self._mark_wanted.set()
         self._went_through(item.epoch, item.rows)
         return True
+
+    async def _attempt(self, item: CommitItem) -> tuple[CommitOutcome, bool]:
+        """One call of the committer's commit, as an outcome and whether the committer
+        classified it: an exception it lets escape is an unclassified :class:`RetryLater`;
+        ``None`` is :class:`Committed`."""
+        try:
+            outcome: CommitOutcome | None = await run_with_warnings(
+                self.committer.commit(item.epoch, item.metadata),
+                self._warn_interval, self._log, item.epoch,
+            )  # fmt: skip
+        except Exception as exc:
+            return RetryLater(exc), False
+        return (Committed() if outcome is None else outcome), True
+
+    def _failed(self, item: CommitItem, outcome: RetryLater | Failed, classified: bool) -> None:
+        """Schedule the retry of a failed commit, or give up on it."""
+        cause = outcome.cause
+        if isinstance(outcome, Failed):
+            raise TableCommitFailedError(self._sink, item.epoch, cause) from cause
+        now = self._clock()
+        if self._failing_since is None:
+            self._failing_since, self._warn_after = now, 0.0
+        spent = now - self._failing_since
+        if spent >= self._retry_timeout:
+            raise TableCommitFailedError(
+                self._sink, item.epoch, cause, self._retry_timeout
+            ) from cause
+        delay = self._backoff.failed()
+        # The last retry runs at the bound, not a backoff past it: the run fails within it.
+        self.retry_at = min(now + delay, self._failing_since + self._retry_timeout)
+        self._log.error(
+            "commit failed; retrying after backoff",
+            epoch=item.epoch,
+            error=repr(cause),
+            # An exception the committer let escape: retried like RetryLater, but the table
+            # should say whether it can pass.
+            classified=classified,
+            backoff_s=round(delay, 4),
+        )
+        if spent > 0 and spent >= self._warn_after:
+            self._warn_after = 2 * spent
+            self._log.warning(
+                "commit still failing; the pipeline fails once the retry bound runs out",
+                epoch=item.epoch,
+                retrying_s=round(spent, 4),
+                retry_timeout_s=self._retry_timeout,
+            )
 
     def _went_through(self, epoch: int, rows: int) -> None:
         """Count the commit of ``epoch`` (publishing ``rows``) that went through."""
@@ -244,10 +312,10 @@ class CommitQueue:
 
 
 async def run_with_warnings(
-    commit: Awaitable[None], warn_interval: float, log: Any, epoch: int
-) -> None:
-    """Await ``commit``, logging a warning every ``warn_interval`` seconds while it runs; its
-    error is raised as itself (not in a group)."""
+    commit: Awaitable[_T], warn_interval: float, log: Any, epoch: int
+) -> _T:
+    """Await ``commit``, logging a warning every ``warn_interval`` seconds while it runs, and
+    return its result; its error is raised as itself (not in a group)."""
     started = anyio.current_time()
 
     async def warn() -> None:
@@ -258,11 +326,12 @@ async def run_with_warnings(
             )
 
     error: Exception | None = None
+    result: _T | None = None
     with single_error():
         async with anyio.create_task_group() as tg:
             tg.start_soon(warn)
             try:
-                await commit
+                result = await commit
             except Exception as exc:
                 # Raised below, as itself: inside the group it would be wrapped, and grouped
                 # with a cancellation of the run arriving meanwhile.
@@ -271,3 +340,4 @@ async def run_with_warnings(
                 tg.cancel_scope.cancel()
     if error is not None:
         raise error
+    return cast(_T, result)  # set: the commit returned

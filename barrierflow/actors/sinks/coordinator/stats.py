@@ -29,6 +29,9 @@ class CoordinatorStats:
     #: ones (seconds, oldest first; at most ``RECENT_DELAYS`` of them).
     commit_failures: int
     retry_delays: tuple[float, ...]
+    #: Commits that found their epoch committed already (the table's marker: a replay after a
+    #: crash or a lost reply), counted among ``committed_epochs``.
+    commit_replays: int
     #: Epochs aborted at recovery.
     aborted_epochs: tuple[int, ...]
     #: Rows the commits of this run published (the writers' manifests' rows).
