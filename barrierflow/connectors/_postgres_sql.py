@@ -272,7 +272,8 @@ def declare(connection: Connection, spec: TableSpec) -> None:
         connection.execute(
             s.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (sink text PRIMARY KEY, epoch bigint NOT NULL, "
-                "rows bigint NOT NULL, positions jsonb NOT NULL DEFAULT '{{}}', "
+                "rows bigint NOT NULL, commits bigint NOT NULL DEFAULT 1, "
+                "positions jsonb NOT NULL DEFAULT '{{}}', "
                 "positions_from jsonb NOT NULL DEFAULT '{{}}', "
                 "committed_at timestamptz NOT NULL DEFAULT now())"
             ).format(spec.name(COMMITS_TABLE))

@@ -71,6 +71,7 @@ import anyio.to_thread
 import numpy as np
 import pyarrow as pa
 
+from barrierflow._taskgroups import single_error, single_leaf
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.table import (
     AlreadyCommitted,
@@ -105,6 +106,7 @@ __all__ = ["PostgresCommitter", "PostgresStagingWriter", "PostgresTable"]
 T = TypeVar("T")
 
 _SEQ = "bf_seq"  # the staging table's row order: the last row of a key wins
+_MAX_LANES = 8  # connections committing one epoch's prepared transactions at once
 
 
 @final
@@ -449,8 +451,10 @@ class PostgresCommitter:
     """Commits the epochs of a :class:`PostgresTable` (see the module): ``COMMIT PREPARED``
     of every writer's transaction, then the marker.
 
-    One connection (autocommit: ``COMMIT PREPARED`` cannot run in a transaction), opened at
-    the first call and again after it broke.
+    Autocommit connections (``COMMIT PREPARED`` cannot run in a transaction): one for the
+    checks and the marker, and one per transaction committed at once (up to 8), each opened
+    at its first use and again after it broke; closed by :meth:`aclose`, or when the
+    committer is collected.
     """
 
     two_phase = True
@@ -458,6 +462,7 @@ class PostgresCommitter:
     def __init__(self, spec: TableSpec) -> None:
         self._spec = spec
         self._worker = _Worker(spec)
+        self._lanes: list[_Worker] = []  # the connections committing prepared transactions
 
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         """Create the marker tables if missing; roll back every prepared transaction of the
@@ -493,25 +498,32 @@ class PostgresCommitter:
         }
 
     async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
-        """``COMMIT PREPARED`` each of the epoch's transactions still prepared, then record
-        the epoch and its positions in the marker (idempotent: an epoch at or below the
-        marker is :class:`AlreadyCommitted`). A connection error, serialization failure or
-        deadlock is :class:`RetryLater`; an undefined table, a missing permission or a
-        transaction neither prepared nor committed (its rows lost: a
+        """``COMMIT PREPARED`` each of the epoch's transactions still prepared — in parallel,
+        one connection each, so that their WAL flushes share a group commit and the epoch is
+        partial for as short a time as possible — then record the epoch and its positions in
+        the marker (idempotent: an epoch at or below the marker is
+        :class:`AlreadyCommitted`). A connection error, serialization failure or deadlock is
+        :class:`RetryLater`; an undefined table, a missing permission or a transaction
+        neither prepared nor committed (its rows lost: a
         :class:`~barrierflow.errors.SinkRecoveryError`) is :class:`Failed`."""
+        gids = [str(g) for g in metadata.get("gids", ())]
         try:
-            return await self._worker.run(self._commit, epoch, dict(metadata))
+            checked = await self._worker.run(self._check, epoch, gids)
+            if not isinstance(checked, list):
+                return checked
+            await self._commit_prepared(checked)
+            await self._worker.run(self._mark, epoch, gids, dict(metadata))
         except Exception as error:
-            outcome = classify(error)
+            outcome = classify(single_leaf(error))  # type: ignore[arg-type]
             if outcome is None:
                 raise
             return outcome
+        return Committed()
 
-    def _commit(self, epoch: int, metadata: dict[str, Any]) -> CommitOutcome:
+    def _check(self, epoch: int, gids: list[str]) -> list[str] | AlreadyCommitted | Failed:
+        """The gids to commit, or what the commit already is."""
         spec, s = self._spec, sql()
-        connection = self._worker.live()
-        gids = [str(g) for g in metadata.get("gids", ())]
-        marker, prepared, shared = connection.execute(
+        marker, prepared, shared = self._worker.live().execute(
             s.SQL(
                 "SELECT (SELECT epoch FROM {} WHERE sink = %s), "
                 "ARRAY(SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
@@ -533,18 +545,37 @@ class PostgresCommitter:
                     "are neither prepared nor committed (rolled back outside barrierflow?)",
                 )
             )
-        for gid in gids:
-            if gid in prepared:
-                _finish(connection, "COMMIT", gid)
-        # The marker, written last, and the epoch's share rows gone, in one statement.
-        connection.execute(
+        return [gid for gid in gids if gid in prepared]
+
+    async def _commit_prepared(self, gids: list[str]) -> None:
+        while len(self._lanes) < min(len(gids), _MAX_LANES):
+            self._lanes.append(_Worker(self._spec))
+        lanes = self._lanes
+
+        async def lane(index: int) -> None:
+            for gid in gids[index :: len(lanes)]:
+                await lanes[index].run(self._finish_on, lanes[index], gid)
+
+        with single_error():
+            async with anyio.create_task_group() as tg:
+                for index in range(min(len(gids), len(lanes))):
+                    tg.start_soon(lane, index)
+
+    @staticmethod
+    def _finish_on(lane: _Worker, gid: str) -> None:
+        _finish(lane.live(), "COMMIT", gid)
+
+    def _mark(self, epoch: int, gids: list[str], metadata: dict[str, Any]) -> None:
+        """The marker, written last, and the epoch's share rows gone, in one statement."""
+        spec, s = self._spec, sql()
+        self._worker.live().execute(
             s.SQL(
                 "WITH gone AS (DELETE FROM {} WHERE gid = ANY(%s)) "
                 "INSERT INTO {} AS c (sink, epoch, rows, positions, positions_from) "
                 "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (sink) DO UPDATE SET "
                 "epoch = EXCLUDED.epoch, rows = c.rows + EXCLUDED.rows, "
-                "positions = EXCLUDED.positions, positions_from = EXCLUDED.positions_from, "
-                "committed_at = now()"
+                "commits = c.commits + 1, positions = EXCLUDED.positions, "
+                "positions_from = EXCLUDED.positions_from, committed_at = now()"
             ).format(spec.name(SHARES_TABLE), spec.name(COMMITS_TABLE)),
             [
                 gids,
@@ -555,7 +586,6 @@ class PostgresCommitter:
                 positions_json(metadata, "positions_from"),
             ],
         )
-        return Committed()
 
     async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
         """Roll back the epoch's prepared transactions (those its metadata names, and any
@@ -592,5 +622,6 @@ class PostgresCommitter:
         return SinkCommits(spec.qualified, int(row[0]), {k: int(v) for k, v in row[1].items()})
 
     async def aclose(self) -> None:
-        """Close the committer's connection."""
-        await self._worker.run(self._worker.close)
+        """Close the committer's connections."""
+        for worker in (self._worker, *self._lanes):
+            await worker.run(worker.close)
