@@ -7,10 +7,12 @@ that a test asserts on fields and a user reads what was expected and what arrive
 
 Each error is defined beside the layer that raises it (``channels/errors.py``,
 ``runtime/errors.py``, ``runtime/state/errors.py``, ``actors/sinks/errors.py``,
-``actors/sources/errors.py``, ``connectors/errors.py``, ``spark_bridge/errors.py``, and
-``_extras.py`` for a missing optional dependency); this module re-exports them all. Channel
-errors also derive from anyio's matching classes, so code written against anyio streams
-catches them unchanged.
+``actors/sources/errors.py``, ``connectors/errors.py``, ``spark_bridge/errors.py``, the test
+kit's modules for its own, and ``_extras.py`` for a missing optional dependency); this module
+re-exports them all, and is their one public home: import an error from here (the package root
+no longer re-exports them, and a layer's ``errors`` module is where it is defined, not a place
+to import it from). Channel errors also derive from anyio's matching classes, so code written
+against anyio streams catches them unchanged.
 
 The re-exports are lazy: importing this module imports none of the layers, and an error's
 layer is imported when the error is first looked up here. So ``import barrierflow`` (whose
@@ -26,7 +28,6 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from barrierflow._extras import MissingExtraError as MissingExtraError
-    from barrierflow._removed import RemovedNameError as RemovedNameError
     from barrierflow.actors.backfill.errors import (
         NotAMaterializedViewError as NotAMaterializedViewError,
     )
@@ -84,6 +85,7 @@ if _typing.TYPE_CHECKING:
     from barrierflow.channels.errors import EpochOrderError as EpochOrderError
     from barrierflow.channels.errors import InvalidArgumentError as InvalidArgumentError
     from barrierflow.channels.errors import ProtocolError as ProtocolError
+    from barrierflow.channels.errors import RemovedNameError as RemovedNameError
     from barrierflow.channels.errors import SchemaMismatchError as SchemaMismatchError
     from barrierflow.channels.errors import UnknownInputError as UnknownInputError
     from barrierflow.channels.errors import VnodeOwnershipError as VnodeOwnershipError
@@ -135,13 +137,17 @@ if _typing.TYPE_CHECKING:
     )
     from barrierflow.spark_bridge.errors import SparkQueryFailedError as SparkQueryFailedError
     from barrierflow.spark_bridge.errors import SparkUnavailableError as SparkUnavailableError
+    from barrierflow.testing.conformance import ConformanceError as ConformanceError
+    from barrierflow.testing.scripted import ScriptedCrashError as ScriptedCrashError
+    from barrierflow.testing.scripted import ScriptedFailureError as ScriptedFailureError
+    from barrierflow.testing.sinks import InjectedFaultError as InjectedFaultError
 
 #: Where each public error is defined: its module, by name. ``__getattr__`` imports the
 #: module on first use; the ``TYPE_CHECKING`` imports above say the same to a type checker
 #: (``tests/test_layout.py`` checks that the two agree).
 _DEFINED_IN: dict[str, str] = {
     "MissingExtraError": "barrierflow._extras",
-    "RemovedNameError": "barrierflow._removed",
+    "RemovedNameError": "barrierflow.channels.errors",
     "NotAMaterializedViewError": "barrierflow.actors.backfill.errors",
     "SnapshotBackfillStateError": "barrierflow.actors.backfill.errors",
     "UnfinishedSplitMigratedError": "barrierflow.actors.backfill.errors",
@@ -228,6 +234,10 @@ _DEFINED_IN: dict[str, str] = {
     "ExecutorImportError": "barrierflow.spark_bridge.errors",
     "SparkCheckpointBehindError": "barrierflow.spark_bridge.errors",
     "SparkUnavailableError": "barrierflow.spark_bridge.errors",
+    "ConformanceError": "barrierflow.testing.conformance",
+    "InjectedFaultError": "barrierflow.testing.sinks",
+    "ScriptedCrashError": "barrierflow.testing.scripted",
+    "ScriptedFailureError": "barrierflow.testing.scripted",
 }
 
 if not _typing.TYPE_CHECKING:

@@ -66,8 +66,8 @@ import pyarrow.parquet as pq
 from barrierflow.actors.backfill.materialize import Materialize
 from barrierflow.actors.backfill.snapshot_backfill import SnapshotBackfill
 from barrierflow.channels import Chunk, Message, Op
-from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
-from barrierflow.runtime.state import StateStore, VersionedTable
+from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StateStore, StreamActor
+from barrierflow.runtime.state.versioned_table import VersionedTable
 from benchmarks.harness import Settings, make_record, median, paired_ratio, rounded, samples
 from benchmarks.jobs import logs_to_stderr
 

@@ -66,12 +66,8 @@ from barrierflow.actors.sinks.add_sink import DeclaredSink, add_sink
 from barrierflow.actors.sources.split_log import OFFSET_MAJOR, OFFSET_MINOR, SPLIT_COLUMN
 from barrierflow.actors.sources.split_source import SplitSource
 from barrierflow.channels import Chunk, Message
-from barrierflow.connectors import (
-    ParquetCommitter,
-    ParquetStagingWriter,
-    ParquetTable,
-    RedisStreamLog,
-)
+from barrierflow.connectors import ParquetStagingWriter, ParquetTable, RedisStreamLog
+from barrierflow.connectors.parquet_committer import ParquetCommitter
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StateStore, StreamActor
 
 PAYLOAD = pa.schema([("n", pa.int64())])

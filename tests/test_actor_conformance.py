@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from barrierflow import InvalidArgumentError
 from barrierflow.channels import Chunk, Message
+from barrierflow.errors import InvalidArgumentError
 from barrierflow.runtime import ActorContext, StreamActor
 from barrierflow.testing.actor_conformance import check_stream_actor
 

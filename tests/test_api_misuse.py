@@ -12,8 +12,8 @@ import pytest
 import structlog.testing
 from _timeouts import scaled
 
-from barrierflow import NotAwaitedError
 from barrierflow.channels import Chunk
+from barrierflow.errors import NotAwaitedError
 from barrierflow.runtime import Runtime, RuntimeConfig, StreamActor
 from barrierflow.runtime.state.table import StateTable
 

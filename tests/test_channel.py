@@ -12,16 +12,9 @@ from anyio.lowlevel import checkpoint
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barrierflow import ChannelBrokenError, ChannelClosedError, ConfigError
-from barrierflow.channels import (
-    COOPERATIVE_BUDGET,
-    Barrier,
-    Chunk,
-    EpochPair,
-    Message,
-    Watermark,
-    create_channel,
-)
+from barrierflow.channels import Barrier, Chunk, EpochPair, Message, Watermark, create_channel
+from barrierflow.channels.channel import COOPERATIVE_BUDGET
+from barrierflow.errors import ChannelBrokenError, ChannelClosedError, ConfigError
 from barrierflow.testing import drain
 
 pytestmark = pytest.mark.anyio

@@ -22,14 +22,14 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
-from barrierflow import InvalidArgumentError
 from barrierflow.app._trace import TracedTable, follow_job
-from barrierflow.app.chaos import ChaosConfig, harness
+from barrierflow.app.chaos import harness
 from barrierflow.app.chaos.acts import ACTS, Act, Target
 from barrierflow.app.chaos.audit import Audit
-from barrierflow.app.chaos.harness import RANDOM_WHERE, _plan
+from barrierflow.app.chaos.harness import RANDOM_WHERE, ChaosConfig, _plan
 from barrierflow.app.chaos.process import KillAfter, KillAt, RunOutcome, run_until
 from barrierflow.app.cli import main
+from barrierflow.errors import InvalidArgumentError
 from barrierflow.runtime.progress import JobProgress, Progress
 from barrierflow.testing import ListTable
 

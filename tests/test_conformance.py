@@ -11,7 +11,7 @@ import anyio
 import pyarrow as pa
 import pytest
 
-from barrierflow import InvalidArgumentError
+from barrierflow.errors import InvalidArgumentError
 from barrierflow.testing.conformance import ConformanceError, check_table
 from barrierflow.testing.crash_conformance import CRASH_RULES, TIMEOUT_SCALE_ENV
 from barrierflow.testing.sinks import FailingTable, ListTable

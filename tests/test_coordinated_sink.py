@@ -11,7 +11,8 @@ import pyarrow.dataset as ds
 import pytest
 from _timeouts import scaled
 
-from barrierflow.actors import Coordinator, SinkWriter
+from barrierflow.actors import Coordinator
+from barrierflow.actors.sinks.sink_writer import SinkWriter
 from barrierflow.channels import Chunk, Update, VnodeBitmap
 from barrierflow.connectors import ParquetTable
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig

@@ -23,14 +23,11 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
-from barrierflow.actors import BatchFeed, Coordinator, SinkWriter, SplitSource, add_sink
+from barrierflow.actors import BatchFeed, Coordinator, SplitSource, add_sink
+from barrierflow.actors.sinks.sink_writer import SinkWriter
 from barrierflow.channels import Chunk, Message
-from barrierflow.connectors import (
-    ParquetCommitter,
-    ParquetStagingWriter,
-    ParquetTable,
-    open_local_catalog,
-)
+from barrierflow.connectors import ParquetStagingWriter, ParquetTable, open_local_catalog
+from barrierflow.connectors.parquet_committer import ParquetCommitter
 from barrierflow.errors import (
     ActorFailedError,
     InvalidArgumentError,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from _timeouts import scaled
 
-from barrierflow import ConfigError, InvalidArgumentError
 from barrierflow.app.demo_backfill import MANIFEST, BackfillDemoConfig, run_backfill_demo
+from barrierflow.errors import ConfigError, InvalidArgumentError
 from barrierflow.testing.redis_server import kill_left_behind
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
-from barrierflow import ConfigError, InvalidArgumentError
 from barrierflow.app._demo_views_graph import WITH_OPS, check_changes
 from barrierflow.app.demo_views import ViewsDemoConfig, run_views_demo
+from barrierflow.errors import ConfigError, InvalidArgumentError
 
 pytestmark = pytest.mark.slow
 

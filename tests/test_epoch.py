@@ -8,15 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barrierflow import EpochOrderError, InvalidArgumentError
-from barrierflow.channels import (
-    EPOCH_BASE_UNIX_MS,
-    EPOCH_PHYSICAL_SHIFT,
-    EpochClock,
-    EpochPair,
-    epoch_from_unix_ms,
-    physical_time_ms,
-)
+from barrierflow.channels import EpochClock, EpochPair, epoch_from_unix_ms, physical_time_ms
+from barrierflow.channels.epoch import EPOCH_BASE_UNIX_MS, EPOCH_PHYSICAL_SHIFT
+from barrierflow.errors import EpochOrderError, InvalidArgumentError
 from barrierflow.testing import FakeClock
 
 LOW_BITS = (1 << EPOCH_PHYSICAL_SHIFT) - 1

@@ -21,7 +21,6 @@ from barrierflow.actors import SplitSource, add_sink
 from barrierflow.actors.sources.split_log import split_log_schema
 from barrierflow.channels import (
     Add,
-    AlignedMerge,
     Barrier,
     BarrierKind,
     BroadcastDispatcher,
@@ -39,6 +38,7 @@ from barrierflow.channels import (
     epoch_from_unix_ms,
     physical_time_ms,
 )
+from barrierflow.channels.merge import AlignedMerge
 from barrierflow.errors import (
     ActorFailedError,
     BarrierCollectError,

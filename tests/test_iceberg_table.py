@@ -19,10 +19,11 @@ import pyiceberg.io.pyarrow  # noqa: F401  # suite's fork server, not in each ch
 import pytest
 from _timeouts import scaled
 
-from barrierflow import InvalidArgumentError
-from barrierflow.actors import Coordinator, SinkWriter, add_sink
+from barrierflow.actors import Coordinator, add_sink
+from barrierflow.actors.sinks.sink_writer import SinkWriter
 from barrierflow.channels import Chunk
 from barrierflow.connectors import IcebergTable, open_local_catalog
+from barrierflow.errors import InvalidArgumentError
 from barrierflow.runtime import Fanout, Job, Runtime, RuntimeConfig
 from barrierflow.testing.conformance import check_table
 from barrierflow.testing.crash_conformance import CRASH_RULES

@@ -15,7 +15,9 @@ from _timeouts import scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from barrierflow import (
+from barrierflow.channels import Barrier, Chunk, Message, create_channel
+from barrierflow.channels.select import BiasedSelect
+from barrierflow.errors import (
     ActorFailedError,
     DuplicateJobError,
     GraphError,
@@ -26,8 +28,6 @@ from barrierflow import (
     UnknownInputError,
     UnknownJobError,
 )
-from barrierflow.channels import Barrier, Chunk, Message, create_channel
-from barrierflow.channels.select import BiasedSelect
 from barrierflow.runtime import (
     ActorContext,
     Job,

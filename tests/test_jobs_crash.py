@@ -22,8 +22,8 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
-from barrierflow import JobNotDeclaredError
 from barrierflow.channels import Chunk, Message
+from barrierflow.errors import JobNotDeclaredError
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StateStore, StreamActor
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -353,8 +353,8 @@ def test_importing_the_core_loads_no_optional_package(statement: str, may_load: 
 
 
 @pytest.mark.subprocess
-def test_an_error_from_the_root_loads_only_its_layer() -> None:
-    loaded = _loaded_after("from barrierflow import ChannelClosedError, StoreIOError")
+def test_an_error_from_the_hub_loads_only_its_layer() -> None:
+    loaded = _loaded_after("from barrierflow.errors import ChannelClosedError, StoreIOError")
     assert set(loaded) <= {"barrierflow.runtime"}
 
 
@@ -374,7 +374,7 @@ def test_require_names_the_extra_of_a_missing_module() -> None:
     assert isinstance(error, ImportError)  # code guarding an optional import still catches it
     assert isinstance(error.__cause__, ImportError)
     assert "pip install 'barrierflow[delta]'" in str(error)
-    assert barrierflow.MissingExtraError is MissingExtraError
+    assert barrierflow.errors.MissingExtraError is MissingExtraError
 
 
 def test_require_refuses_an_unknown_extra() -> None:

@@ -9,7 +9,6 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
-from barrierflow import OffsetOrderError, OffsetTrimmedError, UnknownSplitError
 from barrierflow.actors.sources.split_log import (
     OFFSET_MAJOR,
     OFFSET_MINOR,
@@ -17,6 +16,7 @@ from barrierflow.actors.sources.split_log import (
     Offset,
     SplitLog,
 )
+from barrierflow.errors import OffsetOrderError, OffsetTrimmedError, UnknownSplitError
 from barrierflow.testing.split_log import MemorySplitLog
 
 pytestmark = pytest.mark.anyio

@@ -9,9 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barrierflow import BarrierMisalignedError, InvalidArgumentError
 from barrierflow.channels import (
-    AlignedMerge,
     Barrier,
     Chunk,
     EpochPair,
@@ -20,6 +18,8 @@ from barrierflow.channels import (
     create_channel,
     merge_aligned,
 )
+from barrierflow.channels.merge import AlignedMerge
+from barrierflow.errors import BarrierMisalignedError, InvalidArgumentError
 from barrierflow.testing import drain, rows_per_epoch
 from barrierflow.testing.strategies import StreamSpec, aligned_streams, epoch_pairs
 

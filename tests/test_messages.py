@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barrierflow import EpochOrderError, InvalidArgumentError
 from barrierflow.channels import (
     Add,
     Barrier,
@@ -29,6 +28,7 @@ from barrierflow.channels import (
     VnodeBitmap,
     Watermark,
 )
+from barrierflow.errors import EpochOrderError, InvalidArgumentError
 
 BATCH = pa.record_batch(
     {

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barrierflow import EpochOrderError, InvalidArgumentError
 from barrierflow.channels import (
     Barrier,
     Chunk,
@@ -23,6 +22,7 @@ from barrierflow.channels import (
     epoch_from_unix_ms,
     physical_time_ms,
 )
+from barrierflow.errors import EpochOrderError, InvalidArgumentError
 from barrierflow.testing import FakeClock
 
 BATCH = pa.record_batch({"id": pa.array([1, 2, 3], pa.int64())})

@@ -25,6 +25,9 @@ PUBLIC_PACKAGES = [
     "barrierflow.connectors",
     "barrierflow.runtime.state",
     "barrierflow.testing",
+    "barrierflow.spark_bridge",
+    "barrierflow.actors.sinks.coordinator",
+    "barrierflow.app.chaos",
 ]
 
 
@@ -82,9 +85,18 @@ def test_package_is_typed() -> None:
     assert (PACKAGE_ROOT / "py.typed").exists()
 
 
-def test_every_public_error_is_exported_from_the_package() -> None:
+def test_every_public_error_has_one_home_the_error_hub() -> None:
+    """The errors are exported from ``barrierflow.errors`` only: looked up at the root (which
+    re-exported them before 0.2.0), each names its home."""
     import barrierflow.errors
+    from barrierflow.errors import RemovedNameError
 
-    assert set(barrierflow.errors.__all__) <= set(barrierflow.__all__)
+    assert not set(barrierflow.errors.__all__) & set(barrierflow.__all__)
     for name in barrierflow.errors.__all__:
-        assert getattr(barrierflow, name) is getattr(barrierflow.errors, name)
+        with pytest.raises(RemovedNameError) as caught:
+            getattr(barrierflow, name)
+        error = caught.value
+        assert (error.module, error.removed) == ("barrierflow", name)
+        assert (error.version, error.replacement) == ("0.2.0", f"barrierflow.errors.{name}")
+    with pytest.raises(AttributeError):
+        barrierflow.NoSuchError  # noqa: B018 - the lookup is the test

@@ -13,14 +13,14 @@ import structlog
 import structlog.testing
 from _timeouts import scaled
 
-from barrierflow import (
+from barrierflow.channels import Barrier, BarrierKind, Chunk, Message, Pause, Stop
+from barrierflow.errors import (
     ActorFailedError,
     ActorGoneError,
     ConfigError,
     GraphError,
     InvalidArgumentError,
 )
-from barrierflow.channels import Barrier, BarrierKind, Chunk, Message, Pause, Stop
 from barrierflow.runtime import (
     ActorContext,
     BlockingRuntime,

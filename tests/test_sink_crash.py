@@ -23,7 +23,8 @@ import pyarrow.dataset as ds
 import pytest
 from _timeouts import scaled
 
-from barrierflow.actors import SinkState, SinkStateRecord, SinkStates, add_sink
+from barrierflow.actors import add_sink
+from barrierflow.actors.sinks.coordinator.meta_store import SinkState, SinkStateRecord, SinkStates
 from barrierflow.channels import Chunk
 from barrierflow.connectors import ParquetTable
 from barrierflow.connectors._staging import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name

@@ -29,7 +29,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from trio.testing import MockClock
 
-from barrierflow import (
+from barrierflow.actors import Manifest, StagedFile, StagingWriter
+from barrierflow.actors.sinks import sink_task
+from barrierflow.actors.sinks.sink_task import (
+    SinkTask,
+    SinkTaskHandle,
+    SinkTaskStats,
+    start_sink_task,
+)
+from barrierflow.channels.epoch import MAX_EPOCH
+from barrierflow.errors import (
     ActorGoneError,
     EpochPoisonedError,
     InvalidArgumentError,
@@ -37,17 +46,6 @@ from barrierflow import (
     SinkConnectorError,
     SinkEpochError,
 )
-from barrierflow.actors import (
-    Manifest,
-    SinkTask,
-    SinkTaskHandle,
-    SinkTaskStats,
-    StagedFile,
-    StagingWriter,
-    start_sink_task,
-)
-from barrierflow.actors.sinks import sink_task
-from barrierflow.channels.epoch import MAX_EPOCH
 
 pytestmark = pytest.mark.anyio
 

@@ -18,15 +18,16 @@ import pytest
 import structlog
 from _timeouts import scaled
 
-from barrierflow.actors import Coordinator, SinkWriter, add_sink
+from barrierflow.actors import Coordinator, add_sink
+from barrierflow.actors.sinks.sink_writer import SinkWriter
 from barrierflow.channels import VnodeBitmap
 from barrierflow.connectors import (
     IcebergTable,
-    ParquetCommitter,
     ParquetStagingWriter,
     ParquetTable,
     open_local_catalog,
 )
+from barrierflow.connectors.parquet_committer import ParquetCommitter
 from barrierflow.errors import (
     ActorFailedError,
     CoordinatorAbortedError,

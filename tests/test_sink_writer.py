@@ -15,13 +15,9 @@ import pyarrow.dataset as ds
 import pytest
 from _timeouts import scaled
 
-from barrierflow import (
-    ActorFailedError,
-    BarrierNotPassedError,
-    ProtocolError,
-    SinkConnectorError,
-)
-from barrierflow.actors import Coordinator, SinkState, SinkStates, SinkWriter
+from barrierflow.actors import Coordinator
+from barrierflow.actors.sinks.coordinator.meta_store import SinkState, SinkStates
+from barrierflow.actors.sinks.sink_writer import SinkWriter
 from barrierflow.channels import (
     Barrier,
     Chunk,
@@ -35,11 +31,15 @@ from barrierflow.channels import (
 )
 from barrierflow.connectors import ParquetStagingWriter, ParquetTable
 from barrierflow.errors import (
+    ActorFailedError,
     BarrierflowError,
+    BarrierNotPassedError,
     CoordinatorMissingError,
     DuplicateWriterError,
     InvalidArgumentError,
+    ProtocolError,
     SchemaMismatchError,
+    SinkConnectorError,
     SinkWriterInputError,
 )
 from barrierflow.runtime import ActorContext, Fanout, Runtime, RuntimeConfig, StreamActor

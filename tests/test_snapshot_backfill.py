@@ -16,13 +16,6 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
-from barrierflow import (
-    ActorFailedError,
-    InvalidArgumentError,
-    NotAMaterializedViewError,
-    SnapshotBackfillStateError,
-    VnodeUpdateDuringBackfillError,
-)
 from barrierflow.actors.backfill.errors import UpstreamEndedDuringBackfillError
 from barrierflow.actors.backfill.materialize import Materialize
 from barrierflow.actors.backfill.snapshot_backfill import TABLE, SnapshotBackfill
@@ -42,6 +35,13 @@ from barrierflow.channels import (
 )
 from barrierflow.channels.errors import ProtocolError
 from barrierflow.channels.vnode import VnodeBitmap
+from barrierflow.errors import (
+    ActorFailedError,
+    InvalidArgumentError,
+    NotAMaterializedViewError,
+    SnapshotBackfillStateError,
+    VnodeUpdateDuringBackfillError,
+)
 from barrierflow.runtime import (
     ActorContext,
     Job,

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_snapshot_backfill import SCHEMA, Change, Upserts, assert_exactly_once, copy_job
 
-from barrierflow import ActorFailedError
 from barrierflow.actors.backfill.materialize import Materialize
 from barrierflow.channels import Chunk, Message, Throttle
+from barrierflow.errors import ActorFailedError
 from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
 
 pytestmark = pytest.mark.anyio

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barrierflow import InvalidArgumentError
 from barrierflow.actors.backfill.snapshot_progress import (
     SnapshotPhase,
     SnapshotProgress,
     VnodeProgress,
 )
+from barrierflow.errors import InvalidArgumentError
 
 
 @given(

@@ -12,7 +12,6 @@ import pyarrow as pa
 import pytest
 from _timeouts import scaled
 
-from barrierflow import ActorFailedError, InvalidArgumentError, UnknownSplitError
 from barrierflow.actors.backfill.source_backfill import SourceBackfill
 from barrierflow.actors.backfill.source_backfill_state import BackfillPhase, SplitBackfill
 from barrierflow.actors.sources.split_log import OFFSET_MAJOR, SPLIT_COLUMN, Offset
@@ -26,6 +25,7 @@ from barrierflow.channels import (
     Throttle,
     Update,
 )
+from barrierflow.errors import ActorFailedError, InvalidArgumentError, UnknownSplitError
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StateStore, StreamActor
 from barrierflow.testing.split_log import MemorySplitLog
 

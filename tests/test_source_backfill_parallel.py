@@ -12,10 +12,10 @@ import pytest
 from _timeouts import scaled
 from test_source_backfill import Collect, by_split, live, make_log
 
-from barrierflow import GraphError
 from barrierflow.actors.backfill.source_backfill import SourceBackfill
 from barrierflow.actors.sources.split_log import OFFSET_MAJOR, SPLIT_COLUMN
 from barrierflow.channels import Chunk, Message, Watermark
+from barrierflow.errors import GraphError
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
 from barrierflow.testing.split_log import MemorySplitLog
 

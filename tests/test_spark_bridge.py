@@ -36,14 +36,9 @@ from barrierflow.runtime import (
     RuntimeConfig,
     StreamActor,
 )
-from barrierflow.spark_bridge import (
-    SparkBridge,
-    SparkReader,
-    arrow_schema_of,
-    read_spark,
-    require_spark,
-)
+from barrierflow.spark_bridge import SparkBridge, SparkReader, arrow_schema_of, read_spark
 from barrierflow.spark_bridge import session as session_module
+from barrierflow.spark_bridge.session import require_spark
 
 pytestmark = pytest.mark.spark
 

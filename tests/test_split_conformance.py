@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 import redis
 
-from barrierflow import InvalidArgumentError
 from barrierflow.actors.sources.split_log import Offset
 from barrierflow.connectors import RedisStreamLog
+from barrierflow.errors import InvalidArgumentError
 from barrierflow.testing.redis_server import RedisServer
 from barrierflow.testing.split_conformance import check_split_reader
 from barrierflow.testing.split_log import MemorySplitLog

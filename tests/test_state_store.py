@@ -22,7 +22,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from barrierflow import (
+from barrierflow.errors import (
     EpochOrderError,
     InvalidArgumentError,
     StoreFormatError,

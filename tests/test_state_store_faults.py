@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from barrierflow import (
+from barrierflow.errors import (
     ConcurrentCommitError,
     InvalidArgumentError,
     ProtocolError,

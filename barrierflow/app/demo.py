@@ -71,8 +71,9 @@ from barrierflow.app._trace import trace
 from barrierflow.channels.errors import ConfigError
 from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
 from barrierflow.runtime.errors import SinkStateMismatchError
-from barrierflow.spark_bridge import SparkBridge, spark_session, unwrap_spark_error
+from barrierflow.spark_bridge import SparkBridge, spark_session
 from barrierflow.spark_bridge.errors import SparkCheckpointBehindError
+from barrierflow.spark_bridge.failures import unwrap_spark_error
 
 __all__ = [
     "SCHEMA",
@@ -146,6 +147,9 @@ class DemoConfig:
     #: staged by Spark's tasks on the executors (``"executors"``). A run can resume the
     #: other way: both commit through the same coordinator and record the same positions.
     write_on: WriteOn = "driver"
+    #: With ``table="postgres"``: the database to write into (a libpq connection string);
+    #: ``None``: a server of the demo's own, with its data in ``<workdir>/postgres``.
+    postgres_dsn: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("rows", "batches"):
@@ -167,6 +171,13 @@ class DemoConfig:
             raise ConfigError("table", f"None or one of {TABLES}", self.table)
         if not isinstance(self.write_on, str) or self.write_on not in WRITE_ON:
             raise ConfigError("write_on", f"one of {WRITE_ON}", self.write_on)
+        if self.postgres_dsn is not None and (
+            not isinstance(self.postgres_dsn, str) or not self.postgres_dsn.strip()
+        ):
+            raise ConfigError("postgres_dsn", "None or a libpq connection string", self.postgres_dsn)
+        if self.table == "postgres" and self.write_on != "driver":
+            # Spark tasks stage Parquet files; a PostgreSQL writer's stage is a transaction.
+            raise ConfigError("write_on", "'driver' with table='postgres'", self.write_on)
         if self.crash_point == "executor-lost" and self.write_on != "executors":
             raise ConfigError(
                 "crash_point", "'executor-lost' only with write_on='executors'", self.crash_point
@@ -350,7 +361,9 @@ def run_demo(config: DemoConfig) -> DemoResult:
     faults = Faults(config.crash_after, config.crash_point, resume_command(config))
     if config.resume and config.adopt_sink_positions:
         _set_aside_state_without_spark_checkpoint(workdir)
-    table = open_table(manifest.table, workdir)
+    table = open_table(
+        manifest.table, workdir, postgres_dsn=config.postgres_dsn, fresh=not config.resume
+    )
     rt, feed, sink = build_runtime(
         workdir, table, faults, adopt_sink_positions=config.adopt_sink_positions
     )

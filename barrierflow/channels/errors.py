@@ -6,7 +6,10 @@ Every public name is re-exported from :mod:`barrierflow.errors`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, final
 
 import anyio
@@ -25,6 +28,7 @@ __all__ = [
     "DroppedOutputRowsError",
     "WatermarkTypeMismatchError",
     "UnknownInputError",
+    "RemovedNameError",
 ]
 
 
@@ -261,3 +265,118 @@ class UnknownInputError(InvalidArgumentError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+# Removed public names. The error, the entries and the lookup live in the bottom layer so that
+# every package can name what replaced its removed names, this one included (a root helper
+# imports this module, so the channel layer cannot import one that does); the table of every
+# package's removed names is ``barrierflow._removed``.
+
+
+@final
+class RemovedNameError(BarrierflowError, ImportError):
+    """A public name that was removed was looked up.
+
+    An ``ImportError``, so that ``from module import Name`` shows this message (an
+    ``AttributeError`` raised by a module's ``__getattr__`` would be replaced by Python's
+    ``cannot import name``), and code guarding an import the usual way still catches it.
+
+    Attributes:
+        module: the module the name was looked up in (``"barrierflow.connectors"``).
+        removed: the name (``"ParquetFileSink"``).
+        version: the release that removed it (``"0.1.0"``).
+        replacement: what to use instead, as the message says it.
+    """
+
+    def __init__(self, module: str, removed: str, version: str, replacement: str) -> None:
+        self.module = module
+        self.removed = removed
+        self.version = version
+        self.replacement = replacement
+        super().__init__(
+            f"{module}.{removed} was removed in {version}; use {replacement} (see CHANGELOG.md)",
+            name=module,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    """A removed name's release and replacement (one entry of a module's table)."""
+
+    #: The release that removed it.
+    version: str
+    #: What to use instead, in words a reader can act on: a name and where to import it from,
+    #: or what to do when nothing replaces it.
+    replacement: str
+
+
+@dataclass(frozen=True, slots=True)
+class Deprecated:
+    """A renamed public name, still served for one release under its old name with a
+    ``DeprecationWarning`` naming the new one."""
+
+    #: The release that renamed it.
+    version: str
+    #: Its new name, in the same module.
+    new: str
+
+
+def removed_name_lookup(
+    module: str, removed: Mapping[str, Removed], renamed: Mapping[str, Deprecated]
+) -> Callable[[str], Any]:
+    """The module-level ``__getattr__`` of ``module``, which no longer exports the names of
+    ``removed``, and serves those of ``renamed`` under their old names (PEP 562: Python calls
+    it only for a name the module does not have).
+
+    Returns:
+        A function Python calls only for a name the module does not have: it returns a
+        deprecated name's new object with a ``DeprecationWarning``, raises
+        :class:`RemovedNameError` for a removed name, and ``AttributeError`` for any other
+        (as a module without ``__getattr__`` would).
+    """
+
+    def lookup(name: str) -> Any:
+        old = renamed.get(name)
+        if old is not None:
+            warnings.warn(
+                f"{module}.{name} is deprecated since {old.version}: use {module}.{old.new} "
+                "(the old name goes in the next release)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(sys.modules[module], old.new)
+        entry = removed.get(name)
+        if entry is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        raise RemovedNameError(module, name, entry.version, entry.replacement)
+
+    return lookup
+
+
+_V020 = "0.2.0"
+_OWN = " (the name itself is the library's own now)"
+
+#: The names :mod:`barrierflow.channels` exported before 0.2.0 and no longer does (its
+#: ``__getattr__`` names what replaced them; ``barrierflow._removed.REMOVED`` includes them).
+CHANNELS_REMOVED: Mapping[str, Removed] = {
+    "AlignedMerge": Removed(_V020, "barrierflow.channels.merge_aligned, which returns one" + _OWN),
+    "COOPERATIVE_BUDGET": Removed(
+        _V020, "barrierflow.channels.create_channel, whose channels keep that budget" + _OWN
+    ),
+    "DEFAULT_VNODE_COUNT": Removed(
+        _V020, "barrierflow.channels.VnodeBitmap.full(), whose default size it is" + _OWN
+    ),
+    **{
+        name: Removed(
+            _V020,
+            "barrierflow.channels.epoch_from_unix_ms and barrierflow.channels.physical_time_ms, "
+            "which convert between epochs and times" + _OWN,
+        )
+        for name in ("EPOCH_BASE_UNIX_MS", "EPOCH_PHYSICAL_SHIFT")
+    },
+    "Receiver": Removed(_V020, "barrierflow.channels.ReceiveChannel"),
+    "Sender": Removed(_V020, "barrierflow.channels.SendChannel"),
+    "vnode_owners": Removed(
+        _V020, "barrierflow.channels.VnodeBitmap, which says which vnodes it holds" + _OWN
+    ),
+}

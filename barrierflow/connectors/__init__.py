@@ -6,12 +6,9 @@ the console, and Redis streams as a split log. Every table stages through
 import typing as _typing
 
 from barrierflow._removed import removed_names as _removed_names
-from barrierflow.connectors.delta_table import DeltaCommitter as DeltaCommitter
 from barrierflow.connectors.delta_table import DeltaLakeTable as DeltaLakeTable
-from barrierflow.connectors.iceberg_table import IcebergCommitter as IcebergCommitter
 from barrierflow.connectors.iceberg_table import IcebergTable as IcebergTable
 from barrierflow.connectors.iceberg_table import open_local_catalog as open_local_catalog
-from barrierflow.connectors.parquet_committer import ParquetCommitter as ParquetCommitter
 from barrierflow.connectors.parquet_table import ParquetTable as ParquetTable
 from barrierflow.connectors.parquet_writer import ParquetStagingWriter as ParquetStagingWriter
 from barrierflow.connectors.postgres_table import PostgresTable as PostgresTable
@@ -20,11 +17,8 @@ from barrierflow.connectors.redis_streams import RedisStreamLog as RedisStreamLo
 from barrierflow.connectors.redis_streams import RetryBackoff as RetryBackoff
 
 __all__ = [
-    "DeltaCommitter",
     "DeltaLakeTable",
-    "IcebergCommitter",
     "IcebergTable",
-    "ParquetCommitter",
     "ParquetStagingWriter",
     "ParquetTable",
     "PostgresTable",

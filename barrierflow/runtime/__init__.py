@@ -22,7 +22,6 @@ from barrierflow.runtime.graph import Fanout as Fanout
 from barrierflow.runtime.job import Job as Job
 from barrierflow.runtime.job import JobHandle as JobHandle
 from barrierflow.runtime.job import JobStats as JobStats
-from barrierflow.runtime.job import PushSource as PushSource
 from barrierflow.runtime.job_catalog import stored_jobs as stored_jobs
 from barrierflow.runtime.logging import configure_logging as configure_logging
 from barrierflow.runtime.progress import JobProgress as JobProgress
@@ -31,7 +30,6 @@ from barrierflow.runtime.runtime import Runtime as Runtime
 from barrierflow.runtime.runtime import RuntimeStats as RuntimeStats
 from barrierflow.runtime.service import Service as Service
 from barrierflow.runtime.service import ServiceContext as ServiceContext
-from barrierflow.runtime.state.state_store import CommittedEpochs as CommittedEpochs
 from barrierflow.runtime.state.state_store import StateStore as StateStore
 from barrierflow.runtime.state.state_store import StateTable as StateTable
 
@@ -41,7 +39,6 @@ __all__ = [
     "ActorStats",
     "BlockingRuntime",
     "CommandHandler",
-    "CommittedEpochs",
     "Fanout",
     "Finish",
     "Job",
@@ -49,7 +46,6 @@ __all__ = [
     "JobProgress",
     "JobStats",
     "Progress",
-    "PushSource",
     "Runtime",
     "RuntimeConfig",
     "RuntimeStats",

@@ -38,7 +38,6 @@ import typing as _typing
 from barrierflow._removed import removed_names as _removed_names
 from barrierflow.testing.actor_conformance import check_stream_actor as check_stream_actor
 from barrierflow.testing.clock import FakeClock as FakeClock
-from barrierflow.testing.conformance import ConformanceError as ConformanceError
 from barrierflow.testing.conformance import check_table as check_table
 from barrierflow.testing.postgres_server import PostgresServer as PostgresServer
 from barrierflow.testing.redis_server import RedisServer as RedisServer
@@ -47,13 +46,9 @@ from barrierflow.testing.scripted import CRASH as CRASH
 from barrierflow.testing.scripted import FAIL as FAIL
 from barrierflow.testing.scripted import PAUSE as PAUSE
 from barrierflow.testing.scripted import RESUME as RESUME
-from barrierflow.testing.scripted import Playback as Playback
-from barrierflow.testing.scripted import ScriptedCrashError as ScriptedCrashError
-from barrierflow.testing.scripted import ScriptedFailureError as ScriptedFailureError
 from barrierflow.testing.scripted import ScriptedSource as ScriptedSource
 from barrierflow.testing.scripted import play as play
 from barrierflow.testing.sinks import FailingTable as FailingTable
-from barrierflow.testing.sinks import InjectedFaultError as InjectedFaultError
 from barrierflow.testing.sinks import ListTable as ListTable
 from barrierflow.testing.split_conformance import check_split_reader as check_split_reader
 from barrierflow.testing.split_log import MemorySplitLog as MemorySplitLog
@@ -66,17 +61,12 @@ __all__ = [
     "FAIL",
     "PAUSE",
     "RESUME",
-    "ConformanceError",
     "FailingTable",
     "FakeClock",
-    "InjectedFaultError",
     "ListTable",
     "MemorySplitLog",
-    "Playback",
     "PostgresServer",
     "RedisServer",
-    "ScriptedCrashError",
-    "ScriptedFailureError",
     "ScriptedSource",
     "check_split_reader",
     "check_stream_actor",

@@ -7,10 +7,14 @@
   :mod:`.snapshot_progress`; :mod:`.materialize` — the materialize actor that keeps the view.
 """
 
-from barrierflow.actors.backfill.materialize import Materialize as Materialize
-from barrierflow.actors.backfill.snapshot_backfill import SnapshotBackfill as SnapshotBackfill
-from barrierflow.actors.backfill.source_backfill import SourceBackfill as SourceBackfill
-from barrierflow.actors.backfill.source_backfill_state import BackfillPhase as BackfillPhase
-from barrierflow.actors.backfill.source_backfill_state import SplitBackfill as SplitBackfill
+import typing as _typing
 
-__all__ = ["BackfillPhase", "Materialize", "SnapshotBackfill", "SourceBackfill", "SplitBackfill"]
+from barrierflow._removed import removed_names as _removed_names
+
+#: Nothing: the backfills' public names have one home, :mod:`barrierflow.actors`.
+__all__: list[str] = []
+
+if not _typing.TYPE_CHECKING:
+    # A removed name says what replaced it (see CHANGELOG.md); a type checker does not see
+    # this, so it still reports a removed or misspelt name as missing.
+    __getattr__ = _removed_names(__name__)

@@ -52,7 +52,8 @@ import numpy as np
 import pyarrow as pa
 
 from barrierflow.actors.sinks.committables import StagedBatch
-from barrierflow.actors.sinks.coordinator import Coordinator, WriterHandle
+from barrierflow.actors.sinks.coordinator.coordinator import Coordinator
+from barrierflow.actors.sinks.coordinator.handles import WriterHandle
 from barrierflow.actors.sinks.errors import (
     CoordinatorMissingError,
     DuplicateWriterError,

@@ -2,11 +2,14 @@
 and the live split source (:class:`SplitSource`) that reads a split log (:class:`SplitLog`, a
 partitioned log addressed by :class:`Offset`)."""
 
-from barrierflow.actors.sources.batch_feed import BatchFeed as BatchFeed
-from barrierflow.actors.sources.batch_feed import BatchFeedStats as BatchFeedStats
-from barrierflow.actors.sources.batch_source import BatchSource as BatchSource
-from barrierflow.actors.sources.split_log import Offset as Offset
-from barrierflow.actors.sources.split_log import SplitLog as SplitLog
-from barrierflow.actors.sources.split_source import SplitSource as SplitSource
+import typing as _typing
 
-__all__ = ["BatchFeed", "BatchFeedStats", "BatchSource", "Offset", "SplitLog", "SplitSource"]
+from barrierflow._removed import removed_names as _removed_names
+
+#: Nothing: the sources' public names have one home, :mod:`barrierflow.actors`.
+__all__: list[str] = []
+
+if not _typing.TYPE_CHECKING:
+    # A removed name says what replaced it (see CHANGELOG.md); a type checker does not see
+    # this, so it still reports a removed or misspelt name as missing.
+    __getattr__ = _removed_names(__name__)

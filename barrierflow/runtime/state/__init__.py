@@ -7,23 +7,10 @@ aiosqlite on asyncio)."""
 import typing as _typing
 
 from barrierflow._removed import removed_names as _removed_names
-from barrierflow.runtime.state.epoch_records import EpochRecord as EpochRecord
-from barrierflow.runtime.state.epoch_records import EpochRecords as EpochRecords
-from barrierflow.runtime.state.epoch_records import RecordStatus as RecordStatus
-from barrierflow.runtime.state.state_store import CommittedEpochs as CommittedEpochs
-from barrierflow.runtime.state.state_store import StateStore as StateStore
-from barrierflow.runtime.state.state_store import StateTable as StateTable
-from barrierflow.runtime.state.versioned_table import VersionedTable as VersionedTable
 
-__all__ = [
-    "CommittedEpochs",
-    "EpochRecord",
-    "EpochRecords",
-    "RecordStatus",
-    "StateStore",
-    "StateTable",
-    "VersionedTable",
-]
+#: Nothing: the state store's public names (``StateStore``, ``StateTable``) have one
+#: home, :mod:`barrierflow.runtime`; the rest is the library's own.
+__all__: list[str] = []
 
 if not _typing.TYPE_CHECKING:
     # A removed name says what replaced it (see CHANGELOG.md); a type checker does not see

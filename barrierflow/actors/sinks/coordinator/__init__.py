@@ -39,21 +39,10 @@ writers, failed with the cause when a run fails) and :mod:`.coordinator` (the se
 import typing as _typing
 
 from barrierflow._removed import removed_names as _removed_names
-from barrierflow.actors.sinks.coordinator.coordinator import Coordinator as Coordinator
-from barrierflow.actors.sinks.coordinator.handles import WriterHandle as WriterHandle
-from barrierflow.actors.sinks.coordinator.meta_store import SinkState as SinkState
-from barrierflow.actors.sinks.coordinator.meta_store import SinkStateRecord as SinkStateRecord
-from barrierflow.actors.sinks.coordinator.meta_store import SinkStates as SinkStates
-from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats as CoordinatorStats
 
-__all__ = [
-    "Coordinator",
-    "CoordinatorStats",
-    "SinkState",
-    "SinkStateRecord",
-    "SinkStates",
-    "WriterHandle",
-]
+#: Nothing: the coordinator is the library's own; what a user reads of it
+#: (``Coordinator``, ``CoordinatorStats``) has one home, :mod:`barrierflow.actors`.
+__all__: list[str] = []
 
 if not _typing.TYPE_CHECKING:
     # A removed name says what replaced it (see CHANGELOG.md); a type checker does not see
