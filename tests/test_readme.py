@@ -7,6 +7,7 @@ import importlib
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ def _readme_imports() -> list[tuple[str, str | None]]:
     prose, which tells a reader where to import a name from."""
     found: list[tuple[str, str | None]] = []
     for example in re.findall(r"```python\n(.*?)```", README, re.S):
-        for node in ast.walk(ast.parse(example)):
+        for node in ast.walk(ast.parse(textwrap.dedent(example))):  # (also in a list item)
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("barrierflow"):
                 assert node.module is not None
                 found.extend((node.module, alias.name) for alias in node.names)

@@ -5,8 +5,8 @@ to an Iceberg table — what :func:`~barrierflow.actors.add_sink` needs to decla
 (one or many) and their coordinator: ``writer(id)`` gives each writer its
 :class:`~barrierflow.connectors.ParquetStagingWriter` (staging under
 ``.staging/<epoch>/w<id>/``) and ``committer()`` the
-:class:`~barrierflow.connectors.ParquetCommitter` that renames every writer's files of an
-epoch into place at once (the layout is in :mod:`.parquet_committer`).
+:class:`~barrierflow.connectors.parquet_committer.ParquetCommitter` that renames every
+writer's files of an epoch into place at once (the layout is in :mod:`.parquet_committer`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and a missing key is indistinguishable from a key never meant to be one, so aski
 raises :class:`~barrierflow.actors.sources.errors.UnknownSplitError`. :meth:`list_splits`
 names the keys that hold a stream now; the keys the log was declared with, existing or not, are
 its :attr:`~RedisStreamLog.declared_splits`, so a
-:class:`~barrierflow.actors.sources.SplitSource` reading every split of it refuses a key that
+:class:`~barrierflow.actors.SplitSource` reading every split of it refuses a key that
 does not exist (a typo reads nothing for ever) unless told to wait for it
 (``wait_for_splits=True``); a log declared by a pattern has no declared splits: a source
 discovers the streams that appear later.

@@ -137,7 +137,7 @@ class ScriptedFailureError(BarrierflowError):
 class ScriptedSource(PushSource):
     """A push source that raises on a poison chunk (:func:`poison`) and forwards the rest.
 
-    Lifecycle: as :class:`~barrierflow.runtime.PushSource`; it keeps no state, so a restart
+    Lifecycle: as :class:`~barrierflow.runtime.job.PushSource`; it keeps no state, so a restart
     changes nothing but the graph around it. A poison never goes downstream.
     """
 

@@ -1,7 +1,7 @@
 """The sink task's commands, its shared state and its stats record.
 
-Package-internal: :class:`~barrierflow.actors.sinks.SinkTaskHandle` is the API; the commands
-are what it sends the task, the state what the task updates and handles read.
+Package-internal: :class:`~barrierflow.actors.sinks.sink_task_handle.SinkTaskHandle` is the API;
+the commands are what it sends the task, the state what the task updates and handles read.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """A sink in one call: ``add_sink(rt_or_job, name, table, input=..., parallelism=N, key=...)``.
 
 Declaring a sink by hand takes three parts that must agree: N writer actors
-(:class:`~barrierflow.actors.sinks.SinkWriter`) with unique writer ids, hash-dispatched by the
-key so each owns a share of the vnodes; one coordinator service holding the table's committer;
-and each writer pointing at that coordinator. :func:`add_sink`
-makes all three from one description, so none can be forgotten or mismatched:
+(:class:`~barrierflow.actors.sinks.sink_writer.SinkWriter`) with unique writer ids,
+hash-dispatched by the key so each owns a share of the vnodes; one coordinator service holding
+the table's committer; and each writer pointing at that coordinator. :func:`add_sink` makes all
+three from one description, so none can be forgotten or mismatched:
 
 * ``table`` a **table** (:class:`~barrierflow.actors.sinks.table.Table`: ``schema``,
   ``writer(writer_id)`` and ``committer()``), such as
@@ -12,7 +12,7 @@ makes all three from one description, so none can be forgotten or mismatched:
   :class:`~barrierflow.connectors.ParquetTable`: ``parallelism`` writers (default 1) named
   ``<name>.0`` … ``<name>.N-1`` with writer ids ``"0"`` … ``"N-1"`` (one writer declared
   without ``parallelism`` or ``key`` is named ``<name>``, writer id ``"0"``), and a
-  :class:`~barrierflow.actors.sinks.coordinator.Coordinator` service named
+  :class:`~barrierflow.actors.Coordinator` service named
   ``<name>.coordinator`` that commits every epoch once, across all of them — for one writer
   too, so a sink commits the same way whatever its parallelism.
 
@@ -101,7 +101,7 @@ def add_sink(
         key: the columns rows are hash-dispatched to the writers by (round robin without).
         commit_retry_timeout: seconds a failing commit of the table is retried before the
             pipeline fails with :class:`~barrierflow.errors.TableCommitFailedError` (the
-            coordinator's, see :class:`~barrierflow.actors.sinks.coordinator.Coordinator`).
+            coordinator's, see :class:`~barrierflow.actors.Coordinator`).
 
     Returns:
         The writers' names and the coordinator.

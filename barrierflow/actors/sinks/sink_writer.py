@@ -2,7 +2,7 @@
 epoch's manifest to its sink's coordinator.
 
 Every sink — one writer or many — is a table committed by one
-:class:`~barrierflow.actors.sinks.coordinator.Coordinator` (:mod:`barrierflow.actors.sinks.table`);
+:class:`~barrierflow.actors.Coordinator` (:mod:`barrierflow.actors.sinks.table`);
 the writer only stages. Per *sink epoch* — the rows between two checkpoint barriers, named by
 the ``curr`` epoch of the barrier that opened it:
 

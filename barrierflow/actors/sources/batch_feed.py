@@ -1,9 +1,10 @@
 """The driver's end of a batch source: :class:`BatchFeed` delivers numbered, atomic batches
 into a running graph exactly once, across driver and runtime restarts.
 
-The protocol (what the driver and the :class:`~barrierflow.actors.sources.BatchSource` actor
-each guarantee) is described in :mod:`barrierflow.actors.sources.batch_source`; this module is
-the driver's half: id checks, retries after graph failures, backpressure and counters.
+The protocol (what the driver and the
+:class:`~barrierflow.actors.sources.batch_source.BatchSource` actor each guarantee) is
+described in :mod:`barrierflow.actors.sources.batch_source`; this module is the driver's half:
+id checks, retries after graph failures, backpressure and counters.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class BatchAbortedError(ProtocolError):
 
 @final
 class FeedSharedError(ProtocolError):
-    """A second source actor attached to a :class:`~barrierflow.actors.sources.BatchFeed` while
+    """A second source actor attached to a :class:`~barrierflow.actors.BatchFeed` while
     the first one runs: a feed's batch ids are recorded by one source, so two would deliver and
     record each batch twice.
 

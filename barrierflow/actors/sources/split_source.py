@@ -72,7 +72,7 @@ splits of rule 1, in ``tests/test_split_discovery.py``):
     a source is one actor, so the actor does the same at a barrier it receives: the outcome —
     a new split assigned at a barrier, durable with it, read from its first record — is the
     same, and needs no barrier of its own. A job joining the source
-    (:class:`~barrierflow.actors.backfill.SourceBackfill`) sees such a split in the records
+    (:class:`~barrierflow.actors.SourceBackfill`) sees such a split in the records
     after the barrier, and adopts it as finished: a split it did not list had no history
     before the live source started it.
 """

@@ -6,7 +6,7 @@ outside commit went through, and prunes older committed records. What a record *
 owner's business (see :mod:`barrierflow.actors.sinks.coordinator.meta_store`); the store owns
 one rule, because only it knows what is durable: when it reopens, and before a recovery
 rebuilds the graph, every *pending* record after the last durable checkpoint becomes *aborted*
-(:meth:`~barrierflow.runtime.state.StateStore.abort_epoch_records_after_committed`) — the
+(:meth:`~barrierflow.runtime.StateStore.abort_epoch_records_after_committed`) — the
 upstream replays those epochs, so their owner must abort them instead of committing.
 
 Records live in the runtime's SQLite store (table ``bf_sink_state``), each change in its own

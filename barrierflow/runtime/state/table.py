@@ -2,7 +2,7 @@
 durable by the store's checkpoint commit.
 
 A table sees its own buffered and sealed writes over the committed state
-(:meth:`StateTable.get`); the :class:`~barrierflow.runtime.state.StateStore` owns the committed
+(:meth:`StateTable.get`); the :class:`~barrierflow.runtime.StateStore` owns the committed
 state and takes each table's sealed writes into a checkpoint (:meth:`StateTable._take_through`).
 Kept apart from the store because it is pure in-memory bookkeeping: no SQL, no file.
 """
@@ -20,7 +20,7 @@ __all__ = ["CommittedState", "ReadOnlyTable", "StateTable"]
 
 class CommittedState(Protocol):
     """What a table reads through: the committed epoch and the committed rows of every
-    table (the :class:`~barrierflow.runtime.state.StateStore` that owns it)."""
+    table (the :class:`~barrierflow.runtime.StateStore` that owns it)."""
 
     @property
     def committed_epoch(self) -> int:

@@ -248,7 +248,7 @@ class Coordinator:
 
     async def tell(self, event: Event) -> None:
         """Queue a writer handle's event for the run without waiting for an answer (what a
-        :class:`~barrierflow.actors.sinks.coordinator.WriterHandle` sends; waits for the
+        :class:`~barrierflow.actors.sinks.coordinator.handles.WriterHandle` sends; waits for the
         run to start).
 
         Raises:

@@ -87,7 +87,7 @@ def event_name(event: Event) -> str:
 
 class CoordinatorLine(Protocol):
     """The coordinator as its writer handles reach it (a
-    :class:`~barrierflow.actors.sinks.coordinator.Coordinator`)."""
+    :class:`~barrierflow.actors.Coordinator`)."""
 
     @property
     def sink(self) -> str:

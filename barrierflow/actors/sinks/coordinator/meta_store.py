@@ -7,8 +7,8 @@ last durable checkpoint *aborted* when it opens and before a recovery rebuilds t
 rows will be replayed upstream, so the coordinator aborts them instead of committing.
 
 Built on the state store's generic epoch records
-(:class:`~barrierflow.runtime.state.EpochRecords`): this module gives them the sink's meaning
-(the payload is the commit metadata, the extra value the schema change).
+(:class:`~barrierflow.runtime.state.epoch_records.EpochRecords`): this module gives them the
+sink's meaning (the payload is the commit metadata, the extra value the schema change).
 """
 
 from __future__ import annotations
