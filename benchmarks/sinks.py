@@ -38,6 +38,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from barrierflow.actors import add_sink
+from barrierflow.actors.sinks.table import CommitTimings
 from barrierflow.channels import Chunk
 from barrierflow.connectors import DeltaLakeTable, ParquetTable
 from barrierflow.runtime import Runtime, RuntimeConfig
@@ -289,7 +290,8 @@ def coordinator_delta_rows_per_s(settings: Settings) -> dict[str, Any]:
     one = single.rate("candidate", rows_per_epoch)
     one_theirs = single.rate("baseline", rows_per_epoch)
     committer = pipeline.coordinator.committer
-    latencies = [s * 1e3 for s in getattr(committer, "commit_seconds", [])]
+    timed = isinstance(committer, CommitTimings)
+    latencies = [s * 1e3 for s in committer.commit_seconds] if timed else []
     return make_record(
         "coordinator_delta_rows_per_s",
         median(ours),

@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from barrierflow.actors import Committer, Manifest, StagedFile, StagingWriter, Table
+from barrierflow.actors import Committer, Failed, Manifest, StagedFile, StagingWriter, Table
 from barrierflow.connectors import ParquetStagingWriter, ParquetTable, PrintSink, _parquet_files
 from barrierflow.connectors._staging import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
 from barrierflow.connectors.parquet_committer import ParquetCommitter
@@ -236,9 +236,11 @@ async def test_discard_of_a_staged_epoch_deletes_its_files(tmp_path: Path) -> No
     committer = await committer_of(tmp_path)
     metadata = await committer.prepare(2, [second])
     assert metadata is not None
-    with pytest.raises(SinkRecoveryError) as info:
-        await committer.commit(2, metadata)  # nothing left to publish: refused, not empty
-    assert "epoch 2" in info.value.reason
+    # Nothing left to publish: refused for good, not committed empty.
+    outcome = await committer.commit(2, metadata)
+    assert isinstance(outcome, Failed)
+    assert isinstance(outcome.cause, SinkRecoveryError)
+    assert "epoch 2" in outcome.cause.reason
     assert visible(tmp_path) == []
 
 
@@ -308,8 +310,9 @@ async def test_a_corrupt_manifest_raises_sink_recovery_error(tmp_path: Path, con
         await restarted.recover({})
     assert info.value.sink == str(tmp_path)
     assert staged(tmp_path, 1).exists()  # nothing was deleted
-    with pytest.raises(SinkRecoveryError):
-        await restarted.commit(1, metadata)
+    outcome = await restarted.commit(1, metadata)  # a damaged table: failed for good
+    assert isinstance(outcome, Failed)
+    assert isinstance(outcome.cause, SinkRecoveryError)
     assert staged(tmp_path, 1).exists()
 
 

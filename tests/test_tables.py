@@ -12,8 +12,10 @@ table with the reason in the skip mark. What only one table does lives in its ow
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,22 +30,32 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from _timeouts import scaled
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
 from barrierflow.actors import Coordinator, add_sink
-from barrierflow.actors.sinks.table import Manifest, Table
+from barrierflow.actors.sinks.table import (
+    AlreadyCommitted,
+    Committed,
+    CommitTimings,
+    Failed,
+    Manifest,
+    RetryLater,
+    Table,
+)
 from barrierflow.channels import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors import (
     DeltaLakeTable,
     IcebergTable,
     ParquetTable,
-    delta_table,
-    iceberg_table,
+    _file_table,
     open_local_catalog,
 )
 from barrierflow.connectors.delta_table import APP_ID_KEY, EPOCH_KEY, POSITIONS_KEY
 from barrierflow.connectors.errors import SchemaEvolutionError
 from barrierflow.connectors.iceberg_table import COMMITTED_EPOCH_PROPERTY, POSITIONS_PROPERTY
+from barrierflow.errors import PositionOverlapError, SinkRecoveryError
 from barrierflow.runtime import Runtime, RuntimeConfig
 
 pytestmark = pytest.mark.anyio
@@ -433,28 +445,29 @@ def test_a_table_schema_that_differs_is_refused(tmp_path: Path, adapter: Adapter
 
 
 @pytest.mark.parametrize(
-    ("adapter", "module"),
+    "adapter",
     [
-        pytest.param(
-            PARQUET,
-            None,
-            id="parquet",
-            marks=pytest.mark.skip(reason="ParquetCommitter keeps no commit timings"),
-        ),
-        pytest.param(ICEBERG, iceberg_table, id="iceberg"),
-        pytest.param(DELTA, delta_table, id="delta"),
+        pytest.param(PARQUET, id="parquet"),
+        pytest.param(ICEBERG, id="iceberg"),
+        pytest.param(DELTA, id="delta"),
     ],
 )
 async def test_commit_seconds_keep_a_bounded_recent_window_and_count_every_commit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, adapter: Adapter, module: Any
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, adapter: Adapter
 ) -> None:
-    monkeypatch.setattr(module, "RECENT_COMMITS", 2)
+    monkeypatch.setattr(_file_table, "RECENT_COMMITS", 2)
     table = adapter.make(tmp_path)
     committer = table.committer()
-    for epoch, column in ((5, "a"), (6, "b"), (7, "c")):
-        change = {"add_columns": [{"name": column, "type": "string"}]}
-        pre = await committer.prepare(epoch, [Manifest("0", epoch, schema_change=change)])
-        await committer.commit(epoch, pre)
+    assert isinstance(committer, CommitTimings)
+    for epoch in (5, 6, 7):
+        writer = table.writer("0")
+        await writer.open()
+        await writer.begin(epoch)
+        await writer.write(batch(epoch * 10, 3).batch)
+        manifest = await writer.stage(epoch)
+        await writer.close()
+        pre = await committer.prepare(epoch, [manifest])
+        assert isinstance(await committer.commit(epoch, pre), Committed)
     assert committer.commits == 3
     assert len(committer.commit_seconds) == 2  # only the latest are kept
     assert all(seconds >= 0 for seconds in committer.commit_seconds)
@@ -490,7 +503,7 @@ CHILD = textwrap.dedent(
         cls._commit = commit
     elif point == "after_commit":
         # The committed mark is written with the next pending record (or at the end).
-        from barrierflow.actors.sinks import SinkStates
+        from barrierflow.actors.sinks.coordinator.meta_store import SinkStates
         persist = SinkStates.persist_pending
         async def persist_pending(self, *args, committed=None):
             if committed is not None:
@@ -547,3 +560,109 @@ def test_killed_mid_commit_restarts_with_each_epoch_once(
         return adapter.ids(table), adapter.file_ids(table)
 
     assert anyio.run(restart, backend=backend) == (expected, expected)
+
+
+# Commit outcomes: each table classifies its own errors.
+
+
+async def stage_one(table: Any, epoch: int, start: int) -> Manifest:
+    """One writer's manifest of ``epoch``: three rows from ``start``, staged."""
+    writer = table.writer("0")
+    await writer.open()
+    await writer.begin(epoch)
+    await writer.write(batch(start, 3).batch)
+    manifest: Manifest = await writer.stage(epoch)
+    await writer.close()
+    return manifest
+
+
+def _drop(adapter: Adapter, table: Any) -> type[BaseException]:
+    """Make ``table`` go away; the error its committer then meets."""
+    if adapter is PARQUET:
+        shutil.rmtree(table.path)  # the staged files with it
+        return SinkRecoveryError
+    if adapter is ICEBERG:
+        table.catalog.drop_table("ns.events")
+        return NoSuchTableError
+    shutil.rmtree(table.path / "_delta_log")
+    return TableNotFoundError
+
+
+@pytest.mark.parametrize("adapter", TABLES)
+async def test_a_commit_to_a_table_that_is_gone_fails_for_good(
+    tmp_path: Path, adapter: Adapter
+) -> None:
+    table = adapter.make(tmp_path)
+    metadata = await table.committer().prepare(1, [await stage_one(table, 1, 0)])
+    expected = _drop(adapter, table)
+    outcome = await table.committer().commit(1, metadata)
+    assert isinstance(outcome, Failed)
+    assert isinstance(outcome.cause, expected)
+
+
+def _lost_race(adapter: Adapter) -> Exception:
+    """What a table's commit raises when a concurrent writer won (the file system's hiccup
+    for Parquet, whose commit is a rename)."""
+    if adapter is PARQUET:
+        return OSError(errno.EIO, "input/output error")
+    if adapter is ICEBERG:
+        return CommitFailedException("a concurrent commit won")
+    return CommitFailedError("a concurrent commit won")
+
+
+@pytest.mark.parametrize("adapter", TABLES)
+async def test_a_commit_that_lost_a_race_is_retry_later_and_its_retry_commits(
+    tmp_path: Path, adapter: Adapter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = adapter.make(tmp_path)
+    committer = table.committer()
+    await committer.recover({})
+    metadata = await committer.prepare(1, [await stage_one(table, 1, 0)])
+    lost = _lost_race(adapter)
+
+    def publish(*args: Any) -> None:
+        raise lost
+
+    monkeypatch.setattr(committer, "publish", publish)
+    outcome = await committer.commit(1, metadata)
+    assert isinstance(outcome, RetryLater)
+    assert outcome.cause is lost
+    monkeypatch.undo()
+    assert isinstance(await committer.commit(1, metadata), Committed)
+    assert isinstance(await committer.commit(1, metadata), AlreadyCommitted)  # a replay
+    assert adapter.ids(table) == [0, 1, 2]
+
+
+async def test_an_error_no_table_classifies_escapes_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = DELTA.make(tmp_path)
+    committer = table.committer()
+    metadata = await committer.prepare(1, [await stage_one(table, 1, 0)])
+    odd = ValueError("something no table knows")
+
+    def publish(*args: Any) -> None:
+        raise odd
+
+    monkeypatch.setattr(committer, "publish", publish)
+    with pytest.raises(ValueError, match="something no table knows"):
+        await committer.commit(1, metadata)  # the coordinator retries it as unclassified
+
+
+@pytest.mark.parametrize(
+    ("error", "root_gone", "outcome"),
+    [
+        (PermissionError("read-only"), False, Failed),
+        (FileNotFoundError("no such file"), True, Failed),
+        (FileNotFoundError("no such file"), False, RetryLater),
+        (OSError(errno.ENOSPC, "no space left"), False, RetryLater),
+        (SinkRecoveryError("t", "files lost"), False, Failed),
+        (PositionOverlapError("t", 1, "s/0", 1, 3, 2), False, Failed),
+    ],
+    ids=["permission", "root-gone", "file-gone", "disk-full", "files-lost", "overlap"],
+)
+def test_file_errors_are_classified_by_whether_retrying_can_help(
+    tmp_path: Path, error: Exception, root_gone: bool, outcome: type
+) -> None:
+    root = tmp_path / ("gone" if root_gone else "")
+    assert isinstance(_file_table.file_commit_outcome(error, root), outcome)

@@ -51,10 +51,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
-import time
-from collections import deque
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, final
 from urllib.parse import unquote
@@ -66,33 +62,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from barrierflow._extras import require
-from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.errors import SinkRecoveryError
-from barrierflow.actors.sinks.positions import epoch_already_held
 from barrierflow.actors.sinks.table import (
-    AlreadyCommitted,
-    CommitMetadata,
-    CommitOutcome,
-    Committed,
-    Manifest,
     SchemaChange,
 )
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.connectors._file_table import file_commit_outcome
+from barrierflow.connectors._file_table import EpochCommit, FileCommitter
 from barrierflow.connectors._iceberg_schema import same_fields
 from barrierflow.connectors._parquet_files import check_table_path
-from barrierflow.connectors._staging import (
-    clean_staging,
-    delete_unreferenced_moves,
-    gather_staged,
-    kept_epochs,
-    staged_dir,
-    unstaged_path,
-)
 from barrierflow.connectors.parquet_writer import ParquetStagingWriter
 from barrierflow.runtime.positions import (
-    SinkCommits,
-    check_positions,
     merge_positions,
 )
 
@@ -100,13 +79,10 @@ __all__ = [
     "APP_ID_KEY",
     "EPOCH_KEY",
     "POSITIONS_KEY",
-    "RECENT_COMMITS",
     "DeltaCommitter",
     "DeltaLakeTable",
 ]
 
-#: How many of the latest commit durations a :class:`DeltaCommitter` keeps.
-RECENT_COMMITS = 1024
 #: ``commitInfo`` keys of a barrierflow commit: its app id, its epoch, this epoch's positions,
 #: and every position the table holds after it (JSON).
 APP_ID_KEY = "barrierflow.app-id"
@@ -224,12 +200,19 @@ class DeltaLakeTable:
 
 
 @final
-class DeltaCommitter:
-    """The two-phase committer of a :class:`DeltaLakeTable` (see the module docstring).
+class DeltaCommitter(FileCommitter):
+    """The two-phase committer of a :class:`DeltaLakeTable` (see the module docstring): the
+    file tables' mechanics (:class:`~._file_table.FileCommitter`) around one Delta commit per
+    epoch carrying the app transaction ``(app_id, epoch)``, the positions and the schema
+    change.
 
     Lifecycle: that of a :class:`~barrierflow.actors.sinks.table.Committer`: ``abort`` of
     aborted epochs, ``recover`` once, then ``prepare`` and ``commit`` per epoch in epoch
-    order; ``commit`` may be repeated after a crash and is then a no-op.
+    order; ``commit`` may be repeated after a crash and is then
+    :class:`~barrierflow.actors.sinks.table.AlreadyCommitted`. A concurrent commit that won
+    the race (deltalake's ``CommitFailedError``) is
+    :class:`~barrierflow.actors.sinks.table.RetryLater`; a missing table, a schema or
+    protocol conflict is :class:`~barrierflow.actors.sinks.table.Failed`.
     """
 
     def __init__(self, sink: DeltaLakeTable, *, checkpoint_every: int | None = None) -> None:
@@ -237,59 +220,66 @@ class DeltaCommitter:
             type(checkpoint_every) is not int or checkpoint_every < 1
         ):
             raise InvalidArgumentError("checkpoint_every", "None or an int >= 1", checkpoint_every)
+        super().__init__(sink.path, str(sink.path), evolves=True)
         self._sink = sink
         self._checkpoint_every = checkpoint_every
-        self._limiter: anyio.CapacityLimiter | None = None
         self._table: Any = None  # the DeltaTable, loaded on the worker thread at first use
         # (committed epoch, positions held after it): read from the log once, then kept up to
         # date by this committer's own commits.
         self._held: tuple[int, dict[str, int]] | None = None
-        #: Seconds the latest Delta commits took (the commits, not the file moves), oldest
-        #: first: at most :data:`RECENT_COMMITS` of them. ``commits`` counts every one.
-        self.commit_seconds: deque[float] = deque(maxlen=RECENT_COMMITS)
-        #: Delta commits of epochs made by this committer.
-        self.commits = 0
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(1)
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
-
-    def _latest(self) -> Any:
-        """The table at its latest version (blocking, on the committer's thread)."""
+    def load(self) -> Any:
+        """The table at its latest version (the one ``DeltaTable``, brought up to date)."""
         if self._table is None:
             self._table = self._sink.table()
         else:
             self._table.update_incremental()
         return self._table
 
-    def _committed(self, table: Any) -> int:
-        version = table.transaction_version(self._sink.app_id)
+    def committed_in(self, state: Any) -> int:
+        """The app id's transaction version: the last committed epoch (0: none)."""
+        version = state.transaction_version(self._sink.app_id)
         return 0 if version is None else int(version)
 
-    def committed_epoch(self) -> int:
-        """The app id's transaction version: the last committed epoch (blocking; 0 for a
-        table this app id never committed to)."""
-        return self._committed(self._sink.table())
-
-    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
-        """Delete staged epochs that no pending commit references, and the files a commit
-        moved into the table that no pending commit and no commit in the log references (a
-        crash between the moves and the Delta commit, its meta store lost since: see
-        :func:`~._staging.delete_unreferenced_moves`)."""
-        await self._run(self._recover, kept_epochs(pending.values()))
-
-    def _recover(self, keep: set[str]) -> None:
-        root = self._sink.path
-        clean_staging(root, keep)
-        delete_unreferenced_moves(
-            root,
-            keep,
-            lambda: {Path(uri).resolve() for uri in self._latest().file_uris()},
-            self._logged_files,
+    def held_in(self, state: Any, committed: int) -> dict[str, int]:
+        """The positions the table holds after epoch ``committed``: from the log's history,
+        unless this committer made that commit."""
+        if committed == 0:
+            return {}
+        if self._held is not None and self._held[0] == committed:
+            return dict(self._held[1])
+        for limit in (_HISTORY_FIRST, None):
+            for info in state.history(limit):
+                if info.get(APP_ID_KEY) == self._sink.app_id and info.get(EPOCH_KEY) == str(
+                    committed
+                ):
+                    held = self.parse_positions(POSITIONS_KEY, info.get(POSITIONS_KEY, "{}"))
+                    self._held = (committed, held)
+                    return dict(held)
+        raise SinkRecoveryError(
+            str(self._sink.path),
+            f"the Delta commit of epoch {committed} (app id {self._sink.app_id!r}) is no longer "
+            "in the log, so the source positions it recorded are unknown",
         )
 
-    def _logged_files(self) -> set[Path]:
+    def catalog_errors(
+        self,
+    ) -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+        """deltalake's: a lost race may pass; a missing table, a schema or protocol conflict
+        not."""
+        exceptions = require("delta", "deltalake.exceptions")
+        permanent = (
+            exceptions.TableNotFoundError,
+            exceptions.SchemaMismatchError,
+            exceptions.DeltaProtocolError,
+        )
+        return (exceptions.CommitFailedError,), permanent
+
+    def current_files(self) -> set[Path]:
+        """The data files of the table's latest version."""
+        return {Path(uri).resolve() for uri in self.load().file_uris()}
+
+    def referenced_files(self) -> set[Path]:
         """Every file an ``add`` or ``remove`` action of a commit still in the log names: a
         file a later commit removed stays for time travel until ``vacuum`` deletes it. (A
         commit file the log's cleanup deleted is older than ``delta.logRetentionDuration``,
@@ -306,82 +296,24 @@ class DeltaCommitter:
                         named.add((root / path).resolve())
         return named
 
-    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
-        """Every writer's staged files of the epoch and its schema change (``None`` if there
-        is nothing to commit).
-
-        Raises:
-            StagedEpochMismatchError: the writers staged different epochs.
-            InvalidArgumentError: the schema change is not an ``add_columns`` change.
-        """
-        await anyio.lowlevel.checkpoint()
-        return gather_staged(str(self._sink.path), epoch, manifests, evolves=True)
-
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
-        """Move the epoch's files out of staging and add them in one Delta commit carrying
-        the app transaction ``(app_id, epoch)``, the positions and the schema change
-        (:class:`AlreadyCommitted` if the table has the transaction already, or its positions
-        hold the epoch's batches).
-
-        A concurrent commit that won the race (deltalake's ``CommitFailedError``) is
-        :class:`RetryLater`; a missing table, a schema or protocol conflict, a file of the
-        epoch neither staged nor moved, damaged positions or an epoch whose source batches
-        are partly held already are :class:`Failed`; file errors as
-        :func:`~._file_table.file_commit_outcome` says.
-        """
-        exceptions = require("delta", "deltalake.exceptions")
-        try:
-            outcome: CommitOutcome = await self._run(self._commit, epoch, dict(metadata))
-        except Exception as exc:
-            return file_commit_outcome(
-                exc,
-                self._sink.path,
-                retryable=(exceptions.CommitFailedError,),
-                permanent=(
-                    exceptions.TableNotFoundError,
-                    exceptions.SchemaMismatchError,
-                    exceptions.DeltaProtocolError,
-                ),
-            )
-        return outcome
-
-    def _commit(self, epoch: int, metadata: dict[str, Any]) -> CommitOutcome:
+    def publish(self, state: Any, epoch: EpochCommit) -> None:
+        """One Delta commit of the placed files with the app transaction, the positions and
+        the schema change (columns first when the epoch also adds files)."""
         delta = _deltalake()
-        table = self._latest()
-        committed = self._committed(table)
-        if epoch <= committed:
-            self._drop_staging(metadata)  # a replayed commit
-            return AlreadyCommitted()
-        paths = metadata.get("paths", [])
-        schema_change = metadata.get("schema_change")
-        if not paths and schema_change is None:
-            return Committed()  # nothing to publish
-        held = self._held_positions(table, committed)
-        positions = metadata.get("positions", {})
-        if epoch_already_held(
-            str(self._sink.path), epoch, held, metadata.get("positions_from", {}), positions
-        ):
-            # The runtime's store went back in time and the upstream replayed rows this table
-            # holds: drop them instead of committing them twice.
-            self._abort_files(metadata)
-            return AlreadyCommitted()
-        finals = [self._move(relative, epoch) for relative in paths]
-        # The new directories' entries too: the commit names files under them.
-        directories = {final.parent for final in finals}
-        for directory in directories | {d.parent for d in directories}:
-            fsync_path(directory)
-        actions = [self._add_action(delta, final) for final in finals]
-        merged = merge_positions(held, positions)
-        info = {APP_ID_KEY: self._sink.app_id, EPOCH_KEY: str(epoch)}
+        table = state
+        positions = epoch.positions
+        schema_change = epoch.metadata.get("schema_change")
+        actions = [self._add_action(delta, final) for final in epoch.placed]
+        merged = merge_positions(epoch.held, positions)
+        info = {APP_ID_KEY: self._sink.app_id, EPOCH_KEY: str(epoch.epoch)}
         if positions:
             info[_EPOCH_POSITIONS_KEY] = json.dumps(positions, sort_keys=True)
         if merged:
             info[POSITIONS_KEY] = json.dumps(merged, sort_keys=True)
         properties = delta.CommitProperties(
             custom_metadata=info,
-            app_transactions=[delta.Transaction(app_id=self._sink.app_id, version=epoch)],
+            app_transactions=[delta.Transaction(app_id=self._sink.app_id, version=epoch.epoch)],
         )
-        started = time.perf_counter()
         if schema_change is not None:
             fields = self._new_fields(delta, table, schema_change)
             if not actions:  # the schema change is the epoch's one, atomic commit
@@ -393,28 +325,13 @@ class DeltaCommitter:
             table.create_write_transaction(
                 actions, "append", table.schema(), commit_properties=properties
             )
-        self.commit_seconds.append(time.perf_counter() - started)
-        self.commits += 1
-        self._held = (epoch, merged)
-        if self._checkpoint_every is not None and self.commits % self._checkpoint_every == 0:
-            table.update_incremental()
-            table.create_checkpoint()
-        self._drop_staging(metadata)
-        return Committed()
+        self._held = (epoch.epoch, merged)
 
-    def _move(self, relative: str, epoch: int) -> Path:
-        """Move one staged file into the table, unless a crashed commit moved it already."""
-        root = self._sink.path
-        staged = root / relative
-        final = unstaged_path(root, relative)
-        if staged.exists():
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staged, final)
-        elif not final.exists():
-            raise SinkRecoveryError(
-                str(root), f"file {relative} of pending epoch {epoch} is neither staged nor moved"
-            )
-        return final
+    def after_commit(self, state: Any) -> None:
+        """A Delta checkpoint every ``checkpoint_every`` commits, if set."""
+        if self._checkpoint_every is not None and self.commits % self._checkpoint_every == 0:
+            state.update_incremental()
+            state.create_checkpoint()
 
     def _add_action(self, delta: Any, final: Path) -> Any:
         """The Delta ``add`` action of a moved file (its row count read from its footer)."""
@@ -440,70 +357,3 @@ class DeltaCommitter:
             for column in change["add_columns"]
             if column["name"] not in present
         ]
-
-    def _held_positions(self, table: Any, committed: int) -> dict[str, int]:
-        """The positions the table holds after epoch ``committed`` (from the log's history,
-        unless this committer made that commit)."""
-        if committed == 0:
-            return {}
-        if self._held is not None and self._held[0] == committed:
-            return dict(self._held[1])
-        for limit in (_HISTORY_FIRST, None):
-            for info in table.history(limit):
-                if info.get(APP_ID_KEY) == self._sink.app_id and info.get(EPOCH_KEY) == str(
-                    committed
-                ):
-                    held = self._parse_positions(info.get(POSITIONS_KEY, "{}"))
-                    self._held = (committed, held)
-                    return dict(held)
-        raise SinkRecoveryError(
-            str(self._sink.path),
-            f"the Delta commit of epoch {committed} (app id {self._sink.app_id!r}) is no longer "
-            "in the log, so the source positions it recorded are unknown",
-        )
-
-    def _parse_positions(self, text: Any) -> dict[str, int]:
-        try:
-            return check_positions(POSITIONS_KEY, json.loads(text))
-        except (TypeError, ValueError, InvalidArgumentError) as exc:
-            raise SinkRecoveryError(
-                str(self._sink.path), f"commit metadata {POSITIONS_KEY} is damaged: {exc}"
-            ) from exc
-
-    async def sink_commits(self) -> SinkCommits | None:
-        """What the table holds: the app id's committed epoch and the recorded positions
-        (``None``: no commit by this app id yet)."""
-        result: SinkCommits | None = await self._run(self._read_commits)
-        return result
-
-    def _read_commits(self) -> SinkCommits | None:
-        table = self._latest()
-        epoch = self._committed(table)
-        if epoch == 0:
-            return None
-        return SinkCommits(str(self._sink.path), epoch, self._held_positions(table, epoch))
-
-    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
-        """Delete the epoch's staged (or already moved, never committed) files."""
-        if metadata is None:
-            await anyio.lowlevel.checkpoint()
-            return
-        await self._run(self._abort, epoch, dict(metadata))
-
-    def _abort(self, epoch: int, metadata: dict[str, Any]) -> None:
-        if epoch <= self._committed(self._latest()):
-            return  # it was committed after all: never delete committed files
-        self._abort_files(metadata)
-
-    def _abort_files(self, metadata: Mapping[str, Any]) -> None:
-        root = self._sink.path
-        for relative in metadata.get("paths", []):
-            for path in (root / relative, unstaged_path(root, relative)):
-                path.unlink(missing_ok=True)
-        self._drop_staging(metadata)
-
-    def _drop_staging(self, metadata: Mapping[str, Any] | None) -> None:
-        if metadata is not None and "staging_epoch" in metadata:
-            shutil.rmtree(
-                staged_dir(self._sink.path, metadata["staging_epoch"]), ignore_errors=True
-            )

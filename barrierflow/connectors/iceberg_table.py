@@ -38,10 +38,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
-import time
-from collections import deque
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, final
 
@@ -50,47 +46,25 @@ import anyio.to_thread
 import pyarrow as pa
 
 from barrierflow._extras import require
-from barrierflow._fs import fsync_path, make_directory
-from barrierflow.actors.sinks.errors import SinkRecoveryError
-from barrierflow.actors.sinks.positions import epoch_already_held
-from barrierflow.actors.sinks.table import (
-    AlreadyCommitted,
-    CommitMetadata,
-    CommitOutcome,
-    Committed,
-    Manifest,
-)
+from barrierflow._fs import make_directory
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.connectors._file_table import file_commit_outcome
+from barrierflow.connectors._file_table import EpochCommit, FileCommitter
 from barrierflow.connectors._iceberg_schema import evolve, same_fields
 from barrierflow.connectors._parquet_files import check_table_path
-from barrierflow.connectors._staging import (
-    clean_staging,
-    delete_unreferenced_moves,
-    gather_staged,
-    kept_epochs,
-    staged_dir,
-    unstaged_path,
-)
 from barrierflow.connectors.errors import SinkPathError
 from barrierflow.connectors.parquet_writer import ParquetStagingWriter
 from barrierflow.runtime.positions import (
-    SinkCommits,
-    check_positions,
     merge_positions,
 )
 
 __all__ = [
     "COMMITTED_EPOCH_PROPERTY",
     "POSITIONS_PROPERTY",
-    "RECENT_COMMITS",
     "IcebergCommitter",
     "IcebergTable",
     "open_local_catalog",
 ]
 
-#: How many of the latest commit durations an :class:`IcebergCommitter` keeps.
-RECENT_COMMITS = 1024
 #: The table property holding the last committed epoch (epochs only increase).
 COMMITTED_EPOCH_PROPERTY = "barrierflow.committed-epoch"
 #: The table property holding the source positions the committed rows reach (JSON).
@@ -224,186 +198,86 @@ class IcebergTable:
 
 
 @final
-class IcebergCommitter:
-    """The two-phase committer of an :class:`IcebergTable` (see the module docstring)."""
+class IcebergCommitter(FileCommitter):
+    """The two-phase committer of an :class:`IcebergTable` (see the module docstring): the
+    file tables' mechanics (:class:`~._file_table.FileCommitter`) around one catalog
+    transaction per epoch.
+
+    A concurrent writer's commit (pyiceberg's ``CommitFailedException``) or an unknown commit
+    state is :class:`~barrierflow.actors.sinks.table.RetryLater`; a table dropped from the
+    catalog is :class:`~barrierflow.actors.sinks.table.Failed`.
+    """
 
     def __init__(self, sink: IcebergTable, *, keep_snapshots: int, expire_every: int) -> None:
         for name, value in (("keep_snapshots", keep_snapshots), ("expire_every", expire_every)):
             if type(value) is not int or value < 1:
                 raise InvalidArgumentError(name, "an int >= 1", value)
+        super().__init__(sink.data_path, sink.identifier, evolves=True)
         self._sink = sink
         self._keep = keep_snapshots
         self._expire_every = expire_every
-        self._limiter: anyio.CapacityLimiter | None = None
-        #: Seconds the latest catalog commits took (the transaction, not the file moves),
-        #: oldest first: at most :data:`RECENT_COMMITS` of them, so a long-running sink does
-        #: not grow a list for ever. ``commits`` counts every one.
-        self.commit_seconds: deque[float] = deque(maxlen=RECENT_COMMITS)
-        #: Catalog commits made by this committer.
-        self.commits = 0
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(1)
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+    def load(self) -> Any:
+        """The table as the catalog has it now."""
+        return self._sink.table()
 
-    def committed_epoch(self) -> int:
-        """The table property's last committed epoch (blocking; 0 for a new table)."""
-        return int(self._sink.table().properties.get(COMMITTED_EPOCH_PROPERTY, "0"))
+    def committed_in(self, state: Any) -> int:
+        """The table property's last committed epoch."""
+        return int(state.properties.get(COMMITTED_EPOCH_PROPERTY, "0"))
 
-    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
-        """Delete staged epochs that no pending commit references, and the files a commit
-        moved into the table that no pending commit and no snapshot references (a crash
-        between the moves and the catalog commit, its meta store lost since: see
-        :func:`~._staging.delete_unreferenced_moves`)."""
-        await self._run(self._recover, kept_epochs(pending.values()))
-
-    def _recover(self, keep: set[str]) -> None:
-        clean_staging(self._sink.data_path, keep)
-        delete_unreferenced_moves(
-            self._sink.data_path,
-            keep,
-            lambda: self._data_files(self._sink.table().inspect.files()),
-            lambda: self._data_files(self._sink.table().inspect.all_files()),
+    def held_in(self, state: Any, committed: int) -> dict[str, int]:
+        """The table property's positions."""
+        return self.parse_positions(
+            POSITIONS_PROPERTY, state.properties.get(POSITIONS_PROPERTY, "{}")
         )
+
+    def catalog_errors(
+        self,
+    ) -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+        """pyiceberg's: a lost race or an unknown commit state may pass; a missing table not."""
+        exceptions = require("iceberg", "pyiceberg.exceptions")
+        retryable = (exceptions.CommitFailedException, exceptions.CommitStateUnknownException)
+        return retryable, (exceptions.NoSuchTableError,)
+
+    def current_files(self) -> set[Path]:
+        """The data files of the current snapshot."""
+        return self._data_files(self._sink.table().inspect.files())
+
+    def referenced_files(self) -> set[Path]:
+        """The data files of every snapshot the table keeps."""
+        return self._data_files(self._sink.table().inspect.all_files())
 
     def _data_files(self, files: pa.Table) -> set[Path]:
         return {_local_path(path).resolve() for path in files["file_path"].to_pylist()}
 
-    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
-        """Every writer's staged files of the epoch and its schema change (``None`` if there
-        is nothing to commit).
-
-        Raises:
-            InvalidArgumentError: the schema change is not an ``add_columns`` change.
-        """
-        await anyio.lowlevel.checkpoint()
-        return gather_staged(self._sink.identifier, epoch, manifests, evolves=True)
-
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
-        """Move the epoch's files out of staging and add them as one snapshot, with the
-        schema change and the positions (idempotent: :class:`AlreadyCommitted` when the
-        table's epoch property holds the epoch, or its positions hold the epoch's batches).
-
-        A concurrent writer's commit (pyiceberg's ``CommitFailedException``) or an unknown
-        commit state is :class:`RetryLater`; a table dropped from the catalog is
-        :class:`Failed`, file errors as :func:`~._file_table.file_commit_outcome` says.
-        """
-        exceptions = require("iceberg", "pyiceberg.exceptions")
-        try:
-            outcome: CommitOutcome = await self._run(self._commit, epoch, dict(metadata))
-        except Exception as exc:
-            return file_commit_outcome(
-                exc,
-                self._sink.location,
-                retryable=(
-                    exceptions.CommitFailedException,
-                    exceptions.CommitStateUnknownException,
-                ),
-                permanent=(exceptions.NoSuchTableError,),
-            )
-        return outcome
-
-    def _commit(self, epoch: int, metadata: dict[str, Any]) -> CommitOutcome:
-        table = self._sink.table()
-        if epoch <= int(table.properties.get(COMMITTED_EPOCH_PROPERTY, "0")):
-            return AlreadyCommitted()  # a replayed commit
-        held = self._held_positions(table)
-        positions = metadata.get("positions", {})
-        schema_change = metadata.get("schema_change")
-        if epoch_already_held(
-            self._sink.identifier, epoch, held, metadata.get("positions_from", {}), positions
-        ):
-            # The runtime's store went back in time and the upstream replayed rows this table
-            # holds: drop them instead of committing them twice.
-            self._abort_files(epoch, metadata)
-            return AlreadyCommitted()
-        finals: list[str] = []
-        for relative in metadata.get("paths", []):
-            staged = self._sink.data_path / relative
-            final = unstaged_path(self._sink.data_path, relative)
-            if staged.exists():
-                final.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(staged, final)
-            elif not final.exists():
-                raise SinkRecoveryError(
-                    self._sink.identifier,
-                    f"file {relative} of pending epoch {epoch} is neither staged nor moved",
-                )
-            finals.append(str(final))
-        for directory in {Path(f).parent for f in finals}:
-            fsync_path(directory)
-        started = time.perf_counter()
-        with table.transaction() as tx:
+    def publish(self, state: Any, epoch: EpochCommit) -> None:
+        """Add the placed files as one snapshot, with the schema change, the epoch property
+        and the positions, in one transaction."""
+        positions = epoch.positions
+        schema_change = epoch.metadata.get("schema_change")
+        with state.transaction() as tx:
             if schema_change is not None:
                 evolve(tx, schema_change)
-            summary = {_SUMMARY_EPOCH: str(epoch)}
-            properties = {COMMITTED_EPOCH_PROPERTY: str(epoch)}
+            summary = {_SUMMARY_EPOCH: str(epoch.epoch)}
+            properties = {COMMITTED_EPOCH_PROPERTY: str(epoch.epoch)}
             if positions:
                 summary[_SUMMARY_POSITIONS] = json.dumps(positions, sort_keys=True)
                 properties[POSITIONS_PROPERTY] = json.dumps(
-                    merge_positions(held, positions), sort_keys=True
+                    merge_positions(epoch.held, positions), sort_keys=True
                 )
-            if finals:
+            if epoch.placed:
                 tx.add_files(
-                    finals,
+                    [str(path) for path in epoch.placed],
                     snapshot_properties=summary,
                     check_duplicate_files=False,  # the epoch property already rules replays out
                 )
             tx.set_properties(properties)
-        self.commit_seconds.append(time.perf_counter() - started)
-        self.commits += 1
+
+    def after_commit(self, state: Any) -> None:
+        """Every ``expire_every`` commits, expire all but the last ``keep_snapshots``."""
         if self.commits % self._expire_every == 0:
-            self._expire()
-        staging = staged_dir(self._sink.data_path, metadata["staging_epoch"])
-        shutil.rmtree(staging, ignore_errors=True)
-        return Committed()
-
-    def _expire(self) -> None:
-        table = self._sink.table()
-        snapshots = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
-        old = [s.snapshot_id for s in snapshots[: -self._keep]]
-        if old:
-            table.maintenance.expire_snapshots().by_ids(old).commit()
-
-    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
-        """Delete the epoch's staged (or already moved, never committed) files."""
-        if metadata is None:
-            await anyio.lowlevel.checkpoint()
-            return
-        await self._run(self._abort, epoch, dict(metadata))
-
-    def _held_positions(self, table: Any) -> dict[str, int]:
-        text = table.properties.get(POSITIONS_PROPERTY, "{}")
-        try:
-            return check_positions(POSITIONS_PROPERTY, json.loads(text))
-        except (ValueError, InvalidArgumentError) as exc:
-            raise SinkRecoveryError(
-                self._sink.identifier, f"table property {POSITIONS_PROPERTY} is damaged: {exc}"
-            ) from exc
-
-    async def sink_commits(self) -> SinkCommits | None:
-        """What the table holds: its committed epoch and recorded positions (``None``: no
-        commit by barrierflow yet)."""
-        result: SinkCommits | None = await self._run(self._read_commits)
-        return result
-
-    def _read_commits(self) -> SinkCommits | None:
-        table = self._sink.table()
-        epoch = int(table.properties.get(COMMITTED_EPOCH_PROPERTY, "0"))
-        if epoch == 0:
-            return None
-        return SinkCommits(self._sink.identifier, epoch, self._held_positions(table))
-
-    def _abort(self, epoch: int, metadata: dict[str, Any]) -> None:
-        if epoch <= self.committed_epoch():
-            return  # it was committed after all: never delete committed files
-        self._abort_files(epoch, metadata)
-
-    def _abort_files(self, epoch: int, metadata: Mapping[str, Any]) -> None:
-        for relative in metadata.get("paths", []):
-            root = self._sink.data_path
-            for path in (root / relative, unstaged_path(root, relative)):
-                path.unlink(missing_ok=True)
-        staging = staged_dir(self._sink.data_path, metadata["staging_epoch"])
-        shutil.rmtree(staging, ignore_errors=True)
+            table = self._sink.table()
+            snapshots = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
+            old = [s.snapshot_id for s in snapshots[: -self._keep]]
+            if old:
+                table.maintenance.expire_snapshots().by_ids(old).commit()

@@ -38,24 +38,13 @@ Schema changes are not supported by Parquet files: a commit request carrying one
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, final
 
-import anyio
-import anyio.to_thread
-
 from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.errors import SinkRecoveryError
-from barrierflow.actors.sinks.table import (
-    AlreadyCommitted,
-    CommitMetadata,
-    CommitOutcome,
-    Committed,
-    Manifest,
-)
-from barrierflow.connectors._file_table import file_commit_outcome
+from barrierflow.connectors._file_table import EpochCommit, FileCommitter
 from barrierflow.connectors._parquet_files import (
     StagedFiles,
     check_table_path,
@@ -66,8 +55,6 @@ from barrierflow.connectors._staging import (
     PRECOMMITTED,
     clean_staging,
     epoch_dir_name,
-    gather_staged,
-    kept_epochs,
     staged_dir,
 )
 from barrierflow.runtime.positions import SinkCommits
@@ -76,8 +63,10 @@ __all__ = ["ParquetCommitter"]
 
 
 @final
-class ParquetCommitter:
-    """Commits the epochs of a coordinated Parquet sink (see the module docstring).
+class ParquetCommitter(FileCommitter):
+    """Commits the epochs of a coordinated Parquet sink (see the module docstring): the file
+    tables' mechanics (:class:`~._file_table.FileCommitter`) around one directory rename per
+    epoch.
 
     Args:
         path: the table directory its writers write into.
@@ -90,98 +79,73 @@ class ParquetCommitter:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._root = check_table_path(path, "ParquetCommitter")
+        root = check_table_path(path, "ParquetCommitter")
+        super().__init__(root, str(root), evolves=False)
         # Only the manifest helpers of StagedFiles are used (no schema needed for them).
-        self._files = StagedFiles(self._root, None, 1, "none", False)
-        self._limiter: anyio.CapacityLimiter | None = None
+        self._files = StagedFiles(root, None, 1, "none", False)
 
     @property
     def path(self) -> Path:
         """The table directory."""
         return self._root
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(1)
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+    def load(self) -> dict[str, Any]:
+        """The table's manifest."""
+        return self._files.read_manifest()
 
-    async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
-        """Create the directories; delete staged epochs no pending commit references."""
-        await self._run(self._clean_staging, kept_epochs(pending.values()))
+    def committed_in(self, state: Any) -> int:
+        """The manifest's committed epoch."""
+        return int(state["committed_epoch"])
 
-    def _clean_staging(self, keep: set[str]) -> None:
+    def held_in(self, state: Any, committed: int) -> dict[str, int]:
+        """The manifest's positions."""
+        return self._files.held_positions(state)
+
+    def recover_table(self, keep: set[str]) -> None:
+        """Create the directories (refusing a foreign or corrupt manifest early) and delete
+        staged epochs no pending commit references."""
         make_table_directory(self._root, str(self._root))
-        self._files.read_manifest()  # refuse a foreign or corrupt manifest early
+        self._files.read_manifest()
         clean_staging(self._root, keep)
 
-    async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
-        """The epoch's files, from every writer's manifest (``None`` if nobody wrote rows).
+    def place(self, epoch: int, metadata: Mapping[str, Any]) -> list[Path]:
+        """Write the epoch's record (what it holds, and from where) into its staging directory
+        and rename it — every writer's files at once — to ``epoch=<S>/``: the commit point
+        readers see. Already renamed (a commit cut short before its manifest): nothing to do.
 
         Raises:
-            SchemaEvolutionError: a schema change (Parquet files cannot evolve).
-            StagedEpochMismatchError: writers that staged different sink epochs.
+            SinkRecoveryError: the epoch is neither staged nor committed (its files are lost).
         """
-        await anyio.lowlevel.checkpoint()
-        return gather_staged(str(self._root), epoch, manifests, evolves=False)
-
-    async def commit(self, epoch: int, metadata: CommitMetadata) -> CommitOutcome:
-        """Rename the staged epoch into the table and record ``epoch``
-        (:class:`AlreadyCommitted` at or below the manifest's epoch, or when the table holds
-        the epoch's batches). An epoch neither staged nor committed (its files are lost) is
-        :class:`Failed`; file errors as :func:`~._file_table.file_commit_outcome` says."""
-        try:
-            outcome: CommitOutcome = await self._run(self._commit, epoch, dict(metadata))
-        except Exception as exc:
-            return file_commit_outcome(exc, self._root)
-        return outcome
-
-    def _commit(self, epoch: int, metadata: dict[str, Any]) -> CommitOutcome:
-        files = self._files
-        with files.lock:
-            manifest = files.read_manifest()
-            if epoch <= manifest["committed_epoch"]:
-                return AlreadyCommitted()  # a replayed commit
-            staging_epoch = int(metadata["staging_epoch"])
-            staged = staged_dir(self._root, staging_epoch)
-            final = self._root / epoch_dir_name(staging_epoch)
-            # In place already: a commit cut short after its rename, only its record is due.
-            replayed = final.exists()
-            if not replayed:
-                if not staged.exists():
-                    raise SinkRecoveryError(
-                        str(self._root),
-                        f"epoch {epoch} is pending with {len(metadata['paths'])} file(s), but "
-                        "they are neither staged nor committed",
-                    )
-                if files.skip_if_held(manifest, epoch, metadata):
-                    shutil.rmtree(staged, ignore_errors=True)  # in the table already
-                    return AlreadyCommitted()
-                # The epoch's record travels with its files: what it holds, and from where.
-                write_json_atomically(
-                    staged / PRECOMMITTED,
-                    {"files": metadata["paths"], "rows": int(metadata["rows"])}
-                    | {k: metadata[k] for k in ("positions", "positions_from") if k in metadata},
-                )
-                os.rename(staged, final)  # the commit point: every writer's files at once
-                fsync_path(self._root)
-            files.record(
-                manifest,
-                epoch,
-                len(metadata["paths"]),
-                int(metadata["rows"]),
-                metadata.get("positions"),
+        staging_epoch = int(metadata["staging_epoch"])
+        staged = staged_dir(self._root, staging_epoch)
+        final = self._root / epoch_dir_name(staging_epoch)
+        if final.exists():
+            return []
+        if not staged.exists():
+            raise SinkRecoveryError(
+                str(self._root),
+                f"epoch {epoch} is pending with {len(metadata['paths'])} file(s), but "
+                "they are neither staged nor committed",
             )
-        return AlreadyCommitted() if replayed else Committed()
+        write_json_atomically(
+            staged / PRECOMMITTED,
+            {"files": metadata["paths"], "rows": int(metadata["rows"])}
+            | {k: metadata[k] for k in ("positions", "positions_from") if k in metadata},
+        )
+        os.rename(staged, final)
+        fsync_path(self._root)
+        return [final]
+
+    def publish(self, state: Any, epoch: EpochCommit) -> None:
+        """Record the epoch in the manifest (the committed marker: written to a temporary
+        file, fsynced, renamed over the old one), with its files, rows and positions."""
+        metadata = epoch.metadata
+        self._files.record(
+            state, epoch.epoch, len(metadata["paths"]), int(metadata["rows"]), epoch.positions
+        )
 
     async def sink_commits(self) -> SinkCommits | None:
-        """What the table holds (``None``: nothing committed yet)."""
-        result: SinkCommits | None = await self._run(self._files.commits)
+        """What the table holds: the manifest, plus epochs renamed after it (``None``:
+        nothing committed yet)."""
+        result: SinkCommits | None = await self.run(self._files.commits)
         return result
-
-    async def abort(self, epoch: int, metadata: CommitMetadata | None) -> None:
-        """Delete what the epoch staged."""
-        if metadata is None or "staging_epoch" not in metadata:
-            await anyio.lowlevel.checkpoint()
-            return
-        staged = staged_dir(self._root, metadata["staging_epoch"])
-        await self._run(shutil.rmtree, staged, True)

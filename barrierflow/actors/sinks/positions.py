@@ -14,21 +14,20 @@ from typing import Any
 import anyio.lowlevel
 
 from barrierflow.actors.sinks.errors import PositionOverlapError
+from barrierflow.actors.sinks.table import HoldsCommits
 from barrierflow.runtime.positions import SinkCommits, SourcePositions
 
 __all__ = ["epoch_already_held", "table_commits"]
 
 
 async def table_commits(committer: Any) -> SinkCommits | None:
-    """What a table holds, as its committer tells (``sink_commits()``, optional: a committer
-    that cannot tell, or holds nothing yet, gives ``None``). Asked on an empty state store,
-    through the sink writer, and passed on by the committers that wrap another."""
-    reader = getattr(committer, "sink_commits", None)
-    if reader is None:
+    """What a table holds, as its committer tells (:class:`~.table.HoldsCommits`, optional: a
+    committer that cannot tell, or holds nothing yet, gives ``None``). Asked on an empty
+    state store, through the sink writer, and passed on by the committers that wrap another."""
+    if not isinstance(committer, HoldsCommits):
         await anyio.lowlevel.checkpoint()
         return None
-    commits: SinkCommits | None = await reader()
-    return commits
+    return await committer.sink_commits()
 
 
 def epoch_already_held(

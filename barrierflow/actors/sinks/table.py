@@ -33,6 +33,23 @@ committer has nothing to do.
 One epoch's fate lives in two places: the meta store's record (pending, committed, aborted)
 and the table's committed marker. Everything else (the coordinator's queue, the writers'
 staged files) is derived from them or garbage that recovery deletes.
+
+What a table must implement: :class:`Table` (``schema``, ``writer(id)``, ``committer()``),
+its :class:`StagingWriter` and its :class:`Committer`. What it may implement besides, each a
+small protocol the runtime checks with ``isinstance`` (never by probing for attributes):
+
+* :class:`HoldsCommits` (the committer): what the table holds — its committed epoch and the
+  source positions recorded with it — read on an empty state store and by
+  ``RuntimeConfig(adopt_sink_positions=True)``. Without it, a lost store cannot be adopted.
+* :class:`CommitTimings` (the committer): how long its latest commits took (benchmarks and
+  diagnostics).
+* :class:`PathChecked` (the writer): a local path checked before the graph starts.
+* :class:`~barrierflow.connectors.executor_staging.StagesOnExecutors` (the writer): tells
+  Spark tasks how to stage as it does, so the table can be written on executors (declared
+  with the type it returns, in :mod:`barrierflow.connectors`).
+
+The file tables of :mod:`barrierflow.connectors` share one base for all of it
+(``connectors/_file_table.py``).
 """
 
 from __future__ import annotations
@@ -44,15 +61,17 @@ from typing import Any, Protocol, final, runtime_checkable
 import pyarrow as pa
 
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.runtime.positions import check_positions, merge_positions
+from barrierflow.runtime.positions import SinkCommits, check_positions, merge_positions
 
 __all__ = [
     "AlreadyCommitted",
     "CommitMetadata",
     "CommitOutcome",
+    "CommitTimings",
     "Committed",
     "Committer",
     "Failed",
+    "HoldsCommits",
     "Manifest",
     "PathChecked",
     "RetryLater",
@@ -383,6 +402,34 @@ class PathChecked(Protocol):
         Raises:
             SinkPathError: it cannot, naming ``sink``.
         """
+        ...
+
+
+@runtime_checkable
+class HoldsCommits(Protocol):
+    """A committer that can tell what its table holds (optional): read on an empty state
+    store (to refuse a table the store does not know, or to adopt its positions with
+    ``RuntimeConfig(adopt_sink_positions=True)``), through the sink's writer."""
+
+    async def sink_commits(self) -> SinkCommits | None:
+        """The table's last committed epoch and the source positions recorded with it
+        (``None``: nothing committed by barrierflow yet). Blocking work goes to a thread."""
+        ...
+
+
+@runtime_checkable
+class CommitTimings(Protocol):
+    """A committer that times its commits (optional): the table's own commit, not the file
+    moves before it."""
+
+    @property
+    def commit_seconds(self) -> Sequence[float]:
+        """Seconds the latest commits took, oldest first (a bounded window)."""
+        ...
+
+    @property
+    def commits(self) -> int:
+        """Commits this committer made (all of them, not only the window's)."""
         ...
 
 
