@@ -40,9 +40,9 @@ __all__ = [
 SCHEMA = pa.schema([("key", pa.int64()), ("value", pa.float64())])
 #: The manifest's file name, in the run's work directory.
 MANIFEST = "demo-run.json"
-TableChoice = Literal["iceberg", "delta"]
+TableChoice = Literal["iceberg", "delta", "postgres"]
 #: The tables a run may write (``--table``); the first is a new run's default.
-TABLES: tuple[TableChoice, ...] = ("iceberg", "delta")
+TABLES: tuple[TableChoice, ...] = ("iceberg", "delta", "postgres")
 #: Bumped when the generated data changes, so a resume never mixes two generations.
 _FORMAT = 1
 
@@ -57,7 +57,8 @@ class RunManifest:
     batches: int
     #: The generator's format (see ``_FORMAT``).
     format: int = _FORMAT
-    #: The table the run writes (``"iceberg"`` or ``"delta"``): a resume writes the same one.
+    #: The table the run writes (``"iceberg"``, ``"delta"`` or ``"postgres"``): a resume
+    #: writes the same one.
     #: A manifest written before the choice existed has none and is an Iceberg run.
     table: TableChoice = "iceberg"
 

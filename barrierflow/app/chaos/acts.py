@@ -8,11 +8,11 @@ backfill, the final read-back. A seeded plan picks a target, which occurrence of
 and a delay after it — or, for a share of the kills, no target at all but a uniform random
 moment of the run (:mod:`.harness`), which reaches what no target marks.
 
-The Spark act writes one of two tables (``--table iceberg|delta``): the harness gives each of
-its rounds one (:meth:`Act.writing`), and the act's audit reads that table with its own
-reader. The ``spark-executors`` act is the Spark act with Spark's tasks staging the rows
-(``--write-on executors``), killed while they stage, after they staged and before the commit,
-and mid-commit.
+The Spark act writes one of three tables (``--table iceberg|delta|postgres``): the harness
+gives each of its rounds one (:meth:`Act.writing`), and the act's audit reads that table with
+its own reader (pyiceberg, deltalake, psycopg). The ``spark-executors`` act is the Spark act
+with Spark's tasks staging the rows (``--write-on executors``; Iceberg and Delta only), killed
+while they stage, after they staged and before the commit, and mid-commit.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from barrierflow.app.chaos.audit import Audit, spark_table
 from barrierflow.app.chaos.audit_delta import audit_delta
 from barrierflow.app.chaos.audit_iceberg import audit_iceberg
 from barrierflow.app.chaos.audit_parquet import audit_backfill, audit_views
+from barrierflow.app.chaos.audit_postgres import audit_postgres
 
 __all__ = ["ACTS", "Act", "Target", "audit_spark"]
 
@@ -95,10 +96,12 @@ class Act:
 
 
 def audit_spark(workdir: Path, *, complete: bool, table: str = "iceberg") -> Audit:
-    """Audit the Spark act's ``table`` in ``workdir`` (:func:`.audit_iceberg.audit_iceberg`
-    or :func:`.audit_delta.audit_delta`), and that the run recorded that table in its
-    manifest: a run writing another table than the round asked for would go unaudited."""
-    audit = (audit_delta if table == "delta" else audit_iceberg)(workdir, complete=complete)
+    """Audit the Spark act's ``table`` in ``workdir`` (:func:`.audit_iceberg.audit_iceberg`,
+    :func:`.audit_delta.audit_delta` or :func:`.audit_postgres.audit_postgres`), and that the
+    run recorded that table in its manifest: a run writing another table than the round asked
+    for would go unaudited."""
+    auditor = {"delta": audit_delta, "postgres": audit_postgres}.get(table, audit_iceberg)
+    audit = auditor(workdir, complete=complete)
     recorded = spark_table(workdir)
     if recorded is not None and recorded != table:
         audit.add("table_not_as_asked", f"the round asked for {table}, the run wrote {recorded}")
@@ -126,7 +129,7 @@ SPARK = Act(
     ),
     audit_spark,
     600.0,
-    ("iceberg", "delta"),
+    ("iceberg", "delta", "postgres"),
 )
 
 #: The Spark act with the rows staged by Spark's tasks on the executors: a kill lands while
