@@ -206,6 +206,31 @@ async def test_a_server_killed_mid_epoch_keeps_prepared_epochs_and_loses_the_ope
 
 @pytest.mark.anyio
 @pytest.mark.postgres
+async def test_an_epoch_whose_connection_was_lost_never_continues_on_a_new_one(
+    postgres_restartable: PostgresServer,
+) -> None:
+    server = postgres_restartable
+    dsn, name = server.dsn, server.unique_name()
+    writer = PostgresTable(dsn, name, SCHEMA).writer("0")
+    await writer.open()
+    await writer.begin(1)
+    await writer.write(ids([1]))
+    await writer.flush()  # row 1 lives in the transaction the server's crash ends
+    await anyio.to_thread.run_sync(server.stop)
+    await anyio.to_thread.run_sync(server.start)
+    for row in (2, 3):  # a retried flush must not copy into a connection opened since
+        await writer.write(ids([row]))
+        with pytest.raises(psycopg.OperationalError):
+            await writer.flush()
+    with pytest.raises(psycopg.OperationalError):
+        await writer.stage(1)
+    await writer.close()
+    assert select(dsn, f'SELECT id FROM "{name}"') == []  # nothing committed on the side
+    assert prepared(dsn, name) == []
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
 async def test_a_commit_whose_marker_table_was_dropped_fails_for_good(
     postgres_server: PostgresServer,
 ) -> None:

@@ -256,7 +256,10 @@ class PostgresStagingWriter:
         self._buffered = 0
         self._buffer_lock = threading.Lock()
         self._epoch: int | None = None
-        self._in_transaction = False
+        # The connection holding the open epoch's transaction: its rows live there only, so
+        # every statement of the epoch goes to it — never to a connection reopened since
+        # (that would prepare an empty transaction and lose the rows without a word).
+        self._transaction: Connection | None = None
         self._rows = 0
         self._bytes = 0
 
@@ -287,13 +290,17 @@ class PostgresStagingWriter:
         await self._worker.run(self._begin, epoch)
 
     def _begin(self, epoch: int) -> None:
+        self._rollback_open()
         connection = self._worker.live()
-        if self._in_transaction:
-            self._in_transaction = False
-            connection.execute("ROLLBACK")
         gid = self._spec.gid(epoch, self._writer)
         if gid in _prepared(connection, gid):
             _finish(connection, "ROLLBACK", gid)
+
+    def _rollback_open(self) -> None:
+        """Roll back the open epoch's transaction, if any (a lost connection lost it)."""
+        connection, self._transaction = self._transaction, None
+        if connection is not None and not connection.closed and not connection.broken:
+            connection.execute("ROLLBACK")
 
     async def write(self, batch: pa.RecordBatch) -> None:
         """Buffer ``batch``; copy the buffer once ``batch_rows`` rows are buffered."""
@@ -325,12 +332,13 @@ class PostgresStagingWriter:
         if not batches or self._epoch is None:
             return
         spec, s = self._spec, sql()
-        connection = self._worker.live()
         target = spec.name(spec.table)
         columns = spec.columns()
-        if not self._in_transaction:
+        connection = self._transaction
+        if connection is None:
+            connection = self._worker.live()
             connection.execute("BEGIN")
-            self._in_transaction = True
+            self._transaction = connection
             if spec.key:
                 connection.execute(
                     s.SQL(
@@ -369,11 +377,10 @@ class PostgresStagingWriter:
         return Manifest(self._writer, epoch, () if staged is None else (staged,))
 
     def _prepare(self, epoch: int) -> StagedFile | None:
-        if not self._in_transaction:
+        connection, self._transaction = self._transaction, None
+        if connection is None:
             return None
         spec, s = self._spec, sql()
-        connection = self._worker.live()
-        self._in_transaction = False
         try:
             if spec.key:
                 self._upsert(connection, spec.name(self._staging_name(epoch)))
@@ -428,10 +435,9 @@ class PostgresStagingWriter:
         await self._worker.run(self._discard, epoch)
 
     def _discard(self, epoch: int) -> None:
+        if self._epoch == epoch:
+            self._rollback_open()
         connection = self._worker.live()
-        if self._in_transaction and self._epoch == epoch:
-            self._in_transaction = False
-            connection.execute("ROLLBACK")
         gid = self._spec.gid(epoch, self._writer)
         if gid in _prepared(connection, gid):
             _finish(connection, "ROLLBACK", gid)
@@ -439,7 +445,7 @@ class PostgresStagingWriter:
     async def close(self) -> None:
         """Close the connection; prepared epochs stay for the committer."""
         self._take()  # dropped
-        self._in_transaction = False
+        self._transaction = None
         await self._worker.run(self._worker.close)
 
     def __repr__(self) -> str:
