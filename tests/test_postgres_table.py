@@ -12,6 +12,7 @@ name: ``tests/`` is on the path the suite hands them), reaching the table the te
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +297,23 @@ async def test_a_prepared_transaction_lost_outside_barrierflow_fails_the_commit(
     assert isinstance(outcome, Failed)
     assert isinstance(outcome.cause, SinkRecoveryError)
     assert select(dsn, f'SELECT id FROM "{name}"') == []  # no writer's rows went in
+
+
+@pytest.mark.postgres
+def test_a_server_left_dead_on_the_data_does_not_stop_the_next_start(
+    postgres_restartable: PostgresServer,
+) -> None:
+    left = postgres_restartable.pid
+    assert left is not None
+    # Killed and never reaped (its parent gone, say): a zombie still holding its pid, which
+    # its lock files name.
+    os.killpg(left, signal.SIGKILL)
+    again = PostgresServer(postgres_restartable.directory)
+    again.start()
+    try:
+        assert select(again.dsn, "SELECT 1") == [1]
+    finally:
+        again.stop()
 
 
 @pytest.mark.postgres

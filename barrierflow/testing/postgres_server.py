@@ -274,21 +274,21 @@ class PostgresServer:
 
     def _kill_left_behind(self) -> None:
         """Kill a server an earlier process started on this data and left running when it
-        died (a SIGKILLed demo: the server has a session of its own). Its pid is the first
-        line of ``postmaster.pid``, and it is only touched if its command line names this
-        data directory (a pid may have been reused)."""
+        died (a SIGKILLed demo: the server has a session of its own), and clear the lock
+        files a dead one left. Its pid is the first line of ``postmaster.pid``; it is only
+        killed if it runs with this data directory on its command line (a pid may have been
+        reused)."""
         try:
             pid = int((self.data / "postmaster.pid").read_text().splitlines()[0])
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, IndexError):
             return
-        if os.fsencode(self.data) not in command:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        self._wait_group_gone(pid)
-        # Its lock files stay: until the dead postmaster is reaped (by whoever inherited it),
-        # a new one would take them for a live server's and refuse to start.
+        if _serves(pid, self.data):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            self._wait_group_gone(pid)
+        # The lock files stay: while the dead postmaster is not reaped (a zombie of whoever
+        # inherited it) or its pid is taken by another process, a new server would take
+        # them for a live server's and refuse to start.
         for lock in (self.data / "postmaster.pid", self.socket_dir / f".s.PGSQL.{PORT}.lock"):
             with contextlib.suppress(FileNotFoundError):
                 lock.unlink()
@@ -409,6 +409,16 @@ def _let_traverse(directory: Path) -> None:
         mode = parent.stat().st_mode
         if mode & stat.S_IXOTH == 0:
             parent.chmod(mode | stat.S_IXOTH)
+
+
+def _serves(pid: int, data: Path) -> bool:
+    """Whether process ``pid`` lives (not a zombie) with ``data`` on its command line."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X") and os.fsencode(data) in command
 
 
 def _group_alive(pgid: int) -> bool:
