@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from barrierflow.actors import Manifest, StagedFile
+from barrierflow.actors.sinks.table import ColumnStats
 from barrierflow.channels import VnodeBitmap
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._staging import gather_staged
@@ -20,7 +21,23 @@ from barrierflow.errors import SchemaEvolutionError, StagedEpochMismatchError
 counts = st.integers(0, 1 << 40)
 keys = st.text("abc/", min_size=1, max_size=6)
 positions = st.dictionaries(keys, counts, max_size=3)
-files = st.builds(StagedFile, st.text("abcxyz./", min_size=1, max_size=12), counts, counts)
+bounds = st.one_of(
+    st.integers(-(1 << 60), 1 << 60),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.booleans(),
+)
+column_stats = st.one_of(
+    st.builds(ColumnStats, counts),
+    st.tuples(counts, bounds).map(lambda t: ColumnStats(t[0], t[1], t[1])),
+)
+files = st.builds(
+    StagedFile,
+    st.text("abcxyz./", min_size=1, max_size=12),
+    counts,
+    counts,
+    st.dictionaries(st.text("abc", min_size=1, max_size=3), column_stats, max_size=3),
+)
 runs = st.lists(st.integers(0, 200), max_size=8, unique=True).map(
     lambda edges: tuple(zip(sorted(edges)[::2], sorted(edges)[1::2], strict=False))
 )
@@ -51,7 +68,40 @@ def test_a_manifest_survives_json_unchanged(manifest: Manifest) -> None:
         ([], "manifest"),
         ({"epoch": 1}, "manifest"),  # no writer
         ({"writer": "0", "epoch": 1, "extra": 1}, "manifest"),  # an unknown key
-        ({"writer": "0", "epoch": 1, "files": [{"path": "p"}]}, "manifest"),
+        ({"writer": "0", "epoch": 1, "files": [{"path": "p"}]}, "file"),
+        (
+            {
+                "writer": "0",
+                "epoch": 1,
+                "files": [{"path": "p", "rows": 1, "size": 1, "columns": {"c": {"min": 1}}}],
+            },
+            "stats",
+        ),
+        (
+            {
+                "writer": "0",
+                "epoch": 1,
+                "files": [
+                    {"path": "p", "rows": 1, "size": 1, "columns": {"c": {"nulls": 0, "min": 1}}}
+                ],
+            },
+            "max",
+        ),
+        (
+            {
+                "writer": "0",
+                "epoch": 1,
+                "files": [
+                    {
+                        "path": "p",
+                        "rows": 1,
+                        "size": 1,
+                        "columns": {"c": {"nulls": 0, "min": [1], "max": [2]}},
+                    }
+                ],
+            },
+            "min",
+        ),
         ({"writer": "0", "epoch": 1, "files": [{"path": "p", "rows": -1, "size": 0}]}, "rows"),
         ({"writer": "0", "epoch": -1}, "epoch"),
         ({"writer": "", "epoch": 1}, "writer"),
@@ -63,6 +113,28 @@ def test_a_manifest_survives_json_unchanged(manifest: Manifest) -> None:
 def test_a_bad_manifest_is_refused_naming_what_is_wrong(value: Any, argument: str) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         Manifest.from_json(value)
+    assert info.value.argument == argument
+
+
+def test_a_manifest_from_before_file_statistics_still_reads() -> None:
+    older = {"writer": "0", "epoch": 1, "files": [{"path": "p", "rows": 3, "size": 9}]}
+    (file,) = Manifest.from_json(older).files
+    assert (file.path, file.rows, file.size, dict(file.columns)) == ("p", 3, 9, {})
+    assert file.to_json() == older["files"][0]  # and writes back the same
+
+
+@pytest.mark.parametrize(
+    ("arguments", "argument"),
+    [
+        ((-1,), "nulls"),
+        ((0, 1), "max"),  # one bound without the other
+        ((0, float("inf"), 1.0), "min"),
+        ((0, 1, b"x"), "max"),
+    ],
+)
+def test_column_stats_refuse_what_has_no_json_form(arguments: Any, argument: str) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        ColumnStats(*arguments)
     assert info.value.argument == argument
 
 
@@ -101,6 +173,14 @@ def test_gather_staged_joins_every_writers_files_rows_and_positions() -> None:
             f".staging/{3:020d}/w1/part-0.parquet",
         ],
         "rows": 8,
+        "files": {
+            f".staging/{3:020d}/w{w}/part-{i}.parquet": {
+                "path": f".staging/{3:020d}/w{w}/part-{i}.parquet",
+                "rows": n,
+                "size": 10 * n,
+            }
+            for w, i, n in (("0", 0, 2), ("0", 1, 5), ("1", 0, 1))
+        },
         "positions": {"s/a": 4, "s/b": 2},
         "positions_from": {"s/a": 1},
     }

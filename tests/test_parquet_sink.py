@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from barrierflow.actors import Committer, Failed, Manifest, StagedFile, StagingWriter, Table
+from barrierflow.actors.sinks.table import ColumnStats
 from barrierflow.connectors import ParquetStagingWriter, ParquetTable, PrintSink, _parquet_files
 from barrierflow.connectors._staging import MANIFEST, PRECOMMITTED, STAGING, epoch_dir_name
 from barrierflow.connectors.parquet_committer import ParquetCommitter
@@ -125,12 +126,19 @@ async def test_stage_describes_the_staged_files_in_its_manifest(tmp_path: Path) 
     staged_manifest = await epoch_of(sink, 5, 10, 11, 12)
     directory = staged(tmp_path, 5, "3")
     names = ["part-00000.parquet", "part-00001.parquet"]
+    # Each file's statistics, from the footer its writer wrote (ids 10, 11 | 12).
+    columns = [
+        {"id": ColumnStats(0, 10, 11), "name": ColumnStats(0, "n10", "n11")},
+        {"id": ColumnStats(0, 12, 12), "name": ColumnStats(0, "n12", "n12")},
+    ]
     assert staged_manifest == Manifest(
         "3",
         5,
         tuple(
-            StagedFile(f"{STAGING}/{5:020d}/w3/{name}", rows, (directory / name).stat().st_size)
-            for name, rows in zip(names, [2, 1], strict=True)
+            StagedFile(
+                f"{STAGING}/{5:020d}/w3/{name}", rows, (directory / name).stat().st_size, stats
+            )
+            for name, rows, stats in zip(names, [2, 1], columns, strict=True)
         ),
     )
     assert staged_manifest.rows == 3

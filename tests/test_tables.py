@@ -666,3 +666,78 @@ def test_file_errors_are_classified_by_whether_retrying_can_help(
 ) -> None:
     root = tmp_path / ("gone" if root_gone else "")
     assert isinstance(_file_table.file_commit_outcome(error, root), outcome)
+
+
+# File statistics: the writers' own, in the table's metadata, with no footer read to commit.
+
+
+async def commit_two_epochs(table: Any) -> None:
+    """Epoch 1 holds ids 0..2, epoch 2 ids 100..102: one file each."""
+    committer = table.committer()
+    await committer.recover({})
+    for epoch, start in ((1, 0), (2, 100)):
+        metadata = await committer.prepare(epoch, [await stage_one(table, epoch, start)])
+        assert isinstance(await committer.commit(epoch, metadata), Committed)
+
+
+@pytest.fixture
+def footer_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every Parquet footer read (pyarrow's, which pyiceberg and our committers use)."""
+    import pyarrow.parquet as pq
+
+    reads: list[str] = []
+    read_metadata, parquet_file = pq.read_metadata, pq.ParquetFile
+
+    def spy_metadata(where: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.append(str(where))
+        return read_metadata(where, *args, **kwargs)
+
+    def spy_file(where: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.append(str(where))
+        return parquet_file(where, *args, **kwargs)
+
+    monkeypatch.setattr(pq, "read_metadata", spy_metadata)
+    monkeypatch.setattr(pq, "ParquetFile", spy_file)
+    return reads
+
+
+async def test_iceberg_data_files_carry_the_writers_bounds_and_readers_skip_files(
+    tmp_path: Path, footer_reads: list[str]
+) -> None:
+    table = ICEBERG.make(tmp_path)
+    await commit_two_epochs(table)
+    assert footer_reads == []  # the commits opened no data file
+    files = table.table().inspect.files()
+    assert files["record_count"].to_pylist() == [3, 3]
+    field = table.table().schema().find_field("id").field_id
+    bounds = sorted(
+        (int.from_bytes(dict(lower)[field], "little"), int.from_bytes(dict(upper)[field], "little"))
+        for lower, upper in zip(
+            files["lower_bounds"].to_pylist(), files["upper_bounds"].to_pylist(), strict=True
+        )
+    )
+    assert bounds == [(0, 2), (100, 102)]  # a long's bound: 8 bytes, little-endian
+    assert sorted(n[field] for n in map(dict, files["null_value_counts"].to_pylist())) == [0, 0]
+    from pyiceberg.expressions import GreaterThanOrEqual
+
+    # A filtered scan plans only the file whose bounds can match.
+    planned = list(table.table().scan(row_filter=GreaterThanOrEqual("id", 100)).plan_files())
+    assert len(planned) == 1
+    assert sorted(table.table().scan().to_arrow()["id"].to_pylist()) == [0, 1, 2, 100, 101, 102]
+
+
+async def test_delta_add_actions_carry_the_writers_stats_like_deltalakes_own_writer(
+    tmp_path: Path, footer_reads: list[str]
+) -> None:
+    table = DELTA.make(tmp_path)
+    await commit_two_epochs(table)
+    assert footer_reads == []  # the commits opened no data file
+    actions = pa.table(table.table().get_add_actions(flatten=True)).to_pydict()
+    stats = sorted(
+        zip(actions["num_records"], actions["min.id"], actions["max.id"], actions["null_count.id"])
+    )
+    assert stats == [(3, 0, 2, 0), (3, 100, 102, 0)]
+    # deltalake skips the file whose bounds cannot match.
+    assert table.table().to_pyarrow_table(filters=[("id", ">=", 100)])["id"].to_pylist() == [
+        100, 101, 102,
+    ]  # fmt: skip

@@ -47,6 +47,7 @@ from barrierflow.actors.sinks.table import (
     Failed,
     Manifest,
     RetryLater,
+    StagedFile,
 )
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._staging import (
@@ -55,6 +56,7 @@ from barrierflow.connectors._staging import (
     gather_staged,
     kept_epochs,
     staged_dir,
+    staged_files,
     unstaged_path,
 )
 from barrierflow.runtime.positions import SinkCommits, check_positions
@@ -113,6 +115,16 @@ class EpochCommit:
     def positions(self) -> dict[str, int]:
         """The positions the epoch's rows reach."""
         return dict(self.metadata.get("positions", {}))
+
+    def placed_files(self) -> list[tuple[Path, StagedFile | None]]:
+        """Each placed file with what its writer knew of it (rows, bytes, column statistics;
+        ``None`` for a commit recorded before writers said): for the formats that place the
+        staged files one by one, in the order of the metadata's ``paths``."""
+        known = staged_files(self.metadata)
+        paths = self.metadata.get("paths", [])
+        return [
+            (path, known.get(relative)) for path, relative in zip(self.placed, paths, strict=True)
+        ]
 
 
 class FileCommitter(ABC):

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from barrierflow._fs import directory_problem, fsync_path, make_directory, write_atomically
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.positions import epoch_already_held
-from barrierflow.actors.sinks.table import Manifest, StagedFile
+from barrierflow.actors.sinks.table import ColumnStats, Manifest, StagedFile
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._dirlock import DirectoryLease, lock_directory
 from barrierflow.connectors._staging import (
@@ -147,6 +147,48 @@ def dictionary_columns(schema: pa.Schema, choice: Any) -> bool | list[str]:
     return names
 
 
+def column_stats(footer: pq.FileMetaData, schema: pa.Schema) -> dict[str, ColumnStats]:
+    """Each top-level column's statistics in a Parquet file, from the footer its writer just
+    wrote (``metadata_collector``): null counts summed over the row groups, bounds the least
+    and greatest of theirs — for the columns whose values have a JSON form (integers, floats,
+    strings, booleans); the others keep their null count. One pass over the row groups (a
+    handful per file), no data read. A column some row group wrote no statistics for is left
+    out: nothing known is better than a wrong bound."""
+    leaves = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
+    stats: dict[str, ColumnStats] = {}
+    for field in schema:
+        index = leaves.get(field.name)  # a nested column's leaves have dotted paths: skipped
+        if index is None:
+            continue
+        bounded = _has_json_bounds(field.type)
+        nulls, low, high = 0, None, None
+        for group in range(footer.num_row_groups):
+            chunk = footer.row_group(group).column(index).statistics
+            if chunk is None or not chunk.has_null_count:
+                break
+            nulls += chunk.null_count
+            if bounded and chunk.has_min_max:
+                low = chunk.min if low is None else min(low, chunk.min)
+                high = chunk.max if high is None else max(high, chunk.max)
+        else:
+            try:
+                stats[field.name] = ColumnStats(nulls, low, high)
+            except InvalidArgumentError:  # an infinite float bound has no JSON form
+                stats[field.name] = ColumnStats(nulls)
+    return stats
+
+
+def _has_json_bounds(type_: pa.DataType) -> bool:
+    """Whether a column of ``type_`` has bounds with a JSON form."""
+    return bool(
+        pa.types.is_integer(type_)
+        or pa.types.is_floating(type_)
+        or pa.types.is_string(type_)
+        or pa.types.is_large_string(type_)
+        or pa.types.is_boolean(type_)
+    )
+
+
 class StagedFiles:
     """The blocking half: every method runs on a worker thread, under one lock."""
 
@@ -174,6 +216,8 @@ class StagedFiles:
         self.epoch: int | None = None
         self.files: list[str] = []  # staged files of the open epoch
         self.rows_each: list[int] = []  # and the rows of each
+        self.stats_each: list[dict[str, ColumnStats]] = []  # and the statistics of each closed
+        self._footers: list[pq.FileMetaData] = []  # what the writer of the last file wrote
         self.rows = 0
         self.lease: DirectoryLease | None = None
 
@@ -276,6 +320,7 @@ class StagedFiles:
         with self.lock:
             self._close_writer()
             self.epoch, self.files, self.rows_each, self.rows = epoch, [], [], 0
+            self.stats_each = []
             leftover = self.staged_dir(epoch)
             if leftover.exists():  # an earlier incarnation staged this epoch number
                 shutil.rmtree(leftover)
@@ -302,6 +347,9 @@ class StagedFiles:
                         self.schema,
                         compression=self.compression,
                         use_dictionary=self.use_dictionary,
+                        # The footer it writes, handed back on close: each file's statistics
+                        # come from it, so the committer reads no footer.
+                        metadata_collector=self._footers,
                     )
                     self.files.append(name)
                     self.rows_each.append(0)
@@ -318,6 +366,7 @@ class StagedFiles:
     def _close_writer(self) -> None:
         if self.writer is not None:
             self.writer.close()
+            self.stats_each.append(column_stats(self._footers.pop(), self.schema))
             self.writer = None
 
     def stage(self, epoch: int) -> Manifest:
@@ -344,11 +393,15 @@ class StagedFiles:
                         str((directory / name).relative_to(self.root)),
                         rows,
                         (directory / name).stat().st_size,
+                        stats,
                     )
-                    for name, rows in zip(self.files, self.rows_each, strict=True)
+                    for name, rows, stats in zip(
+                        self.files, self.rows_each, self.stats_each, strict=True
+                    )
                 ),
             )
             self.epoch, self.files, self.rows_each, self.rows = None, [], [], 0
+            self.stats_each = []
             return manifest
 
     def discard(self, epoch: int) -> None:
@@ -356,6 +409,7 @@ class StagedFiles:
             if self.epoch == epoch:
                 self._close_writer()
                 self.epoch, self.files, self.rows_each, self.rows = None, [], [], 0
+                self.stats_each = []
             shutil.rmtree(self.staged_dir(epoch), ignore_errors=True)
 
     def close(self) -> None:

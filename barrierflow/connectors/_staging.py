@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from barrierflow.actors.sinks.table import Manifest, manifests_positions
+from barrierflow.actors.sinks.table import Manifest, StagedFile, manifests_positions
 from barrierflow.connectors._iceberg_schema import check_schema_change
 from barrierflow.connectors.errors import (
     SchemaEvolutionError,
@@ -42,6 +42,7 @@ __all__ = [
     "kept_epochs",
     "moved_files",
     "staged_dir",
+    "staged_files",
     "staged_name",
     "unstaged_path",
 ]
@@ -154,6 +155,12 @@ def delete_unreferenced_moves(
     return sorted(candidates)
 
 
+def staged_files(metadata: Mapping[str, Any]) -> dict[str, StagedFile]:
+    """The staged files a commit's metadata describes (staged path → file, as
+    :func:`gather_staged` records them); empty for metadata recorded before it did."""
+    return {path: StagedFile.from_json(f) for path, f in (metadata.get("files") or {}).items()}
+
+
 def unstaged_path(root: Path, relative: str) -> Path:
     """Where the staged file ``relative`` (``.staging/<S>/w<id>/part.parquet``) goes once
     committed: ``root/<S>/w<id>/part.parquet``.
@@ -204,6 +211,9 @@ def gather_staged(
         "staging_epoch": staged.pop(),
         "paths": paths,
         "rows": sum(m.rows for m in manifests),
+        # What the writers knew of each file (rows, bytes, column statistics), so that the
+        # commit reads no footer; a pending commit recorded without it reads them instead.
+        "files": {f.path: f.to_json() for m in manifests for f in m.files},
         **manifests_positions(manifests),
     }
     if change is not None:

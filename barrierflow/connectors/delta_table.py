@@ -65,6 +65,7 @@ from barrierflow._extras import require
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.table import (
     SchemaChange,
+    StagedFile,
 )
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._file_table import EpochCommit, FileCommitter
@@ -303,7 +304,7 @@ class DeltaCommitter(FileCommitter):
         table = state
         positions = epoch.positions
         schema_change = epoch.metadata.get("schema_change")
-        actions = [self._add_action(delta, final) for final in epoch.placed]
+        actions = [self._add_action(delta, final, staged) for final, staged in epoch.placed_files()]
         merged = merge_positions(epoch.held, positions)
         info = {APP_ID_KEY: self._sink.app_id, EPOCH_KEY: str(epoch.epoch)}
         if positions:
@@ -333,18 +334,30 @@ class DeltaCommitter(FileCommitter):
             state.update_incremental()
             state.create_checkpoint()
 
-    def _add_action(self, delta: Any, final: Path) -> Any:
-        """The Delta ``add`` action of a moved file (its row count read from its footer)."""
+    def _add_action(self, delta: Any, final: Path, staged: StagedFile | None) -> Any:
+        """The Delta ``add`` action of a moved file, with the statistics deltalake's own
+        writer records (``numRecords``, ``minValues``, ``maxValues``, ``nullCount``) from what
+        its writer knew: no footer is read (only for a commit recorded before writers said,
+        the row count is read from it)."""
         root = self._sink.path
         stat = final.stat()
-        rows = pq.read_metadata(final).num_rows
+        if staged is None:
+            stats: dict[str, Any] = {"numRecords": pq.read_metadata(final).num_rows}
+        else:
+            bounded = {n: c for n, c in staged.columns.items() if c.min is not None}
+            stats = {
+                "numRecords": staged.rows,
+                "minValues": {name: c.min for name, c in bounded.items()},
+                "maxValues": {name: c.max for name, c in bounded.items()},
+                "nullCount": {name: c.nulls for name, c in staged.columns.items()},
+            }
         return delta.transaction.AddAction(
             path=final.relative_to(root).as_posix(),
             size=stat.st_size,
             partition_values={},
             modification_time=int(stat.st_mtime * 1000),
             data_change=True,
-            stats=json.dumps({"numRecords": rows}),
+            stats=json.dumps(stats),
         )
 
     def _new_fields(self, delta: Any, table: Any, change: SchemaChange) -> list[Any]:

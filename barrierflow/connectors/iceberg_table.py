@@ -47,6 +47,7 @@ import pyarrow as pa
 
 from barrierflow._extras import require
 from barrierflow._fs import make_directory
+from barrierflow.actors.sinks.table import StagedFile
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._file_table import EpochCommit, FileCommitter
 from barrierflow.connectors._iceberg_schema import evolve, same_fields
@@ -96,6 +97,58 @@ def open_local_catalog(root: str | os.PathLike[str], name: str = "barrierflow") 
 
 
 _CATALOG_DIRECTORY = "a catalog directory that exists (or can be created) and is writable"
+#: The table property naming the columns of files without Iceberg field ids.
+_NAME_MAPPING = "schema.name-mapping.default"
+#: Iceberg's default metrics mode for strings: bounds truncated to 16 characters.
+_STRING_BOUND = 16
+
+
+def _data_file(metadata: Any, path: Path, staged: StagedFile) -> Any:
+    """The Iceberg ``DataFile`` of a placed file, built from what its writer knew (rows,
+    bytes, per-column null counts and bounds serialized per Iceberg type, as pyiceberg's
+    ``data_file_statistics_from_parquet_metadata`` would from the footer): the commit reads
+    no footer. A column of a type without JSON bounds keeps its null count only."""
+    manifest = require("iceberg", "pyiceberg.manifest")
+    conversions = require("iceberg", "pyiceberg.conversions")
+    typedef = require("iceberg", "pyiceberg.typedef")
+    truncate = require("iceberg", "pyiceberg.utils.truncate")
+    types = require("iceberg", "pyiceberg.types")
+    schema = metadata.schema()
+    values, nulls, lower, upper = {}, {}, {}, {}
+    for name, stats in staged.columns.items():
+        field = schema.find_field(name)
+        values[field.field_id] = staged.rows
+        nulls[field.field_id] = stats.nulls
+        bounded = (
+            types.IntegerType, types.LongType, types.FloatType, types.DoubleType,
+            types.StringType, types.BooleanType,
+        )  # fmt: skip
+        if stats.min is None or not isinstance(field.field_type, bounded):
+            continue
+        low, high = stats.min, stats.max
+        if isinstance(field.field_type, types.StringType):
+            low = str(low)[:_STRING_BOUND]
+            high = truncate.truncate_upper_bound_text_string(str(high), _STRING_BOUND)
+        lower[field.field_id] = conversions.to_bytes(field.field_type, low)
+        if high is not None:  # None: no upper bound of 16 characters exists
+            upper[field.field_id] = conversions.to_bytes(field.field_type, high)
+    return manifest.DataFile.from_args(
+        _table_format_version=metadata.format_version,
+        content=manifest.DataFileContent.DATA,
+        file_path=str(path),
+        file_format=manifest.FileFormat.PARQUET,
+        partition=typedef.Record(),
+        file_size_in_bytes=staged.size,
+        record_count=staged.rows,
+        value_counts=values,
+        null_value_counts=nulls,
+        lower_bounds=lower,
+        upper_bounds=upper,
+        sort_order_id=None,
+        spec_id=metadata.default_spec_id,
+        equality_ids=None,
+        key_metadata=None,
+    )
 
 
 def _local_path(location: str) -> Path:
@@ -265,12 +318,25 @@ class IcebergCommitter(FileCommitter):
                 properties[POSITIONS_PROPERTY] = json.dumps(
                     merge_positions(epoch.held, positions), sort_keys=True
                 )
-            if epoch.placed:
+            files = epoch.placed_files()
+            if any(staged is None for _, staged in files):
+                # Recorded before writers said what their files hold: pyiceberg reads the
+                # footers (the epoch property already rules replays out).
                 tx.add_files(
                     [str(path) for path in epoch.placed],
                     snapshot_properties=summary,
-                    check_duplicate_files=False,  # the epoch property already rules replays out
+                    check_duplicate_files=False,
                 )
+            elif files:
+                if tx.table_metadata.name_mapping() is None:
+                    # As add_files does: our files carry no Iceberg field ids, readers map
+                    # their columns by name.
+                    mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
+                    properties[_NAME_MAPPING] = mapping
+                with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
+                    for path, staged in files:
+                        assert staged is not None  # checked above
+                        append.append_data_file(_data_file(tx.table_metadata, path, staged))
             tx.set_properties(properties)
 
     def after_commit(self, state: Any) -> None:

@@ -54,6 +54,7 @@ The file tables of :mod:`barrierflow.connectors` share one base for all of it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, final, runtime_checkable
@@ -65,6 +66,8 @@ from barrierflow.runtime.positions import SinkCommits, check_positions, merge_po
 
 __all__ = [
     "AlreadyCommitted",
+    "Bound",
+    "ColumnStats",
     "CommitMetadata",
     "CommitOutcome",
     "CommitTimings",
@@ -98,6 +101,68 @@ def _count(argument: str, value: Any) -> int:
     return value
 
 
+#: A bound a file's statistics carry: a JSON scalar (columns of other types keep only their
+#: null count).
+Bound = int | float | str | bool
+
+
+def _bound(argument: str, value: Any) -> Bound | None:
+    if value is None or type(value) in (int, str, bool):
+        return value  # type: ignore[no-any-return]
+    if type(value) is float and math.isfinite(value):
+        return value
+    raise InvalidArgumentError(
+        argument, "None or a JSON scalar (int, finite float, str, bool)", value
+    )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ColumnStats:
+    """One column's statistics in one staged file, as its writer knew them (from the Parquet
+    footer it wrote): what Iceberg's manifests and Delta's ``add`` actions keep so that
+    readers skip files, carried to the committer so that it reads no footer.
+
+    Attributes:
+        nulls: the column's null values in the file.
+        min, max: its least and greatest non-null value (``None``: unknown, every value is
+            null, or the column's type has no JSON form, such as a timestamp).
+
+    Raises:
+        InvalidArgumentError: a negative count, a bound that is not a JSON scalar, or only
+            one of the two bounds.
+    """
+
+    nulls: int
+    min: Bound | None = None
+    max: Bound | None = None
+
+    def __post_init__(self) -> None:
+        _count("nulls", self.nulls)
+        _bound("min", self.min)
+        _bound("max", self.max)
+        if (self.min is None) != (self.max is None):
+            raise InvalidArgumentError("max", "both bounds or neither", (self.min, self.max))
+
+    def to_json(self) -> dict[str, Any]:
+        """The statistics as plain JSON values."""
+        value: dict[str, Any] = {"nulls": self.nulls}
+        if self.min is not None:
+            value["min"], value["max"] = self.min, self.max
+        return value
+
+    @classmethod
+    def from_json(cls, value: Any) -> ColumnStats:
+        """Read statistics made by :meth:`to_json`.
+
+        Raises:
+            InvalidArgumentError: ``value`` is not such statistics.
+        """
+        if not isinstance(value, Mapping) or "nulls" not in value:
+            raise InvalidArgumentError("stats", "a JSON object {nulls, min?, max?}", value)
+        return cls(value["nulls"], value.get("min"), value.get("max"))
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class StagedFile:
@@ -107,17 +172,52 @@ class StagedFile:
         path: where it is, relative to the table's root (a staging path, not visible yet).
         rows: the rows it holds.
         size: its size in bytes.
+        columns: per-column statistics (column name → :class:`ColumnStats`), as the writer
+            knew them; empty when unknown (a writer that keeps none, an older manifest).
     """
 
     path: str
     rows: int
     size: int
+    columns: Mapping[str, ColumnStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
             raise InvalidArgumentError("path", "a non-empty path relative to the table", self.path)
         _count("rows", self.rows)
         _count("size", self.size)
+        if not isinstance(self.columns, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, ColumnStats) for k, v in self.columns.items()
+        ):
+            raise InvalidArgumentError(
+                "columns", "a mapping of column names to ColumnStats", self.columns
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        """The file as plain JSON values (``columns`` only when known)."""
+        value: dict[str, Any] = {"path": self.path, "rows": self.rows, "size": self.size}
+        if self.columns:
+            value["columns"] = {name: c.to_json() for name, c in self.columns.items()}
+        return value
+
+    @classmethod
+    def from_json(cls, value: Any) -> StagedFile:
+        """Read a file made by :meth:`to_json` (one without ``columns`` too: an older
+        manifest).
+
+        Raises:
+            InvalidArgumentError: ``value`` is not such a file.
+        """
+        try:
+            columns = {
+                name: ColumnStats.from_json(stats)
+                for name, stats in (value.get("columns") or {}).items()
+            }
+            return cls(value["path"], value["rows"], value["size"], columns)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise InvalidArgumentError(
+                "file", "a JSON object {path, rows, size, columns?}", value
+            ) from exc
 
 
 @final
@@ -183,7 +283,7 @@ class Manifest:
         return {
             "writer": self.writer,
             "epoch": self.epoch,
-            "files": [{"path": f.path, "rows": f.rows, "size": f.size} for f in self.files],
+            "files": [f.to_json() for f in self.files],
             "vnodes": [list(run) for run in self.vnodes],
             "positions": dict(self.positions),
             "positions_from": dict(self.positions_from),
@@ -207,9 +307,7 @@ class Manifest:
                 sorted(value),
             )
         try:
-            files = tuple(
-                StagedFile(f["path"], f["rows"], f["size"]) for f in value.get("files", ())
-            )
+            files = tuple(StagedFile.from_json(f) for f in value.get("files", ()))
             vnodes = tuple((run[0], run[1]) for run in value.get("vnodes", ()))
         except (KeyError, TypeError, IndexError) as exc:
             raise InvalidArgumentError(
