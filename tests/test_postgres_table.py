@@ -12,6 +12,7 @@ name: ``tests/`` is on the path the suite hands them), reaching the table the te
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -420,3 +421,25 @@ def test_the_chaos_spark_act_writes_postgres_in_turn_and_audits_it_with_psycopg(
     # A finished run that left no server data is a finding, not a silent pass.
     audit = audit_spark(tmp_path, complete=True, table="postgres")
     assert [f.rule for f in audit.findings] == ["no_table"]
+
+
+@pytest.mark.postgres
+def test_the_chaos_audit_reads_an_empty_postgres_table() -> None:
+    from barrierflow.app._demo_input import SCHEMA as EVENTS
+    from barrierflow.app.chaos.audit_postgres import DATA, audit_postgres
+    from barrierflow.testing.postgres_server import postgres_directory
+
+    # Under the system's temporary directory, as the fixture's servers: a path the server's
+    # user reaches whatever another pytest session does to its own base directory meanwhile.
+    workdir = postgres_directory()
+    server = PostgresServer(workdir / DATA, durable=True)
+    server.start()
+    try:  # killed before the first commit: the table declared, no row yet
+        PostgresTable(server.dsn, "events", EVENTS, db_schema="barrierflow_demo")
+        server.stop()
+        audit = audit_postgres(workdir, complete=False)
+    finally:
+        server.remove()
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert audit.clean, audit.summary()
+    assert (audit.rows_out, audit.facts["commits"]) == (0, 0)

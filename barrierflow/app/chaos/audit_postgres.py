@@ -84,12 +84,15 @@ def _audit(dsn: str, expected: pa.Table | None, audit: Audit) -> None:
         prepared = connection.execute(
             "SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, %s)", [f"bf:{SINK}:"]
         ).fetchone()
-    rows = pacsv.read_csv(
-        pa.py_buffer(bytes(out)),
-        read_options=pacsv.ReadOptions(column_names=["key", "value"]),
-        convert_options=pacsv.ConvertOptions(
-            column_types={"key": pa.int64(), "value": pa.float64()}
-        ),
+    columns = pa.schema([("key", pa.int64()), ("value", pa.float64())])
+    rows = (
+        pacsv.read_csv(
+            pa.py_buffer(bytes(out)),
+            read_options=pacsv.ReadOptions(column_names=columns.names),
+            convert_options=pacsv.ConvertOptions(column_types=columns),
+        )
+        if out
+        else columns.empty_table()  # Arrow's reader refuses an empty file
     )
     audit.count_against_input(expected, rows)
     epoch, marked, commits = marker if marker is not None else (0, 0, 0)
