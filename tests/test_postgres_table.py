@@ -14,6 +14,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -315,6 +318,48 @@ def test_a_server_left_dead_on_the_data_does_not_stop_the_next_start(
         assert select(again.dsn, "SELECT 1") == [1]
     finally:
         again.stop()
+
+
+@pytest.mark.postgres
+@pytest.mark.subprocess
+def test_a_server_in_its_callers_group_dies_with_that_group() -> None:
+    from barrierflow.testing.postgres_server import postgres_directory
+
+    directory = postgres_directory()
+    code = (
+        "import sys\n"
+        "from barrierflow.testing.postgres_server import PostgresServer\n"
+        "server = PostgresServer(sys.argv[1], own_group=False)\n"
+        "server.start()\n"
+        "print(server.pid, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    try:
+        with subprocess.Popen(
+            [sys.executable, "-c", code, str(directory)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # the demo's group, as a crash harness kills it
+        ) as child:
+            assert child.stdout is not None
+            postmaster = int(child.stdout.readline())
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=scaled(10))
+        deadline = time.monotonic() + scaled(10)
+        while (alive := _alive(postmaster)) and time.monotonic() < deadline:
+            time.sleep(0.02)  # a killed process exiting, not our child: nothing to wait on
+        assert not alive, "the server outlived the kill of its caller's group"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 @pytest.mark.postgres

@@ -205,13 +205,14 @@ class PostgresDemoTable:
 
 def _own_server(workdir: Path) -> str:
     """Start the demo's own server under ``workdir/postgres`` (again, on a resume: it finds
-    its data and kills a server a killed run left behind); it is killed when this process
-    exits. Its connection string."""
+    its data and clears what a killed run left); it is killed when this process exits, or
+    with it. Its connection string."""
     import atexit
 
     from barrierflow.testing.postgres_server import PostgresServer
 
-    server = PostgresServer(workdir / "postgres", durable=True)
+    # In the demo's process group: a kill of the demo (a crash harness's) kills it too.
+    server = PostgresServer(workdir / "postgres", durable=True, own_group=False)
     server.start()
     atexit.register(server.stop)
     return server.dsn

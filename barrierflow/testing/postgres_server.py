@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import final
 
@@ -166,6 +167,10 @@ class PostgresServer:
             Initialized once, then reused: a server started again finds its data, and kills
             a server an earlier process left running on it.
         durable: fsync its writes (``False``: ``fsync=off``, see the module).
+        own_group: run the server in a process group of its own (a test's: it outlives a
+            kill of the caller's group); ``False`` keeps it in the caller's group, so that
+            whatever kills that group (a crash harness's SIGKILL) kills the server too — a
+            demo's server, which should not outlive the demo.
         start_timeout: seconds the server may take to accept connections after
             :meth:`start` (a test suite that stretches its deadlines passes a longer one).
         stop_timeout: seconds its killed processes may take to exit in :meth:`stop`.
@@ -181,6 +186,7 @@ class PostgresServer:
         directory: str | os.PathLike[str],
         *,
         durable: bool = False,
+        own_group: bool = True,
         start_timeout: float = START_SECONDS,
         stop_timeout: float = STOP_SECONDS,
     ) -> None:
@@ -188,6 +194,8 @@ class PostgresServer:
             raise InvalidArgumentError("directory", "a directory path", directory)
         if type(durable) is not bool:
             raise InvalidArgumentError("durable", "a bool", durable)
+        if type(own_group) is not bool:
+            raise InvalidArgumentError("own_group", "a bool", own_group)
         for argument, value in (("start_timeout", start_timeout), ("stop_timeout", stop_timeout)):
             if (
                 isinstance(value, bool)
@@ -198,6 +206,7 @@ class PostgresServer:
         self.directory = Path(directory).absolute()
         self.bindir = find_postgres_binaries()
         self.durable = durable
+        self.own_group = own_group
         self.start_timeout = float(start_timeout)
         self.stop_timeout = float(stop_timeout)
         self.data = self.directory / "data"
@@ -268,7 +277,7 @@ class PostgresServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                start_new_session=True,  # its own process group: stop() kills every backend
+                start_new_session=self.own_group,
                 user=None if user is None else user.pw_uid,
                 group=None if user is None else user.pw_gid,
             )
@@ -285,9 +294,7 @@ class PostgresServer:
         except (OSError, ValueError, IndexError):
             return
         if _serves(pid, self.data):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            self._wait_group_gone(pid)
+            self._kill(pid)
         # The lock files stay: while the dead postmaster is not reaped (a zombie of whoever
         # inherited it) or its pid is taken by another process, a new server would take
         # them for a live server's and refuse to start.
@@ -362,21 +369,46 @@ class PostgresServer:
         process, self._process = self._process, None
         if process is None:
             return
+        self._kill(process.pid, reap=process)
+
+    def _kill(self, pid: int, reap: subprocess.Popen[bytes] | None = None) -> None:
+        """SIGKILL the postmaster ``pid`` and its backends, and wait until they are gone:
+        its whole group when it leads one, else it and its children (found first: they are
+        re-parented once it dies)."""
+        try:
+            leads = os.getpgid(pid) == pid
+        except ProcessLookupError:
+            leads = False
+        children = [] if leads else _children(pid)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=self.stop_timeout)
-        self._wait_group_gone(process.pid)
+            if leads:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                for target in (pid, *children):
+                    os.kill(target, signal.SIGKILL)
+        if reap is not None:
+            reap.wait(timeout=self.stop_timeout)
+        if leads:
+            self._wait_group_gone(pid)
+        else:
+            self._wait_gone([pid, *children])
+
+    def _wait_gone(self, pids: list[int]) -> None:
+        self._wait_until(lambda: not any(_lives(pid) for pid in pids), f"processes {pids}")
 
     def _wait_group_gone(self, pgid: int) -> None:
         # The backends are the postmaster's children, not ours: wait for the group to empty,
         # or a restart would find their shared memory still attached.
+        self._wait_until(lambda: not _group_alive(pgid), f"process group {pgid}")
+
+    def _wait_until(self, gone: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self.stop_timeout
-        while _group_alive(pgid):
+        while not gone():
             if time.monotonic() > deadline:
                 raise PostgresServerError(
                     "stop",
-                    f"expected process group {pgid} gone {self.stop_timeout:.0f} s "
-                    "after SIGKILL, some of it is still there",
+                    f"expected {what} gone {self.stop_timeout:.0f} s after SIGKILL, some of "
+                    "it is still there",
                     self.log_path,
                 )
             time.sleep(0.02)  # killed processes exiting: nothing to wait on
@@ -416,11 +448,38 @@ def _let_traverse(directory: Path) -> None:
 def _serves(pid: int, data: Path) -> bool:
     """Whether process ``pid`` lives (not a zombie) with ``data`` on its command line."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, IndexError):
+    except OSError:
         return False
-    return state not in ("Z", "X") and os.fsencode(data) in command
+    return _lives(pid) and os.fsencode(data) in command
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command (state first), or ``None``."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _lives(pid: int) -> bool:
+    """Whether ``pid`` is a process that is not a zombie."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux: ``/proc``; elsewhere none)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    found = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None and len(fields) > 1 and fields[1] == str(pid):
+                found.append(int(entry.name))
+    return found
 
 
 def _group_alive(pgid: int) -> bool:

@@ -43,7 +43,7 @@ def audit_postgres(workdir: Path, *, complete: bool) -> Audit:
         if complete:
             audit.add("no_table", f"no server data in {workdir / DATA}")
         return audit
-    server = PostgresServer(workdir / DATA, durable=True)
+    server = PostgresServer(workdir / DATA, durable=True, own_group=False)
     server.start()
     try:
         _audit(server.dsn, spark_input(workdir), audit)
