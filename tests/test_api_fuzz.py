@@ -665,6 +665,7 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
             {
                 "directory": root / "pg",
                 "durable": False,
+                "own_group": True,
                 "start_timeout": 1.0,
                 "stop_timeout": 1.0,
             },
