@@ -733,9 +733,8 @@ async def test_delta_add_actions_carry_the_writers_stats_like_deltalakes_own_wri
     await commit_two_epochs(table)
     assert footer_reads == []  # the commits opened no data file
     actions = pa.table(table.table().get_add_actions(flatten=True)).to_pydict()
-    stats = sorted(
-        zip(actions["num_records"], actions["min.id"], actions["max.id"], actions["null_count.id"])
-    )
+    columns = ("num_records", "min.id", "max.id", "null_count.id")
+    stats = sorted(zip(*(actions[c] for c in columns), strict=True))
     assert stats == [(3, 0, 2, 0), (3, 100, 102, 0)]
     # deltalake skips the file whose bounds cannot match.
     assert table.table().to_pyarrow_table(filters=[("id", ">=", 100)])["id"].to_pylist() == [
