@@ -41,6 +41,7 @@ import barrierflow.spark_bridge as spark_package
 import barrierflow.testing as testing_package
 from barrierflow.actors import (
     BatchFeed,
+    ColumnStats,
     Coordinator,
     Failed,
     Manifest,
@@ -554,6 +555,7 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
         ),
         "Offset": (Offset, {"major": 1, "minor": 0}),
         "StagedFile": (StagedFile, {"path": ".staging/1/w0/part.parquet", "rows": 3, "size": 9}),
+        "ColumnStats": (ColumnStats, {"nulls": 0, "min": 1, "max": 2}),
         "Manifest": (
             Manifest,
             {
@@ -718,6 +720,9 @@ CONSTRUCTOR_EXEMPT = {
     "SchemaChange",
     # Outcomes without fields, and their union.
     "Committed", "AlreadyCommitted", "CommitOutcome",
+    # The file tables' committer base (abstract: a format subclasses it, see
+    # tests/test_tables.py and the README's JSON-lines table) and the record it hands a format.
+    "FileCommitter", "EpochCommit",
     # Sentinels (their values are fixed).
     "CHECKPOINT", "CRASH", "FAIL", "PAUSE", "RESUME",
     # Snapshot records and handles the library builds from its own state.

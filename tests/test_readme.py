@@ -28,7 +28,7 @@ def test_readme_opens_with_the_two_commands() -> None:
 @pytest.mark.spark
 def test_readme_examples_run(tmp_path: Path) -> None:
     examples = re.findall(r"```python\n(.*?)```", README, re.S)
-    assert len(examples) == 11
+    assert len(examples) == 13
     outputs = []
     for example in examples:
         command = [sys.executable, "-c", example]
@@ -52,6 +52,30 @@ def test_readme_examples_run(tmp_path: Path) -> None:
     assert "Barrier(" in outputs[8]
     assert outputs[9] == "9 rules kept; committed [1, 2] once"
     assert outputs[10].startswith("2 passed")  # on asyncio and on trio
+    assert outputs[11].startswith("2 passed")  # the JSON-lines table, on both backends
+
+
+@pytest.mark.subprocess
+def test_readme_add_a_table_example_passes_check_table_with_crash_steps(tmp_path: Path) -> None:
+    # The worked example of "Adding a table", run as a user would (pytest on their file): a
+    # table on FileCommitter, checked rule by rule, crash steps included, on both backends.
+    (example,) = [
+        e for e in re.findall(r"```python\n(.*?)```", README, re.S) if "JsonLinesTable" in e
+    ]
+    assert example.startswith("# test_jsonl_table.py")
+    assert "class JsonLinesCommitter(FileCommitter)" in example
+    assert "check_table(make, read, crash_steps=True)" in example
+    (tmp_path / "test_jsonl_table.py").write_text(example)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    done = subprocess.run(
+        [*command, "test_jsonl_table.py"],
+        capture_output=True,
+        text=True,
+        timeout=scaled(300),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    assert done.stdout.splitlines()[-1].startswith("2 passed")
 
 
 def test_readme_links_only_inside_the_repository() -> None:

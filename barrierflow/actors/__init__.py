@@ -18,6 +18,7 @@ from barrierflow.actors.sinks.add_sink import add_sink as add_sink
 from barrierflow.actors.sinks.coordinator.coordinator import Coordinator as Coordinator
 from barrierflow.actors.sinks.coordinator.stats import CoordinatorStats as CoordinatorStats
 from barrierflow.actors.sinks.table import AlreadyCommitted as AlreadyCommitted
+from barrierflow.actors.sinks.table import ColumnStats as ColumnStats
 from barrierflow.actors.sinks.table import CommitMetadata as CommitMetadata
 from barrierflow.actors.sinks.table import CommitOutcome as CommitOutcome
 from barrierflow.actors.sinks.table import Committed as Committed
@@ -39,6 +40,7 @@ __all__ = [
     "AlreadyCommitted",
     "BatchFeed",
     "BatchFeedStats",
+    "ColumnStats",
     "CommitMetadata",
     "CommitOutcome",
     "Committed",

@@ -1,11 +1,14 @@
 """The real systems behind the table and split log protocols: Parquet files (one directory
 per epoch), Iceberg tables (one snapshot per epoch), Delta Lake tables (one commit per epoch),
 the console, and Redis streams as a split log. Every table stages through
-:class:`ParquetStagingWriter` (the console prints instead)."""
+:class:`ParquetStagingWriter` (the console prints instead); the file tables' committers share
+:class:`FileCommitter`, the base a new file format's committer subclasses."""
 
 import typing as _typing
 
 from barrierflow._removed import removed_names as _removed_names
+from barrierflow.connectors._file_table import EpochCommit as EpochCommit
+from barrierflow.connectors._file_table import FileCommitter as FileCommitter
 from barrierflow.connectors.delta_table import DeltaLakeTable as DeltaLakeTable
 from barrierflow.connectors.iceberg_table import IcebergTable as IcebergTable
 from barrierflow.connectors.iceberg_table import open_local_catalog as open_local_catalog
@@ -18,6 +21,8 @@ from barrierflow.connectors.redis_streams import RetryBackoff as RetryBackoff
 
 __all__ = [
     "DeltaLakeTable",
+    "EpochCommit",
+    "FileCommitter",
     "IcebergTable",
     "ParquetStagingWriter",
     "ParquetTable",

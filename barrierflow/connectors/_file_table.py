@@ -47,6 +47,7 @@ from barrierflow.actors.sinks.table import (
     Failed,
     Manifest,
     RetryLater,
+    SinkCommits,
     StagedFile,
 )
 from barrierflow.channels.errors import InvalidArgumentError
@@ -59,7 +60,7 @@ from barrierflow.connectors._staging import (
     staged_files,
     unstaged_path,
 )
-from barrierflow.runtime.positions import SinkCommits, check_positions
+from barrierflow.runtime.positions import check_positions
 
 __all__ = ["RECENT_COMMITS", "EpochCommit", "FileCommitter", "file_commit_outcome"]
 
@@ -154,6 +155,11 @@ class FileCommitter(ABC):
         self.commit_seconds: deque[float] = deque(maxlen=RECENT_COMMITS)
         #: Commits of epochs made by this committer.
         self.commits = 0
+
+    @property
+    def root(self) -> Path:
+        """The directory the table's writers stage under and its files are placed in."""
+        return self._root
 
     # What a format writes.
 

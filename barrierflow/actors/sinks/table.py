@@ -62,7 +62,7 @@ from typing import Any, Protocol, final, runtime_checkable
 import pyarrow as pa
 
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.runtime.positions import SinkCommits, check_positions, merge_positions
+from barrierflow.runtime.positions import check_positions, merge_positions
 
 __all__ = [
     "AlreadyCommitted",
@@ -79,6 +79,7 @@ __all__ = [
     "PathChecked",
     "RetryLater",
     "SchemaChange",
+    "SinkCommits",
     "StagedFile",
     "StagingWriter",
     "Table",
@@ -142,7 +143,8 @@ class ColumnStats:
         _bound("min", self.min)
         _bound("max", self.max)
         if (self.min is None) != (self.max is None):
-            raise InvalidArgumentError("max", "both bounds or neither", (self.min, self.max))
+            missing = "min" if self.min is None else "max"
+            raise InvalidArgumentError(missing, "both bounds or neither", (self.min, self.max))
 
     def to_json(self) -> dict[str, Any]:
         """The statistics as plain JSON values."""
@@ -501,6 +503,22 @@ class PathChecked(Protocol):
             SinkPathError: it cannot, naming ``sink``.
         """
         ...
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SinkCommits:
+    """What a table's storage says it committed (:class:`HoldsCommits`).
+
+    Attributes:
+        sink: the sink (its name, table or path), for messages.
+        epoch: the last committed epoch (> 0).
+        positions: the source positions recorded with it (empty if the sink recorded none).
+    """
+
+    sink: str
+    epoch: int
+    positions: dict[str, int] = field(default_factory=dict)
 
 
 @runtime_checkable
