@@ -57,7 +57,7 @@ def test_demo_help_describes_every_option_and_its_default(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     options = [a for a in demo_parser()._actions if a.option_strings and a.dest != "help"]
-    assert len(options) == 19
+    assert len(options) == 20
     for action in options:
         assert action.help, action.option_strings
         assert "default" in action.help, action.option_strings
@@ -67,7 +67,7 @@ def test_demo_help_describes_every_option_and_its_default(
     shown = capsys.readouterr().out
     assert "(default: demo-data;" in shown
     assert "(default: asyncio)" in shown
-    assert "--table {iceberg,delta}" in shown
+    assert "--table {iceberg,delta,postgres}" in shown
     assert "--write-on {driver,executors}" in shown
 
 
