@@ -29,13 +29,14 @@ and the rest prepared (invisible, durable): the epoch is still pending in the me
 the restarted coordinator commits the rest and then writes the marker — never rolls back.
 Rows are never visible twice and never lost; an epoch is only briefly partial.
 
-**Why not an epoch that appears at once** (writers copying into per-epoch staging tables, the
-coordinator moving them into the table with the marker in one transaction): every row would
-be written twice, the second time serially by the coordinator (measured in
-``benchmarks/coordinator.py``'s ``coordinator_postgres_rows_per_s``: copying into the table
-directly is the bare ``COPY``'s cost; moving staged rows adds another full write of them);
-the design above keeps the rows' only write in the writers, in parallel, and the
-coordinator's commit to a few statements per epoch.
+**Why not an epoch that appears at once** (writers copying into per-epoch staging tables
+under 2PC, the coordinator moving them into the table with the marker in one transaction):
+every row would be written twice, the second time serially by the coordinator. Measured on 2
+cores, fsync on, 4 writers each copying 64 batches of 4,096 rows per epoch: 2.2 to 2.5 M rows/s
+copying into the table directly, 0.84 to 0.99 M rows/s staging then moving (2026-11-29). The
+design above keeps the rows' only write in the writers, in parallel, and the coordinator's
+commit to a few statements per epoch; the price is an epoch visible writer by writer for a
+few milliseconds.
 
 **Upsert by key.** With ``key=("id",)`` each writer copies its rows into an unlogged staging
 table created inside its transaction, and at stage time runs ``INSERT … SELECT … ON CONFLICT
@@ -80,6 +81,7 @@ from barrierflow.actors.sinks.table import (
     Committed,
     Failed,
     Manifest,
+    SinkCommits,
     StagedFile,
     manifests_positions,
 )
@@ -99,7 +101,6 @@ from barrierflow.connectors._postgres_sql import (
     sql,
 )
 from barrierflow.connectors.errors import PostgresUnavailableError, SchemaEvolutionError
-from barrierflow.runtime.positions import SinkCommits
 
 __all__ = ["PostgresCommitter", "PostgresStagingWriter", "PostgresTable"]
 
