@@ -464,8 +464,6 @@ class PostgresCommitter:
     committer is collected.
     """
 
-    two_phase = True
-
     def __init__(self, spec: TableSpec) -> None:
         self._spec = spec
         self._worker = _Worker(spec)
