@@ -17,10 +17,11 @@ committer has nothing to do.
 
 * A writer describes what it staged for an epoch in a :class:`Manifest`: small,
   JSON-serializable and self-describing (writer id, the epoch it staged, the vnodes it covers,
-  its files with row counts and sizes, the source positions its rows reach, an optional schema
-  change). Anything that can produce one is a writer — an actor of this process, or a task on
-  another machine — because the manifest crosses to the coordinator as JSON
-  (:meth:`Manifest.to_json` / :meth:`Manifest.from_json`).
+  its files with row counts, sizes and per-column statistics, the source positions its rows
+  reach, an optional schema change). The statistics are the writer's (it knows them as it
+  writes), so a committer reads no file to learn them. Anything that can produce one is a
+  writer — an actor of this process, or a task on another machine — because the manifest
+  crosses to the coordinator as JSON (:meth:`Manifest.to_json` / :meth:`Manifest.from_json`).
 * The coordinator (:mod:`barrierflow.actors.sinks.coordinator`) waits for every vnode's
   manifest of an epoch, asks the committer to :meth:`~Committer.prepare` one commit from them,
   records the result in the meta store as *pending* before acknowledging the writers, and
