@@ -432,6 +432,12 @@ def _missing_extra(blocked: str, statement: str) -> dict[str, str]:
             "iceberg",
         ),
         (
+            "psycopg",
+            "from barrierflow.connectors import PostgresTable; "
+            "PostgresTable('dbname=x', 't', pa.schema([('v', pa.int64())]))",
+            "postgres",
+        ),
+        (
             "pyspark",
             "from barrierflow.spark_bridge.bridge import arrow_schema_of; "
             "arrow_schema_of(type('Frame', (), {'schema': None})())",
