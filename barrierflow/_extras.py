@@ -1,7 +1,7 @@
 """Optional dependencies as extras: import a connector's package, or say which extra to install.
 
 The core (channels, runtime, actors) needs anyio and pyarrow only; each connector's package —
-redis, pyiceberg, deltalake, pyspark, prometheus-client — is an extra of the distribution
+redis, pyiceberg, deltalake, pyspark, prometheus-client, psycopg — is an extra of the distribution
 (``pip install 'barrierflow[redis]'``). A connector imports its package through
 :func:`require` when it is built, never at module import, so that ``import barrierflow`` and
 the core load none of them, and a missing one is a :class:`MissingExtraError` naming the extra
@@ -32,7 +32,7 @@ class MissingExtraError(BarrierflowError, ImportError):
 
     Attributes:
         extra: the extra to install (``"redis"``, ``"iceberg"``, ``"delta"``, ``"spark"``,
-            ``"metrics"``).
+            ``"metrics"``, ``"postgres"``).
         module: the module that could not be imported (``"redis"``,
             ``"pyiceberg.catalog.sql"``).
     """
