@@ -41,6 +41,7 @@ from barrierflow.connectors._postgres_sql import classify
 from barrierflow.errors import (
     ActorFailedError,
     PostgresSchemaMismatchError,
+    PostgresUnavailableError,
     SinkRecoveryError,
     TableCommitFailedError,
 )
@@ -383,6 +384,19 @@ def test_an_existing_table_of_another_column_type_is_refused_at_declaration(
     assert keyless.value.column == "v"
     assert keyless.value.schema_wants == "a primary key or unique index on the upsert key"
     PostgresTable(dsn, name, pa.schema([("v", pa.string())]))  # a fitting subset is fine
+
+
+@pytest.mark.postgres
+def test_a_declaration_the_database_refuses_is_a_typed_error(
+    postgres_server: PostgresServer,
+) -> None:
+    role = postgres_server.unique_name("reader")
+    execute(postgres_server.dsn, f"CREATE ROLE {role} LOGIN")
+    dsn = postgres_server.dsn.replace("user=postgres", f"user={role}")
+    with pytest.raises(PostgresUnavailableError) as info:
+        PostgresTable(dsn, "t", SCHEMA, db_schema=postgres_server.unique_name())
+    assert isinstance(info.value.__cause__, psycopg.errors.InsufficientPrivilege)
+    assert "42501" in info.value.reason
 
 
 @pytest.mark.anyio

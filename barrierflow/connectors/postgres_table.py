@@ -130,7 +130,8 @@ class PostgresTable:
     Raises:
         InvalidArgumentError: a bad argument, naming it (checked before connecting).
         MissingExtraError: psycopg is not installed (``barrierflow[postgres]``).
-        PostgresUnavailableError: the database cannot be reached.
+        PostgresUnavailableError: the database cannot be reached, or refuses to create or
+            inspect the table (a missing permission).
         PostgresSchemaMismatchError: the table exists and does not fit ``schema`` or ``key``.
     """
 
@@ -150,8 +151,9 @@ class PostgresTable:
         try:
             with connect(self._spec) as connection:
                 declare(connection, self._spec)
-        except pg.OperationalError as exc:
-            raise PostgresUnavailableError(self._spec.qualified, str(exc).strip()) from exc
+        except pg.Error as exc:
+            state = f" (SQLSTATE {exc.sqlstate})" if exc.sqlstate else ""
+            raise PostgresUnavailableError(self._spec.qualified, f"{exc}".strip() + state) from exc
 
     @property
     def schema(self) -> pa.Schema:
