@@ -210,17 +210,19 @@ class PostgresSchemaMismatchError(SinkError):
 
 @final
 class PostgresUnavailableError(SinkError):
-    """A :class:`~barrierflow.connectors.PostgresTable` could not reach its database when it
-    was declared (the connection error is the ``__cause__``).
+    """A :class:`~barrierflow.connectors.PostgresTable` could not be declared in its database:
+    the connection failed, or the database refused to create or inspect the table (a missing
+    permission). psycopg's error is the ``__cause__``.
 
     Attributes:
         sink: the table (``schema.table``).
-        reason: what the connection attempt said.
+        reason: what the database said (with its SQLSTATE when it gave one).
     """
 
     def __init__(self, sink: str, reason: str) -> None:
         self.sink = sink
         self.reason = reason
         super().__init__(
-            f"table {sink!r}: expected its database to accept a connection, got: {reason}"
+            f"table {sink!r}: expected its database to accept a connection and the table's "
+            f"declaration, got: {reason}"
         )
