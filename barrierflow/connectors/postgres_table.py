@@ -388,13 +388,15 @@ class PostgresStagingWriter:
             if spec.key:
                 self._upsert(connection, spec.name(self._staging_name(epoch)))
             gid = spec.gid(epoch, self._writer)
+            # One round trip (values inlined as literals: a query of two statements takes no
+            # parameters): the share row, then the prepare.
+            share = [s.Literal(v) for v in (gid, spec.sink, epoch, self._writer, self._rows)]
             connection.execute(
                 s.SQL(
-                    "INSERT INTO {} (gid, sink, epoch, writer, rows) VALUES (%s, %s, %s, %s, %s)"
-                ).format(spec.name(SHARES_TABLE)),
-                [gid, spec.sink, epoch, self._writer, self._rows],
+                    "INSERT INTO {} (gid, sink, epoch, writer, rows) VALUES ({}); "
+                    "PREPARE TRANSACTION {}"
+                ).format(spec.name(SHARES_TABLE), s.SQL(", ").join(share), s.Literal(gid))
             )
-            connection.execute(s.SQL("PREPARE TRANSACTION {}").format(s.Literal(gid)))
         except Exception:
             if not connection.closed and not connection.broken:
                 connection.execute("ROLLBACK")
