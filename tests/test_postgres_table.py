@@ -401,6 +401,33 @@ def test_a_declaration_the_database_refuses_is_a_typed_error(
 
 @pytest.mark.anyio
 @pytest.mark.postgres
+async def test_a_role_that_may_write_but_not_create_declares_and_commits(
+    postgres_server: PostgresServer,
+) -> None:
+    owner_dsn, namespace = postgres_server.dsn, postgres_server.unique_name()
+    role = postgres_server.unique_name("writer")
+    PostgresTable(owner_dsn, "t", SCHEMA, db_schema=namespace)  # made by its owner
+    for statement in (
+        f"CREATE ROLE {role} LOGIN",
+        f"GRANT USAGE ON SCHEMA {namespace} TO {role}",
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {namespace} TO {role}",
+    ):
+        execute(owner_dsn, statement)
+    # No CREATE on the database or the schema: the declaration only checks what exists.
+    table = PostgresTable(
+        owner_dsn.replace("user=postgres", f"user={role}"), "t", SCHEMA, db_schema=namespace
+    )
+    committer = table.committer()
+    await committer.recover({})
+    metadata = await committer.prepare(1, [await staged(table, "0", 1, [1, 2])])
+    assert metadata is not None
+    assert await committer.commit(1, metadata) == Committed()
+    await committer.aclose()
+    assert sorted(select(owner_dsn, f"SELECT id FROM {namespace}.t")) == [1, 2]
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
 async def test_upsert_by_key_keeps_the_last_row_of_each_key(
     postgres_server: PostgresServer,
 ) -> None:

@@ -245,11 +245,20 @@ def declare(connection: Connection, spec: TableSpec) -> None:
         PostgresSchemaMismatchError: the table exists but does not fit the schema.
     """
     s = sql()
+
+    def missing(table: str) -> bool:
+        name = s.Identifier(spec.db_schema, table).as_string(connection)
+        row = connection.execute("SELECT to_regclass(%s) IS NULL", [name]).fetchone()
+        return bool(row and row[0])
+
+    # Only what is missing is created: a role that may write the tables but not create
+    # anything (no CREATE on the database or the schema) declares them too, since CREATE ...
+    # IF NOT EXISTS checks that privilege even when the object exists.
     with connection.transaction():
         connection.execute("SELECT pg_advisory_xact_lock(hashtext('barrierflow declare'))")
-        connection.execute(
-            s.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s.Identifier(spec.db_schema))
-        )
+        schema = connection.execute("SELECT to_regnamespace(%s)", [spec.db_schema]).fetchone()
+        if schema is None or schema[0] is None:
+            connection.execute(s.SQL("CREATE SCHEMA {}").format(s.Identifier(spec.db_schema)))
         found = connection.execute(
             "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
             "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
@@ -269,21 +278,23 @@ def declare(connection: Connection, spec: TableSpec) -> None:
                     spec.name(spec.table), s.SQL(", ").join(columns)
                 )
             )
-        connection.execute(
-            s.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (sink text PRIMARY KEY, epoch bigint NOT NULL, "
-                "rows bigint NOT NULL, commits bigint NOT NULL DEFAULT 1, "
-                "positions jsonb NOT NULL DEFAULT '{{}}', "
-                "positions_from jsonb NOT NULL DEFAULT '{{}}', "
-                "committed_at timestamptz NOT NULL DEFAULT now())"
-            ).format(spec.name(COMMITS_TABLE))
-        )
-        connection.execute(
-            s.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (gid text PRIMARY KEY, sink text NOT NULL, "
-                "epoch bigint NOT NULL, writer text NOT NULL, rows bigint NOT NULL)"
-            ).format(spec.name(SHARES_TABLE))
-        )
+        if missing(COMMITS_TABLE):
+            connection.execute(
+                s.SQL(
+                    "CREATE TABLE {} (sink text PRIMARY KEY, epoch bigint NOT NULL, "
+                    "rows bigint NOT NULL, commits bigint NOT NULL DEFAULT 1, "
+                    "positions jsonb NOT NULL DEFAULT '{{}}', "
+                    "positions_from jsonb NOT NULL DEFAULT '{{}}', "
+                    "committed_at timestamptz NOT NULL DEFAULT now())"
+                ).format(spec.name(COMMITS_TABLE))
+            )
+        if missing(SHARES_TABLE):
+            connection.execute(
+                s.SQL(
+                    "CREATE TABLE {} (gid text PRIMARY KEY, sink text NOT NULL, "
+                    "epoch bigint NOT NULL, writer text NOT NULL, rows bigint NOT NULL)"
+                ).format(spec.name(SHARES_TABLE))
+            )
 
 
 def _check_table(connection: Connection, spec: TableSpec, found: dict[str, str]) -> None:

@@ -39,7 +39,7 @@ commit to a few statements per epoch; the price is an epoch visible writer by wr
 few milliseconds.
 
 **Upsert by key.** With ``key=("id",)`` each writer copies its rows into an unlogged staging
-table created inside its transaction, and at stage time runs ``INSERT … SELECT … ON CONFLICT
+table created inside its transaction (so its role needs ``CREATE`` on the schema), and at stage time runs ``INSERT … SELECT … ON CONFLICT
 (key) DO UPDATE`` (the epoch's last row of each key wins) and drops the staging table, all
 before ``PREPARE`` (temporary tables cannot be prepared). The rows of one key must reach one
 writer — declare the sink with ``add_sink(..., key=[the same columns])`` — since a prepared
@@ -48,7 +48,8 @@ would wait for each other. (Delete and update *ops* of a changelog never reach a
 writer: the sink writer refuses them; an update arrives as a row with an existing key.)
 
 **Declared at once.** The constructor connects, creates the schema, the table (with the key as
-its primary key) and the marker tables if missing, or checks an existing table's columns and
+its primary key) and the marker tables if missing (only what is missing: a role that may
+write them but not create anything declares them too), or checks an existing table's columns and
 types (and the key's unique index): a mismatch is a
 :class:`~barrierflow.errors.PostgresSchemaMismatchError`, before any row flows. The server
 needs ``max_prepared_transactions`` at least the writers times the epochs pending at once
