@@ -39,9 +39,10 @@ commit to a few statements per epoch; the price is an epoch visible writer by wr
 few milliseconds.
 
 **Upsert by key.** With ``key=("id",)`` each writer copies its rows into an unlogged staging
-table created inside its transaction (so its role needs ``CREATE`` on the schema), and at stage time runs ``INSERT … SELECT … ON CONFLICT
-(key) DO UPDATE`` (the epoch's last row of each key wins) and drops the staging table, all
-before ``PREPARE`` (temporary tables cannot be prepared). The rows of one key must reach one
+table created inside its transaction (its role needs ``CREATE`` on the schema), and at stage
+time runs ``INSERT … SELECT … ON CONFLICT (key) DO UPDATE`` (the epoch's last row of each key
+wins) and drops the staging table, all before ``PREPARE`` (temporary tables cannot be
+prepared). The rows of one key must reach one
 writer — declare the sink with ``add_sink(..., key=[the same columns])`` — since a prepared
 transaction keeps its row locks until its commit: two writers upserting one key in one epoch
 would wait for each other. (Delete and update *ops* of a changelog never reach a staging
@@ -49,8 +50,8 @@ writer: the sink writer refuses them; an update arrives as a row with an existin
 
 **Declared at once.** The constructor connects, creates the schema, the table (with the key as
 its primary key) and the marker tables if missing (only what is missing: a role that may
-write them but not create anything declares them too), or checks an existing table's columns and
-types (and the key's unique index): a mismatch is a
+write them but create nothing declares them too), or checks an existing table's columns
+and types (and the key's unique index): a mismatch is a
 :class:`~barrierflow.errors.PostgresSchemaMismatchError`, before any row flows. The server
 needs ``max_prepared_transactions`` at least the writers times the epochs pending at once
 (twice the writers is enough for a coordinator that commits as checkpoints complete).
