@@ -406,7 +406,8 @@ async def test_a_transient_failure_is_retried_within_the_bound_then_fails() -> N
     with pytest.raises(TableCommitFailedError) as info:
         await q.commit(head)
     error = info.value
-    assert (error.epoch, error.cause, error.retry_timeout, error.permanent) == (1, busy, 100, False)
+    assert (error.sink, error.epoch, error.cause) == (SINK, 1, busy)
+    assert (error.retry_timeout, error.permanent) == (100, False)
     assert "after retrying for 100 s (commit_retry_timeout ran out)" in str(error)
     assert len([c for c in committer.calls if c[0] == "commit"]) == 4
 
@@ -490,23 +491,29 @@ async def test_a_commit_returning_none_is_taken_as_committed() -> None:
 async def test_a_warning_each_time_the_time_spent_retrying_doubles() -> None:
     clock = Clock()
     committer = Committer()
-    committer.outcomes = failing(TimeoutError("busy"), 8)
+    committer.outcomes = failing(TimeoutError("busy"), 6)
     log = Log()
-    q = queue(committer, States(), committed_epoch=1, retry_timeout=100.0, clock=clock, log=log)
-    head = item(1)
-    q.push(head)
-    for now in (0.0, 1.0, 1.5, 2.0, 3.0, 4.0, 7.0, 8.0):
+    q = queue(committer, States(), committed_epoch=2, retry_timeout=100.0, clock=clock, log=log)
+    first, second = item(1), item(2)
+    q.push(first)
+    q.push(second)
+    event = "commit still failing; the pipeline fails once the retry bound runs out"
+    # The first failure starts the clock; the first retry that took any time warns, then
+    # each time the time spent retrying doubled since the last warning.
+    for now in (0.0, 0.5, 0.75, 1.0, 1.5, 2.0):
         clock.now = now
-        assert await q.commit(head) is False
-    warned = [
-        w["retrying_s"]
-        for w in log.named("commit still failing; the pipeline fails once the retry bound runs out")
-    ]
-    assert warned == [1.0, 2.0, 4.0, 8.0]
-    assert {
-        w["retry_timeout_s"]
-        for w in log.named("commit still failing; the pipeline fails once the retry bound runs out")
-    } == {100.0}
+        assert await q.commit(first) is False
+    assert [w["retrying_s"] for w in log.named(event)] == [0.5, 1.0, 2.0]
+    assert {w["retry_timeout_s"] for w in log.named(event)} == {100.0}
+    committer.outcomes = [Committed(), *failing(TimeoutError("busy"), 2)]
+    assert await q.commit(first) is True
+    q.unmarked = None
+    # Epoch 2's retries are timed and warned about afresh: its first retry after 0.25 s warns.
+    for now in (10.0, 10.25):
+        clock.now = now
+        assert await q.commit(second) is False
+    assert [w["retrying_s"] for w in log.named(event)][3:] == [0.25]
+    assert log.named(event)[-1]["epoch"] == 2
 
 
 # Coverage rounds.

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import anyio
 
@@ -42,7 +42,6 @@ from barrierflow.actors.sinks.table import (
     AlreadyCommitted,
     CommitMetadata,
     CommitOutcome,
-    Committed,
     Committer,
     Failed,
     Manifest,
@@ -210,7 +209,7 @@ class CommitQueue:
             return False
         self.prepared.popleft()
         self.retry_at = None
-        self._failing_since = None
+        self._failing_since, self._warn_after = None, 0.0
         # The seed drops its backoff state on success (``ack_committed``): the next epoch's
         # retries start again from the first delay.
         self._backoff.succeeded()
@@ -226,10 +225,10 @@ class CommitQueue:
         self._went_through(item.epoch, item.rows)
         return True
 
-    async def _attempt(self, item: CommitItem) -> tuple[CommitOutcome, bool]:
-        """One call of the committer's commit, as an outcome and whether the committer
-        classified it: an exception it lets escape is an unclassified :class:`RetryLater`;
-        ``None`` is :class:`Committed`."""
+    async def _attempt(self, item: CommitItem) -> tuple[CommitOutcome | None, bool]:
+        """One call of the committer's commit, as its outcome and whether the committer
+        classified it: an exception it lets escape is an unclassified :class:`RetryLater`.
+        ``None`` (a committer from before outcomes) goes through as :class:`Committed` does."""
         try:
             outcome: CommitOutcome | None = await run_with_warnings(
                 self.committer.commit(item.epoch, item.metadata),
@@ -237,7 +236,7 @@ class CommitQueue:
             )  # fmt: skip
         except Exception as exc:
             return RetryLater(exc), False
-        return (Committed() if outcome is None else outcome), True
+        return outcome, True
 
     def _failed(self, item: CommitItem, outcome: RetryLater | Failed, classified: bool) -> None:
         """Schedule the retry of a failed commit, or give up on it."""
@@ -246,7 +245,7 @@ class CommitQueue:
             raise TableCommitFailedError(self._sink, item.epoch, cause) from cause
         now = self._clock()
         if self._failing_since is None:
-            self._failing_since, self._warn_after = now, 0.0
+            self._failing_since = now
         spent = now - self._failing_since
         if spent >= self._retry_timeout:
             raise TableCommitFailedError(
@@ -326,12 +325,12 @@ async def run_with_warnings(
             )
 
     error: Exception | None = None
-    result: _T | None = None
+    result: list[_T] = []  # the commit's result, once it returned
     with single_error():
         async with anyio.create_task_group() as tg:
             tg.start_soon(warn)
             try:
-                result = await commit
+                result.append(await commit)
             except Exception as exc:
                 # Raised below, as itself: inside the group it would be wrapped, and grouped
                 # with a cancellation of the run arriving meanwhile.
@@ -340,4 +339,4 @@ async def run_with_warnings(
                 tg.cancel_scope.cancel()
     if error is not None:
         raise error
-    return cast(_T, result)  # set: the commit returned
+    return result[0]
