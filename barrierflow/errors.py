@@ -61,8 +61,12 @@ if _typing.TYPE_CHECKING:
     )
     from barrierflow.actors.sinks.errors import SinkConnectorError as SinkConnectorError
     from barrierflow.actors.sinks.errors import SinkEpochError as SinkEpochError
+    from barrierflow.actors.sinks.errors import SinkError as SinkError
     from barrierflow.actors.sinks.errors import SinkRecordsOrderError as SinkRecordsOrderError
     from barrierflow.actors.sinks.errors import SinkRecoveryError as SinkRecoveryError
+    from barrierflow.actors.sinks.errors import (
+        SinkStateMismatchError as SinkStateMismatchError,
+    )
     from barrierflow.actors.sinks.errors import SinkWriterInputError as SinkWriterInputError
     from barrierflow.actors.sinks.errors import StagedFilesGoneError as StagedFilesGoneError
     from barrierflow.actors.sinks.errors import TableCommitFailedError as TableCommitFailedError
@@ -117,9 +121,7 @@ if _typing.TYPE_CHECKING:
     from barrierflow.runtime.errors import MetricsPortError as MetricsPortError
     from barrierflow.runtime.errors import NotAwaitedError as NotAwaitedError
     from barrierflow.runtime.errors import NotRunningError as NotRunningError
-    from barrierflow.runtime.errors import SinkError as SinkError
     from barrierflow.runtime.errors import SinkSchemaError as SinkSchemaError
-    from barrierflow.runtime.errors import SinkStateMismatchError as SinkStateMismatchError
     from barrierflow.runtime.errors import UnknownJobError as UnknownJobError
     from barrierflow.runtime.state.errors import ConcurrentCommitError as ConcurrentCommitError
     from barrierflow.runtime.state.errors import EpochNotSealedError as EpochNotSealedError
@@ -216,9 +218,9 @@ _DEFINED_IN: dict[str, str] = {
     "NotAwaitedError": "barrierflow.runtime.errors",
     "NotRunningError": "barrierflow.runtime.errors",
     "PositionOverlapError": "barrierflow.actors.sinks.errors",
-    "SinkError": "barrierflow.runtime.errors",
+    "SinkError": "barrierflow.actors.sinks.errors",
     "SinkSchemaError": "barrierflow.runtime.errors",
-    "SinkStateMismatchError": "barrierflow.runtime.errors",
+    "SinkStateMismatchError": "barrierflow.actors.sinks.errors",
     "UnknownJobError": "barrierflow.runtime.errors",
     "ConcurrentCommitError": "barrierflow.runtime.state.errors",
     "EpochNotSealedError": "barrierflow.runtime.state.errors",

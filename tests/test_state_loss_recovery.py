@@ -32,8 +32,9 @@ COMMITTED = 2  # batches committed before the killed commit (batch COMMITTED)
 TABLES = ("iceberg", "delta")
 
 # The child commits COMMITTED batches, then dies in the commit of the next: the table's commit
-# call (pyiceberg's add_files, delta-rs's write transaction) SIGKILLs the process. It is called
-# right after the committer moved the epoch's files out of staging and fsynced them.
+# call (pyiceberg's transaction commit, delta-rs's write transaction) SIGKILLs the process. It
+# is called right after the committer moved the epoch's files out of staging and fsynced them.
+# A child the hook never reached exits 3 within a minute instead of waiting for the timeout.
 CHILD = """
 import os, signal, sys
 import anyio
@@ -55,9 +56,12 @@ async def main(kind, root):
             deltalake.DeltaTable.create_write_transaction = die
         else:
             import pyiceberg.table
-            pyiceberg.table.Transaction.add_files = die
-        await feed.deliver(rt, "q", t.COMMITTED, t.rows_of(t.COMMITTED))
-        await anyio.sleep_forever()  # the commit kills the process
+            pyiceberg.table.Transaction.commit_transaction = die
+        epoch = await feed.deliver(rt, "q", t.COMMITTED, t.rows_of(t.COMMITTED))
+        with anyio.move_on_after(60):
+            await sink.coordinator.wait_committed(epoch)  # the commit kills the process
+        print("the table's commit never reached the patched call", file=sys.stderr)
+        os._exit(3)
 
 anyio.run(main, sys.argv[1], Path(sys.argv[2]))
 """

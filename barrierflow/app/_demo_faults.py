@@ -21,10 +21,10 @@ from typing import Any
 import pyarrow as pa
 
 from barrierflow.actors import CommitMetadata, CommitOutcome, Manifest, StagingWriter, Table
+from barrierflow.actors.sinks.table import SinkCommits
 from barrierflow.app._trace import TracedCommitter, TracedTable, trace
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors.executor_staging import ExecutorStaging, StagesOnExecutors
-from barrierflow.runtime.positions import SinkCommits
 
 __all__ = [
     "CrashingCommitter",

@@ -29,10 +29,10 @@ from barrierflow.actors.sinks.table import (
     CommitOutcome,
     Committer,
     Manifest,
+    SinkCommits,
     StagingWriter,
     Table,
 )
-from barrierflow.runtime.positions import SinkCommits
 
 __all__ = ["ENV", "TracedCommitter", "TracedTable", "follow_job", "trace", "tracing"]
 

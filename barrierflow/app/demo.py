@@ -65,6 +65,7 @@ import numpy as np
 from barrierflow._one_line import one_line
 from barrierflow.actors import BatchFeed, Coordinator, add_sink
 from barrierflow.actors.sinks.add_sink import DeclaredSink
+from barrierflow.actors.sinks.errors import SinkStateMismatchError
 from barrierflow.app._demo_faults import CrashingTable, Faults, executor_faults
 from barrierflow.app._demo_input import SCHEMA, TABLES, RunManifest, TableChoice, complete_input
 from barrierflow.app._demo_progress import LiveProgress, RunCounts, batch_line
@@ -73,7 +74,6 @@ from barrierflow.app._demo_tables import ICEBERG_TABLE, DemoTable, open_table
 from barrierflow.app._trace import trace
 from barrierflow.channels.errors import ConfigError
 from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
-from barrierflow.runtime.errors import SinkStateMismatchError
 from barrierflow.spark_bridge import SparkBridge, spark_session
 from barrierflow.spark_bridge.errors import SparkCheckpointBehindError
 from barrierflow.spark_bridge.failures import unwrap_spark_error

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from barrierflow._fs import directory_problem, fsync_path, make_directory, write_atomically
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.positions import epoch_already_held
-from barrierflow.actors.sinks.table import ColumnStats, Manifest, StagedFile
+from barrierflow.actors.sinks.table import ColumnStats, Manifest, SinkCommits, StagedFile
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors._dirlock import DirectoryLease, lock_directory
 from barrierflow.connectors._staging import (
@@ -34,11 +34,7 @@ from barrierflow.connectors._staging import (
     staged_name,
 )
 from barrierflow.connectors.errors import SinkPathError
-from barrierflow.runtime.positions import (
-    SinkCommits,
-    check_positions,
-    merge_positions,
-)
+from barrierflow.runtime.positions import check_positions, merge_positions
 
 _FORMAT = "barrierflow-parquet-sink"
 _VERSION = 1

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, final
 
+from barrierflow.actors.sinks.errors import SinkError
 from barrierflow.channels.errors import ChannelBrokenError, InvalidArgumentError, ProtocolError
-from barrierflow.runtime.errors import SinkError
 
 __all__ = [
     "ExecutorStagingError",

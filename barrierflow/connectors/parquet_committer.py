@@ -44,6 +44,7 @@ from typing import Any, final
 
 from barrierflow._fs import fsync_path
 from barrierflow.actors.sinks.errors import SinkRecoveryError
+from barrierflow.actors.sinks.table import SinkCommits
 from barrierflow.connectors._file_table import EpochCommit, FileCommitter
 from barrierflow.connectors._parquet_files import (
     StagedFiles,
@@ -57,7 +58,6 @@ from barrierflow.connectors._staging import (
     epoch_dir_name,
     staged_dir,
 )
-from barrierflow.runtime.positions import SinkCommits
 
 __all__ = ["ParquetCommitter"]
 

@@ -48,7 +48,7 @@ from barrierflow.runtime.errors import (
 from barrierflow.runtime.logging import configure_logging
 from barrierflow.runtime.metrics import MetricsRegistry
 from barrierflow.runtime.metrics_server import MetricsServer
-from barrierflow.runtime.startup import adopt_sink_positions
+from barrierflow.runtime.startup import adopt_positions
 from barrierflow.runtime.state.state_store import StateStore
 from barrierflow.runtime.watchdog import BarrierWatchdog
 
@@ -355,7 +355,7 @@ class Lifecycle:
         self._live.install(incarnation)
         adopted: dict[str, int] = {}
         if store.committed_epoch == 0:
-            adopted = await adopt_sink_positions(
+            adopted = await adopt_positions(
                 instances, str(self._config.state_path), adopt=self._config.adopt_sink_positions
             )
         committed = await incarnation.catalog.committed()

@@ -1,5 +1,5 @@
 """Errors of the runtime: actors that failed or went away, a graph that cannot run, a runtime
-that is not running, and source positions that disagree with a sink's.
+that is not running, jobs and barriers.
 
 Every public name is re-exported from :mod:`barrierflow.errors`.
 """
@@ -17,10 +17,8 @@ __all__ = [
     "ActorGoneError",
     "ActorFailedError",
     "GraphError",
-    "SinkError",
     "NotRunningError",
     "MetricsPortError",
-    "SinkStateMismatchError",
     "JobError",
     "DuplicateJobError",
     "UnknownJobError",
@@ -72,16 +70,6 @@ class GraphError(InvalidArgumentError):
     """The graph handed to a runtime is not one it can run (cycle, missing input, ...)."""
 
 
-class SinkError(BarrierflowError):
-    """A sink refused or failed an operation.
-
-    Attributes:
-        sink: the sink's name.
-    """
-
-    sink: str
-
-
 @final
 class NotRunningError(BarrierflowError):
     """A runtime (or something that needs one) was used while it is not running."""
@@ -119,34 +107,6 @@ class MetricsPortError(InvalidArgumentError):
             f"RuntimeConfig.metrics_port: expected a port free to bind on {host} for the "
             f"metrics endpoint, got {port}, which cannot be bound ({reason}); choose another "
             "port, 0 for any free one, or None for no endpoint",
-        )
-
-
-@final
-class SinkStateMismatchError(SinkError):
-    """The runtime's state store is new or empty, but a sink already holds commits: starting
-    anyway would make the upstream replay rows the sink has (duplicates).
-
-    Attributes:
-        sink: the sink that holds commits.
-        state_path: the store.
-        committed_epoch: the sink's last committed epoch.
-        positions: the source positions recorded with it.
-    """
-
-    def __init__(
-        self, sink: str, state_path: str, committed_epoch: int, positions: dict[str, int]
-    ) -> None:
-        self.sink = sink
-        self.state_path = state_path
-        self.committed_epoch = committed_epoch
-        self.positions = dict(positions)
-        recorded = f"positions {self.positions}" if self.positions else "no source positions"
-        super().__init__(
-            f"sink {sink!r}: holds commits up to epoch {committed_epoch} ({recorded}), but the "
-            f"state store {state_path!r} is new or empty; expected the store those commits came "
-            "with — restore it, write to a new sink location, or set "
-            "RuntimeConfig(adopt_sink_positions=True) to continue from the sink's positions"
         )
 
 

@@ -16,10 +16,11 @@ version. This module holds what the runtime and the sinks share for that:
   report_positions``); a sink writer asks, at a checkpoint barrier, for the positions every
   source reported with it (``ActorContext.positions_at``) — the positions its epoch's rows
   reach.
-* :class:`SinkCommits` is what a sink found in its storage: the last committed epoch and the
-  positions recorded with it. A sink writer that can read it implements
-  :class:`SinkCommitsReader`; the runtime asks before the graph starts on an **empty** store
-  (see ``RuntimeConfig.adopt_sink_positions``).
+* On an empty store, an actor whose output storage already holds rows (a sink's table) may
+  hand the runtime the positions it holds (:class:`~barrierflow.runtime.startup.HoldsPositions`);
+  the runtime adopts the smallest per key and gives them to every actor as
+  ``ctx.adopted_positions`` (see ``RuntimeConfig.adopt_sink_positions``). What a table holds
+  and whether to refuse is the sinks' business (:mod:`barrierflow.actors.sinks`).
 * Whether an epoch's rows are already in a sink (a replay after the store went back in
   time) is the sink's decision at commit:
   :func:`barrierflow.actors.sinks.positions.epoch_already_held`.
@@ -28,14 +29,11 @@ version. This module holds what the runtime and the sinks share for that:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol, final, runtime_checkable
+from typing import Any
 
 from barrierflow.channels.errors import InvalidArgumentError
 
 __all__ = [
-    "SinkCommits",
-    "SinkCommitsReader",
     "SourcePositions",
     "check_positions",
     "merge_positions",
@@ -77,29 +75,3 @@ def merge_positions(*maps: SourcePositions) -> dict[str, int]:
             if value > merged.get(key, -1):
                 merged[key] = value
     return merged
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class SinkCommits:
-    """What a sink's storage says it committed.
-
-    Attributes:
-        sink: the sink (its name, table or path), for messages.
-        epoch: the last committed epoch (> 0).
-        positions: the source positions recorded with it (empty if the sink recorded none).
-    """
-
-    sink: str
-    epoch: int
-    positions: dict[str, int] = field(default_factory=dict)
-
-
-@runtime_checkable
-class SinkCommitsReader(Protocol):
-    """An actor whose sink can say what it already holds (a sink writer)."""
-
-    async def sink_commits(self) -> SinkCommits | None:
-        """What the sink committed (``None``: nothing yet). Called before the graph starts,
-        only when the state store is empty."""
-        ...

@@ -8,18 +8,16 @@ hanging or losing rows later:
    :class:`StartupContext` — the runtime's services, the actors that share its inputs — and
    raises a typed error if something it needs is missing (a coordinated sink writer whose
    coordinator is not a service of the runtime, or whose parallel siblings have none).
-2. **What does your sink already hold?** Only when the state store is empty (nothing ever
-   committed): an actor implementing
-   :class:`~barrierflow.runtime.positions.SinkCommitsReader` says what its sink committed. A
-   sink that holds commits next to an empty store means the store was lost or replaced; the
-   upstream would replay rows the sink has. That is refused with
-   :class:`~barrierflow.errors.SinkStateMismatchError`, unless the runtime was configured with
-   ``adopt_sink_positions=True``: then the positions recorded in the sinks are handed to every
-   actor as ``ctx.adopted_positions``, and sources skip what they cover. With several sinks the
-   **smallest** position of each key is adopted: a sink that holds more than that skips the
-   replayed epochs it already has (see :func:`~barrierflow.runtime.positions.
-   epoch_already_held`), while adopting the largest would lose rows for the sink that holds
-   less.
+2. **What does your storage already hold?** Only when the state store is empty (nothing ever
+   committed): an actor implementing :class:`HoldsPositions` (a sink's writer) says up to which
+   source positions its output storage holds rows, or refuses to start (a sink whose table
+   holds commits the store does not know, unless ``adopt_sink_positions=True``: see
+   :mod:`barrierflow.actors.sinks`). The positions given are handed to every actor as
+   ``ctx.adopted_positions``, and sources skip what they cover. From several actors the
+   **smallest** position of each key is adopted: one that holds more than that skips the
+   replayed epochs it already has, while adopting the largest would lose rows for the one that
+   holds less. The runtime knows nothing more of sinks: what a table holds and the refusal are
+   the sinks'.
 3. **Do the schemas fit?** Where an actor's output schema is known — declared on the source
    (``rt.add_source(name, schema=...)``) or told by the actor (:class:`OutputSchema`: a batch
    feed's source, a split source) — every actor reading it hash-dispatched must find its key
@@ -44,8 +42,7 @@ import structlog
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.vnode import check_key_columns as check_hashable
 from barrierflow.runtime._schemas import describe_difference
-from barrierflow.runtime.errors import KeyColumnError, SinkSchemaError, SinkStateMismatchError
-from barrierflow.runtime.positions import SinkCommits, SinkCommitsReader
+from barrierflow.runtime.errors import KeyColumnError, SinkSchemaError
 
 __all__ = [
     "Edge",
@@ -53,7 +50,9 @@ __all__ = [
     "OutputSchema",
     "StartupCheck",
     "StartupContext",
-    "adopt_sink_positions",
+    "EmptyStore",
+    "HoldsPositions",
+    "adopt_positions",
     "check_actors",
     "check_input_schema",
     "check_key_columns",
@@ -242,35 +241,57 @@ def check_actors(
         actor.check_startup(context)
 
 
-async def adopt_sink_positions(
+@final
+@dataclass(frozen=True, slots=True)
+class EmptyStore:
+    """What an actor is told when the runtime starts on an empty state store."""
+
+    #: The store (for messages).
+    state_path: str
+    #: ``RuntimeConfig.adopt_sink_positions``: whether positions held outside the store may be
+    #: adopted (``False``: an actor whose storage holds rows should refuse to start).
+    adopt: bool
+
+
+@runtime_checkable
+class HoldsPositions(Protocol):
+    """An actor whose output storage may hold rows the state store does not cover (a sink's
+    writer: its table). Asked before the graph starts, only on an empty state store."""
+
+    async def positions_held(self, store: EmptyStore) -> Mapping[str, int] | None:
+        """The source positions up to which the storage holds rows (``None``: it holds none).
+
+        Raises:
+            Exception: a typed error, when the actor must not start next to this store.
+        """
+        ...
+
+
+async def adopt_positions(
     actors: Mapping[str, object], state_path: str, *, adopt: bool
 ) -> dict[str, int]:
-    """On an empty store: refuse, or adopt, what the sinks already hold (module docstring).
-
-    Returns:
-        The adopted positions (empty when no sink holds commits).
+    """On an empty store: the positions the actors' storage holds, key-wise smallest (module
+    docstring); empty when none holds any.
 
     Raises:
-        SinkStateMismatchError: a sink holds commits and ``adopt`` is false.
+        Exception: what an actor refused the start with.
     """
-    found: list[SinkCommits] = []
-    for actor in actors.values():
-        if isinstance(actor, SinkCommitsReader):
-            commits = await actor.sink_commits()
-            if commits is not None:
-                found.append(commits)
-    if not found:
+    store = EmptyStore(state_path, adopt)
+    held: dict[str, Mapping[str, int]] = {}
+    for name, actor in actors.items():
+        if isinstance(actor, HoldsPositions):
+            positions = await actor.positions_held(store)
+            if positions is not None:
+                held[name] = positions
+    if not held:
         return {}
-    if not adopt:
-        first = found[0]
-        raise SinkStateMismatchError(first.sink, state_path, first.epoch, first.positions)
     adopted: dict[str, int] = {}
-    for commits in found:
-        for key, value in commits.positions.items():
+    for positions in held.values():
+        for key, value in positions.items():
             adopted[key] = min(value, adopted.get(key, value))
     structlog.get_logger("barrierflow.runtime").warning(
-        "empty state store: adopting the positions recorded in the sinks",
-        sinks=[commits.sink for commits in found],
+        "empty state store: adopting the positions held outside it",
+        actors=sorted(held),
         positions=adopted,
     )
     return adopted

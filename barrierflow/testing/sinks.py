@@ -36,13 +36,14 @@ from barrierflow.actors.sinks.table import (
     Committer,
     Failed,
     Manifest,
+    SinkCommits,
     StagedFile,
     StagingWriter,
     Table,
     manifests_positions,
 )
 from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
-from barrierflow.runtime.positions import SinkCommits, merge_positions
+from barrierflow.runtime.positions import merge_positions
 
 __all__ = [
     "COMMITTER_METHODS",

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, final
 
-from barrierflow.channels.errors import ProtocolError, short_vnodes
-from barrierflow.runtime.errors import GraphError, SinkError
+from barrierflow.channels.errors import BarrierflowError, ProtocolError, short_vnodes
+from barrierflow.runtime.errors import GraphError
 
 __all__ = [
     "CommittedEpochsEndedError",
@@ -23,13 +23,53 @@ __all__ = [
     "SchemaChangeMismatchError",
     "SinkConnectorError",
     "SinkEpochError",
+    "SinkError",
     "SinkRecordsOrderError",
     "SinkRecoveryError",
+    "SinkStateMismatchError",
     "SinkWriterInputError",
     "StagedFilesGoneError",
     "TableCommitFailedError",
     "UnexpectedWriterRequestError",
 ]
+
+
+class SinkError(BarrierflowError):
+    """A sink refused or failed an operation.
+
+    Attributes:
+        sink: the sink's name.
+    """
+
+    sink: str
+
+
+@final
+class SinkStateMismatchError(SinkError):
+    """The runtime's state store is new or empty, but a sink already holds commits: starting
+    anyway would make the upstream replay rows the sink has (duplicates).
+
+    Attributes:
+        sink: the sink that holds commits.
+        state_path: the store.
+        committed_epoch: the sink's last committed epoch.
+        positions: the source positions recorded with it.
+    """
+
+    def __init__(
+        self, sink: str, state_path: str, committed_epoch: int, positions: dict[str, int]
+    ) -> None:
+        self.sink = sink
+        self.state_path = state_path
+        self.committed_epoch = committed_epoch
+        self.positions = dict(positions)
+        recorded = f"positions {self.positions}" if self.positions else "no source positions"
+        super().__init__(
+            f"sink {sink!r}: holds commits up to epoch {committed_epoch} ({recorded}), but the "
+            f"state store {state_path!r} is new or empty; expected the store those commits came "
+            "with — restore it, write to a new sink location, or set "
+            "RuntimeConfig(adopt_sink_positions=True) to continue from the sink's positions"
+        )
 
 
 @final

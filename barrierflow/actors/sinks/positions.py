@@ -14,8 +14,8 @@ from typing import Any
 import anyio.lowlevel
 
 from barrierflow.actors.sinks.errors import PositionOverlapError
-from barrierflow.actors.sinks.table import HoldsCommits
-from barrierflow.runtime.positions import SinkCommits, SourcePositions
+from barrierflow.actors.sinks.table import HoldsCommits, SinkCommits
+from barrierflow.runtime.positions import SourcePositions
 
 __all__ = ["epoch_already_held", "table_commits"]
 

@@ -57,6 +57,7 @@ from barrierflow.actors.sinks.coordinator.handles import WriterHandle
 from barrierflow.actors.sinks.errors import (
     CoordinatorMissingError,
     DuplicateWriterError,
+    SinkStateMismatchError,
     SinkWriterInputError,
     StagedFilesGoneError,
 )
@@ -80,8 +81,7 @@ from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.metrics import MetricFamily
-from barrierflow.runtime.positions import SinkCommits
-from barrierflow.runtime.startup import StartupContext
+from barrierflow.runtime.startup import EmptyStore, StartupContext
 
 __all__ = ["SinkWriter"]
 
@@ -209,10 +209,22 @@ class SinkWriter(StreamActor):
             ):
                 raise DuplicateWriterError(coordinator.sink, self._writer_id, name, ctx.name)
 
-    async def sink_commits(self) -> SinkCommits | None:
-        """What this writer's table already holds (asked on an empty state store): its
-        committer answers, if it can tell."""
-        return await table_commits(self._coordinator.committer)
+    async def positions_held(self, store: EmptyStore) -> dict[str, int] | None:
+        """The source positions this writer's table holds (asked on an empty state store;
+        ``None``: it holds nothing, or cannot tell).
+
+        Raises:
+            SinkStateMismatchError: the table holds commits and ``store`` may not adopt them:
+                starting would make the upstream replay rows the table has.
+        """
+        commits = await table_commits(self._coordinator.committer)
+        if commits is None:
+            return None
+        if not store.adopt:
+            raise SinkStateMismatchError(
+                commits.sink, store.state_path, commits.epoch, commits.positions
+            )
+        return commits.positions
 
     def stats(self) -> SinkTaskStats | None:
         """The sink task's counters, while it runs (``None`` before)."""
