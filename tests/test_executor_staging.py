@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pyarrow as pa
@@ -337,3 +338,64 @@ def test_the_runtime_says_which_actors_reach_which(tmp_path: Path) -> None:
     assert rt.reaches("events", "between")
     assert not rt.reaches("between", "events")
     assert not rt.reaches("events", "events")
+
+
+class SlowRecovery:
+    """A Parquet table whose committer's recovery waits for ``released``."""
+
+    def __init__(self, root: Path, released: anyio.Event) -> None:
+        self._inner = ParquetTable(root, SCHEMA)
+        self._released = released
+        self.schema = SCHEMA
+
+    def writer(self, writer_id: str) -> Any:
+        return self._inner.writer(writer_id)
+
+    def committer(self) -> Any:
+        inner, released = self._inner.committer(), self._released
+
+        class Committer:
+            async def recover(self, pending: Any) -> None:
+                await released.wait()
+                await inner.recover(pending)
+
+            async def prepare(self, epoch: int, manifests: Any) -> Any:
+                return await inner.prepare(epoch, manifests)
+
+            async def commit(self, epoch: int, metadata: Any) -> Any:
+                return await inner.commit(epoch, metadata)
+
+            async def abort(self, epoch: int, metadata: Any) -> None:
+                await inner.abort(epoch, metadata)
+
+        return Committer()
+
+
+@pytest.mark.anyio
+async def test_a_feed_takes_deliveries_only_once_the_sink_s_coordinator_has_recovered(
+    tmp_path: Path,
+) -> None:
+    # What a driver stages for a delivery must not be deleted by that recovery: the feed's
+    # source attaches only once its first barrier completed, which the sink's writers pass
+    # only after the coordinator recovered and started them.
+    released = anyio.Event()
+    feed = BatchFeed(SCHEMA)
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
+    rt.add_source("events", feed.source)
+    sink = add_sink(rt, "out", SlowRecovery(tmp_path / "table", released), input="events")
+    keys: list[str] = []
+
+    async def ask() -> None:
+        keys.append(await feed.position_key("s", rt))
+
+    async with rt:
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ask)
+                await anyio.wait_all_tasks_blocked()
+                assert keys == []  # the coordinator is still recovering
+                released.set()
+            assert keys == ["events/s"]
+            epoch = await feed.deliver(rt, "s", 0, SCHEMA.empty_table())
+            assert epoch is not None
+            await sink.coordinator.wait_committed(epoch)

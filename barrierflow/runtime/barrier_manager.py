@@ -291,6 +291,19 @@ class BarrierManager:
             flight.collected_at = anyio.current_time()
             self._collected.set()
 
+    async def wait_completed(self, barrier: Barrier) -> None:
+        """Wait until every actor collected ``barrier`` (and, for a checkpoint, it is durable);
+        at once if it completed already.
+
+        Raises:
+            InvalidArgumentError: ``barrier`` is not a Barrier.
+            BarrierflowError: the graph failed before it completed.
+        """
+        _check_barrier(barrier)
+        flight = self._in_flight.get(barrier.epoch.curr)
+        if flight is not None:
+            await flight.wait()
+
     def report_positions(self, barrier: Barrier, positions: Mapping[str, int]) -> None:
         """A source's positions as of ``barrier`` (everything it emitted before it); called
         before the source passes the barrier, so every actor downstream finds them."""

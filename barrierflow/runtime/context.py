@@ -362,6 +362,20 @@ class ActorContext:
             raise InvalidArgumentError("barrier", "a Barrier", type(barrier).__name__)
         return self._manager.positions_at(barrier)
 
+    async def wait_completed(self, barrier: Barrier) -> None:
+        """Wait until every actor of the graph collected ``barrier`` (for a checkpoint: until
+        it is durable). Waiting on its first barrier, an actor learns that the whole graph has
+        started — every service an actor needed before passing its first barrier (a sink's
+        coordinator, once recovered) is ready.
+
+        Raises:
+            InvalidArgumentError: ``barrier`` is not a Barrier.
+            BarrierflowError: the graph failed before the barrier completed.
+        """
+        if not isinstance(barrier, Barrier):
+            raise InvalidArgumentError("barrier", "a Barrier", type(barrier).__name__)
+        await self._manager.wait_completed(barrier)
+
     def report_progress(self, progress: Progress) -> None:
         """Report backfill progress; it is collected with the next barrier this actor emits
         (and counts for the job once that barrier completed).

@@ -20,6 +20,10 @@ became durable is delivered again in full. :class:`BatchFeed` is the driver's en
   the batch's end mark**, so a checkpoint always holds a batch whole or not at all: the rows and
   the number are sealed in the same epoch or in an earlier one than the checkpoint the driver
   waits for.
+* The source takes deliveries once its first barrier has **completed** — every actor of the
+  graph passed it — so a delivery never starts before the graph has: a sink's coordinator has
+  recovered by then, and what a driver stages for the delivery (files on Spark's executors)
+  cannot be deleted by that recovery.
 * Batch ids of one stream must run ``last + 1``; ``last`` itself is a replay and is skipped
   (``deliver`` returns ``None``); anything else is :class:`~barrierflow.errors.BatchOrderError`,
   before any row moves. A stream with nothing durable expects ``first_batch_id`` (0).
@@ -175,14 +179,21 @@ class BatchSource(StreamActor):
                     adopted_table.put(stream, batch_id)
         positions = {position_key(ctx.name, s): b for s, b in durable.items()}
         # The initial barrier first: no row may reach downstream before it.
+        first: Barrier | None = None
         async for message in ctx.messages():
             if isinstance(message, Barrier):
                 ctx.report_positions(message, positions)
+                first = message
             await ctx.emit(message)
-            if isinstance(message, Barrier) or ctx.finished:
+            if first is not None or ctx.finished:
                 break
-        if ctx.finished:
+        if ctx.finished or first is None:
             return
+        # Deliveries start once the whole graph has started: a sink's coordinator has then
+        # recovered (its writers pass their first barrier only once it started them), so what
+        # a driver stages for a delivery — files on Spark's executors — cannot be deleted by
+        # that recovery before its committable arrives.
+        await ctx.wait_completed(first)
         feed = self._feed
         send, receive = create_channel[FeedItem](
             feed.capacity, feed.capacity * feed.chunk_rows, name=f"{ctx.name} feed"
