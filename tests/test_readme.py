@@ -26,6 +26,7 @@ def test_readme_opens_with_the_two_commands() -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.postgres
 def test_readme_examples_run(tmp_path: Path) -> None:
     examples = re.findall(r"```python\n(.*?)```", README, re.S)
     assert len(examples) == 13
@@ -53,6 +54,7 @@ def test_readme_examples_run(tmp_path: Path) -> None:
     assert outputs[9] == "9 rules kept; committed [1, 2] once"
     assert outputs[10].startswith("2 passed")  # on asyncio and on trio
     assert outputs[11].startswith("2 passed")  # the JSON-lines table, on both backends
+    assert outputs[12] == "[(1, 9.5), (2, 4.0)]"  # PostgreSQL, upserted by id
 
 
 @pytest.mark.subprocess
