@@ -21,13 +21,15 @@ from _timeouts import scaled
 from barrierflow.actors import BatchFeed, add_sink
 from barrierflow.actors.sinks.add_sink import DeclaredSink
 from barrierflow.actors.sinks.committables import StagedBatch, check_epoch_batches
+from barrierflow.actors.sinks.coordinator.handles import WriterHandle
 from barrierflow.actors.sinks.table import Manifest, StagedFile
-from barrierflow.channels import Committable
+from barrierflow.channels import Committable, VnodeBitmap
 from barrierflow.connectors import ParquetTable
 from barrierflow.connectors._staging import clean_staging, kept_epochs
 from barrierflow.connectors.executor_staging import ExecutorStaging, staging_number
 from barrierflow.errors import (
     ActorFailedError,
+    BarrierNotPassedError,
     ExecutorStagingError,
     InvalidArgumentError,
     PartitionCoverageError,
@@ -326,7 +328,9 @@ async def test_a_committable_for_another_sink_is_passed_on_and_a_foreign_payload
     assert stopped.value is info.value
     error = info.value.cause
     assert isinstance(error, SinkWriterInputError)
-    assert "StagedBatch" in str(error)
+    assert (error.writer, error.expected, error.got) == (
+        "out.0", "committables whose payload is a StagedBatch", "str",
+    )  # fmt: skip
     with pytest.raises(InvalidArgumentError) as refused:
         await feed.deliver(rt, "s", 2, SCHEMA.empty_table(), committables=["x"])  # type: ignore[list-item]
     assert refused.value.argument == "committables"
@@ -399,3 +403,68 @@ async def test_a_feed_takes_deliveries_only_once_the_sink_s_coordinator_has_reco
             epoch = await feed.deliver(rt, "s", 0, SCHEMA.empty_table())
             assert epoch is not None
             await sink.coordinator.wait_committed(epoch)
+
+
+class Early(StreamActor):
+    """Emits a committable before passing its first barrier."""
+
+    async def process(self, message: Any, ctx: Any) -> None:
+        if ctx.epoch == 0:
+            await ctx.emit(Committable("out", 1))
+        await ctx.emit(message)
+
+
+@pytest.mark.anyio
+async def test_a_committable_emitted_before_the_first_barrier_is_refused_naming_the_actor(
+    tmp_path: Path,
+) -> None:
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
+    rt.add_source("events")
+    rt.add_actor("early", Early, inputs=["events"])
+    add_sink(rt, "out", ParquetTable(tmp_path / "table", SCHEMA), input="early")
+    with anyio.fail_after(WAIT), pytest.raises(ActorFailedError) as failed:
+        async with rt:
+            await rt.checkpoint()
+    assert failed.value.actor == "early"
+    error = failed.value.cause
+    assert isinstance(error, BarrierNotPassedError)
+    assert (error.actor, error.then) == ("early", "emitted a committable")
+
+
+@pytest.mark.anyio
+async def test_a_batch_whose_partitions_do_not_cover_fails_its_epoch_naming_the_sink(
+    tmp_path: Path,
+) -> None:
+    rt, feed, _, sink = build(tmp_path)
+    stage = staging(tmp_path)
+    with pytest.raises(ActorFailedError) as stopped:
+        async with rt:
+            with anyio.fail_after(WAIT):
+                key = await feed.position_key("s", rt)
+                staged = stage_batch(stage, key, 0, 0)
+                short = StagedBatch(key, 0, 3, staged.manifests, staged.root)  # 2 of 3
+                with pytest.raises(ActorFailedError):
+                    await feed.deliver(
+                        rt, "s", 0, SCHEMA.empty_table(), retries=0,
+                        committables=[Committable("out", short)],
+                    )  # fmt: skip
+    error = stopped.value.cause
+    assert isinstance(error, PartitionCoverageError)
+    assert (error.sink, error.batch, error.partitions, error.got) == ("out", f"{key}#0", 3, [0, 1])
+    assert sink.coordinator.stats().committed_epochs == 0
+
+
+@pytest.mark.anyio
+async def test_a_writer_s_commit_refuses_staged_batches_that_are_not_a_tuple_of_them(
+    tmp_path: Path,
+) -> None:
+    rt, _, _, sink = build(tmp_path)
+    coordinator = sink.coordinator
+    handle = WriterHandle(coordinator, 1, VnodeBitmap.full(), "0")
+    for staged in ([batch(0, [0])], ("x",)):
+        with pytest.raises(InvalidArgumentError) as info:
+            await handle.commit(1, Manifest("0", 1), staged)  # type: ignore[arg-type]
+        assert (info.value.argument, info.value.expected, info.value.got) == (
+            "staged", "a tuple of StagedBatch", staged,
+        )  # fmt: skip
+    del rt

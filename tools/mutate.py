@@ -308,6 +308,11 @@ def _group_reports(group: Group) -> Iterator[ModuleReport]:
     equivalents = _listed_equivalents()
     for meta in sorted((work / "mutants").rglob("*.py.meta")):
         module = str(meta.relative_to(work / "mutants"))[: -len(".meta")]
+        if not (work / module).exists():
+            # A module deleted since an earlier run: its results describe nothing now.
+            meta.unlink()
+            (work / "mutants" / module).unlink(missing_ok=True)
+            continue
         data = json.loads(meta.read_text())
         report = ModuleReport(module=module, group=group.name)
         for key, code in sorted(data["exit_code_by_key"].items(), key=_natural):

@@ -396,7 +396,8 @@ class ActorContext:
         Raises:
             InvalidArgumentError: ``message`` is not a Message (Chunk, Barrier, Watermark or
                 Committable), even when the actor has no output.
-            BarrierNotPassedError: rows emitted before this actor passed its first barrier.
+            BarrierNotPassedError: rows or a committable emitted before this actor passed its
+                first barrier.
         """
         if isinstance(message, Barrier):
             await self._pass_barrier(message)
@@ -406,7 +407,11 @@ class ActorContext:
                 # Downstream would fail on rows before any barrier, and be blamed for it.
                 raise BarrierNotPassedError(self.name, "emitted rows")
             self._rows_out += message.cardinality
-        elif not isinstance(message, Watermark | Committable):
+        elif isinstance(message, Committable):
+            if not self._barriers:
+                # It would belong to no epoch downstream.
+                raise BarrierNotPassedError(self.name, "emitted a committable")
+        elif not isinstance(message, Watermark):
             raise InvalidArgumentError("message", MESSAGE_EXPECTED, type(message).__name__)
         output = self._output if self._bare is None else self._outputs()
         if output is not None:

@@ -314,10 +314,9 @@ class SinkWriter(StreamActor):
             raise SinkWriterInputError(
                 ctx.name, "committables whose payload is a StagedBatch", type(batch).__name__
             )
-        if self._open is None:
-            raise SinkWriterInputError(
-                ctx.name, "a barrier to begin an epoch before committables", batch.label
-            )
+        # An epoch is open: a committable comes after its upstream's first barrier (the
+        # runtime refuses one emitted before), and nothing follows a Stop.
+        assert self._open is not None
         missing = await anyio.to_thread.run_sync(batch.missing_file)
         if missing is not None:
             raise StagedFilesGoneError(sink, batch.label, missing)
@@ -382,8 +381,7 @@ class SinkWriter(StreamActor):
         if barrier.is_stop(ctx.actor_id):
             if self._open is not None:
                 await handle.discard(self._open)
-                self._open = None
-                self._staged = []  # their files go with the epoch; the producer stages again
+                self._open = None  # its committables go with it: the producer stages again
             if line is not None and isinstance(barrier.mutation, Update):
                 # Dropped by a rescale: leave now, so the coordinator can realign the others
                 # (waiting for a commit here would wait on that realignment).
