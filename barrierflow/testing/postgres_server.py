@@ -41,7 +41,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -49,7 +48,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import final
 
-from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
+from barrierflow.channels.errors import BarrierflowError
+from barrierflow.testing._server_process import (
+    check_bool,
+    check_directory,
+    check_seconds,
+    log_tail,
+    proc_stat,
+)
 
 __all__ = [
     "PostgresServer",
@@ -87,22 +93,9 @@ class PostgresServerError(BarrierflowError):
         self.what = what
         self.detail = detail
         self.log_path = log_path
-        tail = _log_tail(log_path) if log_path is not None else ""
+        tail = " | ".join(log_tail(log_path, 3)) if log_path is not None else ""
         where = f"; its log {log_path}" if log_path is not None else ""
         super().__init__(f"postgres {what}: {detail}{where}" + (f" ends: {tail}" if tail else ""))
-
-
-def _log_tail(path: Path, lines: int = 3) -> str:
-    """The last non-empty lines of ``path``, joined by `` | `` ("" if none or unreadable)."""
-    try:
-        with path.open("rb") as log:
-            log.seek(0, os.SEEK_END)
-            log.seek(max(0, log.tell() - 8192))
-            text = log.read().decode(errors="replace")
-    except OSError:
-        return ""
-    found = [line.strip() for line in text.splitlines() if line.strip()]
-    return " | ".join(found[-lines:])
 
 
 def find_postgres_binaries() -> Path:
@@ -190,19 +183,11 @@ class PostgresServer:
         start_timeout: float = START_SECONDS,
         stop_timeout: float = STOP_SECONDS,
     ) -> None:
-        if not isinstance(directory, str | os.PathLike) or not os.fspath(directory):
-            raise InvalidArgumentError("directory", "a directory path", directory)
-        if type(durable) is not bool:
-            raise InvalidArgumentError("durable", "a bool", durable)
-        if type(own_group) is not bool:
-            raise InvalidArgumentError("own_group", "a bool", own_group)
-        for argument, value in (("start_timeout", start_timeout), ("stop_timeout", stop_timeout)):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not 0 < value <= sys.float_info.max
-            ):
-                raise InvalidArgumentError(argument, "a positive finite number of seconds", value)
+        check_directory("directory", directory)
+        check_bool("durable", durable)
+        check_bool("own_group", own_group)
+        check_seconds("start_timeout", start_timeout)
+        check_seconds("stop_timeout", stop_timeout)
         self.directory = Path(directory).absolute()
         self.bindir = find_postgres_binaries()
         self.durable = durable
@@ -454,17 +439,9 @@ def _serves(pid: int, data: Path) -> bool:
     return _lives(pid) and os.fsencode(data) in command
 
 
-def _stat(pid: int) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command (state first), or ``None``."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def _lives(pid: int) -> bool:
     """Whether ``pid`` is a process that is not a zombie."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return fields is not None and fields[0] not in ("Z", "X")
 
 
@@ -476,7 +453,7 @@ def _children(pid: int) -> list[int]:
     found = []
     for entry in proc.iterdir():
         if entry.name.isdigit():
-            fields = _stat(int(entry.name))
+            fields = proc_stat(int(entry.name))
             if fields is not None and len(fields) > 1 and fields[1] == str(pid):
                 found.append(int(entry.name))
     return found
@@ -495,11 +472,9 @@ def _group_alive(pgid: int) -> bool:
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+        fields = proc_stat(int(entry.name))
+        alive = fields is not None and len(fields) > 2 and fields[0] not in ("Z", "X")
+        if alive and fields is not None and fields[2] == str(pgid):
             return True
     return False
 

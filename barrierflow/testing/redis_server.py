@@ -21,7 +21,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,7 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from barrierflow._extras import require
-from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.testing._server_process import (
+    check_bool,
+    check_directory,
+    check_seconds,
+    free_port,
+    proc_stat,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -78,12 +83,6 @@ def find_server_binary() -> Path:
     )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _ping(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5) as conn:
@@ -118,23 +117,16 @@ class RedisServer:
         start_timeout: float = START_SECONDS,
         stop_timeout: float = STOP_SECONDS,
     ) -> None:
-        if not isinstance(directory, str | os.PathLike) or not os.fspath(directory):
-            raise InvalidArgumentError("directory", "a directory path", directory)
-        if type(persistent) is not bool:
-            raise InvalidArgumentError("persistent", "a bool", persistent)
-        for argument, value in (("start_timeout", start_timeout), ("stop_timeout", stop_timeout)):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not 0 < value <= sys.float_info.max
-            ):
-                raise InvalidArgumentError(argument, "a positive finite number of seconds", value)
+        check_directory("directory", directory)
+        check_bool("persistent", persistent)
+        check_seconds("start_timeout", start_timeout)
+        check_seconds("stop_timeout", stop_timeout)
         directory = Path(directory)
         self.binary = find_server_binary()
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.host = "127.0.0.1"
-        self.port = _free_port()
+        self.port = free_port(self.host)
         self.directory = directory
         self.persistent = persistent
         self._process: subprocess.Popen[bytes] | None = None
@@ -258,11 +250,8 @@ def kill_left_behind(pid: int, directory: Path, timeout: float = STOP_SECONDS) -
         return False
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return True
-        if state in ("Z", "X"):
+        fields = proc_stat(pid)
+        if fields is None or fields[0] in ("Z", "X"):
             return True
         time.sleep(0.02)  # a killed process exiting: nothing to wait on
     raise RuntimeError(f"server process {pid} did not exit within {timeout:.0f} s of SIGKILL")

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +34,13 @@ from types import TracebackType
 from typing import Any, Self
 
 from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
+from barrierflow.testing._server_process import (
+    check_directory,
+    check_seconds,
+    free_port,
+    log_tail,
+    proc_stat,
+)
 
 __all__ = ["START_SECONDS", "STOP_SECONDS", "SparkClusterError", "StandaloneCluster", "spark_home"]
 
@@ -62,32 +67,13 @@ class SparkClusterError(BarrierflowError):
 
     def __init__(self, cause: str, log_path: Path) -> None:
         self.log_path = log_path
-        last = _last_line(log_path)
+        last = "".join(log_tail(log_path, 1))
         super().__init__(f"{cause}; see {log_path}" + (f" (last line: {last})" if last else ""))
-
-
-def _last_line(path: Path) -> str:
-    """The last non-empty line of ``path``, stripped ("" if none or unreadable)."""
-    try:
-        with path.open("rb") as log:
-            log.seek(0, os.SEEK_END)
-            log.seek(max(0, log.tell() - 8192))
-            tail = log.read().decode(errors="replace")
-    except OSError:
-        return ""
-    lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
 
 
 def worker_host(index: int) -> str:
     """The loopback address worker ``index`` runs on (``127.0.0.2``, ``127.0.0.3``, ...)."""
     return f"127.0.0.{index + 2}"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((_HOST, 0))
-        return int(probe.getsockname()[1])
 
 
 def spark_home() -> Path:
@@ -100,13 +86,8 @@ def spark_home() -> Path:
 
 def _parent_pid(pid: int) -> int | None:
     """``pid``'s parent, from ``/proc/<pid>/stat`` (``None`` if it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split at the last.
-    fields = stat.rsplit(")", 1)[-1].split()
-    return int(fields[1]) if len(fields) > 1 else None
+    fields = proc_stat(pid)
+    return int(fields[1]) if fields is not None and len(fields) > 1 else None
 
 
 class StandaloneCluster:
@@ -138,21 +119,13 @@ class StandaloneCluster:
         memory: str = "1g",
         start_timeout: float = START_SECONDS,
     ) -> None:
-        if not isinstance(work_dir, str | os.PathLike) or not os.fspath(work_dir):
-            raise InvalidArgumentError("work_dir", "a directory path", work_dir)
+        check_directory("work_dir", work_dir)
         for argument, count in (("workers", workers), ("cores", cores)):
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise InvalidArgumentError(argument, "an int of at least 1", count)
         if not isinstance(memory, str) or _MEMORY.fullmatch(memory) is None:
             raise InvalidArgumentError("memory", "an amount such as '1g' or '512m'", memory)
-        if (
-            isinstance(start_timeout, bool)
-            or not isinstance(start_timeout, int | float)
-            or not 0 < start_timeout < math.inf
-        ):
-            raise InvalidArgumentError(
-                "start_timeout", "a positive finite number of seconds", start_timeout
-            )
+        check_seconds("start_timeout", start_timeout)
         self.work_dir = Path(work_dir)
         self.workers = workers
         self.cores = cores
@@ -262,7 +235,7 @@ class StandaloneCluster:
         spark_class = home / "bin" / "spark-class"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = self._environment(home)
-        self._port, self._webui_port = _free_port(), _free_port()
+        self._port, self._webui_port = free_port(_HOST), free_port(_HOST)
         try:
             self._master = self._launch(
                 "master",
@@ -276,7 +249,7 @@ class StandaloneCluster:
             )  # fmt: skip
             self._worker_webui_ports = []
             for index in range(self.workers):
-                webui = _free_port()
+                webui = free_port(_HOST)
                 self._worker_webui_ports.append(webui)
                 directory = self.work_dir / f"worker-{index}"
                 directory.mkdir(parents=True, exist_ok=True)
