@@ -20,6 +20,7 @@ from benchmarks.harness import (
     median,
     paired_ratio,
     rounded,
+    sampled,
     samples,
 )
 
@@ -120,10 +121,7 @@ def _channel_hop(settings: Settings, backend: str) -> dict[str, Any]:
             "backend": backend,
             "capacity": HOP_CAPACITY,
             "messages_per_run": result.n,
-            "runs": len(ours),
-            "samples": samples(ours),
-            "baseline_samples": samples(theirs),
-            "paired_ratio": paired_ratio(ours, theirs),
+            **sampled(ours, theirs),
             "baseline_impl": "anyio.create_memory_object_stream",
         },
     )
@@ -207,10 +205,7 @@ def chain4_rows_per_s(settings: Settings) -> dict[str, Any]:
             "rows_per_chunk": CHAIN_ROWS,
             "capacity": CHAIN_CAPACITY,
             "chunks_per_run": main.n,
-            "runs": len(ours),
-            "samples": samples(ours),
-            "baseline_samples": samples(theirs),
-            "paired_ratio": paired_ratio(ours, theirs),
+            **sampled(ours, theirs),
             "baseline_impl": "anyio.create_memory_object_stream",
             "trio": {
                 "value": rounded(median(trio_ours)),
@@ -323,10 +318,7 @@ def dispatch_hash4(settings: Settings) -> dict[str, Any]:
             "vnodes": DISPATCH_VNODES,
             "capacity": DISPATCH_CAPACITY,
             "chunks_per_run": result.n,
-            "runs": len(ours),
-            "samples": samples(ours),
-            "baseline_samples": samples(theirs),
-            "paired_ratio": paired_ratio(ours, theirs),
+            **sampled(ours, theirs),
             "baseline_impl": "compute_vnodes + argsort + RecordBatch.take + 4 slices, no channel",
         },
     )

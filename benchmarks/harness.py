@@ -219,3 +219,14 @@ def paired_ratio(ours: list[float], theirs: list[float]) -> float | None:
 
 def samples(xs: list[float]) -> list[float | None]:
     return [rounded(x, 5) for x in xs]
+
+
+def sampled(ours: list[float], theirs: list[float]) -> dict[str, Any]:
+    """The details every comparison reports of its repetitions: how many ran, each side's
+    samples and their :func:`paired_ratio` (one copy, so that every record names them alike)."""
+    return {
+        "runs": len(ours),
+        "samples": samples(ours),
+        "baseline_samples": samples(theirs),
+        "paired_ratio": paired_ratio(ours, theirs),
+    }

@@ -49,7 +49,7 @@ from benchmarks.harness import (
     make_record,
     median,
     paired_ratio,
-    samples,
+    sampled,
 )
 
 __all__ = ["BENCHMARKS"]
@@ -174,10 +174,7 @@ def sink_parquet_rows_per_s(settings: Settings) -> dict[str, Any]:
             "rows_per_chunk": ROWS,
             "columns": len(SCHEMA),
             "chunks_per_run": result.n,
-            "runs": len(ours),
-            "samples": samples(ours),
-            "baseline_samples": samples(theirs),
-            "paired_ratio": paired_ratio(ours, theirs),
+            **sampled(ours, theirs),
             "candidate": "push source -> sink writer -> sink task -> ParquetStagingWriter (its "
             "defaults: 128K-row row groups, dictionary on string columns) -> coordinator of a "
             "one-writer ParquetTable; one checkpoint per run, timed until the sink committed "
@@ -303,10 +300,7 @@ def coordinator_delta_rows_per_s(settings: Settings) -> dict[str, Any]:
             "writers": DELTA_WRITERS,
             "rows_per_epoch": rows_per_epoch,
             "epochs_per_run": result.n,
-            "runs": len(ours),
-            "samples": samples(ours),
-            "baseline_samples": samples(theirs),
-            "paired_ratio": paired_ratio(ours, theirs),
+            **sampled(ours, theirs),
             "delta_commit_ms_first": round(latencies[0], 2) if latencies else None,
             "delta_commit_ms_last": round(latencies[-1], 2) if latencies else None,
             "epochs_committed": len(latencies),

@@ -66,7 +66,7 @@ from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.spark_bridge import SparkBridge, spark_session
 from barrierflow.spark_bridge.executors import partition_by_vnode
-from benchmarks.harness import Settings, make_record, median, paired_ratio, rounded, samples
+from benchmarks.harness import Settings, make_record, median, rounded, sampled, samples
 
 __all__ = ["BENCHMARKS"]
 
@@ -220,10 +220,7 @@ def spark_bridge_rows_per_s(settings: Settings) -> dict[str, Any]:
             "batches_per_run": batches,
             "chunk_rows": CHUNK_ROWS,
             "feed_capacity": CAPACITY,
-            "runs": len(ours),
-            "samples": samples(ours),
-            "baseline_samples": samples(theirs),
-            "paired_ratio": paired_ratio(ours, theirs),
+            **sampled(ours, theirs),
             "candidate_ms_per_batch": per_batch_ms,
             "candidate": "SparkBridge.deliver per batch: toArrow, 65,536-row chunks through "
             "the bounded feed (capacity 8) to a dropping actor, end mark, durable checkpoint",
@@ -267,10 +264,7 @@ def metrics_spark_bridge_rows_per_s(settings: Settings) -> dict[str, Any]:
         details={
             "rows_per_batch": n,
             "batches_per_run": batches,
-            "runs": len(ours),
-            "samples": samples(ours),
-            "baseline_samples": samples(theirs),
-            "paired_ratio": paired_ratio(ours, theirs),
+            **sampled(ours, theirs),
             "candidate": "spark_bridge_rows_per_s's candidate with metrics_port=0, scraped "
             "every 0.5 s",
             "baseline_impl": "the same, no metrics endpoint",
@@ -374,10 +368,7 @@ def spark_bridge_batch_overhead_ms(settings: Settings) -> dict[str, Any]:
             "spark_master": spark.sparkContext.master,
             "micro_batches_per_run": files,
             "timed_micro_batches_per_run": files - _SKIPPED,
-            "runs": len(ours),
-            "samples": samples(ours),
-            "baseline_samples": samples(theirs),
-            "paired_ratio": paired_ratio(ours, theirs),
+            **sampled(ours, theirs),
             "candidate_ms_per_batch": per_batch_ms,
             "to_arrow_callback_ms": rounded(median(arrow)),
             "to_arrow_callback_samples": samples(arrow),
@@ -471,10 +462,7 @@ def spark_executors_iceberg_rows_per_s(settings: Settings) -> dict[str, Any]:
             "partitions": 4,
             "batches_per_run": batches,
             "writers": 4,
-            "runs": len(candidate),
-            "samples": samples(candidate),
-            "baseline_samples": samples(theirs),
-            "paired_ratio": paired_ratio(candidate, theirs),
+            **sampled(candidate, theirs),
             "driver_path_rows_per_s": rounded(median(driver)),
             "executors_vs_driver": rounded(median(candidate) / median(driver), 3),
             "with_vnode_shuffle_rows_per_s": rounded(median(shuffle)),

@@ -68,7 +68,15 @@ from barrierflow.actors.backfill.snapshot_backfill import SnapshotBackfill
 from barrierflow.channels import Chunk, Message, Op
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StateStore, StreamActor
 from barrierflow.runtime.state.versioned_table import VersionedTable
-from benchmarks.harness import Settings, make_record, median, paired_ratio, rounded, samples
+from benchmarks.harness import (
+    Settings,
+    make_record,
+    median,
+    paired_ratio,
+    rounded,
+    sampled,
+    samples,
+)
 from benchmarks.jobs import logs_to_stderr
 
 __all__ = ["BENCHMARKS"]
@@ -814,10 +822,7 @@ def snapshot_backfill_catchup_s(settings: Settings) -> dict[str, Any]:
         details={
             "backend": "asyncio",
             "view_rows": rows,
-            "runs": len(ours),
-            "samples": samples(ours),
-            "baseline_samples": samples(theirs),
-            "paired_ratio": paired_ratio(ours, theirs),
+            **sampled(ours, theirs),
             "lag_sequence_lengths": [len(lag) for lag in lags],
             "lag_sequences": lags,
             "barriers_in_snapshot_phase": [
