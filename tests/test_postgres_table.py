@@ -47,6 +47,7 @@ from barrierflow.errors import (
 )
 from barrierflow.runtime import Fanout, Runtime, RuntimeConfig
 from barrierflow.testing import PostgresServer, check_table
+from barrierflow.testing.postgres_server import postgres_directory
 
 DSN_ENV = "BARRIERFLOW_TEST_POSTGRES_DSN"
 TABLE_ENV = "BARRIERFLOW_TEST_POSTGRES_TABLE"
@@ -470,14 +471,21 @@ def test_commit_errors_are_classified_by_sqlstate() -> None:
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_postgres_demo_killed_mid_commit_then_resumed_holds_every_row_once(
-    tmp_path: Path,
-) -> None:
+def test_a_postgres_demo_killed_mid_commit_then_resumed_holds_every_row_once() -> None:
     from test_demo import demo
 
     from barrierflow.app.chaos.audit_postgres import audit_postgres
 
-    workdir = tmp_path / "pg"
+    # Not under pytest's temporary directory: as root, the demo's server runs as another user,
+    # and any pytest session starting meanwhile makes pytest's directory private to root again.
+    base = postgres_directory()
+    try:
+        _demo_killed_then_resumed(base / "pg", demo, audit_postgres)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _demo_killed_then_resumed(workdir: Path, demo: Any, audit_postgres: Any) -> None:
     common = ["--rows", "20000", "--batches", "4", "--table", "postgres"]
     crashed = demo(workdir, *common, "--crash-after", "1", "--crash-point", "mid-commit")
     assert crashed.returncode == -9, crashed.stdout[-2000:] + crashed.stderr[-3000:]
