@@ -223,6 +223,7 @@ def test_the_demo_verifies_on_the_cluster_with_the_executors_writing(
         ("start_timeout", float("inf")),
         ("start_timeout", float("nan")),
         ("start_timeout", "60"),
+        ("start_timeout", 10**400),  # an int beyond any float: no float() overflow later
     ],
 )
 def test_bad_arguments_are_rejected_by_name(tmp_path: Path, argument: str, value: Any) -> None:
