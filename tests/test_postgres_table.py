@@ -85,6 +85,13 @@ def prepared(dsn: str, table: str) -> list[str]:
     )
 
 
+def assert_holds_only(dsn: str, table: str, rows: list[int]) -> None:
+    """``table`` holds exactly the ids ``rows`` (in any order), committed, and no prepared
+    transaction of its sink is left behind: an epoch's end state after a crash or a replay."""
+    assert sorted(select(dsn, f'SELECT id FROM "{table}"')) == rows
+    assert prepared(dsn, table) == []
+
+
 def ids(rows: list[int]) -> pa.RecordBatch:
     return pa.record_batch([pa.array(rows, pa.int64())], schema=SCHEMA)
 
@@ -170,8 +177,7 @@ async def test_recovery_commits_the_pending_epoch_and_rolls_back_the_unknown_one
     assert sorted(prepared(dsn, name)) == sorted(pending["gids"])
     assert await restarted.commit(5, pending) == Committed()
     assert await restarted.commit(5, pending) == AlreadyCommitted()
-    assert sorted(select(dsn, f'SELECT id FROM "{name}"')) == [1, 2, 3]
-    assert prepared(dsn, name) == []
+    assert_holds_only(dsn, name, [1, 2, 3])
 
 
 @pytest.mark.anyio
@@ -207,8 +213,7 @@ async def test_a_server_killed_mid_epoch_keeps_prepared_epochs_and_loses_the_ope
     assert replayed is not None
     assert await committer.commit(1, metadata) == Committed()
     assert await committer.commit(2, replayed) == Committed()
-    assert sorted(select(dsn, f'SELECT id FROM "{name}"')) == [1, 2, 3]
-    assert prepared(dsn, name) == []
+    assert_holds_only(dsn, name, [1, 2, 3])
 
 
 @pytest.mark.anyio
@@ -232,8 +237,7 @@ async def test_an_epoch_whose_connection_was_lost_never_continues_on_a_new_one(
     with pytest.raises(psycopg.OperationalError):
         await writer.stage(1)
     await writer.close()
-    assert select(dsn, f'SELECT id FROM "{name}"') == []  # nothing committed on the side
-    assert prepared(dsn, name) == []
+    assert_holds_only(dsn, name, [])  # nothing committed on the side
 
 
 @pytest.mark.anyio
