@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,13 +136,22 @@ class _SparkStarter:
 _spark = _SparkStarter()
 
 
-class _ClusterStarter:
-    """Starts the session's Spark standalone cluster once, remembering it or why it failed;
-    stops it when the test process exits."""
+class _ServerStarter:
+    """Starts one of the session's servers once, before the first test that needs it and
+    outside that test's timeout (from :func:`pytest_runtest_protocol`), remembering it or why
+    it failed (one line, reported by every test that needs it); ``make`` builds and starts it
+    and registers its own clean-up at exit.
 
-    def __init__(self) -> None:
+    Args:
+        what: how a failure names it ("the Spark standalone cluster").
+        make: builds and starts the server.
+    """
+
+    def __init__(self, what: str, make: Callable[[], Any]) -> None:
+        self.what = what
+        self.make = make
         self.started = False
-        self.cluster: StandaloneCluster | None = None
+        self.server: Any = None
         self.error: str | None = None
 
     def start(self) -> None:
@@ -150,32 +159,33 @@ class _ClusterStarter:
             return
         self.started = True
         try:
-            from barrierflow.testing.spark_cluster import StandaloneCluster
-
-            # A directory of its own (a hook has no fixtures), deleted when the cluster stops.
-            base = Path(tempfile.mkdtemp(prefix="barrierflow-spark-cluster-"))
-            atexit.register(shutil.rmtree, base, True)
-            cluster = StandaloneCluster(base, start_timeout=scaled(CLUSTER_START_SECONDS))
-            cluster.start()
-        except Exception as exc:  # reported, one line each, by the tests that need it
+            self.server = self.make()
+        except Exception as exc:  # pytest.fail's exception is not an Exception: caught apart
             from barrierflow._one_line import one_line
 
             self.error = one_line(exc)
-            return
-        self.cluster = cluster
-        atexit.register(cluster.stop)
+        except pytest.fail.Exception as exc:
+            self.error = str(exc)
 
-    def get(self) -> StandaloneCluster:
-        if self.cluster is None:
-            # One line in every test that needs it: the cause and the log to read.
-            pytest.fail(
-                f"the Spark standalone cluster did not start: {self.error or 'not started'}",
-                pytrace=False,
-            )
-        return self.cluster
+    def get(self) -> Any:
+        if self.server is None:
+            pytest.fail(f"{self.what} did not start: {self.error or 'not started'}", pytrace=False)
+        return self.server
 
 
-_cluster = _ClusterStarter()
+def _start_cluster() -> StandaloneCluster:
+    from barrierflow.testing.spark_cluster import StandaloneCluster
+
+    # A directory of its own (a hook has no fixtures), deleted when the cluster stops.
+    base = Path(tempfile.mkdtemp(prefix="barrierflow-spark-cluster-"))
+    atexit.register(shutil.rmtree, base, True)
+    cluster = StandaloneCluster(base, start_timeout=scaled(CLUSTER_START_SECONDS))
+    cluster.start()
+    atexit.register(cluster.stop)
+    return cluster
+
+
+_cluster = _ServerStarter("the Spark standalone cluster", _start_cluster)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -294,41 +304,14 @@ def _postgres_server() -> Any:
         pytest.fail(str(exc), pytrace=False)
 
 
-class _PostgresStarter:
-    """Starts the session's PostgreSQL server once, before the first test that needs it and
-    outside that test's timeout (from :func:`pytest_runtest_protocol`), remembering it or why
-    it failed; kills it and deletes its directory when the test process exits."""
-
-    def __init__(self) -> None:
-        self.started = False
-        self.server: Any = None
-        self.error: str | None = None
-
-    def start(self) -> None:
-        if self.started:
-            return
-        self.started = True
-        try:
-            from barrierflow.testing.postgres_server import PostgresServer, PostgresServerError
-
-            server: PostgresServer = _postgres_server()
-            atexit.register(server.remove)
-            server.start()
-        except (PostgresServerError, pytest.fail.Exception) as exc:  # one line per test
-            self.error = str(exc)
-            return
-        self.server = server
-
-    def get(self) -> Any:
-        if self.server is None:
-            pytest.fail(
-                f"the PostgreSQL server did not start: {self.error or 'not started'}",
-                pytrace=False,
-            )
-        return self.server
+def _start_postgres() -> Any:
+    server = _postgres_server()
+    atexit.register(server.remove)
+    server.start()
+    return server
 
 
-_postgres = _PostgresStarter()
+_postgres = _ServerStarter("the PostgreSQL server", _start_postgres)
 
 
 @pytest.fixture
