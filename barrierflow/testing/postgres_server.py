@@ -256,17 +256,31 @@ class PostgresServer:
         args = [str(self.bindir / "postgres"), "-D", str(self.data)]
         for name, value in settings.items():
             args += ["-c", f"{name}={value}"]
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=self.own_group,
-                user=None if user is None else user.pw_uid,
-                group=None if user is None else user.pw_gid,
-            )
-        self._wait_ready()
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            with self.log_path.open("ab") as log:
+                self._process = subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=self.own_group,
+                    user=None if user is None else user.pw_uid,
+                    group=None if user is None else user.pw_gid,
+                )
+            try:
+                self._wait_ready()
+                return
+            except PostgresServerError:
+                # Right after a kill, the kernel may not have detached the killed server's
+                # shared memory yet (its processes are gone): the new one refuses to start
+                # over it. Try again, within the start's time.
+                refused = log_tail(self.log_path, 5)
+                if time.monotonic() > deadline or not any(
+                    _SHARED_MEMORY_IN_USE in line for line in refused
+                ):
+                    raise
+                time.sleep(0.1)
 
     def _kill_left_behind(self) -> None:
         """Kill a server an earlier process started on this data and left running when it
@@ -437,6 +451,10 @@ def _serves(pid: int, data: Path) -> bool:
     except OSError:
         return False
     return _lives(pid) and os.fsencode(data) in command
+
+
+#: What the server logs when it refuses to start over a killed server's shared memory.
+_SHARED_MEMORY_IN_USE = "pre-existing shared memory block"
 
 
 def _lives(pid: int) -> bool:
