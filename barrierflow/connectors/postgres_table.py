@@ -45,8 +45,16 @@ wins) and drops the staging table, all before ``PREPARE`` (temporary tables cann
 prepared). The rows of one key must reach one
 writer — declare the sink with ``add_sink(..., key=[the same columns])`` — since a prepared
 transaction keeps its row locks until its commit: two writers upserting one key in one epoch
-would wait for each other. (Delete and update *ops* of a changelog never reach a staging
-writer: the sink writer refuses them; an update arrives as a row with an existing key.)
+would wait for each other.
+
+**A changelog, with a key.** A keyed table's writers apply chunks with delete and update ops
+too (:class:`~barrierflow.actors.sinks.table.TakesChanges`): each row reaches the staging
+table with its op code, and the stage keeps the epoch's last op of each key — a ``DELETE``,
+or an ``UPDATE_DELETE`` no ``UPDATE_INSERT`` followed, runs ``DELETE … USING`` by key; an
+``INSERT`` or ``UPDATE_INSERT`` upserts — in one statement, inside the transaction it then
+prepares (two-phase commit unchanged). A delete then an insert of a key in one epoch leaves
+the row; an insert then a delete leaves none. Without a key the table is append-only: the
+sink writer refuses a changelog (:class:`~barrierflow.errors.SinkWriterInputError`).
 
 **Declared at once.** The constructor connects, creates the schema, the table (with the key as
 its primary key) and the marker tables if missing (only what is missing: a role that may
@@ -85,6 +93,7 @@ from barrierflow.actors.sinks.table import (
     Manifest,
     SinkCommits,
     StagedFile,
+    last_change_per_key,
     manifests_positions,
 )
 from barrierflow.connectors._postgres_sql import (
@@ -109,6 +118,8 @@ __all__ = ["PostgresCommitter", "PostgresStagingWriter", "PostgresTable"]
 T = TypeVar("T")
 
 _SEQ = "bf_seq"  # the staging table's row order: the last row of a key wins
+_OP = "bf_op"  # the staging table's op codes (Op: inserts 0 and 3 upsert, deletes 1 and 2 delete)
+_INSERT_OP = pa.scalar(0, pa.int8())
 _MAX_LANES = 8  # connections committing one epoch's prepared transactions at once
 
 
@@ -173,7 +184,10 @@ class PostgresTable:
         return self._spec.key
 
     def writer(self, writer_id: str) -> PostgresStagingWriter:
-        """The staging writer of writer ``writer_id``."""
+        """The staging writer of writer ``writer_id`` (with a key, one that also applies a
+        changelog: :class:`~barrierflow.actors.sinks.table.TakesChanges`)."""
+        if self._spec.key:
+            return _ChangesWriter(self._spec, writer_id)
         return PostgresStagingWriter(self._spec, writer_id)
 
     def committer(self) -> PostgresCommitter:
@@ -235,7 +249,6 @@ def _finish(connection: Connection, verb: str, gid: str) -> None:
     connection.execute(s.SQL(verb + " PREPARED {}").format(s.Literal(gid)))
 
 
-@final
 class PostgresStagingWriter:
     """Stages one writer's rows of each epoch in a prepared transaction (see the module).
 
@@ -309,6 +322,11 @@ class PostgresStagingWriter:
 
     async def write(self, batch: pa.RecordBatch) -> None:
         """Buffer ``batch``; copy the buffer once ``batch_rows`` rows are buffered."""
+        if self._spec.key:  # inserts, in the staging table's op column
+            batch = batch.append_column(_OP, pa.repeat(_INSERT_OP, batch.num_rows))
+        await self._buffer_rows(batch)
+
+    async def _buffer_rows(self, batch: pa.RecordBatch) -> None:
         with self._buffer_lock:
             self._buffer.append(batch)
             self._buffered += batch.num_rows
@@ -347,8 +365,14 @@ class PostgresStagingWriter:
             if spec.key:
                 connection.execute(
                     s.SQL(
-                        "CREATE UNLOGGED TABLE {} (LIKE {} INCLUDING DEFAULTS, {} bigint)"
-                    ).format(spec.name(self._staging_name(self._epoch)), target, s.Identifier(_SEQ))
+                        "CREATE UNLOGGED TABLE {} (LIKE {} INCLUDING DEFAULTS, {} smallint, "
+                        "{} bigint)"
+                    ).format(
+                        spec.name(self._staging_name(self._epoch)),
+                        target,
+                        s.Identifier(_OP),
+                        s.Identifier(_SEQ),
+                    )
                 )
         if spec.key:
             target = spec.name(self._staging_name(self._epoch))
@@ -359,7 +383,7 @@ class PostgresStagingWriter:
                 numbered.append(b.append_column(_SEQ, pa.array(order)))
                 first += b.num_rows
             batches = numbered
-            columns = spec.columns([*spec.arrow.names, _SEQ])
+            columns = spec.columns([*spec.arrow.names, _OP, _SEQ])
         payload = csv_payload(batches)
         with connection.cursor() as cursor:
             statement = s.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(target, columns)
@@ -419,17 +443,28 @@ class PostgresStagingWriter:
             else s.SQL("DO NOTHING")
         )
         keys = spec.columns(spec.key)
+        # The epoch's last op of each key decides (TakesChanges): a delete (or an update's
+        # delete half left last) removes the key, an insert upserts its row. The two halves
+        # touch distinct keys, so one statement does both.
+        matches = s.SQL(" AND ").join(
+            s.SQL("t.{} = last.{}").format(s.Identifier(k), s.Identifier(k)) for k in spec.key
+        )
         connection.execute(
             s.SQL(
-                "INSERT INTO {target} ({columns}) SELECT {columns} FROM (SELECT DISTINCT ON "
-                "({keys}) * FROM {staging} ORDER BY {keys}, {seq} DESC) AS last "
-                "ON CONFLICT ({keys}) {action}"
+                "WITH last AS (SELECT DISTINCT ON ({keys}) * FROM {staging} "
+                "ORDER BY {keys}, {seq} DESC), "
+                "gone AS (DELETE FROM {target} AS t USING last "
+                "WHERE last.{op} IN (1, 2) AND {matches}) "
+                "INSERT INTO {target} ({columns}) SELECT {columns} FROM last "
+                "WHERE last.{op} IN (0, 3) ON CONFLICT ({keys}) {action}"
             ).format(
                 target=spec.name(spec.table),
                 columns=spec.columns(),
                 keys=keys,
                 staging=staging,
                 seq=s.Identifier(_SEQ),
+                op=s.Identifier(_OP),
+                matches=matches,
                 action=action,
             )
         )
@@ -457,6 +492,19 @@ class PostgresStagingWriter:
 
     def __repr__(self) -> str:
         return f"<PostgresStagingWriter {self._spec.qualified!r} w{self._writer}>"
+
+
+@final
+class _ChangesWriter(PostgresStagingWriter):
+    """The staging writer of a keyed table, which also applies a changelog
+    (:class:`~barrierflow.actors.sinks.table.TakesChanges`): its rows reach the epoch's
+    staging table with their op codes, and the stage deletes and upserts by key."""
+
+    async def write_changes(self, batch: pa.RecordBatch, ops: pa.Array) -> None:
+        """Buffer the last change of each key in ``batch`` (the only one that counts; the
+        stage reduces the whole epoch the same way) with its op code."""
+        batch, ops = last_change_per_key(batch, ops, self._spec.key)
+        await self._buffer_rows(batch.append_column(_OP, ops.cast(pa.int8())))
 
 
 @final

@@ -18,9 +18,10 @@ from barrierflow.actors.sinks._sink_commands import (
     Stage,
     TaskState,
     Write,
+    WriteChanges,
 )
 from barrierflow.actors.sinks.errors import EpochPoisonedError, SinkConnectorError, SinkEpochError
-from barrierflow.actors.sinks.table import Manifest, StagingWriter
+from barrierflow.actors.sinks.table import Manifest, StagingWriter, TakesChanges
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.runtime.command import Finish
 
@@ -52,7 +53,10 @@ class SinkCommandHandler:
     async def handle(self, command: Any) -> Any:
         match command:
             case Write(batch):
-                await self._write(batch)
+                await self._write(batch, None)
+                return None
+            case WriteChanges(batch, ops):
+                await self._write(batch, ops)
                 return None
             case Begin(epoch):
                 await self._begin(epoch)
@@ -77,7 +81,7 @@ class SinkCommandHandler:
         except Exception as exc:
             raise SinkConnectorError(self.state.name, operation, epoch, exc) from exc
 
-    async def _write(self, batch: pa.RecordBatch) -> None:
+    async def _write(self, batch: pa.RecordBatch, ops: pa.Array | None) -> None:
         state = self.state
         error: Exception | None = None
         if not batch.schema.equals(self.schema):
@@ -88,7 +92,12 @@ class SinkCommandHandler:
             )
         else:
             try:
-                await self.writer.write(batch)
+                if ops is None:
+                    await self.writer.write(batch)
+                elif isinstance(self.writer, TakesChanges):
+                    await self.writer.write_changes(batch, ops)
+                else:  # the handle sends changes only to a writer that takes them
+                    raise InvalidArgumentError("batch", "inserts only", "a changelog")
             except Exception as exc:
                 error = exc
         if error is None:

@@ -21,6 +21,7 @@ __all__ = [
     "Stage",
     "TaskState",
     "Write",
+    "WriteChanges",
 ]
 
 DEFAULT_CAPACITY = 128
@@ -32,6 +33,12 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 @dataclass(frozen=True, slots=True)
 class Write:
     batch: pa.RecordBatch
+
+
+@dataclass(frozen=True, slots=True)
+class WriteChanges:
+    batch: pa.RecordBatch
+    ops: pa.Array
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +99,10 @@ class SinkTaskStats:
 class TaskState:
     """The task's mutable state, shared with its handles (read-only for them)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, takes_changes: bool = False) -> None:
         self.name = name
+        #: Whether the writer applies changelogs (``TakesChanges``).
+        self.takes_changes = takes_changes
         self.batches_written = 0
         self.rows_written = 0
         self.write_errors = 0

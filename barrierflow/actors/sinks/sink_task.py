@@ -55,7 +55,7 @@ from barrierflow.actors.sinks._sink_commands import (
 )
 from barrierflow.actors.sinks.errors import SinkConnectorError
 from barrierflow.actors.sinks.sink_task_handle import SinkTaskHandle
-from barrierflow.actors.sinks.table import StagingWriter
+from barrierflow.actors.sinks.table import StagingWriter, TakesChanges
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.command import Ticker, open_command_actor, serve_commands
 from barrierflow.runtime.config import check_seconds
@@ -125,7 +125,7 @@ async def start_sink_task(
     schema = writer.schema
     if not isinstance(schema, pa.Schema):
         raise InvalidArgumentError("writer.schema", "a pyarrow.Schema", type(schema).__name__)
-    state = TaskState(name)
+    state = TaskState(name, takes_changes=isinstance(writer, TakesChanges))
     ref, inbox = open_command_actor(name, capacity)
     actor = SinkCommandHandler(writer, state, schema, flush_interval, shutdown_timeout)
 

@@ -21,6 +21,7 @@ from barrierflow.actors.sinks._sink_commands import (
     Stage,
     TaskState,
     Write,
+    WriteChanges,
 )
 from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels.epoch import check_epoch
@@ -73,6 +74,35 @@ class SinkTaskHandle:
         if not isinstance(batch, pa.RecordBatch):
             raise InvalidArgumentError("batch", "a pyarrow.RecordBatch", type(batch).__name__)
         await self._ref.tell(Write(batch))
+        if not batch.schema.equals(self._schema):
+            raise SchemaMismatchError(f"batch for sink {self.name!r}", self._schema, batch.schema)
+
+    @property
+    def takes_changes(self) -> bool:
+        """Whether the writer applies changelogs
+        (:class:`~barrierflow.actors.sinks.table.TakesChanges`): :meth:`write_changes` is for
+        it only."""
+        return self._state.takes_changes
+
+    async def write_changes(self, batch: pa.RecordBatch, ops: pa.Array) -> None:
+        """Queue the changelog ``batch`` (``ops``: one ``int8`` op code per row) for the open
+        epoch, as :meth:`write` does a batch of inserts.
+
+        Raises:
+            InvalidArgumentError: ``batch`` is not a ``pyarrow.RecordBatch``, ``ops`` not one
+                ``int8`` code per row, or the writer takes no changes (:attr:`takes_changes`).
+            SchemaMismatchError: as for :meth:`write` (the epoch is poisoned).
+            ActorGoneError: the task stopped, or this handle was released.
+        """
+        if not isinstance(batch, pa.RecordBatch):
+            raise InvalidArgumentError("batch", "a pyarrow.RecordBatch", type(batch).__name__)
+        if not isinstance(ops, pa.Array) or ops.type != pa.int8() or len(ops) != batch.num_rows:
+            raise InvalidArgumentError("ops", f"{batch.num_rows} int8 op codes", ops)
+        if not self._state.takes_changes:
+            raise InvalidArgumentError(
+                "batch", f"inserts only (sink {self.name!r} takes no changes)", "a changelog"
+            )
+        await self._ref.tell(WriteChanges(batch, ops))
         if not batch.schema.equals(self._schema):
             raise SchemaMismatchError(f"batch for sink {self.name!r}", self._schema, batch.schema)
 

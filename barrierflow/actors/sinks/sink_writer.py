@@ -13,8 +13,9 @@ the ``curr`` epoch of the barrier that opened it:
    every writer of the sink.
 2. **begin**: after passing its first barrier, and after each checkpoint barrier, the writer
    begins the next sink epoch in its staging writer.
-3. **write**: each chunk's visible rows (visibility compacted first) go to the sink task. The
-   sink is append-only: a chunk with delete or update rows is refused.
+3. **write**: each chunk's visible rows (visibility compacted first) go to the sink task. A
+   chunk with delete or update rows goes to the staging writer's ``write_changes`` when it
+   takes changes (:class:`~barrierflow.actors.sinks.table.TakesChanges`), else is refused.
 4. **stage**: at a checkpoint barrier ``(curr, prev)`` — before passing it on — the writer
    stages the open epoch, adds to the staging writer's manifest its vnodes and the source
    positions the epoch's rows span, and sends it to the coordinator as checkpoint ``prev``'s
@@ -328,16 +329,19 @@ class SinkWriter(StreamActor):
         if self._open is None:
             raise SinkWriterInputError(ctx.name, "a barrier to begin an epoch before rows", "rows")
         chunk = chunk.compact()
-        if chunk.ops is not None:
-            changes = int(np.count_nonzero(chunk.ops_numpy()))  # Op.INSERT is 0
-            if changes:
-                raise SinkWriterInputError(
-                    ctx.name,
-                    "insert-only chunks (the sink is append-only)",
-                    f"{changes} delete/update row(s)",
-                )
+        changes = 0 if chunk.ops is None else int(np.count_nonzero(chunk.ops_numpy()))
+        # Op.INSERT is 0; a table that takes no changes (TakesChanges) is append-only.
+        if changes and not handle.takes_changes:
+            raise SinkWriterInputError(
+                ctx.name,
+                "insert-only chunks (the sink is append-only)",
+                f"{changes} delete/update row(s)",
+            )
         try:
-            await handle.write(chunk.batch)
+            if changes:
+                await handle.write_changes(chunk.batch, pa.array(chunk.ops_numpy()))
+            else:
+                await handle.write(chunk.batch)
         except Exception:
             await handle.discard(self._open)
             raise

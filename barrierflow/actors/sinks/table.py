@@ -45,6 +45,8 @@ small protocol the runtime checks with ``isinstance`` (never by probing for attr
 * :class:`CommitTimings` (the committer): how long its latest commits took (benchmarks and
   diagnostics).
 * :class:`PathChecked` (the writer): a local path checked before the graph starts.
+* :class:`TakesChanges` (the writer): a table keyed for upserts applies a changelog (chunks
+  with delete and update ops); without it, the sink writer refuses such chunks.
 * :class:`~barrierflow.connectors.executor_staging.StagesOnExecutors` (the writer): tells
   Spark tasks how to stage as it does, so the table can be written on executors (declared
   with the type it returns, in :mod:`barrierflow.connectors`).
@@ -60,6 +62,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, final, runtime_checkable
 
+import numpy as np
 import pyarrow as pa
 
 from barrierflow.channels.errors import InvalidArgumentError
@@ -84,6 +87,8 @@ __all__ = [
     "StagedFile",
     "StagingWriter",
     "Table",
+    "TakesChanges",
+    "last_change_per_key",
     "manifests_positions",
 ]
 
@@ -504,6 +509,56 @@ class PathChecked(Protocol):
             SinkPathError: it cannot, naming ``sink``.
         """
         ...
+
+
+@runtime_checkable
+class TakesChanges(Protocol):
+    """A staging writer of a table keyed for upserts that applies a changelog (optional):
+    the sink writer hands it every chunk with delete or update rows (insert-only chunks still
+    go to :meth:`StagingWriter.write`); a writer without it has such chunks refused.
+
+    Semantics, per key, over the whole epoch in arrival order (``write`` rows count as
+    inserts): the epoch's **last** op of each key decides. An ``INSERT`` or ``UPDATE_INSERT``
+    upserts its row; a ``DELETE`` removes the key (absent or not); an ``UPDATE_DELETE`` is
+    superseded by the ``UPDATE_INSERT`` that follows it, and removes the key only when it is
+    the last op (an update whose new row went elsewhere). So a delete then an insert of one
+    key in an epoch ends with the row present, an insert then a delete with it absent.
+    :func:`last_change_per_key` is that reduction for one batch.
+    """
+
+    async def write_changes(self, batch: pa.RecordBatch, ops: pa.Array) -> None:
+        """Stage the changelog ``batch`` (already checked against the writer's schema) into
+        the open epoch; ``ops`` holds one ``int8``
+        :class:`~barrierflow.channels.chunk.Op` code per row. Same life as
+        :meth:`StagingWriter.write` (a failure poisons the epoch)."""
+        ...
+
+
+def last_change_per_key(
+    batch: pa.RecordBatch, ops: pa.Array, key: Sequence[str]
+) -> tuple[pa.RecordBatch, pa.Array]:
+    """The last row and op of each ``key`` in ``batch``, in their order in the batch: what
+    a :class:`TakesChanges` writer must apply of it (vectorized: a group-by on the key over
+    the row numbers, no Python loop per row).
+
+    Raises:
+        InvalidArgumentError: ``ops`` is not one code per row, or ``key`` names no column of
+            the batch.
+    """
+    if len(ops) != batch.num_rows:
+        raise InvalidArgumentError("ops", f"{batch.num_rows} op codes", len(ops))
+    if not key or any(k not in batch.schema.names for k in key):
+        raise InvalidArgumentError("key", f"columns of {batch.schema.names}", key)
+    row = "row"
+    while row in key:
+        row = f"_{row}"
+    numbered = pa.table(
+        [*(batch.column(k) for k in key), pa.array(np.arange(batch.num_rows, dtype=np.int64))],
+        names=[*key, row],
+    )
+    last = numbered.group_by(list(key), use_threads=False).aggregate([(row, "max")])
+    keep = pa.array(np.sort(last.column(f"{row}_max").to_numpy()))
+    return batch.take(keep), ops.take(keep)
 
 
 @final
