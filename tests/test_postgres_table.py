@@ -566,7 +566,8 @@ def keyed_rows(dsn: str, table: str) -> dict[int, str]:
 
 
 # Each epoch's changelog: updates as UPDATE_DELETE + UPDATE_INSERT pairs, deletes, a delete
-# then an insert of one key and an insert then a delete of another within the epoch.
+# then an insert of one key and an insert then a delete of another within the epoch, and an
+# update's delete half left last (its insert half went to another key).
 CHANGELOG: list[list[tuple[int, str, Op]]] = [
     [(1, "a", Op.INSERT), (2, "b", Op.INSERT), (3, "c", Op.INSERT), (4, "d", Op.INSERT)],
     [
@@ -579,7 +580,13 @@ CHANGELOG: list[list[tuple[int, str, Op]]] = [
         (5, "e", Op.DELETE),  # inserted then deleted: absent
         (6, "f", Op.DELETE),  # a key never written
     ],
-    [(4, "d", Op.UPDATE_DELETE), (4, "d2", Op.UPDATE_INSERT), (1, "a2", Op.DELETE)],
+    [
+        (4, "d", Op.UPDATE_DELETE),
+        (4, "d2", Op.UPDATE_INSERT),
+        (1, "a2", Op.DELETE),
+        (3, "c2", Op.UPDATE_DELETE),  # an update moving the row to another key
+        (7, "c2", Op.UPDATE_INSERT),
+    ],
 ]
 
 
@@ -609,7 +616,7 @@ async def test_a_changelog_upserts_and_deletes_by_key_in_order_within_each_epoch
             with anyio.fail_after(scaled(20)):
                 await sink.coordinator.wait_committed(epoch)
             assert keyed_rows(dsn, table) == model
-    assert model == {3: "c2", 4: "d2"}
+    assert model == {4: "d2", 7: "c2"}
     assert prepared(dsn, table) == []
 
 

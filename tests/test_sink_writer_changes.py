@@ -1,0 +1,134 @@
+"""A changelog into a sink: the last change of each key (the reduction a keyed writer
+applies), and the sink writer handing chunks with delete/update ops to a staging writer that
+takes changes (:class:`~barrierflow.actors.sinks.table.TakesChanges`) — insert-only chunks
+still go to ``write``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pyarrow as pa
+import pytest
+from _timeouts import scaled
+
+from barrierflow.actors import add_sink
+from barrierflow.actors.sinks.table import (
+    Manifest,
+    StagingWriter,
+    TakesChanges,
+    last_change_per_key,
+)
+from barrierflow.channels import Chunk, Op
+from barrierflow.errors import InvalidArgumentError
+from barrierflow.runtime import Runtime, RuntimeConfig
+from barrierflow.testing import ListTable
+
+SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
+
+
+def rows(ids: list[int], values: list[str]) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(ids, pa.int64()), pa.array(values)], schema=SCHEMA)
+
+
+def test_the_last_change_of_each_key_is_kept_in_batch_order() -> None:
+    batch = rows([1, 2, 1, 3, 2, 1], ["a", "b", "c", "d", "e", "f"])
+    ops = pa.array(
+        [Op.INSERT, Op.INSERT, Op.DELETE, Op.INSERT, Op.UPDATE_DELETE, Op.INSERT], pa.int8()
+    )
+    kept, kept_ops = last_change_per_key(batch, ops, ["id"])
+    assert kept.to_pydict() == {"id": [3, 2, 1], "v": ["d", "e", "f"]}
+    assert kept_ops.to_pylist() == [Op.INSERT, Op.UPDATE_DELETE, Op.INSERT]
+
+
+def test_the_last_change_per_key_groups_by_every_key_column() -> None:
+    batch = rows([1, 1, 1], ["a", "b", "a"])
+    ops = pa.array([Op.INSERT, Op.INSERT, Op.DELETE], pa.int8())
+    kept, kept_ops = last_change_per_key(batch, ops, ["id", "v"])
+    assert kept.to_pydict() == {"id": [1, 1], "v": ["b", "a"]}
+    assert kept_ops.to_pylist() == [Op.INSERT, Op.DELETE]
+
+
+def test_the_last_change_per_key_refuses_ops_of_another_length_and_unknown_keys() -> None:
+    batch = rows([1, 2], ["a", "b"])
+    with pytest.raises(InvalidArgumentError) as short:
+        last_change_per_key(batch, pa.array([0], pa.int8()), ["id"])
+    assert short.value.argument == "ops"
+    with pytest.raises(InvalidArgumentError) as unknown:
+        last_change_per_key(batch, pa.array([0, 0], pa.int8()), ["nope"])
+    assert unknown.value.argument == "key"
+
+
+class ChangesWriter:
+    """A list table's writer that records the changelogs it is handed."""
+
+    def __init__(self, inner: StagingWriter, log: list[tuple[str, list[int], list[int]]]):
+        self._inner = inner
+        self._log = log
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._inner.schema
+
+    async def open(self) -> None:
+        await self._inner.open()
+
+    async def begin(self, epoch: int) -> None:
+        await self._inner.begin(epoch)
+
+    async def write(self, batch: pa.RecordBatch) -> None:
+        self._log.append(("write", batch.column("id").to_pylist(), []))
+        await self._inner.write(batch)
+
+    async def write_changes(self, batch: pa.RecordBatch, ops: pa.Array) -> None:
+        self._log.append(("write_changes", batch.column("id").to_pylist(), ops.to_pylist()))
+
+    async def flush(self) -> None:
+        await self._inner.flush()
+
+    async def stage(self, epoch: int) -> Manifest:
+        return await self._inner.stage(epoch)
+
+    async def discard(self, epoch: int) -> None:
+        await self._inner.discard(epoch)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+class ChangesTable:
+    """A list table whose writers take changes."""
+
+    def __init__(self) -> None:
+        self.inner = ListTable(SCHEMA)
+        self.log: list[tuple[str, list[int], list[int]]] = []
+
+    @property
+    def schema(self) -> pa.Schema:
+        return SCHEMA
+
+    def writer(self, writer_id: str) -> ChangesWriter:
+        return ChangesWriter(self.inner.writer(writer_id), self.log)
+
+    def committer(self) -> Any:
+        return self.inner.committer()
+
+
+@pytest.mark.anyio
+async def test_a_changelog_goes_to_a_writer_that_takes_changes(tmp_path: Any) -> None:
+    table = ChangesTable()
+    assert isinstance(table.writer("0"), TakesChanges)
+    rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600.0))
+    rt.add_source("src", schema=SCHEMA)
+    sink = add_sink(rt, "sink", table, input="src")
+    async with rt:
+        await rt.push("src", Chunk(rows([1, 2], ["a", "b"])).with_ops([Op.DELETE, Op.INSERT]))
+        # Ops present but all inserts: an insert-only chunk, written as rows.
+        await rt.push("src", Chunk(rows([3], ["c"])).with_ops([Op.INSERT]))
+        epoch = await rt.checkpoint()
+        with anyio.fail_after(scaled(20)):
+            await sink.coordinator.wait_committed(epoch)
+    assert table.log == [
+        ("write_changes", [1, 2], [Op.DELETE, Op.INSERT]),
+        ("write", [3], []),
+    ]
