@@ -13,6 +13,7 @@ import pytest
 from _timeouts import scaled
 
 from barrierflow.actors import add_sink
+from barrierflow.actors.sinks.sink_task import SinkTask
 from barrierflow.actors.sinks.table import (
     Manifest,
     StagingWriter,
@@ -132,3 +133,24 @@ async def test_a_changelog_goes_to_a_writer_that_takes_changes(tmp_path: Any) ->
         ("write_changes", [1, 2], [Op.DELETE, Op.INSERT]),
         ("write", [3], []),
     ]
+
+
+@pytest.mark.anyio
+async def test_a_sink_task_takes_changes_only_for_a_writer_that_takes_them() -> None:
+    changelog = rows([1], ["a"])
+    delete = pa.array([Op.DELETE], pa.int8())
+    async with SinkTask(ListTable(SCHEMA).writer("0"), name="plain") as plain:
+        assert not plain.takes_changes
+        with pytest.raises(InvalidArgumentError) as refused:
+            await plain.write_changes(changelog, delete)
+        assert refused.value.argument == "batch"
+    table = ChangesTable()
+    async with SinkTask(table.writer("0"), name="keyed") as keyed:
+        assert keyed.takes_changes
+        with pytest.raises(InvalidArgumentError) as short:
+            await keyed.write_changes(changelog, pa.array([], pa.int8()))
+        assert short.value.argument == "ops"
+        await keyed.begin(1)
+        await keyed.write_changes(changelog, delete)
+        await keyed.flush()  # the task served the write before the flush
+    assert table.log == [("write_changes", [1], [Op.DELETE])]
