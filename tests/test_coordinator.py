@@ -1495,6 +1495,8 @@ async def test_replayed_commits_are_counted_in_stats_and_metrics(tmp_path: Path)
             families = {f.name: f for f in coordinator.metric_families()}
             tg.cancel_scope.cancel()
     assert (stats.committed_epochs, stats.commit_replays) == (3, 2)
+    # A replay went through too: the last commit's time is set.
+    assert stats.last_commit_time is not None
     assert families["barrierflow_sink_commit_replays"].value(sink=SINK) == 2
 
 

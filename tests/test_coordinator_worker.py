@@ -605,7 +605,8 @@ async def test_stats_start_at_zero_before_and_at_the_start_of_a_run(tmp_path: Pa
         before.last_commit_time,
         before.pending_epochs,
         before.rows_committed,
-    ) == (0, 0, 0, 0, 0, 0, 0, (), (), None, 0, 0)
+        before.commit_replays,
+    ) == (0, 0, 0, 0, 0, 0, 0, (), (), None, 0, 0, 0)
     async with (
         await StateStore.open(tmp_path / "state.db") as store,
         anyio.create_task_group() as tg,
@@ -622,7 +623,8 @@ async def test_stats_start_at_zero_before_and_at_the_start_of_a_run(tmp_path: Pa
             fresh.last_commit_time,
             fresh.pending_epochs,
             fresh.rows_committed,
-        ) == (0, 0, 0, 0, None, 0, 0)
+            fresh.commit_replays,
+        ) == (0, 0, 0, 0, None, 0, 0, 0)
         tg.cancel_scope.cancel()
 
 

@@ -173,7 +173,8 @@ def test_a_partition_named_twice_is_refused_even_when_every_partition_is_named()
 def test_an_epoch_holding_one_batch_twice_is_refused_and_distinct_batches_are_taken() -> None:
     with pytest.raises(PartitionCoverageError) as info:
         check_epoch_batches("out", [batch(4, [0, 1]), batch(5, [0]), batch(4, [0, 1])])
-    assert (info.value.batch, info.value.partitions, info.value.got) == ("src/s#4", 2, [0, 1, 0, 1])
+    assert (info.value.sink, info.value.batch) == ("out", "src/s#4")
+    assert (info.value.partitions, info.value.got) == (2, [0, 1, 0, 1])
     taken = check_epoch_batches(
         "out", [batch(4, [0, 1]), batch(5, [0]), batch(4, [0], key="other/s")]
     )
