@@ -945,6 +945,7 @@ def test_defaults_are_the_seeds_10_ms_backoff_capped_at_60_s_and_5_s_warnings() 
         5.0,
     )
     assert coordinator.vnode_count == 256
+    assert coordinator.commit_retry_timeout == 300.0  # ours: the seed retries for ever
     given = Coordinator(SINK, FakeCommitter(), base_delay=2, max_delay=3, warn_interval=4)
     assert (given.base_delay, given.max_delay, given.warn_interval) == (2.0, 3.0, 4.0)
 
