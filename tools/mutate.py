@@ -82,7 +82,11 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "sink_task",
         (f"{SINKS}/sink_task.py", f"{SINKS}/sink_task_handle.py", f"{SINKS}/_sink_actor.py"),
-        ("tests/test_sink_task.py", "tests/test_sink_wiring.py"),
+        (
+            "tests/test_sink_task.py",
+            "tests/test_sink_wiring.py",
+            "tests/test_sink_writer_changes.py",  # the WriteChanges command
+        ),
     ),
     Group(
         "sink_writer",
@@ -95,6 +99,7 @@ GROUPS: tuple[Group, ...] = (
             "tests/test_source_positions.py",
             "tests/test_sink_wiring.py",
             "tests/test_executor_staging.py",  # committables the writer takes
+            "tests/test_sink_writer_changes.py",  # changelogs to a writer that takes them
         ),
     ),
     Group(
