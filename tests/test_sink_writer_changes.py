@@ -21,7 +21,7 @@ from barrierflow.actors.sinks.table import (
     last_change_per_key,
 )
 from barrierflow.channels import Chunk, Op
-from barrierflow.errors import InvalidArgumentError
+from barrierflow.errors import EpochPoisonedError, InvalidArgumentError, SchemaMismatchError
 from barrierflow.runtime import Runtime, RuntimeConfig
 from barrierflow.testing import ListTable
 
@@ -143,7 +143,11 @@ async def test_a_sink_task_takes_changes_only_for_a_writer_that_takes_them() -> 
         assert not plain.takes_changes
         with pytest.raises(InvalidArgumentError) as refused:
             await plain.write_changes(changelog, delete)
-        assert refused.value.argument == "batch"
+        assert (refused.value.argument, refused.value.expected, refused.value.got) == (
+            "batch",
+            "inserts only (sink 'plain' takes no changes)",
+            "a changelog",
+        )
     table = ChangesTable()
     async with SinkTask(table.writer("0"), name="keyed") as keyed:
         assert keyed.takes_changes
@@ -154,3 +158,59 @@ async def test_a_sink_task_takes_changes_only_for_a_writer_that_takes_them() -> 
         await keyed.write_changes(changelog, delete)
         await keyed.flush()  # the task served the write before the flush
     assert table.log == [("write_changes", [1], [Op.DELETE])]
+
+
+@pytest.mark.anyio
+async def test_write_changes_refuses_a_non_batch_naming_what_it_expected_and_got() -> None:
+    table = ChangesTable()
+    async with SinkTask(table.writer("0"), name="keyed") as keyed:
+        with pytest.raises(InvalidArgumentError) as info:
+            await keyed.write_changes([1], pa.array([Op.DELETE], pa.int8()))  # type: ignore[arg-type]
+    assert (info.value.argument, info.value.expected, info.value.got) == (
+        "batch",
+        "a pyarrow.RecordBatch",
+        "list",
+    )
+    assert table.log == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [Op.DELETE],  # not an Arrow array, though one code per row
+        pa.array([Op.DELETE], pa.int32()),  # one code per row, not int8
+        pa.array([Op.DELETE, Op.INSERT], pa.int8()),  # int8, one code too many
+    ],
+    ids=["list", "int32", "too-long"],
+)
+async def test_write_changes_refuses_ops_that_are_not_one_int8_code_per_row(ops: Any) -> None:
+    table = ChangesTable()
+    async with SinkTask(table.writer("0"), name="keyed") as keyed:
+        with pytest.raises(InvalidArgumentError) as info:
+            await keyed.write_changes(rows([1], ["a"]), ops)
+    assert (info.value.argument, info.value.expected) == ("ops", "1 int8 op codes")
+    assert info.value.got is ops
+    assert table.log == []
+
+
+@pytest.mark.anyio
+async def test_a_changelog_of_another_schema_raises_naming_both_and_poisons_the_epoch() -> None:
+    other = pa.schema([("id", pa.int32()), ("v", pa.string())])
+    wrong = pa.record_batch([pa.array([1], pa.int32()), pa.array(["a"])], schema=other)
+    table = ChangesTable()
+    async with SinkTask(table.writer("0"), name="keyed") as keyed:
+        await keyed.begin(1)
+        with pytest.raises(SchemaMismatchError) as info:
+            await keyed.write_changes(wrong, pa.array([Op.DELETE], pa.int8()))
+        await keyed.flush()  # the task served the write before the flush
+        stats = keyed.stats()
+        with pytest.raises(EpochPoisonedError):
+            await keyed.stage(1)
+    assert info.value.argument == "batch for sink 'keyed'"
+    assert info.value.expected_schema == SCHEMA
+    assert info.value.actual_schema == other
+    assert info.value.got == other
+    # The changelog still reached the task, which counted the failed write.
+    assert (stats.write_errors, stats.epoch_poisoned, stats.batches_written) == (1, True, 0)
+    assert table.log == []  # the writer never saw the wrong changelog
