@@ -1618,3 +1618,20 @@ async def test_the_upstream_ending_while_forwarding_ends_the_actor_cleanly() -> 
         assert ctx.returned
         assert ctx.trace() == [11, [(1, 0, 0)]]
     assert not failed
+
+
+async def test_a_committable_polled_while_backfilling_is_passed_on_untouched() -> None:
+    # Work staged for a sink downstream travels through a backfill as through any actor: the
+    # backfill polls its upstream itself, so it passes a committable on by hand.
+    from barrierflow.channels import Committable
+
+    emitted: list[object] = []
+
+    class Context:
+        async def emit(self, message: object) -> None:
+            emitted.append(message)
+
+    backfill = SnapshotBackfill("view")
+    committable = Committable("sink", 7)
+    await backfill._on_upstream(Context(), None, committable)  # type: ignore[arg-type]
+    assert emitted == [committable]
