@@ -1,6 +1,7 @@
 """What the test servers (:mod:`.postgres_server`, :mod:`.redis_server`, :mod:`.spark_cluster`)
 share: the checks of their constructors' arguments, a free loopback port, the end of a log
-for an error message, and reading a process's state from ``/proc``.
+for an error message, reading a process's state from ``/proc``, and waiting for killed
+processes to exit.
 
 Private: each server module keeps its own public surface; this is one copy of the mechanics
 they would otherwise repeat.
@@ -9,8 +10,11 @@ they would otherwise repeat.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import sys
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from barrierflow.channels.errors import InvalidArgumentError
@@ -84,3 +88,43 @@ def proc_stat(pid: int) -> list[str] | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def lives(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has: it holds nothing)."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def wait_exited(pids: Iterable[int], timeout: float) -> list[int]:
+    """Wait until every process of ``pids`` has exited (a zombie counts: it holds nothing),
+    for at most ``timeout`` seconds in all; returns those still running.
+
+    They need not be this process's children (a killed server's backends): each is watched
+    through a pidfd, which becomes readable when it exits — no polling. Where pidfds are
+    missing, ``/proc`` is read every 20 ms instead.
+    """
+    deadline = time.monotonic() + timeout
+    running: list[int] = []
+    for pid in pids:
+        if not _wait_one(pid, deadline):
+            running.append(pid)
+    return running
+
+
+def _wait_one(pid: int, deadline: float) -> bool:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):  # no pidfds (not Linux, or a kernel before 5.3)
+        while lives(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        return bool(ready) or not lives(pid)
+    finally:
+        os.close(fd)

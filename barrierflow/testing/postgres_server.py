@@ -44,7 +44,6 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import final
 
@@ -53,8 +52,10 @@ from barrierflow.testing._server_process import (
     check_bool,
     check_directory,
     check_seconds,
+    lives,
     log_tail,
     proc_stat,
+    wait_exited,
 )
 
 __all__ = [
@@ -393,24 +394,20 @@ class PostgresServer:
             self._wait_gone([pid, *children])
 
     def _wait_gone(self, pids: list[int]) -> None:
-        self._wait_until(lambda: not any(_lives(pid) for pid in pids), f"processes {pids}")
+        running = wait_exited(pids, self.stop_timeout)
+        if running:
+            raise PostgresServerError(
+                "stop",
+                f"expected processes {pids} gone {self.stop_timeout:.0f} s after SIGKILL, "
+                f"{running} still run",
+                self.log_path,
+            )
 
     def _wait_group_gone(self, pgid: int) -> None:
-        # The backends are the postmaster's children, not ours: wait for the group to empty,
-        # or a restart would find their shared memory still attached.
-        self._wait_until(lambda: not _group_alive(pgid), f"process group {pgid}")
-
-    def _wait_until(self, gone: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + self.stop_timeout
-        while not gone():
-            if time.monotonic() > deadline:
-                raise PostgresServerError(
-                    "stop",
-                    f"expected {what} gone {self.stop_timeout:.0f} s after SIGKILL, some of "
-                    "it is still there",
-                    self.log_path,
-                )
-            time.sleep(0.02)  # killed processes exiting: nothing to wait on
+        # The backends are the postmaster's children, not ours: wait for the whole group, or
+        # a restart would find their shared memory still attached. Killed, nobody in it can
+        # fork any more: its members now are all there is to wait for.
+        self._wait_gone(_group_members(pgid))
 
     def remove(self) -> None:
         """Stop the server and delete its directory (and its socket's)."""
@@ -450,17 +447,11 @@ def _serves(pid: int, data: Path) -> bool:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return _lives(pid) and os.fsencode(data) in command
+    return lives(pid) and os.fsencode(data) in command
 
 
 #: What the server logs when it refuses to start over a killed server's shared memory.
 _SHARED_MEMORY_IN_USE = "pre-existing shared memory block"
-
-
-def _lives(pid: int) -> bool:
-    """Whether ``pid`` is a process that is not a zombie."""
-    fields = proc_stat(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
 
 
 def _children(pid: int) -> list[int]:
@@ -477,24 +468,20 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` lives (a zombie does not count: it holds nothing).
-    Linux reads ``/proc``; elsewhere a signal 0 to the group answers."""
+def _group_members(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` that have not exited (Linux: ``/proc``; elsewhere the
+    group's leader only)."""
     proc = Path("/proc")
     if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return [pgid]
+    members = []
     for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = proc_stat(int(entry.name))
-        alive = fields is not None and len(fields) > 2 and fields[0] not in ("Z", "X")
-        if alive and fields is not None and fields[2] == str(pgid):
-            return True
-    return False
+        if entry.name.isdigit():
+            fields = proc_stat(int(entry.name))
+            alive = fields is not None and len(fields) > 2 and fields[0] not in ("Z", "X")
+            if alive and fields is not None and fields[2] == str(pgid):
+                members.append(int(entry.name))
+    return members
 
 
 def postgres_directory(base: str | os.PathLike[str] | None = None) -> Path:
