@@ -27,6 +27,7 @@ from typing import ClassVar
 from barrierflow.channels.messages import Message
 from barrierflow.runtime.context import ActorContext as ActorContext
 from barrierflow.runtime.context import ActorStats as ActorStats
+from barrierflow.runtime.placement import Placement
 
 __all__ = ["ActorContext", "ActorStats", "StreamActor"]
 
@@ -42,10 +43,19 @@ class StreamActor:
       barriers itself — what a backfill does.
     * ``backfills`` (default ``False``): the actor reports :class:`~barrierflow.runtime.
       progress.Progress` and its job is not ready until it reports ``finished``.
+    * ``placement`` (default :attr:`Placement.GLOBAL`): what the actor needs of its rows
+      (see :mod:`barrierflow.runtime.placement`). A global actor runs as one instance;
+      declare ``PARTITION_LOCAL`` (any instance takes any row) or ``KEYED`` (rows by key) to
+      run several.
+    * ``side_outputs`` (default none): names of outputs besides the main one that the actor
+      emits rows to with ``ctx.emit(chunk, output=name)`` (late rows, dead letters); a
+      downstream reads one as ``"actor:name"``.
     """
 
     aligned_inputs: ClassVar[bool] = True
     backfills: ClassVar[bool] = False
+    placement: ClassVar[Placement] = Placement.GLOBAL
+    side_outputs: ClassVar[tuple[str, ...]] = ()
 
     async def restore(self, ctx: ActorContext) -> None:
         """Load state from ``ctx.table(...)`` before the first message (default: nothing)."""
