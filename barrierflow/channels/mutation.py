@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar, final
 
+from barrierflow.channels._side_outputs import check_output_name
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.vnode import VnodeBitmap, owners_from_mapping
 
@@ -99,7 +100,8 @@ class NewOutput:
     """An output an upstream actor gains at an :class:`Add` barrier: a dispatcher (any object
     with ``async dispatch(message)`` and ``close()``, normally a
     :class:`~barrierflow.channels.dispatch.Dispatcher`) feeding the new ``actors``, in the
-    dispatcher's output order.
+    dispatcher's output order, with the upstream's ``output`` they read (``None``: its main
+    output; else a side output's name: see :mod:`barrierflow.channels.outputs`).
 
     The upstream sends the ``Add`` barrier itself into the new output after its old outputs:
     everything before the barrier went to the old outputs only, and the barrier is the new
@@ -108,6 +110,7 @@ class NewOutput:
 
     dispatcher: Any
     actors: tuple[int, ...]
+    output: str | None = None
 
     def __post_init__(self) -> None:
         if not callable(getattr(self.dispatcher, "dispatch", None)) or not callable(
@@ -120,6 +123,7 @@ class NewOutput:
         if not actors:
             raise InvalidArgumentError("NewOutput.actors", "at least one actor id", self.actors)
         object.__setattr__(self, "actors", tuple(self.actors))
+        check_output_name("NewOutput.output", self.output)
 
 
 @final

@@ -16,7 +16,7 @@ import pyarrow as pa
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.errors import DuplicateJobError, GraphError, JobDroppingError
-from barrierflow.runtime.graph import DEFAULT_JOB, Fanout, Graph, Node
+from barrierflow.runtime.graph import DEFAULT_JOB, Fanout, Graph, Node, split_input
 from barrierflow.runtime.job import ActorDeclaration, Job, JobRecord, parallel_names
 from barrierflow.runtime.service import Service
 from barrierflow.runtime.startup import check_key_columns
@@ -25,33 +25,43 @@ __all__ = ["Declarations"]
 
 
 def _indexed(factory: Callable[..., StreamActor], index: int) -> Callable[[], StreamActor]:
+    """A parallel instance's factory: ``factory(index)``, or ``factory()`` for an actor class
+    (its instances are alike; a class of its own taking the index can override ``__init__``
+    with a default)."""
+    build = factory
+    if isinstance(factory, type) and issubclass(factory, StreamActor):
+        return factory
+
     def make() -> StreamActor:
-        return factory(index)
+        return build(index)
 
     return make
 
 
+def _upstreams(declaration: ActorDeclaration) -> list[tuple[object, str | None]]:
+    """Each input of ``declaration`` as ``(upstream actor, output)`` (``output`` ``None`` for
+    the main output, else the side output of ``"<actor>:<output>"``)."""
+    inputs = declaration.inputs
+    return [split_input(i) for i in (inputs.values() if isinstance(inputs, Mapping) else inputs)]
+
+
 def _check_keys(declaration: ActorDeclaration, nodes: Mapping[str, Node], *, running: bool) -> None:
     """Check the hash key of each input of ``declaration`` against its upstream's declared
-    schema, where there is one (the same check runs at start against what the actors say).
+    schema, where there is one (the same check runs at start against what the actors say; a
+    side output's schema is not declared, so it is not checked).
 
     Raises:
         KeyColumnError: a key column the upstream's declared schema lacks or cannot hash.
     """
-    upstreams = (
-        declaration.inputs.values()
-        if isinstance(declaration.inputs, Mapping)
-        else declaration.inputs
-    )
-    for upstream in upstreams:
-        node = nodes.get(upstream)
+    for upstream, output in _upstreams(declaration):
+        node = nodes.get(upstream) if isinstance(upstream, str) and output is None else None
         if node is None or node.schema is None:
             continue
         key = declaration.key
         if declaration.parallelism is None and not running and node.fanout.kind == "hash":
             key = node.fanout.key_columns  # an actor declared alone shares the node's fan-out
         if key is not None:
-            check_key_columns(declaration.name, key, upstream, node.schema)
+            check_key_columns(declaration.name, key, node.name, node.schema)
 
 
 class Declarations:
@@ -249,17 +259,12 @@ class Declarations:
     ) -> list[Node]:
         nodes = self._graph.nodes
         services = self.services()
-        upstreams = (
-            declaration.inputs.values()
-            if isinstance(declaration.inputs, Mapping)
-            else declaration.inputs
-        )
-        for upstream in upstreams:
+        for upstream, _ in _upstreams(declaration):
             node = nodes.get(upstream) if isinstance(upstream, str) else None
             if node is not None and node.job != job.name:
                 record = self._records.get(node.job)
                 if record is not None and record.status != "running":
-                    raise JobDroppingError(job.name, upstream, node.job)
+                    raise JobDroppingError(job.name, node.name, node.job)
         _check_keys(declaration, nodes, running=running)
         names = parallel_names(declaration.name, declaration.parallelism)
         for name in names:
@@ -287,6 +292,7 @@ class Declarations:
                         group=group,
                         key=declaration.key,
                         schema=declaration.schema,
+                        declared_by=declaration.factory,
                     )
                 )
         except BaseException:

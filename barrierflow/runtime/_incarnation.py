@@ -160,10 +160,18 @@ class Incarnation:
                 named_inputs=None if actor.aligned_inputs else NamedInputs(receivers),
                 vnode_bitmap=wiring.bitmaps.get(node.name),
                 adopted_positions=adopted,
+                side_outputs=_side_outputs(node, actor),
             )
             self.contexts[node.name] = ctx
             done = self.actor_done[node.name] = anyio.Event()
             self.actors.start_soon(_run_actor, node, actor, ctx, done, name=f"actor {node.name}")
+
+
+def _side_outputs(node: Node, actor: StreamActor) -> tuple[str, ...]:
+    """The side outputs ``actor`` may emit to: those its factory declares (an operator's, a
+    StreamActor subclass's), or, for a factory that declares nothing (a plain function, whose
+    side outputs no reader could name), those of the class of the actor it made."""
+    return type(actor).side_outputs if node.side_outputs is None else node.side_outputs
 
 
 def _input_of(

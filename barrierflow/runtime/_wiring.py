@@ -5,6 +5,10 @@ each group has its own dispatcher (fan-out is on the edge): the actors declared 
 start share one group that follows the upstream's node-level :class:`Fanout` (broadcast unless
 told otherwise); a parallel group (``parallelism=N``) is hash-dispatched by its key, or round
 robin without one; an actor declared alone in a job added later is a group of its own.
+Groups are made per output of the upstream: the readers of a side output (``"win:late"``)
+are grouped, and dispatched, apart from the readers of the main output, by the same rules,
+and each group's dispatcher is told which output it reads (see
+:class:`~barrierflow.channels.outputs.Outputs`).
 
 When the new actors join a running graph, an upstream that already runs gets its new
 dispatchers as :class:`~barrierflow.channels.mutation.NewOutput` s, to be attached by the
@@ -103,8 +107,9 @@ def wire(
     wiring = Wiring()
     new_names = {n.name for n in new}
     every = {**running, **{n.name: n for n in new}}
-    # upstream name -> group key -> [(downstream node, sender)]
-    fan: dict[str, dict[str | None, list[tuple[Node, SendChannel[Message]]]]] = {}
+    # (upstream name, output) -> group key -> [(downstream node, sender)]
+    fan: dict[tuple[str, str | None], dict[str | None, list[tuple[Node, SendChannel[Message]]]]]
+    fan = {}
     for node in new:
         wiring.inputs[node.name] = {}
         if node.is_source:
@@ -112,17 +117,21 @@ def wire(
             wiring.inboxes[node.actor_id] = tx
             wiring.channels.append(tx)
             wiring.inputs[node.name]["inbox"] = rx
-        for source, local in zip(node.inputs, node.input_names, strict=True):
+        for source, local, output in zip(
+            node.inputs, node.input_names, node.input_outputs, strict=True
+        ):
             tx, rx = create_channel[Message](capacity, rows, name=f"{source}->{node.name}")
             wiring.channels.append(tx)
             wiring.inputs[node.name][local] = rx
-            fan.setdefault(source, {}).setdefault(node.group, []).append((node, tx))
-            wiring.edges.append(
-                Edge(source, node.name, _key_of(every[source], node), node.group or node.name)
-            )
-    for upstream_name, groups in fan.items():
+            fan.setdefault((source, output), {}).setdefault(node.group, []).append((node, tx))
+            if output is None:  # a side output's schema is not known before it runs
+                wiring.edges.append(
+                    Edge(source, node.name, _key_of(every[source], node), node.group or node.name)
+                )
+    built_by: dict[str, list[tuple[Dispatcher, list[int], str | None]]] = {}
+    for (upstream_name, output), groups in fan.items():
         upstream = every[upstream_name]
-        built: list[tuple[Dispatcher, list[int]]] = []
+        built = built_by.setdefault(upstream_name, [])
         for group, members in groups.items():
             targets = [m for m, _ in members]
             dispatcher = _dispatcher(upstream, group, targets, [tx for _, tx in members])
@@ -134,12 +143,13 @@ def wire(
                     names = [t.name for t in targets]
                     for name in names:
                         wiring.hash_groups[name] = names
-            built.append((dispatcher, [t.actor_id for t in targets]))
+            built.append((dispatcher, [t.actor_id for t in targets], output))
+    for upstream_name, built in built_by.items():
         if upstream_name in new_names:
             wiring.outputs[upstream_name] = Outputs(built)
         else:
-            wiring.new_outputs[upstream.actor_id] = [
-                NewOutput(dispatcher, tuple(ids)) for dispatcher, ids in built
+            wiring.new_outputs[every[upstream_name].actor_id] = [
+                NewOutput(dispatcher, tuple(ids), output) for dispatcher, ids, output in built
             ]
     wiring.schemas = {n.name: n.schema for n in every.values() if n.schema is not None}
     for node in new:

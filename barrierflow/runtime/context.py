@@ -6,7 +6,8 @@ An :class:`ActorContext` is made per actor per incarnation of the graph. Through
   runtime's merge), or — for an actor that declares ``aligned_inputs = False``, such as a
   backfill — each named input on its own (:attr:`~ActorContext.inputs`,
   :meth:`~ActorContext.select` for a biased select that polls the upstream first);
-* writes downstream with :meth:`~ActorContext.emit`; a barrier also seals its state tables,
+* writes downstream with :meth:`~ActorContext.emit` — rows to its main output, or to a side
+  output it declares with ``emit(chunk, output="late")``; a barrier also seals its state tables,
   applies the barrier's changes to its outputs (a joining job's new output, a dropped job's
   closed one) and is reported collected, with the progress the actor reported;
 * keeps state in :meth:`~ActorContext.table`, reads other actors' committed tables with
@@ -28,7 +29,13 @@ from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.dispatch import Dispatcher
 from barrierflow.channels.endpoints import Receiver
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.channels.messages import MESSAGE_EXPECTED, Committable, Message, Watermark
+from barrierflow.channels.messages import (
+    MESSAGE_EXPECTED,
+    MESSAGE_TYPES,
+    Committable,
+    Message,
+    Watermark,
+)
 from barrierflow.channels.outputs import Outputs
 from barrierflow.channels.select import BiasedSelect
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
@@ -85,6 +92,7 @@ class ActorContext:
         named_inputs: its inputs by name, for an actor with ``aligned_inputs = False``.
         vnode_bitmap: the vnodes it owns, if its input is hash-dispatched.
         adopted_positions: source positions adopted from a sink's storage at start.
+        side_outputs: the side outputs the actor may emit to (its factory's declaration).
 
     Raises:
         InvalidArgumentError: an argument of the wrong type (``actor_id`` not an int >= 0,
@@ -92,7 +100,8 @@ class ActorContext:
             ``output`` not a Dispatcher, Outputs or ``None``, ``store`` not a StateStore,
             ``manager`` not a BarrierManager, ``peers`` not a tuple of names holding ``name``,
             ``named_inputs`` not NamedInputs or ``None``, ``vnode_bitmap`` not a VnodeBitmap
-            or ``None``, ``adopted_positions`` not a mapping or ``None``).
+            or ``None``, ``adopted_positions`` not a mapping or ``None``, ``side_outputs``
+            not a tuple of side outputs' names).
     """
 
     def __init__(
@@ -109,6 +118,7 @@ class ActorContext:
         named_inputs: NamedInputs | None = None,
         vnode_bitmap: VnodeBitmap | None = None,
         adopted_positions: Mapping[str, int] | None = None,
+        side_outputs: tuple[str, ...] = (),
     ) -> None:
         group = (name,) if peers is None else peers
         for argument, value, ok in (
@@ -135,6 +145,12 @@ class ActorContext:
                 adopted_positions,
                 adopted_positions is None or isinstance(adopted_positions, Mapping),
             ),
+            (
+                "side_outputs",
+                side_outputs,
+                isinstance(side_outputs, tuple)
+                and all(isinstance(o, str) and o and ":" not in o for o in side_outputs),
+            ),
         ):
             if not ok:
                 raise InvalidArgumentError(argument, f"a valid {argument}", value)
@@ -152,6 +168,8 @@ class ActorContext:
         #: store with ``RuntimeConfig.adopt_sink_positions`` (empty otherwise; see
         #: :mod:`barrierflow.runtime.positions`).
         self.adopted_positions: dict[str, int] = dict(adopted_positions or {})
+        #: The side outputs this actor may emit to (``emit(chunk, output=...)``).
+        self.side_outputs: tuple[str, ...] = side_outputs
         self._named = named_inputs
         if isinstance(output, Dispatcher):
             # A bare dispatcher (tests, hand-built graphs): its outputs' actor ids are
@@ -389,23 +407,48 @@ class ActorContext:
 
     # Emitting.
 
-    async def emit(self, message: Message) -> None:
+    async def emit(self, message: Message, *, output: str | None = None) -> None:
         """Send ``message`` downstream; for a barrier, also seal state, apply the barrier's
         changes to the outputs, and report collection.
 
+        A chunk goes to the main output, or with ``output`` to one of the actor's declared
+        side outputs — to the downstream actors reading that output only (``"<actor>:<output>"``
+        in their inputs); with none, its rows are dropped. Either way its rows count in
+        ``rows_out``: they are what the actor emitted. Barriers and watermarks go to every
+        output, main and side (every reader sees every epoch); a committable follows the main
+        output.
+
         Raises:
             InvalidArgumentError: ``message`` is not a Message (Chunk, Barrier, Watermark or
-                Committable), even when the actor has no output.
+                Committable), or ``output`` is not ``None`` or a side output the actor
+                declares, or is given for a message that is not a chunk — even when the actor
+                has no output.
             BarrierNotPassedError: rows or a committable emitted before this actor passed its
                 first barrier.
         """
+        if output is not None and isinstance(message, MESSAGE_TYPES):
+            if not isinstance(message, Chunk):
+                raise InvalidArgumentError(
+                    "output",
+                    "None for a message that is not a chunk (barriers and watermarks go to "
+                    "every output, committables follow the main one)",
+                    output,
+                )
+            if not isinstance(output, str) or output not in self.side_outputs:
+                raise InvalidArgumentError(
+                    "output",
+                    f"None or a side output actor {self.name!r} declares {list(self.side_outputs)}",
+                    output,
+                )
         if isinstance(message, Barrier):
             await self._pass_barrier(message)
             return
         if isinstance(message, Chunk):
             if not self._barriers:
                 # Downstream would fail on rows before any barrier, and be blamed for it.
-                raise BarrierNotPassedError(self.name, "emitted rows")
+                raise BarrierNotPassedError(
+                    self.name, "emitted rows" if output is None else f"emitted rows to {output!r}"
+                )
             self._rows_out += message.cardinality
         elif isinstance(message, Committable):
             if not self._barriers:
@@ -413,9 +456,9 @@ class ActorContext:
                 raise BarrierNotPassedError(self.name, "emitted a committable")
         elif not isinstance(message, Watermark):
             raise InvalidArgumentError("message", MESSAGE_EXPECTED, type(message).__name__)
-        output = self._output if self._bare is None else self._outputs()
-        if output is not None:
-            await output.dispatch(message)
+        outputs = self._output if self._bare is None else self._outputs()
+        if outputs is not None:
+            await outputs.dispatch(message, output)
 
     async def _pass_barrier(self, barrier: Barrier) -> None:
         if barrier.kind is not BarrierKind.INITIAL:

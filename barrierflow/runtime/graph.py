@@ -4,6 +4,20 @@ Declared before the runtime starts, validated when it starts: every non-source a
 input, an edge is declared once, and the graph has no cycle. Each edge becomes a bounded
 channel; an actor with several inputs reads them through an aligned merge; an actor with
 several outputs writes them through its dispatcher (broadcast unless told otherwise).
+
+**Side outputs.** Besides its main output an actor may emit to side outputs its factory
+declares (a :class:`StreamActor` subclass's ``side_outputs``, an operator's: see
+:func:`~barrierflow.runtime.placement.declared_side_outputs`), with
+``await ctx.emit(chunk, output="late")``. A downstream reads one by naming it in its inputs as
+``"<actor>:<output>"`` (``inputs=["win:late"]``, in a mapping of named inputs, or with a
+parallel group's name, ``"agg:late"`` standing for each member's side output). An actor may
+read both the main and a side output of one upstream. So that the syntax is unambiguous, no
+actor's name holds a ``":"``. Everything is checked when the reader is declared: a side output
+the upstream's factory does not declare is refused, and so is any side output of an upstream
+whose factory declares nothing (a plain function or a lambda, whose actors' class is not known
+before it is called): declare ``side_outputs`` on the actor class and pass the class, or use
+an operator. A side-output edge is an edge like any other for the cycle check and
+:meth:`Graph.reaches`.
 """
 
 from __future__ import annotations
@@ -14,11 +28,13 @@ from typing import final
 
 import pyarrow as pa
 
+from barrierflow.channels._side_outputs import SEPARATOR
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.context import DEFAULT_JOB
 from barrierflow.runtime.errors import GraphError
+from barrierflow.runtime.placement import declared_side_outputs
 
-__all__ = ["DEFAULT_JOB", "Fanout", "Graph", "Node"]
+__all__ = ["DEFAULT_JOB", "Fanout", "Graph", "Node", "split_input"]
 
 
 @final
@@ -64,9 +80,15 @@ class Node:
 
     Attributes:
         actor_id: unique for the runtime's life (never reused after a job is dropped).
-        inputs: the upstream actors' names, in order.
+        inputs: the upstream actors' names, in order (an upstream whose main and side output
+            are both read appears twice).
         input_names: the actor's own name for each input (``inputs[i]`` is read as
-            ``input_names[i]``; the upstream's name unless the actor named it).
+            ``input_names[i]``; the upstream's name — ``"win:late"`` for a side output —
+            unless the actor named it).
+        input_outputs: the upstream's output each input reads (``None``: its main output,
+            else a side output's name).
+        side_outputs: the side outputs the actor's factory declares (``None``: it declares
+            nothing, being a plain function).
         job: the job the actor belongs to.
         group: the parallel group (all actors of one ``parallelism=N`` declaration), or
             ``None`` for an actor declared alone before start (those share their upstream's
@@ -86,6 +108,13 @@ class Node:
     group: str | None = None
     key: tuple[str, ...] | None = None
     schema: pa.Schema | None = None
+    input_outputs: list[str | None] = field(default_factory=list)
+    side_outputs: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.input_outputs) < len(self.inputs):
+            # Built with inputs only: every one reads its upstream's main output.
+            self.input_outputs += [None] * (len(self.inputs) - len(self.input_outputs))
 
 
 @final
@@ -114,6 +143,7 @@ class Graph:
         key: tuple[str, ...] | None = None,
         known: Mapping[str, Node] | None = None,
         schema: pa.Schema | None = None,
+        declared_by: object = None,
     ) -> Node:
         """Declare an actor from its factory (called at every (re)start of the graph).
 
@@ -121,14 +151,20 @@ class Graph:
         declaration leaves no trace and its name can be used again. ``inputs`` is a list or
         tuple of declared actors' names, or a mapping of the actor's own input name to an
         upstream actor (named inputs); a str is refused (it is a sequence of one-letter names).
+        An upstream is read as ``"<actor>:<output>"`` for one of its side outputs (see the
+        module).
 
         Args:
             known: actors that may be read besides this graph's (a job's upstreams in the
                 running graph).
             schema: the schema a source emits, if declared.
+            declared_by: the factory whose declaration (side outputs) counts, when ``actor``
+                wraps it (default: ``actor``).
 
         Raises:
-            GraphError: a bad or duplicate name; an actor instance or anything else that is not
+            GraphError: a bad or duplicate name, or one holding ``":"``; a side output the
+                upstream's factory does not declare, or one of an upstream whose factory
+                declares nothing; an actor instance or anything else that is not
                 a factory (an instance would be reused across restarts with its in-memory
                 state); ``source`` not a bool, ``fanout`` not a Fanout, ``schema`` not a
                 schema (or given for an actor that is not a source), ``inputs`` not a list,
@@ -137,6 +173,10 @@ class Graph:
         """
         if not isinstance(name, str) or not name:
             raise GraphError("name", "a non-empty str", name)
+        if SEPARATOR in name:
+            raise GraphError(
+                "name", "a name without ':' (it separates an actor and its side output)", name
+            )
         if name in self._nodes or (known is not None and name in known):
             raise GraphError("name", "a name not used by another actor", name)
         if isinstance(actor, StreamActor) or not callable(actor):
@@ -167,12 +207,22 @@ class Graph:
             raise GraphError("inputs", "no inputs for a source", names)
         readable = dict(known or {}) | self._nodes
         if not isinstance(candidate, Mapping):
-            # A parallel group's name in a list stands for every actor of the group.
-            names = [m for n in names for m in _members(n, readable)]
+            # A parallel group's name in a list stands for every actor of the group (and
+            # ``"group:late"`` for each one's side output).
+            names = [
+                _join(m, output)
+                for n in names
+                for upstream, output in [split_input(n)]
+                for m in _members(upstream, readable)
+            ]
             local = list(names)
-        for upstream in names:
+        reads: list[tuple[str, str | None]] = []
+        for ref in names:
+            upstream, output = split_input(ref)
             if not isinstance(upstream, str) or upstream not in readable:
-                raise GraphError("inputs", f"names of declared actors {list(readable)}", upstream)
+                raise GraphError("inputs", f"names of declared actors {list(readable)}", ref)
+            _check_side_output(readable[upstream], output, ref)
+            reads.append((upstream, output))
         if len(set(names)) != len(names):
             raise GraphError("inputs", "each input named once", names)
         # A new actor has no downstream yet, so its input edges cannot close a cycle.
@@ -183,12 +233,14 @@ class Graph:
             actor,
             source,
             fanout or Fanout(),
-            names,
+            [upstream for upstream, _ in reads],
             local,
             job,
             group,
             key,
             schema,
+            [output for _, output in reads],
+            declared_side_outputs(actor if declared_by is None else declared_by),
         )
         self._nodes[name] = node
         return node
@@ -199,27 +251,33 @@ class Graph:
             self._nodes.pop(name, None)
 
     def connect(self, upstream: str, downstream: str) -> None:
-        """Add the edge ``upstream → downstream``.
+        """Add the edge ``upstream → downstream`` (``upstream`` may be ``"<actor>:<output>"``
+        for a side output; the input is named as ``upstream`` is written).
 
         Raises:
-            GraphError: an unknown actor, an edge into a source, the edge exists already, or
-                it would close a cycle (refused here rather than when the runtime starts).
+            GraphError: an unknown actor or side output (as :meth:`add`), an edge into a
+                source, the edge exists already, or it would close a cycle (refused here
+                rather than when the runtime starts).
         """
-        for end in (upstream, downstream):
+        source, output = split_input(upstream)
+        for end in (source, downstream):
             if not isinstance(end, str) or end not in self._nodes:
                 raise GraphError("actor", f"one of {list(self._nodes)}", end)
+        assert isinstance(source, str)
+        _check_side_output(self._nodes[source], output, upstream)
         node = self._nodes[downstream]
         if node.is_source:
             raise GraphError("downstream", "an actor that is not a source", downstream)
-        if upstream in node.inputs:
+        if (source, output) in zip(node.inputs, node.input_outputs, strict=True):
             raise GraphError("edge", "each edge connected once", f"{upstream} -> {downstream}")
         if upstream in node.input_names:
             raise GraphError("edge", "an input name not in use", upstream)
-        path = self._path(downstream, upstream)
+        path = self._path(downstream, source)
         if path is not None:
             raise GraphError("graph", "no cycle", " -> ".join([upstream, *path]))
-        node.inputs.append(upstream)
+        node.inputs.append(source)
         node.input_names.append(upstream)
+        node.input_outputs.append(output)
 
     def _path(self, start: str, goal: str) -> list[str] | None:
         """A path of edges from ``start`` to ``goal`` (``[start, ..., goal]``), or ``None``."""
@@ -239,7 +297,7 @@ class Graph:
         return upstream != downstream and self._path(upstream, downstream) is not None
 
     def downstream_of(self, name: str) -> list[str]:
-        """The actors reading ``name``'s output, in declaration order."""
+        """The actors reading ``name``'s main or side outputs, in declaration order."""
         return [n.name for n in self._nodes.values() if name in n.inputs]
 
     def validate(self) -> None:
@@ -281,3 +339,44 @@ def _members(name: object, readable: Mapping[str, Node]) -> list[object]:
         key=lambda node: node.actor_id,
     )
     return [node.name for node in members] or [name]
+
+
+def split_input(ref: object) -> tuple[object, str | None]:
+    """``"<actor>:<output>"`` as ``(actor, output)``; a plain name reads the main output
+    (``None``). Anything but a str is returned as is, for the caller to refuse."""
+    if not isinstance(ref, str):
+        return ref, None
+    upstream, separator, output = ref.partition(SEPARATOR)
+    return upstream, output if separator else None
+
+
+def _join(upstream: object, output: str | None) -> object:
+    """The reference to ``upstream``'s ``output`` (the inverse of :func:`split_input`)."""
+    return upstream if output is None else f"{upstream}{SEPARATOR}{output}"
+
+
+def _check_side_output(upstream: Node, output: str | None, ref: object) -> None:
+    """Refuse reading ``output`` of ``upstream`` unless its factory declares it (``ref`` is
+    the input as written).
+
+    Raises:
+        GraphError: ``output`` is empty or holds ``":"``, ``upstream``'s factory declares no
+            side output at all (it is a plain function), or not this one.
+    """
+    if output is None:
+        return
+    declared = upstream.side_outputs
+    if not output or SEPARATOR in output:
+        raise GraphError("inputs", "'<actor>:<output>' naming one side output", ref)
+    if declared is None:
+        raise GraphError(
+            "inputs",
+            f"a side output of an actor whose factory declares it ({upstream.name!r} is made "
+            "by a plain function: declare side_outputs on the actor class and pass the class, "
+            "or use an operator)",
+            ref,
+        )
+    if output not in declared:
+        raise GraphError(
+            "inputs", f"a side output {upstream.name!r} declares {list(declared)}", ref
+        )
