@@ -106,6 +106,8 @@ if _typing.TYPE_CHECKING:
     from barrierflow.connectors.errors import SplitLogUnavailableError as SplitLogUnavailableError
     from barrierflow.connectors.errors import StagedEpochMismatchError as StagedEpochMismatchError
     from barrierflow.connectors.errors import StagedPathError as StagedPathError
+    from barrierflow.operators.errors import AsyncCallFailedError as AsyncCallFailedError
+    from barrierflow.operators.errors import ChangelogInputError as ChangelogInputError
     from barrierflow.runtime.errors import ActorError as ActorError
     from barrierflow.runtime.errors import ActorFailedError as ActorFailedError
     from barrierflow.runtime.errors import ActorGoneError as ActorGoneError
@@ -149,6 +151,8 @@ if _typing.TYPE_CHECKING:
 #: (``tests/test_layout.py`` checks that the two agree).
 _DEFINED_IN: dict[str, str] = {
     "MissingExtraError": "barrierflow._extras",
+    "AsyncCallFailedError": "barrierflow.operators.errors",
+    "ChangelogInputError": "barrierflow.operators.errors",
     "RemovedNameError": "barrierflow.channels.errors",
     "NotAMaterializedViewError": "barrierflow.actors.backfill.errors",
     "SnapshotBackfillStateError": "barrierflow.actors.backfill.errors",

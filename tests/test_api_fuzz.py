@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 import barrierflow.actors as actors_package
 import barrierflow.channels as channels
 import barrierflow.connectors as connectors_package
+import barrierflow.operators as operators_package
 import barrierflow.runtime as runtime
 import barrierflow.spark_bridge as spark_package
 import barrierflow.testing as testing_package
@@ -378,6 +379,8 @@ EXEMPT = {
     "ChannelStatistics", "ActorStats", "RuntimeStats", "JobStats", "JobProgress",
     # Handles the runtime gives out (add_job / rt.job): nothing for a user to construct.
     "JobHandle",
+    # An enum: its values are fixed.
+    "Placement",
 }  # fmt: skip
 
 
@@ -531,7 +534,13 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
         rt.add_source("src", schema=ROWS)
         return add_sink(rt, **kwargs)
 
+    def double(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return batch
+
     return {
+        "map_batches": (operators_package.map_batches, {"fn": double, "schema": ROWS}),
+        "filter_rows": (operators_package.filter_rows, {"predicate": double}),
+        "Stream": (operators_package.Stream, {"target": blocking.runtime, "name": "src"}),
         "BatchFeed": (
             BatchFeed,
             {"schema": ROWS, "chunk_rows": 10, "capacity": 2, "first_batch_id": 0, "retries": 1},
@@ -733,6 +742,9 @@ CONSTRUCTOR_EXEMPT = {
     "PostgresTable",  # connects once its arguments pass: test_postgres_table_refuses_... below
     "SparkReader", "read_spark", "spark_session", "arrow_schema_of",  # need Spark:
     # tests/test_spark_bridge.py
+    # Declarations the operator factories and Stream.key_by build (their arguments are
+    # checked there).
+    "Operator", "KeyedStream",
     # Functions of the testing kit that run a whole conformance suite or a script.
     "check_table", "check_split_reader", "check_stream_actor", "drain", "play",
     "rows_per_epoch",
@@ -740,7 +752,13 @@ CONSTRUCTOR_EXEMPT = {
 
 #: The packages whose constructors the rule covers (``barrierflow.actors`` is the one home of
 #: its subpackages' public names: ``tests/test_public_api.py``).
-CONSTRUCTOR_PACKAGES = (actors_package, testing_package, spark_package, connectors_package)
+CONSTRUCTOR_PACKAGES = (
+    actors_package,
+    operators_package,
+    testing_package,
+    spark_package,
+    connectors_package,
+)
 
 
 def test_every_exemption_names_a_public_name() -> None:

@@ -28,9 +28,10 @@ PACKAGE = "barrierflow"
 #: The library's layers, each allowed to import only what comes before it (and the root
 #: helpers); ``app`` (the product) may import them all, and none of them imports ``app``.
 FORBIDDEN = {
-    "channels": {"runtime", "actors", "connectors", "spark_bridge", "testing", "app"},
-    "runtime": {"actors", "connectors", "spark_bridge", "testing", "app"},
-    "actors": {"connectors", "spark_bridge", "testing", "app"},
+    "channels": {"runtime", "actors", "operators", "connectors", "spark_bridge", "testing", "app"},
+    "runtime": {"actors", "operators", "connectors", "spark_bridge", "testing", "app"},
+    "actors": {"operators", "connectors", "spark_bridge", "testing", "app"},
+    "operators": {"connectors", "spark_bridge", "testing", "app"},
     "connectors": {"spark_bridge", "testing", "app"},
     "spark_bridge": {"testing", "app"},
     "testing": {"app"},
@@ -172,7 +173,7 @@ def _layer(module: str) -> str | None:
 
 
 def test_layers_point_one_way() -> None:
-    """channels ← runtime ← actors ← connectors ← spark_bridge ← testing ← app: a layer
+    """channels ← runtime ← actors ← operators ← connectors ← spark_bridge ← testing ← app: a layer
     imports only the layers before it, and no library module imports the product (``app``)
     or the error hub."""
     wrong: list[str] = []

@@ -28,6 +28,7 @@ PUBLIC_PACKAGES = (
     "barrierflow.actors.sinks.coordinator",
     "barrierflow.actors.sources",
     "barrierflow.actors.backfill",
+    "barrierflow.operators",
     "barrierflow.connectors",
     "barrierflow.spark_bridge",
     "barrierflow.testing",
@@ -35,8 +36,9 @@ PUBLIC_PACKAGES = (
     "barrierflow.errors",
 )
 
-#: The issue's target for a surface one can learn.
-MAX_NAMES_BESIDES_ERRORS = 120
+#: The target for a surface one can learn: 120 when issue 35 set it, raised by 15 for the
+#: operators layer of issue 36 (the factories a user calls by name, and the fluent stream).
+MAX_NAMES_BESIDES_ERRORS = 135
 
 API_FILE = Path(__file__).resolve().parent / "public_api.txt"
 
@@ -97,7 +99,7 @@ def test_the_errors_are_exported_from_the_error_hub_only() -> None:
             assert name in errors, f"{dotted} is an error: export it from barrierflow.errors"
 
 
-def test_at_most_120_public_names_besides_errors() -> None:
+def test_at_most_135_public_names_besides_errors() -> None:
     errors = set(barrierflow.errors.__all__)
     others = sorted(d for d in _exported() if d.rpartition(".")[2] not in errors)
     assert len(others) <= MAX_NAMES_BESIDES_ERRORS, (

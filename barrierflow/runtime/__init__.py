@@ -24,6 +24,7 @@ from barrierflow.runtime.job import JobHandle as JobHandle
 from barrierflow.runtime.job import JobStats as JobStats
 from barrierflow.runtime.job_catalog import stored_jobs as stored_jobs
 from barrierflow.runtime.logging import configure_logging as configure_logging
+from barrierflow.runtime.placement import Placement as Placement
 from barrierflow.runtime.progress import JobProgress as JobProgress
 from barrierflow.runtime.progress import Progress as Progress
 from barrierflow.runtime.runtime import Runtime as Runtime
@@ -45,6 +46,7 @@ __all__ = [
     "JobHandle",
     "JobProgress",
     "JobStats",
+    "Placement",
     "Progress",
     "Runtime",
     "RuntimeConfig",

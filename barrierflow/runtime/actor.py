@@ -47,6 +47,8 @@ class StreamActor:
       (see :mod:`barrierflow.runtime.placement`). A global actor runs as one instance;
       declare ``PARTITION_LOCAL`` (any instance takes any row) or ``KEYED`` (rows by key) to
       run several.
+    * ``key`` (default ``None``): the columns a ``KEYED`` actor's state is keyed by; its
+      parallel instances are hash-dispatched by them unless ``add_actor`` names a key.
     * ``side_outputs`` (default none): names of outputs besides the main one that the actor
       emits rows to with ``ctx.emit(chunk, output=name)`` (late rows, dead letters); a
       downstream reads one as ``"actor:name"``.
@@ -55,6 +57,7 @@ class StreamActor:
     aligned_inputs: ClassVar[bool] = True
     backfills: ClassVar[bool] = False
     placement: ClassVar[Placement] = Placement.GLOBAL
+    key: ClassVar[tuple[str, ...] | None] = None
     side_outputs: ClassVar[tuple[str, ...]] = ()
 
     async def restore(self, ctx: ActorContext) -> None:

@@ -28,6 +28,7 @@ from barrierflow.channels.messages import Message
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.errors import GraphError
 from barrierflow.runtime.graph import Fanout
+from barrierflow.runtime.placement import Placement, declared_key, declared_placement
 from barrierflow.runtime.progress import JobProgress, Progress
 from barrierflow.runtime.service import Service
 
@@ -123,7 +124,7 @@ def check_declaration(
     if parallelism is not None and (type(parallelism) is not int or not 1 <= parallelism <= 1024):
         raise GraphError("parallelism", "None or an int in 1..1024", parallelism)
     if key is None:
-        return parallelism, None
+        return parallelism, _placed_key(name, factory, parallelism, given=False)
     if parallelism is None:
         raise GraphError("key", "key columns only with parallelism=N", key)
     if (
@@ -132,7 +133,46 @@ def check_declaration(
         or not all(isinstance(c, str) and c for c in key)
     ):
         raise GraphError("key", "a non-empty list or tuple of column names", key)
+    declared = _placed_key(name, factory, parallelism, given=True)
+    if declared is not None and not set(key) <= set(declared):
+        # Rows of one key of the operator's would reach several instances.
+        raise GraphError(
+            "key", f"columns of {name!r}'s key {list(declared)} (rows of a key to one actor)", key
+        )
     return parallelism, tuple(key)
+
+
+def _placed_key(
+    name: str, factory: object, parallelism: int | None, *, given: bool
+) -> tuple[str, ...] | None:
+    """The hash key a parallel declaration gets from what ``factory`` declares (see
+    :mod:`barrierflow.runtime.placement`): none for a partition-local actor (round robin), the
+    operator's key for a keyed one; a global actor is refused in parallel.
+
+    Raises:
+        GraphError: a global actor, or a keyed one that names no key (neither declared nor
+            ``given`` to ``add_actor``), with ``parallelism`` > 1.
+    """
+    placement = declared_placement(factory)
+    if parallelism is None or placement is None:
+        return None
+    if placement is Placement.GLOBAL and parallelism > 1:
+        raise GraphError(
+            "parallelism",
+            f"1 for {name!r}: a global actor sees the whole stream (declare placement = "
+            "Placement.PARTITION_LOCAL or KEYED on its class to run several)",
+            parallelism,
+        )
+    if placement is Placement.KEYED:
+        key = declared_key(factory)
+        if key is None and parallelism > 1 and not given:
+            raise GraphError(
+                "key",
+                f"the key columns of keyed actor {name!r} (key=[...]), for parallelism > 1",
+                None,
+            )
+        return key
+    return None
 
 
 @final
@@ -237,7 +277,10 @@ class Job:
 
         Args:
             actor: a factory, called at every (re)start (``factory(i)`` with the index in
-                0..N-1 when ``parallelism`` is given).
+                0..N-1 when ``parallelism`` is given; a StreamActor class is called without
+                it). What the factory declares (:mod:`barrierflow.runtime.placement`) is
+                checked here: a global actor runs as one instance, a keyed one is
+                hash-dispatched by its own key unless ``key`` names a subset of it.
             inputs: upstream actor names (of this job, or of a running one; in a list, the
                 name of a parallel group stands for all its actors), or a mapping of the
                 actor's own input name to an upstream actor.

@@ -23,12 +23,7 @@ and ``key`` as given) and counts as global wherever a placement is needed.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
-
-from barrierflow.channels._enum import TypedEnumType
-
-if TYPE_CHECKING:
-    from barrierflow.runtime.actor import StreamActor
+from typing import Protocol, runtime_checkable
 
 __all__ = [
     "DeclaresPlacement",
@@ -39,7 +34,7 @@ __all__ = [
 ]
 
 
-class Placement(enum.StrEnum, metaclass=TypedEnumType):
+class Placement(enum.StrEnum):
     """What an actor needs of the rows it is given (see the module)."""
 
     PARTITION_LOCAL = "partition_local"
@@ -49,7 +44,8 @@ class Placement(enum.StrEnum, metaclass=TypedEnumType):
 
 @runtime_checkable
 class DeclaresPlacement(Protocol):
-    """A factory that says what its actors need: an operator (:mod:`barrierflow.operators`)."""
+    """A factory that says what its actors need: an operator (:mod:`barrierflow.operators`),
+    or a :class:`~barrierflow.runtime.actor.StreamActor` class (its class attributes)."""
 
     #: What the actors need of their rows.
     placement: Placement
@@ -59,21 +55,9 @@ class DeclaresPlacement(Protocol):
     side_outputs: tuple[str, ...]
 
 
-def _actor_class(factory: object) -> type[StreamActor] | None:
-    from barrierflow.runtime.actor import StreamActor
-
-    if isinstance(factory, type) and issubclass(factory, StreamActor):
-        return factory
-    return None
-
-
 def declared_placement(factory: object) -> Placement | None:
-    """The placement ``factory`` declares: a :class:`StreamActor` subclass's ``placement``, an
-    operator's (any factory with a ``placement`` that is a :class:`Placement`), else ``None``
-    (a plain callable declares nothing)."""
-    cls = _actor_class(factory)
-    if cls is not None:
-        return cls.placement
+    """The placement ``factory`` declares (a :class:`StreamActor` subclass's ``placement``,
+    an operator's), else ``None``: a plain callable declares nothing."""
     return factory.placement if isinstance(factory, DeclaresPlacement) else None
 
 
@@ -85,7 +69,4 @@ def declared_key(factory: object) -> tuple[str, ...] | None:
 def declared_side_outputs(factory: object) -> tuple[str, ...] | None:
     """The side outputs ``factory`` declares (a :class:`StreamActor` subclass's or an
     operator's ``side_outputs``), else ``None`` (declares nothing)."""
-    cls = _actor_class(factory)
-    if cls is not None:
-        return cls.side_outputs
     return factory.side_outputs if isinstance(factory, DeclaresPlacement) else None

@@ -30,6 +30,7 @@ from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.messages import Message
 from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.placement import Placement
 from barrierflow.runtime.state.versioned_checks import check_options
 from barrierflow.runtime.state.versioned_table import VersionedTable
 
@@ -57,6 +58,9 @@ class Materialize(StreamActor):
             or a ``compact_after`` that is not an int in 1..32768 (all checked here, as the
             view's table checks them when the actor starts).
     """
+
+    #: Rows by key: parallel instances are hash-dispatched by the key add_actor names.
+    placement = Placement.KEYED
 
     def __init__(
         self,

@@ -72,6 +72,7 @@ from barrierflow.channels.messages import Committable, Message
 from barrierflow.channels.mutation import check_rate
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.inputs import Messages
+from barrierflow.runtime.placement import Placement
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.startup import StartupContext
 from barrierflow.runtime.state.state_store import StateTable
@@ -98,6 +99,9 @@ class SnapshotBackfill(StreamActor):
     Raises:
         InvalidArgumentError: a bad argument.
     """
+
+    #: Rows by key: parallel instances are hash-dispatched by the key add_actor names.
+    placement = Placement.KEYED
 
     backfills = True
 

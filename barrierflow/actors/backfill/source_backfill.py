@@ -98,6 +98,7 @@ from barrierflow.channels.vnode import compute_vnodes
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.errors import GraphError
 from barrierflow.runtime.metrics import MetricFamily
+from barrierflow.runtime.placement import Placement
 from barrierflow.runtime.startup import StartupContext
 from barrierflow.runtime.state.state_store import StateTable
 
@@ -127,6 +128,9 @@ class SourceBackfill(StreamActor):
     Raises:
         InvalidArgumentError: a bad argument.
     """
+
+    #: Rows by key: parallel instances are hash-dispatched by the key add_actor names.
+    placement = Placement.KEYED
 
     aligned_inputs = False
     backfills = True

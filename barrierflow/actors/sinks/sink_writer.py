@@ -82,6 +82,7 @@ from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.metrics import MetricFamily
+from barrierflow.runtime.placement import Placement
 from barrierflow.runtime.startup import EmptyStore, StartupContext
 
 __all__ = ["SinkWriter"]
@@ -107,6 +108,9 @@ class SinkWriter(StreamActor):
             ``flush_interval`` not a positive finite number; ``capacity`` not an int >= 1
             (checked here, not when the graph starts the sink task).
     """
+
+    #: A writer takes any row; a key (add_sink's) only spreads them.
+    placement = Placement.PARTITION_LOCAL
 
     # An incarnation's state, set by run() (read only while it runs).
     _open: int | None  # the open sink epoch

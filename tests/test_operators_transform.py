@@ -1,0 +1,241 @@
+"""map_batches and filter_rows: vectorized, ops kept row for row, a filter is a mask (never a
+copy), a row-count change refused on a changelog, and the same rows with crashes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from barrierflow.channels import Barrier, Chunk, Message, Op
+from barrierflow.errors import (
+    ActorFailedError,
+    ChangelogInputError,
+    InvalidArgumentError,
+    SchemaMismatchError,
+)
+from barrierflow.operators import filter_rows, map_batches
+from barrierflow.runtime import ActorContext, Placement, Runtime, RuntimeConfig, StreamActor
+from barrierflow.testing.actor_conformance import check_stream_actor
+
+pytestmark = pytest.mark.anyio
+
+SCHEMA = pa.schema([("user", pa.int64()), ("clicks", pa.int64())])
+
+
+class Collect(StreamActor):
+    """Keeps every message it reads (a class-level list, cleared by each test)."""
+
+    seen: ClassVar[list[Message]] = []
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        Collect.seen.append(message)
+        await ctx.emit(message)
+
+
+def _chunks() -> list[Chunk]:
+    return [m for m in Collect.seen if isinstance(m, Chunk)]
+
+
+async def _run(tmp_path: Path, operator: Any, *chunks: Chunk) -> list[Chunk]:
+    Collect.seen = []
+    rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db")))
+    rt.add_source("events")
+    rt.add_actor("op", operator, inputs=["events"])
+    rt.add_actor("collect", Collect, inputs=["op"])
+    async with rt:
+        for chunk in chunks:
+            await rt.push("events", chunk)
+        await rt.checkpoint()
+    return _chunks()
+
+
+def _batch(users: list[int], clicks: list[int]) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(users, pa.int64()), pa.array(clicks, pa.int64())], SCHEMA)
+
+
+def _double(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return pa.record_batch([batch["user"], pc.multiply(batch["clicks"], 2)], schema=SCHEMA)
+
+
+async def test_a_row_for_row_map_keeps_the_ops(tmp_path: Path) -> None:
+    ops = [Op.INSERT, Op.UPDATE_DELETE, Op.UPDATE_INSERT, Op.DELETE]
+    [out] = await _run(
+        tmp_path, map_batches(_double), Chunk(_batch([1, 2, 2, 3], [1, 2, 3, 4]), ops)
+    )
+    assert out.batch.column("clicks").to_pylist() == [2, 4, 6, 8]
+    assert out.ops_numpy().tolist() == [int(o) for o in ops]
+
+
+async def test_a_map_sees_only_the_visible_rows(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    def record(batch: pa.RecordBatch) -> pa.RecordBatch:
+        seen.extend(batch["user"].to_pylist())
+        return batch
+
+    chunk = Chunk(
+        _batch([1, 2, 3], [1, 2, 3]), [Op.INSERT, Op.DELETE, Op.INSERT], [True, False, True]
+    )
+    [out] = await _run(tmp_path, map_batches(record), chunk)
+    assert seen == [1, 3]
+    assert out.ops_numpy().tolist() == [Op.INSERT, Op.INSERT]
+    assert out.visibility is None
+
+
+async def test_a_map_that_changes_the_row_count_makes_inserts(tmp_path: Path) -> None:
+    def explode(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return pa.Table.from_batches([batch, batch]).combine_chunks().to_batches()[0]
+
+    [out] = await _run(tmp_path, map_batches(explode), Chunk(_batch([1, 2], [1, 2]), [0, 0]))
+    assert out.num_rows == 4
+    assert out.ops is None
+
+
+async def test_a_map_that_changes_the_row_count_of_a_changelog_is_refused(
+    tmp_path: Path,
+) -> None:
+    def first_row(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return batch.slice(0, 1)
+
+    with pytest.raises(ActorFailedError) as caught:
+        await _run(tmp_path, map_batches(first_row), Chunk(_batch([1, 2], [1, 2]), [0, Op.DELETE]))
+    cause = caught.value.cause
+    assert isinstance(cause, ChangelogInputError)
+    assert (cause.actor, cause.operator) == ("op", "map_batches")
+    assert "1 rows for 2 rows" in str(cause)
+
+
+async def test_a_map_result_of_another_schema_fails_naming_both(tmp_path: Path) -> None:
+    other = pa.schema([("user", pa.int64())])
+
+    def narrow(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return pa.record_batch([batch["user"]], schema=other)
+
+    with pytest.raises(ActorFailedError) as caught:
+        await _run(tmp_path, map_batches(narrow, schema=SCHEMA), Chunk(_batch([1], [1])))
+    assert isinstance(caught.value.cause, SchemaMismatchError)
+
+
+async def test_a_map_result_that_is_not_a_batch_fails(tmp_path: Path) -> None:
+    with pytest.raises(ActorFailedError) as caught:
+        await _run(tmp_path, map_batches(lambda b: b.to_pydict()), Chunk(_batch([1], [1])))
+    assert isinstance(caught.value.cause, InvalidArgumentError)
+    assert "fn's result" in str(caught.value.cause)
+
+
+async def test_a_filter_is_a_new_mask_over_the_same_buffers(tmp_path: Path) -> None:
+    batch = _batch([1, 2, 3, 4], [0, 5, 0, 7])
+    chunk = Chunk(batch, [0, 0, Op.DELETE, 0], [True, True, True, False])
+    [out] = await _run(tmp_path, filter_rows(pc.field("clicks") > 0), chunk)
+    assert out.batch.column(0).buffers()[1].address == batch.column(0).buffers()[1].address
+    # Row 4 stays hidden: the input's mask is ANDed, not replaced.
+    assert out.visibility is not None
+    assert out.visibility.to_pylist() == [False, True, False, False]
+    assert out.ops_numpy().tolist() == [0, 0, Op.DELETE, 0]
+
+
+async def test_a_filter_function_mask_and_nulls_drop_rows(tmp_path: Path) -> None:
+    def mask(batch: pa.RecordBatch) -> pa.Array:
+        return pa.array([True, None, False])
+
+    [out] = await _run(tmp_path, filter_rows(mask), Chunk(_batch([1, 2, 3], [1, 2, 3])))
+    assert out.visibility is not None
+    assert out.visibility.to_pylist() == [True, False, False]
+
+
+async def test_a_filter_numpy_mask(tmp_path: Path) -> None:
+    def mask(batch: pa.RecordBatch) -> np.ndarray:
+        mask: np.ndarray = batch["clicks"].to_numpy() > 1
+        return mask
+
+    [out] = await _run(tmp_path, filter_rows(mask), Chunk(_batch([1, 2, 3], [1, 2, 3])))
+    assert out.compact().batch["user"].to_pylist() == [2, 3]
+
+
+@pytest.mark.parametrize("bad", [pa.array([1, 0, 1]), pa.array([True]), "yes"])
+async def test_a_filter_result_that_is_not_a_mask_fails(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ActorFailedError) as caught:
+        await _run(tmp_path, filter_rows(lambda b: bad), Chunk(_batch([1, 2, 3], [1, 2, 3])))
+    assert isinstance(caught.value.cause, InvalidArgumentError)
+    assert "a boolean mask of 3 entries" in str(caught.value.cause)
+
+
+async def test_barriers_pass_in_order_around_the_rows(tmp_path: Path) -> None:
+    await _run(tmp_path, filter_rows(pc.field("clicks") > 0), Chunk(_batch([1], [1])))
+    kinds = [type(m).__name__ for m in Collect.seen]
+    first_chunk = kinds.index("Chunk")
+    assert kinds[0] == "Barrier"
+    assert "Barrier" in kinds[first_chunk:]
+    assert all(isinstance(m, Barrier | Chunk) for m in Collect.seen)
+
+
+def test_bad_arguments_are_refused_when_called() -> None:
+    with pytest.raises(InvalidArgumentError, match="fn"):
+        map_batches(3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="schema"):
+        map_batches(_double, schema="x")
+    with pytest.raises(InvalidArgumentError, match="predicate"):
+        filter_rows("clicks > 0")
+
+
+def test_both_are_partition_local_and_make_a_fresh_actor_each_call() -> None:
+    for operator in (map_batches(_double), filter_rows(pc.field("clicks") > 0)):
+        assert operator.placement is Placement.PARTITION_LOCAL
+        assert operator.key is None
+        assert operator.side_outputs == ()
+        assert operator() is not operator(1)
+
+
+_rows = st.lists(st.tuples(st.integers(0, 5), st.integers(-3, 3)), min_size=1, max_size=8)
+_settings = settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@_settings
+@given(batches=st.lists(_rows, min_size=1, max_size=5))
+async def test_map_then_filter_equals_a_plain_python_reference(
+    tmp_path_factory: pytest.TempPathFactory, batches: list[list[tuple[int, int]]]
+) -> None:
+    Collect.seen = []
+    rt = Runtime(RuntimeConfig(state_path=str(tmp_path_factory.mktemp("s") / "state.db")))
+    rt.add_source("events")
+    rt.add_actor("double", map_batches(_double), inputs=["events"])
+    rt.add_actor("positive", filter_rows(pc.field("clicks") > 0), inputs=["double"])
+    rt.add_actor("collect", Collect, inputs=["positive"])
+    async with rt:
+        for rows in batches:
+            await rt.push("events", Chunk(_batch([u for u, _ in rows], [c for _, c in rows])))
+        await rt.checkpoint()
+    got = [
+        row
+        for chunk in _chunks()
+        for row in zip(*chunk.compact().batch.to_pydict().values(), strict=True)
+    ]
+    expected = [(u, 2 * c) for rows in batches for u, c in rows if 2 * c > 0]
+    assert got == expected
+
+
+@_settings
+@given(batches=st.lists(_rows, min_size=1, max_size=6), seed=st.integers(0, 1000))
+async def test_map_and_filter_commit_the_same_rows_with_crashes(
+    tmp_path_factory: pytest.TempPathFactory, batches: list[list[tuple[int, int]]], seed: int
+) -> None:
+    chunks = [Chunk(_batch([u for u, _ in rows], [c for _, c in rows])) for rows in batches]
+    for operator in (map_batches(_double), filter_rows(pc.field("clicks") > 0)):
+        report = await check_stream_actor(
+            operator,
+            chunks,
+            output=SCHEMA,
+            state_dir=tmp_path_factory.mktemp("conformance"),
+            crashes=2,
+            seed=seed,
+        )
+        report.raise_for_failures()
