@@ -108,6 +108,7 @@ if _typing.TYPE_CHECKING:
     from barrierflow.connectors.errors import StagedPathError as StagedPathError
     from barrierflow.operators.errors import AsyncCallFailedError as AsyncCallFailedError
     from barrierflow.operators.errors import ChangelogInputError as ChangelogInputError
+    from barrierflow.operators.errors import KeyedStateOrphanedError as KeyedStateOrphanedError
     from barrierflow.runtime.errors import ActorError as ActorError
     from barrierflow.runtime.errors import ActorFailedError as ActorFailedError
     from barrierflow.runtime.errors import ActorGoneError as ActorGoneError
@@ -153,6 +154,7 @@ _DEFINED_IN: dict[str, str] = {
     "MissingExtraError": "barrierflow._extras",
     "AsyncCallFailedError": "barrierflow.operators.errors",
     "ChangelogInputError": "barrierflow.operators.errors",
+    "KeyedStateOrphanedError": "barrierflow.operators.errors",
     "RemovedNameError": "barrierflow.channels.errors",
     "NotAMaterializedViewError": "barrierflow.actors.backfill.errors",
     "SnapshotBackfillStateError": "barrierflow.actors.backfill.errors",

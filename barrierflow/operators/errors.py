@@ -9,7 +9,7 @@ from typing import final
 
 from barrierflow.channels.errors import BarrierflowError, InvalidArgumentError
 
-__all__ = ["AsyncCallFailedError", "ChangelogInputError"]
+__all__ = ["AsyncCallFailedError", "ChangelogInputError", "KeyedStateOrphanedError"]
 
 
 @final
@@ -52,3 +52,34 @@ class AsyncCallFailedError(BarrierflowError):
         self.key = key
         self.attempts = attempts
         self.cause = cause
+
+
+@final
+class KeyedStateOrphanedError(BarrierflowError):
+    """A keyed operator restarted with fewer instances than its state was written by: rows of
+    some vnodes live in the table of an instance that is no longer in the group, which nobody
+    reads (refused, rather than starting those keys from nothing).
+
+    Restart with the earlier parallelism (or more), or rescale live (an ``Update`` of the
+    vnode bitmaps moves the rows) before lowering it.
+
+    Attributes:
+        actor: the instance that found it.
+        owner: the instance that is gone, whose table holds the rows.
+        vnodes: the vnodes it holds rows of.
+        group: the group's instances now.
+    """
+
+    def __init__(
+        self, actor: str, owner: str, vnodes: tuple[int, ...], group: tuple[str, ...]
+    ) -> None:
+        shown = list(vnodes) if len(vnodes) <= 8 else [*vnodes[:6], "...", vnodes[-1]]
+        super().__init__(
+            f"keyed state of {actor!r}: {owner!r} holds the rows of {len(vnodes)} vnode(s) "
+            f"{shown}, and is not in the group {list(group)} any more; restart with its "
+            f"parallelism, or move its vnodes live first"
+        )
+        self.actor = actor
+        self.owner = owner
+        self.vnodes = vnodes
+        self.group = group
