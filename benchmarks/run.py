@@ -14,6 +14,7 @@ from benchmarks.coordinator import BENCHMARKS as COORDINATOR_BENCHMARKS
 from benchmarks.harness import Settings
 from benchmarks.jobs import BENCHMARKS as JOB_BENCHMARKS
 from benchmarks.metrics import BENCHMARKS as METRICS_BENCHMARKS
+from benchmarks.operators import BENCHMARKS as OPERATOR_BENCHMARKS
 from benchmarks.runtime import BENCHMARKS as RUNTIME_BENCHMARKS
 from benchmarks.sinks import BENCHMARKS as SINK_BENCHMARKS
 from benchmarks.sources import BENCHMARKS as SOURCE_BENCHMARKS
@@ -30,6 +31,7 @@ BENCHMARKS = {
     **VIEW_BENCHMARKS,
     **SPARK_BRIDGE_BENCHMARKS,
     **METRICS_BENCHMARKS,
+    **OPERATOR_BENCHMARKS,
 }
 
 __all__ = ["BENCHMARKS", "main", "run_benchmarks"]
