@@ -1,0 +1,115 @@
+"""The fluent Stream: each step declares one operator on a runtime or a job, names are
+deterministic, and what it declares runs like the same add_actor calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from barrierflow.channels import Chunk, Message
+from barrierflow.errors import GraphError, InvalidArgumentError
+from barrierflow.operators import Stream
+from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
+
+pytestmark = pytest.mark.anyio
+
+SCHEMA = pa.schema([("user", pa.int64()), ("clicks", pa.int64())])
+
+
+class Keep(StreamActor):
+    rows: ClassVar[list[tuple[int, int]]] = []
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk):
+            batch = message.compact().batch
+            users, clicks = batch["user"].to_pylist(), batch["clicks"].to_pylist()
+            Keep.rows += list(zip(users, clicks, strict=True))
+        await ctx.emit(message)
+
+
+def _double(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return pa.record_batch([batch["user"], pc.multiply(batch["clicks"], 2)], schema=SCHEMA)
+
+
+def _runtime(tmp_path: Path) -> Runtime:
+    rt = Runtime(RuntimeConfig(str(tmp_path / "state.db")))
+    rt.add_source("events")
+    return rt
+
+
+async def test_a_chain_of_steps_runs_as_declared(tmp_path: Path) -> None:
+    Keep.rows = []
+    rt = _runtime(tmp_path)
+    out = (
+        Stream(rt, "events").map_batches(_double).filter(pc.field("clicks") > 2).apply("keep", Keep)
+    )
+    assert out.name == "keep"
+    async with rt:
+        await rt.push("events", Chunk.from_pydict({"user": [1, 2, 3], "clicks": [1, 2, 3]}, SCHEMA))
+        await rt.checkpoint()
+    assert Keep.rows == [(2, 4), (3, 6)]
+
+
+def test_steps_are_named_after_their_upstream_and_kind(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path)
+    events = Stream(rt, "events")
+    first = events.map_batches(_double)
+    second = events.map_batches(_double)
+    assert (first.name, second.name) == ("events.map_batches", "events.map_batches_2")
+    assert first.filter(pc.field("clicks") > 0).name == "events.map_batches.filter"
+    assert events.filter(pc.field("clicks") > 0, name="positive").name == "positive"
+    assert rt.name_in_use("positive")
+
+
+def test_a_job_is_a_target_too() -> None:
+    job = Job("j")
+    job.add_source("events")
+    Stream(job, "events").map_batches(_double, name="double", parallelism=2)
+    assert job.actor_names()[-2:] == ["double.0", "double.1"]
+
+
+def test_a_side_output_is_a_stream_of_its_own(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path)
+    step = Stream(rt, "events").map_batches(_double)
+    late = step.side("late")
+    assert late.name == "events.map_batches:late"
+    # map_batches declares no side output "late": reading it is refused at declaration.
+    with pytest.raises(GraphError):
+        late.filter(pc.field("clicks") > 0)
+    with pytest.raises(InvalidArgumentError):
+        late.side("again")
+    for bad in ("", "a:b", 3):
+        with pytest.raises(InvalidArgumentError):
+            step.side(bad)  # type: ignore[arg-type]
+
+
+def test_key_by_declares_nothing_and_checks_its_columns(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path)
+    keyed = Stream(rt, "events").key_by("user", "clicks")
+    assert keyed.key == ("user", "clicks")
+    assert keyed.stream.name == "events"
+    assert not rt.name_in_use("events.key_by")
+    for bad in [(), ("user", "user"), ("",)]:
+        with pytest.raises(InvalidArgumentError):
+            Stream(rt, "events").key_by(*bad)
+
+
+def test_bad_targets_and_names_are_refused_when_called(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        Stream(object(), "events")
+    assert caught.value.argument == "target"
+    with pytest.raises(InvalidArgumentError):
+        Stream(_runtime(tmp_path), "")
+    with pytest.raises(InvalidArgumentError):
+        Stream(_runtime(tmp_path), "events").map_batches(_double, name="")
+
+
+def test_a_refused_step_leaves_no_actor(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path)
+    with pytest.raises(GraphError):
+        Stream(rt, "nope").map_batches(_double, name="double")
+    assert not rt.name_in_use("double")
