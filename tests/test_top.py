@@ -261,3 +261,30 @@ def test_top_shows_the_version_cpu_rss_and_how_long_ago_each_sink_committed() ->
     # An endpoint without the process collector (not Linux) or build info: nothing made up.
     bare = text(render(at(0, 0), at(2, 100), "http://h:1/metrics"))
     assert "barrierflow top http://h:1/metrics — barrierflow ?\n" in bare
+
+
+def test_top_shows_each_operator_with_its_own_counters() -> None:
+    def operators(rows: float) -> dict[str, list[tuple[dict[str, str], float]]]:
+        labels = {"actor": "enrich", "operator": "async_map"}
+        window = {"actor": "per_minute", "operator": "window_aggregate"}
+        return {
+            "barrierflow_operator_rows_in_total": [(labels, rows), (window, 2 * rows)],
+            "barrierflow_operator_rows_out_total": [(labels, rows / 2), (window, 0.0)],
+            "barrierflow_operator_calls_in_flight": [(labels, 17.0)],
+            "barrierflow_operator_call_retries_total": [(labels, 4.0)],
+            "barrierflow_operator_call_timeouts_total": [(labels, 3.0)],
+            "barrierflow_operator_late_rows_total": [(window, 9.0)],
+            "barrierflow_operator_late_rows_dropped_total": [(window, 2.0)],
+            "barrierflow_operator_state_rows": [(window, 1234.0)],
+        }
+
+    frame = text(render(at(0, 0, **operators(0)), at(2, 100, **operators(200)), "u"))
+    rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in frame.splitlines()]
+    assert next(r for r in rows if r[0] == "enrich") == [
+        "enrich", "async_map", "100", "50", "17", "4 / 3", "0 (0)", "0",
+    ]  # fmt: skip
+    assert next(r for r in rows if r[0] == "per_minute")[1:] == [
+        "window_aggregate", "200", "0", "0", "0 / 0", "9 (2)", "1,234",
+    ]  # fmt: skip
+    # A graph without operators shows no operators table.
+    assert "operators" not in text(render(at(0, 0), at(2, 100), "u"))

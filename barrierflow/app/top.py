@@ -13,6 +13,9 @@ parser) and redraws, with rich, what a Flink or RisingWave user looks at first:
   collected by every actor → checkpoint durable, and the epochs in flight;
 * **sinks** — epochs committed and pending, commit retries, how long a commit takes (median
   and p99) and how long after its checkpoint was durable an epoch was committed (p99);
+* **operators** — per operator (map, filter, async_map, aggregate, window): rows/s in and out,
+  calls in flight, retries and timeouts, late rows (and how many were beyond the allowed
+  lateness), rows of state (when there are any);
 * **feeds and the Spark bridge** — batches, rows and replays skipped (when there are any);
 * **splits** — per split of each split source and source backfill, records read, records/s
   and the lag in records behind the log's latest (``-`` where the log cannot tell; when there
@@ -289,15 +292,43 @@ def render(before: Scrape, after: Scrape, url: str) -> Group:
             "-" if lag is None or lag != lag else f"{lag:,.0f}",  # NaN: the log cannot tell
         )
 
+    operators = _operators(before, after)
+
     committed = after.one("barrierflow_epoch_committed")
     header = (
         f"[b]barrierflow top[/b] {url} — {_process(before, after)}\n"
         f"committed epoch {committed:.0f}, {in_flight:.0f} barrier(s) in flight, "
         f"slowest stage: {slowest[1]}"
     )
-    # Feeds and splits only where the graph has some.
-    shown = [t for t in (feeds, splits) if t.row_count]
+    # Operators, feeds and splits only where the graph has some.
+    shown = [t for t in (operators, feeds, splits) if t.row_count]
     return Group(header, jobs, actors, barriers, sinks, *shown)
+
+
+def _operators(before: Scrape, after: Scrape) -> Table:
+    """The operators' own counters (``barrierflow_operator_*``): rates in and out, calls in
+    flight, retries and timeouts, late rows, state rows."""
+    table = Table(title="operators", title_justify="left", expand=True)
+    for column in ("actor", "operator", "rows/s in", "rows/s out", "calls in flight",
+                   "retries / timeouts", "late (dropped)", "state rows"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("actor", "operator") else "right")
+    for have, _ in after.values("barrierflow_operator_rows_in_total"):
+        labels = {"actor": have["actor"]}
+
+        def one(name: str, labels: dict[str, str] = labels) -> float:
+            return after.one(f"barrierflow_operator_{name}", **labels)
+
+        table.add_row(
+            have["actor"],
+            have.get("operator", "?"),
+            f"{_rate(before, after, 'barrierflow_operator_rows_in_total', labels):,.0f}",
+            f"{_rate(before, after, 'barrierflow_operator_rows_out_total', labels):,.0f}",
+            f"{one('calls_in_flight'):,.0f}",
+            f"{one('call_retries_total'):,.0f} / {one('call_timeouts_total'):,.0f}",
+            f"{one('late_rows_total'):,.0f} ({one('late_rows_dropped_total'):,.0f})",
+            f"{one('state_rows'):,.0f}",
+        )
+    return table
 
 
 def _backfill_detail(after: Scrape, job: str) -> str:
