@@ -239,3 +239,23 @@ async def test_map_and_filter_commit_the_same_rows_with_crashes(
             seed=seed,
         )
         report.raise_for_failures()
+
+
+async def test_each_operator_reports_its_counters_in_the_runtimes_metrics(tmp_path: Path) -> None:
+    rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db")))
+    rt.add_source("events")
+    rt.add_actor("double", map_batches(_double), inputs=["events"])
+    rt.add_actor("positive", filter_rows(pc.field("clicks") > 0), inputs=["double"])
+    async with rt:
+        await rt.push("events", Chunk(_batch([1, 2, 3], [1, 0, 2])))
+        await rt.checkpoint()
+        families = {f.name: f for f in await rt.metrics.snapshot()}
+    rows_in, rows_out = (
+        families["barrierflow_operator_rows_in"],
+        families["barrierflow_operator_rows_out"],
+    )
+    assert rows_in.value(actor="double", operator="map_batches") == 3
+    assert rows_out.value(actor="double", operator="map_batches") == 3
+    assert rows_in.value(actor="positive", operator="filter") == 3
+    assert rows_out.value(actor="positive", operator="filter") == 2
+    assert families["barrierflow_operator_state_rows"].kind == "gauge"
