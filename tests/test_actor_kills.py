@@ -12,6 +12,8 @@ from pathlib import Path
 
 import anyio
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pytest
 from _timeouts import ENV
 from hypothesis import given, settings
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 
 from barrierflow.channels import Chunk, Message
 from barrierflow.errors import InvalidArgumentError
+from barrierflow.operators import map_batches
 from barrierflow.runtime import ActorContext, StreamActor
 from barrierflow.testing._actor_kill_child import read_chunks, write_chunks
 from barrierflow.testing.actor_conformance import check_stream_actor_kills
@@ -99,6 +102,27 @@ async def test_an_actor_with_its_state_in_tables_survives_kills(
     assert (tmp_path / "kills" / "table").is_dir()  # the killed run committed to disk
 
 
+def _shout(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return pa.record_batch([pc.utf8_upper(batch.column("key"))], schema=INPUT)
+
+
+#: An operator declared at module level: a child imports it by its "module:name".
+SHOUT = map_batches(_shout, schema=INPUT)
+
+
+@pytest.mark.subprocess
+async def test_an_operator_named_by_module_and_name_survives_kills(tmp_path: Path) -> None:
+    report = await check_stream_actor_kills(
+        f"{__name__}:SHOUT", CHUNKS, output=INPUT, state_dir=tmp_path, kills=2, seed=2
+    )
+    report.raise_for_failures()
+    assert len(report.results[0].detail.split("; ")) == 3  # two kills, then the end
+    committed = ds.dataset(tmp_path / "kills" / "table", schema=INPUT, format="parquet")
+    assert sorted(committed.to_table().column("key").to_pylist()) == sorted(
+        k.upper() for c in CHUNKS for k in c.batch.column("key").to_pylist()
+    )
+
+
 @pytest.mark.subprocess
 async def test_an_actor_keeping_state_in_memory_is_caught_by_kills(tmp_path: Path) -> None:
     report = await check_stream_actor_kills(
@@ -116,6 +140,11 @@ async def test_a_factory_a_child_cannot_import_is_refused(tmp_path: Path) -> Non
         )
     assert refused.value.argument == "factory"
     assert not (tmp_path / "kills").exists()  # refused before anything ran
+    # An Operator value has no name of its own; a "module:name" must name a callable.
+    for factory in (SHOUT, f"{__name__}:NO_SUCH_OPERATOR", f"{__name__}:KEYS", "no_colon"):
+        with pytest.raises(InvalidArgumentError) as unnamed:
+            await check_stream_actor_kills(factory, CHUNKS, output=INPUT, state_dir=tmp_path)
+        assert unnamed.value.argument == "factory"
 
 
 async def test_bad_kill_arguments_are_refused(tmp_path: Path) -> None:

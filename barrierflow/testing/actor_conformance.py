@@ -77,7 +77,7 @@ from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.config import RuntimeConfig
 from barrierflow.runtime.runtime import Runtime
 from barrierflow.testing._actor_kill_child import KillPoint, write_chunks, write_spec
-from barrierflow.testing._crash_child import _server_env
+from barrierflow.testing._crash_child import _server_env, resolve_name
 from barrierflow.testing.conformance import ConformanceReport, RuleResult
 from barrierflow.testing.crash_conformance import importable_name
 from barrierflow.testing.scripted import CHECKPOINT, CRASH, Item, ScriptedSource, play
@@ -131,7 +131,7 @@ async def check_stream_actor(
 
 
 async def check_stream_actor_kills(
-    factory: Callable[[], StreamActor],
+    factory: Callable[[], StreamActor] | str,
     chunks: Sequence[Chunk],
     *,
     output: pa.Schema,
@@ -145,8 +145,10 @@ async def check_stream_actor_kills(
     with SIGKILL at seeded points, and compare what the sinks committed (see the module).
 
     Args:
-        factory: makes the actor under test; importable by name (a module-level class or
-            function), since each child imports it.
+        factory: makes the actor under test; each child imports it, so either a module-level
+            class or function (importable by its own name), or the ``"module:name"`` of one
+            that is a value (an :class:`~barrierflow.operators.Operator` declared at module
+            level: ``"my_tests:DOUBLED"``).
         chunks: its input, in order (one schema).
         output: the schema of the chunks the actor emits.
         state_dir: a directory (created if missing) for the runs' state stores, the killed
@@ -167,13 +169,15 @@ async def check_stream_actor_kills(
         and ``same_rows_in_order``.
 
     Raises:
-        InvalidArgumentError: ``factory`` is not importable by name, no chunks, chunks of
+        InvalidArgumentError: ``factory`` is not importable by name (a lambda, a closure, an
+            Operator not named by a string), no chunks, chunks of
             several schemas (or with a column the input file uses itself), ``output`` is not
             a Schema, a bad count, an unknown or missing ``backend``, ``<state_dir>/kills``
             exists, the timeout scale is malformed, or not a POSIX system.
 
     Cancellation: a running child's process group is killed and waited for.
     """
+    name, factory = _factory_name(factory)
     _check_arguments(factory, chunks, output, checkpoint_every)
     if type(kills) is not int or kills < 1:
         raise InvalidArgumentError("kills", "an int >= 1", kills)
@@ -181,7 +185,6 @@ async def check_stream_actor_kills(
         raise InvalidArgumentError(
             "kills", "a POSIX system (SIGKILL of a process group)", sys.platform
         )
-    name = importable_name(factory, "factory")
     backend = sniffio.current_async_library() if backend is None else backend
     if backend not in ("asyncio", "trio") or importlib.util.find_spec(backend) is None:
         raise InvalidArgumentError("backend", "'asyncio' or 'trio' (installed)", backend)
@@ -215,6 +218,28 @@ async def check_stream_actor_kills(
     killed = await anyio.to_thread.run_sync(_table_rows, directory / "table", output)
     _compare(_rows(calm.rows()), killed, "kills", report)
     return report
+
+
+def _factory_name(
+    factory: Callable[[], StreamActor] | str,
+) -> tuple[str, Callable[[], StreamActor]]:
+    """The name a child imports ``factory`` by, and the factory.
+
+    Raises:
+        InvalidArgumentError: ``factory`` is neither importable by its own name nor a
+            ``"module:name"`` naming a callable.
+    """
+    if not isinstance(factory, str):
+        return importable_name(factory, "factory"), factory
+    expected = "a 'module:name' of a factory importable in a child process"
+    try:
+        found = resolve_name(factory) if ":" in factory else None
+    except (ImportError, AttributeError, ValueError):
+        found = None
+    if not callable(found):
+        raise InvalidArgumentError("factory", expected, factory)
+    made: Callable[[], StreamActor] = found
+    return factory, made
 
 
 def _check_arguments(
