@@ -1,0 +1,418 @@
+"""The state of a keyed operator's instance: one Arrow table of its keys in memory, durable in a
+versioned table of the actor, partitioned by vnode and moved by vnode on a rescale.
+
+**In memory** the state is one ``pa.Table`` (the key columns, then the state columns) and the
+vnode of each row. :meth:`KeyedState.lookup` finds keys with one hash join, never a loop per
+row; :meth:`~KeyedState.upsert` and :meth:`~KeyedState.delete` replace rows by position.
+
+**Durable** in the actor's versioned table (:mod:`barrierflow.runtime.state.versioned_table`):
+every change is written with its op when it is made, so an epoch's changes are in the table
+before the barrier is passed, and the context seals them with it. When the state is not the
+output (an aggregate's ``mean`` keeps a sum and a count), a second table, the **view**
+(:data:`~barrierflow.actors.backfill.materialize.VIEW_TABLE`), holds exactly the output rows;
+otherwise the one table is the view. Either way a snapshot backfill reads the operator like a
+materialized view. A small JSON table ``<table>:meta`` records, with the same checkpoints,
+the state's schema, the group's instances and the vnodes this instance holds rows of.
+
+**Restore.** An instance loads the rows of its table as of the committed epoch, for the vnodes
+it holds and owns (``ctx.vnode_bitmap``; ``None``: all of them).
+
+**Rescale by vnode** keeps one rule: *at every committed epoch, each vnode's rows live in
+exactly one table of the group.* A move writes the DELETEs in the table that loses the vnode
+and the INSERTs in the table that gains it in the same epoch, so a checkpoint holds both or
+neither.
+
+* *Live* — an ``Update`` barrier gives the group new bitmaps. After passing it, an instance
+  that lost vnodes drops their rows and writes their DELETEs (in the epoch the barrier opens);
+  one that gained vnodes waits until the barrier completed (``ctx.wait_completed``: every
+  instance sealed the epoch it closed), reads those vnodes' rows from the group's other tables
+  as of the barrier's ``prev`` epoch and writes them as INSERTs, before it reads a row of them.
+* *Across a restart with another parallelism* (``agg.0..1`` → ``agg.0..3``), the runtime gives
+  each instance an even share of the vnodes. At restore an instance keeps the rows of the vnodes
+  it still owns, and after passing its first barrier writes DELETEs for those it no longer
+  owns; the vnodes it owns that another instance's table holds (their committed meta says
+  which) are read after that barrier completed, as for a live move.
+* *The case left open:* a restart with **fewer** instances (``agg.0..2`` → ``agg.0..1``): the
+  table of ``agg.2`` belongs to no running actor and is never opened, so nobody can read its
+  rows. Its committed meta is readable, though: an instance finds every earlier member of its
+  group from the metas (``group``), and if one that is gone holds rows of some vnode it refuses
+  to start with :class:`~barrierflow.errors.KeyedStateOrphanedError` — never starting those keys
+  from nothing. (A gone instance whose vnodes were moved away live holds none: allowed.)
+
+**The schema** is needed before the tables open. An operator that knows its input's schema
+opens them at restore; one that does not opens them at its first chunk — or at restore from the
+schema the meta recorded (its own, or, when it must take vnodes from them, its peers').
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Sequence
+from typing import Any, Protocol, final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from barrierflow.actors.backfill.materialize import VIEW_TABLE
+from barrierflow.channels.barrier import Barrier
+from barrierflow.channels.chunk import Op
+from barrierflow.channels.errors import SchemaMismatchError
+from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap, vnodes_unchecked
+from barrierflow.operators._operator import OperatorStats
+from barrierflow.operators.errors import KeyedStateOrphanedError
+from barrierflow.runtime.actor import ActorContext
+from barrierflow.runtime.state.state_store import StateTable
+from barrierflow.runtime.state.versioned_table import VersionedTable
+
+__all__ = ["KeyedState", "View"]
+
+#: The name of an instance within a parallel group: ``<group>.<index>``.
+_MEMBER = re.compile(r"^(?P<group>.+)\.(?P<index>\d+)$")
+#: Tables a lookup joins on: the position of each row on either side.
+_LEFT, _RIGHT = "_keyed_left", "_keyed_right"
+
+
+class View(Protocol):
+    """How the output rows (the view) follow from the state rows."""
+
+    def view_schema(self, state_schema: pa.Schema) -> pa.Schema:
+        """The view's schema."""
+        ...
+
+    def outputs(self, state: pa.Table) -> pa.Table:
+        """The view's rows of state rows."""
+        ...
+
+
+def group_of(name: str) -> str:
+    """The group an instance belongs to: ``agg`` for ``agg.2`` (and for ``agg`` alone)."""
+    match = _MEMBER.match(name)
+    return match.group("group") if match else name
+
+
+def _encode_schema(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def _decode_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def _runs(mask: npt.NDArray[np.bool_]) -> list[list[int]]:
+    return [[a, b] for a, b in VnodeBitmap(mask).runs()]
+
+
+def _mask(runs: Sequence[Sequence[int]], vnode_count: int) -> npt.NDArray[np.bool_]:
+    mask = np.zeros(vnode_count, dtype=np.bool_)
+    for first, end in runs:
+        mask[first:end] = True
+    return mask
+
+
+@final
+class KeyedState:
+    """One instance's keyed state (see the module).
+
+    Args:
+        key: the key columns (unique per row).
+        table: the state table's name; :data:`VIEW_TABLE` when the state is the output.
+        view: how the output follows from the state, when it is not the state (written to
+            the :data:`VIEW_TABLE` table); ``None`` otherwise.
+        stats: the operator's counters (``state_rows`` is kept).
+        distribution_key: the columns the input is hash-dispatched by (default: ``key``).
+    """
+
+    def __init__(
+        self,
+        key: tuple[str, ...],
+        *,
+        table: str,
+        view: View | None,
+        stats: OperatorStats,
+        distribution_key: tuple[str, ...] | None = None,
+    ) -> None:
+        self.key = key
+        self.distribution_key = key if distribution_key is None else distribution_key
+        self.table_name = table
+        self.view = view
+        self.stats = stats
+        self.schema: pa.Schema | None = None
+        self._rows: pa.Table | None = None
+        self._vnodes: npt.NDArray[np.int64] = np.zeros(0, np.int64)
+        self._table: VersionedTable | None = None
+        self._view_table: VersionedTable | None = None
+        self._meta: StateTable | None = None
+        self._vnode_count = DEFAULT_VNODE_COUNT
+        self._owned: npt.NDArray[np.bool_] = np.ones(0, np.bool_)
+        self._held: npt.NDArray[np.bool_] = np.zeros(0, np.bool_)
+        self._recorded: dict[str, Any] = {}
+        # Set at restore, done after the first barrier: rows to delete, vnodes to fetch.
+        self._lost: pa.Table | None = None
+        self._fetch: npt.NDArray[np.bool_] | None = None
+        self._name = ""
+
+    # Reading.
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the tables are open (the schema is known)."""
+        return self._table is not None
+
+    @property
+    def rows(self) -> pa.Table:
+        """The state rows in memory (no order)."""
+        assert self._rows is not None, "the state is not open"
+        return self._rows
+
+    @property
+    def owned(self) -> VnodeBitmap:
+        """The vnodes this instance owns now."""
+        return VnodeBitmap(self._owned)
+
+    def lookup(self, keys: pa.Table) -> npt.NDArray[np.int64]:
+        """The position in :attr:`rows` of each row of ``keys`` (its key columns; unique), or
+        -1 for a key the state does not hold. One hash join."""
+        n = keys.num_rows
+        rows = self.rows
+        if not n or not rows.num_rows:
+            return np.full(n, -1, np.int64)
+        left = keys.select(list(self.key)).append_column(_LEFT, pa.array(np.arange(n)))
+        right = rows.select(list(self.key)).append_column(
+            _RIGHT, pa.array(np.arange(rows.num_rows))
+        )
+        joined = left.join(right, list(self.key), join_type="inner", use_threads=False)
+        found = np.full(n, -1, np.int64)
+        found[joined.column(_LEFT).to_numpy()] = joined.column(_RIGHT).to_numpy()
+        return found
+
+    # Opening and restoring.
+
+    async def restore(self, ctx: ActorContext, schema: pa.Schema | None) -> None:
+        """Load this instance's state as of the committed epoch (see the module): open the
+        tables if the schema is known (``schema``, or the one the meta recorded), and plan
+        what the first barrier moves.
+
+        Raises:
+            SchemaMismatchError: ``schema`` is not the one the state was written with.
+            KeyedStateOrphanedError: an instance gone from the group holds rows.
+        """
+        self._name = ctx.name
+        self._meta = ctx.table(f"{self.table_name}:meta")
+        self._recorded = await self._meta.items()
+        bitmap = ctx.vnode_bitmap
+        self._vnode_count = DEFAULT_VNODE_COUNT if bitmap is None else bitmap.vnode_count
+        self._owned = np.ones(self._vnode_count, np.bool_) if bitmap is None else bitmap.mask
+        held = self._recorded.get("held", [])
+        self._held = _mask(held, self._vnode_count)
+        recorded = self._recorded.get("schema")
+        if recorded is not None:
+            written = _decode_schema(recorded)
+            if schema is not None and not schema.equals(written):
+                raise SchemaMismatchError(f"keyed state of {ctx.name!r}", written, schema)
+            schema = written
+        peers = await self._peer_metas(ctx)
+        fetch = np.zeros(self._vnode_count, np.bool_)
+        for meta in peers.values():
+            theirs = _mask(meta.get("held", []), self._vnode_count)
+            fetch |= theirs & self._owned
+            if schema is None and theirs.any():
+                schema = _decode_schema(meta["schema"])
+        self._fetch = fetch if fetch.any() else None
+        if schema is not None:
+            await self.open(ctx, schema)
+
+    async def _peer_metas(self, ctx: ActorContext) -> dict[str, dict[str, Any]]:
+        """The committed metas of the group's other instances, checking that no instance gone
+        from the group holds rows (an earlier group is found from the metas it wrote)."""
+        group = group_of(ctx.name)
+        name = f"{self.table_name}:meta"
+        metas: dict[str, dict[str, Any]] = {}
+        candidates = [*ctx.peers, group, f"{group}.0"]
+        candidates += list(self._recorded.get("group", []))
+        seen: set[str] = {ctx.name}
+        while candidates:
+            owner = candidates.pop(0)
+            if owner in seen:
+                continue
+            seen.add(owner)
+            meta = await ctx.read_table(owner, name).items()
+            if not meta:
+                continue
+            candidates += [m for m in meta.get("group", []) if m not in seen]
+            if owner in ctx.peers:
+                metas[owner] = meta
+                continue
+            held = _mask(meta.get("held", []), self._vnode_count)
+            if held.any():
+                vnodes = tuple(int(v) for v in np.flatnonzero(held))
+                raise KeyedStateOrphanedError(ctx.name, owner, vnodes, ctx.peers)
+        return metas
+
+    async def open(self, ctx: ActorContext, schema: pa.Schema) -> None:
+        """Open the tables with the state's ``schema`` and load the rows of the vnodes this
+        instance holds (as of the committed epoch): those it owns into memory, the others kept
+        to be deleted after the first barrier. A no-op once open.
+
+        Raises:
+            SchemaMismatchError: the table's files hold another schema.
+        """
+        if self._table is not None:
+            return
+        self.schema = schema
+        common: dict[str, Any] = {
+            "primary_key": self.key,
+            "distribution_key": self.distribution_key,
+        }
+        self._table = await ctx.versioned_table(self.table_name, schema=schema, **common)
+        if self.view is not None:
+            self._view_table = await ctx.versioned_table(
+                VIEW_TABLE, schema=self.view.view_schema(schema), **common
+            )
+        epoch = self._table.last_sealed_epoch
+        parts = [await self._table.read_vnode(int(v), epoch) for v in np.flatnonzero(self._held)]
+        rows = pa.concat_tables([schema.empty_table(), *parts]).combine_chunks()
+        vnodes = self._vnodes_of(rows)
+        keep = self._owned[vnodes]
+        self._rows = rows.filter(pa.array(keep))
+        self._vnodes = vnodes[keep]
+        if not keep.all():
+            self._lost = rows.filter(pa.array(~keep))
+        self.stats.state_rows = self._rows.num_rows
+
+    def _vnodes_of(self, rows: pa.Table) -> npt.NDArray[np.int64]:
+        return vnodes_unchecked(rows, self.distribution_key, self._vnode_count)
+
+    # Writing.
+
+    def upsert(
+        self,
+        rows: pa.Table,
+        at: npt.NDArray[np.int64],
+        changes: tuple[pa.Table, pa.Array] | None = None,
+    ) -> None:
+        """Put ``rows`` (state rows of distinct keys) in the state: each replaces the row at
+        its position in ``at`` (-1: a new key). The state table is written the rows as
+        upserts, the view ``changes`` (its rows and ops; default: the rows' outputs as
+        upserts) — the one table of a state that is its view gets ``changes``."""
+        if not rows.num_rows:
+            return
+        table, state = self._table, self.rows
+        assert table is not None
+        assert self.schema is not None
+        rows = rows.cast(self.schema)
+        replaced = at[at >= 0]
+        vnodes = self._vnodes_of(rows)
+        if len(replaced):
+            keep = np.ones(state.num_rows, np.bool_)
+            keep[replaced] = False
+            state, self._vnodes = state.filter(pa.array(keep)), self._vnodes[keep]
+        self._rows = pa.concat_tables([state, rows])
+        if self._rows.num_rows and len(self._rows.columns[0].chunks) > 16:
+            self._rows = self._rows.combine_chunks()
+        self._vnodes = np.concatenate([self._vnodes, vnodes])
+        if self._view_table is None:
+            table.write(*(changes or (rows, None)))
+        else:
+            table.write(rows)
+            self._view_table.write(*(changes or (self._outputs(rows), None)))
+        self.stats.state_rows = self._rows.num_rows
+
+    def delete(
+        self, at: npt.NDArray[np.int64], changes: tuple[pa.Table, pa.Array] | None = None
+    ) -> None:
+        """Remove the rows at positions ``at``; their DELETEs are written (the view gets
+        ``changes`` if given)."""
+        if not len(at):
+            return
+        state = self.rows
+        keep = np.ones(state.num_rows, np.bool_)
+        keep[at] = False
+        gone = state.take(pa.array(at))
+        self._rows, self._vnodes = state.filter(pa.array(keep)), self._vnodes[keep]
+        self._write_deletes(gone, changes)
+        self.stats.state_rows = self._rows.num_rows
+
+    def _write_deletes(
+        self, gone: pa.Table, changes: tuple[pa.Table, pa.Array] | None = None
+    ) -> None:
+        table = self._table
+        assert table is not None
+        deletes = pa.array(np.full(gone.num_rows, Op.DELETE, np.int8))
+        if self._view_table is None:
+            table.write(*(changes or (gone, deletes)))
+        else:
+            table.write(gone, deletes)
+            self._view_table.write(*(changes or (self._outputs(gone), deletes)))
+
+    def _outputs(self, rows: pa.Table) -> pa.Table:
+        assert self.view is not None
+        assert self._view_table is not None
+        return self.view.outputs(rows).cast(self._view_table.schema)
+
+    def _record(self, ctx: ActorContext) -> None:
+        """Write the meta if it changed (with the epoch's rows)."""
+        meta = self._meta
+        assert meta is not None
+        held = np.zeros(self._vnode_count, np.bool_)
+        held[self._vnodes] = True
+        self._held = held
+        wanted: dict[str, Any] = {"held": _runs(held), "group": list(ctx.peers)}
+        if self.schema is not None:
+            wanted["schema"] = _encode_schema(self.schema)
+        for name, value in wanted.items():
+            if self._recorded.get(name) != value:
+                meta.put(name, value)
+                self._recorded[name] = value
+
+    # Barriers.
+
+    def before_barrier(self, ctx: ActorContext) -> None:
+        """Record the meta of the epoch the barrier closes (call it before passing it)."""
+        self._record(ctx)
+
+    async def after_barrier(self, barrier: Barrier, ctx: ActorContext) -> None:
+        """After passing ``barrier``: the moves it orders (see the module) — the first
+        barrier's after a restore, or a new vnode bitmap's. Writes in the epoch it opens.
+
+        Cancellation: the moves are not made; the actor fails and restarts from the
+        checkpoint.
+        """
+        lost, self._lost = self._lost, None
+        if lost is not None:
+            self._write_deletes(lost)
+        fetch, self._fetch = self._fetch, None
+        bitmap = barrier.new_vnode_bitmap(ctx.actor_id)
+        if bitmap is not None:
+            gained = bitmap.mask & ~self._owned
+            dropped = self._owned & ~bitmap.mask
+            self._owned = bitmap.mask
+            if dropped.any() and self._rows is not None:
+                leaving = dropped[self._vnodes]
+                self.delete(np.flatnonzero(leaving))
+            fetch = gained if fetch is None else fetch | gained
+        if fetch is not None and fetch.any():
+            await ctx.wait_completed(barrier)
+            await self._take(ctx, fetch, barrier.epoch.prev)
+        self._record(ctx)
+
+    async def _take(self, ctx: ActorContext, vnodes: npt.NDArray[np.bool_], epoch: int) -> None:
+        """Read ``vnodes``' rows as of ``epoch`` from the group's other tables and make them
+        this instance's (INSERTs in its tables)."""
+        others = [
+            t for t in ctx.read_view(group_of(ctx.name), self.table_name) if t.owner != ctx.name
+        ]
+        if not others:
+            return
+        if self._table is None:
+            await self.open(ctx, others[0].schema)
+        parts = []
+        for table in others:
+            for vnode in np.flatnonzero(vnodes):
+                part = await table.read_vnode(int(vnode), epoch)
+                if part.num_rows:
+                    parts.append(part)
+        if parts:
+            rows = pa.concat_tables(parts).combine_chunks()
+            self.upsert(rows, np.full(rows.num_rows, -1, np.int64))
