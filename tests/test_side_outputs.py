@@ -37,7 +37,9 @@ from barrierflow.errors import (
     InvalidArgumentError,
 )
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
+from barrierflow.runtime.barrier_manager import BarrierManager
 from barrierflow.runtime.placement import Placement
+from barrierflow.runtime.state.state_store import StateStore
 from barrierflow.testing import ListTable
 from barrierflow.testing.scripted import CHECKPOINT, CRASH, Item, ScriptedSource, play
 
@@ -572,3 +574,30 @@ async def test_a_side_outputs_hash_group_is_rescaled_by_an_update() -> None:
     )
     assert [m for m in received(b_rx) if isinstance(m, Chunk)] == []
     assert [m for m in received(main_rx) if isinstance(m, Chunk)] == []
+
+
+async def test_a_context_checks_side_outputs_and_emit_refuses_misuse_without_any_output(
+    tmp_path: Path,
+) -> None:
+    tx, rx = create_channel[Message](4)
+    async with await StateStore.open(tmp_path / "store.db") as store:
+        manager = BarrierManager(
+            store, {1: tx}, {1}, barrier_interval=1.0, checkpoint_frequency=1, max_in_flight=2
+        )
+        for bad in (["odd"], ("odd", None), ("",), ("a:b",), (3,)):
+            with pytest.raises(InvalidArgumentError) as refused:
+                ActorContext(1, "a", rx, None, store, manager, side_outputs=bad)  # type: ignore[arg-type]
+            assert refused.value.argument == "side_outputs"
+        ctx = ActorContext(1, "a", rx, None, store, manager, side_outputs=("odd",))
+        assert ctx.side_outputs == ("odd",)
+        with pytest.raises(InvalidArgumentError) as refused:
+            await ctx.emit(Watermark("n", 1), output="odd")
+        assert refused.value.argument == "output"
+        with pytest.raises(InvalidArgumentError) as refused:
+            await ctx.emit(chunk(1), output="even")
+        assert refused.value.got == "even"
+        with pytest.raises(BarrierNotPassedError):
+            await ctx.emit(chunk(1), output="odd")
+        with pytest.raises(InvalidArgumentError) as refused:
+            await ctx.emit("not a message", output="odd")  # type: ignore[arg-type]
+        assert refused.value.argument == "message"

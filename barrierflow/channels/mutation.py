@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar, final
 
-from barrierflow.channels._side_outputs import check_output_name
 from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.output_names import check_output_name
 from barrierflow.channels.vnode import VnodeBitmap, owners_from_mapping
 
 __all__ = [

@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import final
 
-from barrierflow.channels._side_outputs import check_output_name
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.dispatch import Dispatcher, HashDispatcher
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.messages import MESSAGE_EXPECTED, MESSAGE_TYPES, Committable, Message
 from barrierflow.channels.mutation import NewOutput, Update
+from barrierflow.channels.output_names import check_output_name
 from barrierflow.channels.vnode import VnodeBitmap
 
 __all__ = ["GroupSpec", "Outputs"]

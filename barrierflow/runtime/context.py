@@ -36,6 +36,7 @@ from barrierflow.channels.messages import (
     Message,
     Watermark,
 )
+from barrierflow.channels.output_names import check_output_name
 from barrierflow.channels.outputs import Outputs
 from barrierflow.channels.select import BiasedSelect
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
@@ -145,15 +146,14 @@ class ActorContext:
                 adopted_positions,
                 adopted_positions is None or isinstance(adopted_positions, Mapping),
             ),
-            (
-                "side_outputs",
-                side_outputs,
-                isinstance(side_outputs, tuple)
-                and all(isinstance(o, str) and o and ":" not in o for o in side_outputs),
-            ),
+            ("side_outputs", side_outputs, isinstance(side_outputs, tuple)),
         ):
             if not ok:
                 raise InvalidArgumentError(argument, f"a valid {argument}", value)
+        for side in side_outputs:
+            if side is None:  # a name: None stands for the main output
+                raise InvalidArgumentError("side_outputs", "side outputs' names", side_outputs)
+            check_output_name("side_outputs", side)
         self.actor_id = actor_id
         self.name = name
         #: The job this actor belongs to.

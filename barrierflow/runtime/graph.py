@@ -28,7 +28,7 @@ from typing import final
 
 import pyarrow as pa
 
-from barrierflow.channels._side_outputs import SEPARATOR
+from barrierflow.channels.output_names import SEPARATOR
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.context import DEFAULT_JOB
 from barrierflow.runtime.errors import GraphError

@@ -1,9 +1,10 @@
 """The names of an actor's outputs: ``None`` for its main output, a side output's name else.
 
 A side output is read downstream as ``"<actor>:<output>"``, so neither an actor's name nor an
-output's may hold a ``":"``. One check serves the outputs that route by name
-(:class:`~barrierflow.channels.outputs.Outputs`), the outputs joining at a barrier
-(:class:`~barrierflow.channels.mutation.NewOutput`) and the actor's ``ctx.emit(..., output=)``.
+output's may hold a ``":"`` (:data:`SEPARATOR`, also what the graph splits inputs at). One
+check serves the outputs that route by name (:class:`~barrierflow.channels.outputs.Outputs`),
+the outputs joining at a barrier (:class:`~barrierflow.channels.mutation.NewOutput`) and the
+side outputs an actor's context is given.
 """
 
 from __future__ import annotations
