@@ -113,3 +113,26 @@ def test_a_refused_step_leaves_no_actor(tmp_path: Path) -> None:
     with pytest.raises(GraphError):
         Stream(rt, "nope").map_batches(_double, name="double")
     assert not rt.name_in_use("double")
+
+
+async def test_a_keyed_aggregate_from_the_stream(tmp_path: Path) -> None:
+    Keep.rows = []
+    rt = _runtime(tmp_path)
+    totals = (
+        Stream(rt, "events")
+        .key_by("user")
+        .aggregate(clicks=("clicks", "sum"), name="totals", parallelism=2)
+    )
+    assert totals.name == "totals"
+    totals.apply("keep", Keep)
+    async with rt:
+        await rt.push("events", Chunk.from_pydict({"user": [1, 2, 1], "clicks": [1, 2, 3]}, SCHEMA))
+        await rt.checkpoint()
+    assert sorted(Keep.rows) == [(1, 4), (2, 2)]
+
+
+def test_a_reduce_step_is_named_after_its_kind(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path)
+    keyed = Stream(rt, "events").key_by("user")
+    assert keyed.reduce(lambda acc, rows: rows).name == "events.reduce"
+    assert keyed.aggregate(n=("clicks", "count")).name == "events.aggregate"

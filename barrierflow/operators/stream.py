@@ -28,7 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.operators._accumulators import CombineFn
 from barrierflow.operators._operator import check_columns
+from barrierflow.operators.aggregate import aggregate, reduce
 from barrierflow.operators.transform import BatchFn, MaskFn, filter_rows, map_batches
 from barrierflow.runtime.actor import StreamActor
 
@@ -88,7 +90,13 @@ class Stream:
 
     # Declaring the next step.
 
-    def _step_name(self, name: str | None, kind: str) -> str:
+    def step_name(self, name: str | None, kind: str) -> str:
+        """``name``, or the name a step of ``kind`` reading this stream gets without one: its
+        upstream's and its kind's, numbered if taken (see the module).
+
+        Raises:
+            InvalidArgumentError: ``name`` is neither ``None`` nor a non-empty str.
+        """
         if name is not None:
             if not isinstance(name, str) or not name:
                 raise InvalidArgumentError("name", "None or a non-empty actor name", name)
@@ -123,7 +131,7 @@ class Stream:
     ) -> Stream:
         """A vectorized map (:func:`~barrierflow.operators.map_batches`)."""
         step = map_batches(fn, schema=schema)
-        return self.apply(self._step_name(name, "map_batches"), step, parallelism=parallelism)
+        return self.apply(self.step_name(name, "map_batches"), step, parallelism=parallelism)
 
     def filter(
         self,
@@ -134,7 +142,7 @@ class Stream:
     ) -> Stream:
         """Keep the rows where ``predicate`` holds (:func:`~barrierflow.operators.filter_rows`)."""
         step = filter_rows(predicate)
-        return self.apply(self._step_name(name, "filter"), step, parallelism=parallelism)
+        return self.apply(self.step_name(name, "filter"), step, parallelism=parallelism)
 
     def key_by(self, *columns: str) -> KeyedStream:
         """This stream keyed by ``columns``: what keyed steps (aggregate, reduce, windows)
@@ -182,3 +190,33 @@ class KeyedStream:
 
     def __repr__(self) -> str:
         return f"KeyedStream({self._stream.name!r}, key={list(self._key)})"
+
+    def aggregate(
+        self,
+        *,
+        name: str | None = None,
+        parallelism: int | None = None,
+        schema: pa.Schema | None = None,
+        **aggregations: tuple[str, str],
+    ) -> Stream:
+        """Aggregate each key's rows, emitted as a changelog and kept as a view
+        (:func:`~barrierflow.operators.aggregate`): ``.aggregate(total=("clicks", "sum"))``."""
+        step = aggregate(self._key, schema=schema, **aggregations)
+        return self._stream.apply(
+            self._stream.step_name(name, "aggregate"), step, parallelism=parallelism
+        )
+
+    def reduce(
+        self,
+        fn: CombineFn,
+        *,
+        name: str | None = None,
+        parallelism: int | None = None,
+        schema: pa.Schema | None = None,
+    ) -> Stream:
+        """Fold each key's rows with a vectorized ``fn(acc, rows)``
+        (:func:`~barrierflow.operators.reduce`)."""
+        step = reduce(self._key, fn, schema=schema)
+        return self._stream.apply(
+            self._stream.step_name(name, "reduce"), step, parallelism=parallelism
+        )
