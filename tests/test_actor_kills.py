@@ -148,20 +148,22 @@ async def test_a_factory_a_child_cannot_import_is_refused(tmp_path: Path) -> Non
 
 
 async def test_bad_kill_arguments_are_refused(tmp_path: Path) -> None:
+    clash = pa.schema([("__barrierflow_kill_ops", pa.int8())])  # a column the input file uses
     for keywords, argument in (
         ({"kills": 0}, "kills"),
+        ({"kills": True}, "kills"),
         ({"backend": "curio"}, "backend"),
         ({"output": "key: string"}, "output"),
+        ({"seed": "1"}, "seed"),
+        ({"state_dir": 5}, "state_dir"),
+        ({"checkpoint_every": 0}, "checkpoint_every"),
+        ({"chunks": [Chunk(pa.record_batch([pa.array([1], pa.int8())], schema=clash))]}, "chunks"),
     ):
-        arguments = {"output": OUTPUT, **keywords}
+        arguments = {"chunks": CHUNKS, "output": OUTPUT, "state_dir": tmp_path, **keywords}
         with pytest.raises(InvalidArgumentError) as refused:
-            await check_stream_actor_kills(
-                KeyedCount,
-                CHUNKS,
-                state_dir=tmp_path,
-                **arguments,
-            )
+            await check_stream_actor_kills(KeyedCount, **arguments)
         assert refused.value.argument == argument
+        assert not (tmp_path / "kills").exists()  # refused before anything ran
     (tmp_path / "kills").mkdir()
     with pytest.raises(InvalidArgumentError) as reused:
         await check_stream_actor_kills(KeyedCount, CHUNKS, output=OUTPUT, state_dir=tmp_path)

@@ -58,7 +58,14 @@ from barrierflow.runtime.config import RuntimeConfig
 from barrierflow.runtime.runtime import Runtime
 from barrierflow.testing._crash_child import _Report, resolve_name
 
-__all__ = ["MISSED", "KillPoint", "read_chunks", "write_chunks", "write_spec"]
+__all__ = [
+    "MISSED",
+    "KillPoint",
+    "check_input_schema",
+    "read_chunks",
+    "write_chunks",
+    "write_spec",
+]
 
 #: The exit code of an incarnation that ran to the end without meeting its kill point.
 MISSED = 3
@@ -98,6 +105,18 @@ class KillPoint:
         return f"right after the checkpoint after chunk {self.chunk}"
 
 
+def check_input_schema(schema: pa.Schema) -> None:
+    """Refuse a chunk schema the input file cannot carry (see :func:`write_chunks`).
+
+    Raises:
+        InvalidArgumentError: it has a column named as the file's ops or visibility column.
+    """
+    if {_OPS, _VISIBILITY} & set(schema.names):
+        raise InvalidArgumentError(
+            "chunks", f"no column named {_OPS!r} or {_VISIBILITY!r}", schema.names
+        )
+
+
 def write_chunks(path: Path, chunks: Sequence[Chunk]) -> None:
     """Write ``chunks`` to the input file ``path`` (an Arrow IPC stream, one record batch per
     chunk, its ops and visibility as two more columns: null where the chunk has none).
@@ -106,10 +125,7 @@ def write_chunks(path: Path, chunks: Sequence[Chunk]) -> None:
         InvalidArgumentError: a chunk's schema already has a column of those names.
     """
     schema = chunks[0].batch.schema.remove_metadata()
-    if {_OPS, _VISIBILITY} & set(schema.names):
-        raise InvalidArgumentError(
-            "chunks", f"no column named {_OPS!r} or {_VISIBILITY!r}", schema.names
-        )
+    check_input_schema(schema)
     wide = schema.append(pa.field(_OPS, pa.int8())).append(pa.field(_VISIBILITY, pa.bool_()))
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, wide) as writer:
         for chunk in chunks:

@@ -76,8 +76,14 @@ from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.config import RuntimeConfig
 from barrierflow.runtime.runtime import Runtime
-from barrierflow.testing._actor_kill_child import KillPoint, write_chunks, write_spec
+from barrierflow.testing._actor_kill_child import (
+    KillPoint,
+    check_input_schema,
+    write_chunks,
+    write_spec,
+)
 from barrierflow.testing._crash_child import _server_env, resolve_name
+from barrierflow.testing._server_process import check_directory
 from barrierflow.testing.conformance import ConformanceReport, RuleResult
 from barrierflow.testing.crash_conformance import importable_name
 from barrierflow.testing.scripted import CHECKPOINT, CRASH, Item, ScriptedSource, play
@@ -113,9 +119,10 @@ async def check_stream_actor(
 
     Raises:
         InvalidArgumentError: ``factory`` is not callable, no chunks, chunks of several
-            schemas, ``output`` is not a Schema, or a bad count.
+            schemas, ``output`` is not a Schema, ``state_dir`` not a path, or a bad count or
+            seed.
     """
-    _check_arguments(factory, chunks, output, checkpoint_every)
+    _check_arguments(factory, chunks, output, state_dir, checkpoint_every, seed)
     if type(crashes) is not int or crashes < 0:
         raise InvalidArgumentError("crashes", "an int >= 0", crashes)
     directory = Path(state_dir)
@@ -170,15 +177,17 @@ async def check_stream_actor_kills(
 
     Raises:
         InvalidArgumentError: ``factory`` is not importable by name (a lambda, a closure, an
-            Operator not named by a string), no chunks, chunks of
-            several schemas (or with a column the input file uses itself), ``output`` is not
-            a Schema, a bad count, an unknown or missing ``backend``, ``<state_dir>/kills``
-            exists, the timeout scale is malformed, or not a POSIX system.
+            Operator not named by a string), no chunks, chunks of several schemas (or with a
+            column the input file uses itself), ``output`` is not a Schema, ``state_dir`` not
+            a path, a bad count or seed, an unknown or missing ``backend``,
+            ``<state_dir>/kills`` exists, the timeout scale is malformed, or not a POSIX
+            system.
 
     Cancellation: a running child's process group is killed and waited for.
     """
     name, factory = _factory_name(factory)
-    _check_arguments(factory, chunks, output, checkpoint_every)
+    _check_arguments(factory, chunks, output, state_dir, checkpoint_every, seed)
+    check_input_schema(chunks[0].batch.schema)
     if type(kills) is not int or kills < 1:
         raise InvalidArgumentError("kills", "an int >= 1", kills)
     if not hasattr(os, "killpg"):
@@ -243,7 +252,12 @@ def _factory_name(
 
 
 def _check_arguments(
-    factory: object, chunks: Sequence[Chunk], output: object, checkpoint_every: object
+    factory: object,
+    chunks: Sequence[Chunk],
+    output: object,
+    state_dir: object,
+    checkpoint_every: object,
+    seed: object,
 ) -> None:
     """Refuse what both runs cannot run, naming the argument."""
     if not callable(factory):
@@ -256,6 +270,9 @@ def _check_arguments(
         raise InvalidArgumentError("output", "a pyarrow Schema", output)
     if type(checkpoint_every) is not int or checkpoint_every < 1:
         raise InvalidArgumentError("checkpoint_every", "an int >= 1", checkpoint_every)
+    if type(seed) is not int:
+        raise InvalidArgumentError("seed", "an int", seed)
+    check_directory("state_dir", state_dir)
 
 
 def _draw_checkpoints(rng: random.Random, count: int, every: int) -> set[int]:
