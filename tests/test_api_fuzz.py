@@ -537,9 +537,17 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
     def double(batch: pa.RecordBatch) -> pa.RecordBatch:
         return batch
 
+    def combine(acc: pa.RecordBatch, rows: pa.RecordBatch) -> pa.RecordBatch:
+        return rows
+
     return {
         "map_batches": (operators_package.map_batches, {"fn": double, "schema": ROWS}),
         "filter_rows": (operators_package.filter_rows, {"predicate": double}),
+        "aggregate": (
+            operators_package.aggregate,
+            {"key": "k", "schema": None, "total": ("v", "sum"), "n": ("v", "count")},
+        ),
+        "reduce": (operators_package.reduce, {"key": ["k"], "fn": combine, "schema": None}),
         "Stream": (operators_package.Stream, {"target": blocking.runtime, "name": "src"}),
         "BatchFeed": (
             BatchFeed,
