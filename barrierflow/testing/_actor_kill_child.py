@@ -185,6 +185,8 @@ async def _incarnation(spec: dict[str, Any]) -> int:
     output = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(spec["output"])))
     checkpoints = set(spec["checkpoints"])
     kill = None if spec["kill"] is None else KillPoint(*spec["kill"])
+    # Appends of a line each, done inline on purpose: when the kill comes, what the journal
+    # and the facts say is exactly what happened before it, nothing still on a thread.
     facts = _Report(spec["facts"])
     journal = _Report(spec["journal"])
 

@@ -77,6 +77,7 @@ from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.config import RuntimeConfig
 from barrierflow.runtime.runtime import Runtime
 from barrierflow.testing._actor_kill_child import (
+    MISSED,
     KillPoint,
     check_input_schema,
     write_chunks,
@@ -410,6 +411,8 @@ class _KilledRun:
             expected = 0 if kill is None else -signal.SIGKILL
             if code != expected or (kill is not None and not killing):
                 got = code if isinstance(code, str) else f"exit code {code}"
+                if code == MISSED:
+                    got = "it ran to the end without meeting its kill point"
                 tail = await anyio.to_thread.run_sync(_tail, out)
                 return f"incarnation {number} ({planned}): {got}; its output: {tail or '(empty)'}"
             start = (
