@@ -129,3 +129,12 @@ async def test_a_partition_local_operator_is_fed_round_robin(tmp_path: Path) -> 
     assert sorted(Seen.users["local.0"]) == [0, 0, 2, 2]
     assert sorted(Seen.users["local.1"]) == [1, 1, 3, 3]
     assert sorted(Seen.users["seen"]) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_a_job_refuses_a_name_with_a_colon_when_declared() -> None:
+    job = Job("j")
+    job.add_source("events")
+    with pytest.raises(GraphError) as caught:
+        job.add_actor("a:b", Whole, inputs=["events"])
+    assert caught.value.argument == "name"
+    assert "without ':'" in str(caught.value)

@@ -112,8 +112,9 @@ def check_declaration(
             ``None`` or an int in 1..1024, ``key`` not ``None`` or a list or tuple of
             non-empty column names, or ``key`` given without ``parallelism``.
     """
-    if not isinstance(name, str) or not name:
-        raise GraphError("name", "a non-empty str", name)
+    if not isinstance(name, str) or not name or ":" in name:
+        # ':' names a side output in an input ("<actor>:<output>").
+        raise GraphError("name", "a non-empty str without ':'", name)
     if isinstance(factory, StreamActor) or not callable(factory):
         raise GraphError(
             "actor",
