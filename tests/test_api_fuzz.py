@@ -754,7 +754,8 @@ CONSTRUCTOR_EXEMPT = {
     # checked there).
     "Operator", "KeyedStream",
     # Functions of the testing kit that run a whole conformance suite or a script.
-    "check_table", "check_split_reader", "check_stream_actor", "drain", "play",
+    "check_table", "check_split_reader", "check_stream_actor", "check_stream_actor_kills",
+    "drain", "play",
     "rows_per_epoch",
 }  # fmt: skip
 

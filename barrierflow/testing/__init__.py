@@ -26,7 +26,8 @@
 * :func:`check_table` / :func:`check_split_reader` / :func:`check_stream_actor` —
   conformance suites for a user's own table (the exactly-once commit protocol), split log
   (offsets, exclusive starts, following, unknown splits) and stream actor (the same rows with
-  crashes and restarts as without), rule by rule (:mod:`barrierflow.testing.conformance`,
+  crashes and restarts as without; :func:`check_stream_actor_kills` with real SIGKILLs of
+  child processes that resume from disk), rule by rule (:mod:`barrierflow.testing.conformance`,
   :mod:`~barrierflow.testing.split_conformance`, :mod:`~barrierflow.testing.actor_conformance`);
   with ``crash_steps=True`` the table suite also SIGKILLs a child process driving a writer and
   a committer at every step and checks what a new committer recovers
@@ -37,6 +38,9 @@ import typing as _typing
 
 from barrierflow._removed import removed_names as _removed_names
 from barrierflow.testing.actor_conformance import check_stream_actor as check_stream_actor
+from barrierflow.testing.actor_conformance import (
+    check_stream_actor_kills as check_stream_actor_kills,
+)
 from barrierflow.testing.clock import FakeClock as FakeClock
 from barrierflow.testing.conformance import check_table as check_table
 from barrierflow.testing.postgres_server import PostgresServer as PostgresServer
@@ -70,6 +74,7 @@ __all__ = [
     "ScriptedSource",
     "check_split_reader",
     "check_stream_actor",
+    "check_stream_actor_kills",
     "check_table",
     "drain",
     "play",
