@@ -205,6 +205,18 @@ class Aggregations:
     def __repr__(self) -> str:
         return f"Aggregations({self.aggregations!r})"
 
+    def check_key(self, key: tuple[str, ...]) -> None:
+        """Refuse an output named like a key column (both would be columns of the output).
+
+        Raises:
+            InvalidArgumentError: naming the output.
+        """
+        for name in self.aggregations:
+            if name in key:
+                raise InvalidArgumentError(
+                    "aggregations", f"output names other than the key columns {list(key)}", name
+                )
+
     # Schemas.
 
     def _value_fields(self, input_schema: pa.Schema) -> list[pa.Field]:
@@ -250,11 +262,7 @@ class Aggregations:
                 that is not orderable.
             InvalidArgumentError: an output named like a key column.
         """
-        for name in self.aggregations:
-            if name in key:
-                raise InvalidArgumentError(
-                    "aggregations", f"output names other than the key columns {list(key)}", name
-                )
+        self.check_key(key)
         return pa.schema([*key_schema(input_schema, key), *self._value_fields(input_schema)])
 
     def view_schema(self, state_schema: pa.Schema) -> pa.Schema:

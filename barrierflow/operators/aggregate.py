@@ -85,6 +85,7 @@ def aggregate(
     """
     columns = check_columns("key", key)
     spec = Aggregations(aggregations)
+    spec.check_key(columns)
     _check_schema(schema, spec, columns)
     return Operator(
         "aggregate",
