@@ -305,8 +305,9 @@ class _AsyncMap(OperatorActor):
         self._idle: anyio.Event | None = None  # set when the last pending call was emitted
         self._emitting = anyio.Lock()  # one task emits at a time
         send, receive = anyio.create_memory_object_stream[_Call](s.concurrency)
-        with single_error():
-            async with anyio.create_task_group() as tg, send, receive:
+        # Closed after the task group: a worker waiting on a closed stream would fail.
+        with send, receive, single_error():
+            async with anyio.create_task_group() as tg:
                 for _ in range(s.concurrency):
                     tg.start_soon(self._worker, receive, ctx.name)
                 tg.start_soon(self._emitter, ctx)
