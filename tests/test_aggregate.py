@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from _changelog import Changelog
 from _timeouts import scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -55,43 +56,6 @@ class Collect(StreamActor):
         if isinstance(message, Chunk):
             Collect.seen.append(message)
         await ctx.emit(message)
-
-
-class Changelog:
-    """Applies emitted chunks to a dict, checking the emission rules on the way."""
-
-    def __init__(self, key: Sequence[str] = KEY) -> None:
-        self.key = tuple(key)
-        self.state: dict[tuple[Any, ...], dict[str, Any]] = {}
-        self.inserts = 0
-        self.updates = 0
-
-    def apply(self, chunks: Iterable[Chunk]) -> Changelog:
-        for chunk in chunks:
-            rows = chunk.batch.to_pylist()
-            ops = chunk.ops_numpy().tolist()
-            keys = [tuple(r[c] for c in self.key) for r in rows]
-            i = 0
-            touched: set[tuple[Any, ...]] = set()
-            while i < len(rows):
-                k, op = keys[i], ops[i]
-                assert k not in touched, f"key {k} twice in one epoch's changelog"
-                touched.add(k)
-                if op == Op.INSERT:
-                    assert k not in self.state, f"insert of a known key {k}"
-                    self.state[k] = rows[i]
-                    self.inserts += 1
-                    i += 1
-                    continue
-                assert op == Op.UPDATE_DELETE, f"op {op} alone"
-                assert ops[i + 1] == Op.UPDATE_INSERT
-                assert keys[i + 1] == k
-                assert self.state[k] == rows[i], "the update pair retracts another row"
-                assert rows[i] != rows[i + 1], "an update pair of an unchanged row"
-                self.state[k] = rows[i + 1]
-                self.updates += 1
-                i += 2
-        return self
 
 
 def reference(rows: Iterable[Row]) -> dict[tuple[Any, ...], dict[str, Any]]:

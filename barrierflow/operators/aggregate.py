@@ -38,7 +38,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.actors.backfill.materialize import VIEW_TABLE
+from barrierflow.actors.backfill.materialize import VIEW_TABLE, ViewActor
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk, Op
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
@@ -145,7 +145,7 @@ def _unchanged(old: pa.Table, new: pa.Table, key: tuple[str, ...]) -> npt.NDArra
     return same
 
 
-class _KeyedFold(OperatorActor):
+class _KeyedFold(OperatorActor, ViewActor):
     """The actor of :func:`aggregate` and :func:`reduce` (see the module)."""
 
     placement: ClassVar[Placement] = Placement.KEYED

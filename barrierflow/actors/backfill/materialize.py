@@ -34,14 +34,21 @@ from barrierflow.runtime.placement import Placement
 from barrierflow.runtime.state.versioned_checks import check_options
 from barrierflow.runtime.state.versioned_table import VersionedTable
 
-__all__ = ["VIEW_TABLE", "Materialize"]
+__all__ = ["VIEW_TABLE", "Materialize", "ViewActor"]
 
 #: The name of a materialize actor's versioned table.
 VIEW_TABLE = "view"
 
 
+class ViewActor(StreamActor):
+    """The base of the actors that keep a materialized view: a versioned table
+    :data:`VIEW_TABLE`, keyed by the view's primary key, that holds exactly the rows the actor
+    emitted, its change log the changes it emitted — what a snapshot backfill reads
+    (:class:`Materialize`, a keyed aggregate)."""
+
+
 @final
-class Materialize(StreamActor):
+class Materialize(ViewActor):
     """Keeps its input as a materialized view and forwards it (see the module).
 
     Args:

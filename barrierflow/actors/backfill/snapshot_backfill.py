@@ -41,7 +41,8 @@ has emitted, and its change log every later emission, so the new job sees the vi
 stream — whatever its phase.
 
 The upstream is the view (its forwarded output); ``view=`` names the Materialize actor (or its
-parallel group) — anything else is refused when the job is added
+parallel group), or another actor keeping a view (:class:`~.materialize.ViewActor`: a keyed
+aggregate) — anything else is refused when the job is added
 (:class:`~barrierflow.errors.NotAMaterializedViewError`). A parallel view is read by naming
 its group in a list of inputs (``inputs=["view"]`` stands for ``view.0``, ``view.1``, …:
 merged, barriers aligned). A
@@ -63,7 +64,7 @@ from barrierflow.actors.backfill.errors import (
     UpstreamEndedDuringBackfillError,
     VnodeUpdateDuringBackfillError,
 )
-from barrierflow.actors.backfill.materialize import VIEW_TABLE, Materialize
+from barrierflow.actors.backfill.materialize import VIEW_TABLE, ViewActor
 from barrierflow.actors.backfill.snapshot_progress import SnapshotPhase, SnapshotProgress
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
@@ -133,7 +134,7 @@ class SnapshotBackfill(StreamActor):
             for name, actor in ctx.graph.items()
             if name == self.view or name.rpartition(".")[0] == self.view
         ]
-        if not members or not all(isinstance(actor, Materialize) for actor in members):
+        if not members or not all(isinstance(actor, ViewActor) for actor in members):
             raise NotAMaterializedViewError(self.view, VIEW_TABLE)
 
     # The run.
