@@ -13,6 +13,7 @@ from benchmarks.channels import BENCHMARKS as CHANNEL_BENCHMARKS
 from benchmarks.coordinator import BENCHMARKS as COORDINATOR_BENCHMARKS
 from benchmarks.harness import Settings
 from benchmarks.jobs import BENCHMARKS as JOB_BENCHMARKS
+from benchmarks.keyed_aggregate import BENCHMARKS as KEYED_AGGREGATE_BENCHMARKS
 from benchmarks.metrics import BENCHMARKS as METRICS_BENCHMARKS
 from benchmarks.operators import BENCHMARKS as OPERATOR_BENCHMARKS
 from benchmarks.runtime import BENCHMARKS as RUNTIME_BENCHMARKS
@@ -32,6 +33,7 @@ BENCHMARKS = {
     **SPARK_BRIDGE_BENCHMARKS,
     **METRICS_BENCHMARKS,
     **OPERATOR_BENCHMARKS,
+    **KEYED_AGGREGATE_BENCHMARKS,
 }
 
 __all__ = ["BENCHMARKS", "main", "run_benchmarks"]

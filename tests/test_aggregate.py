@@ -29,7 +29,7 @@ from barrierflow.errors import (
 from barrierflow.operators._accumulators import FUNCTIONS, Aggregations, Reduction, group_rows
 from barrierflow.operators.aggregate import FOLD_ROWS, aggregate, reduce
 from barrierflow.runtime import ActorContext, Placement, Runtime, RuntimeConfig, StreamActor
-from barrierflow.testing.actor_conformance import check_stream_actor
+from barrierflow.testing.actor_conformance import check_stream_actor, check_stream_actor_kills
 
 pytestmark = pytest.mark.anyio
 
@@ -627,3 +627,17 @@ async def test_the_view_table_holds_exactly_the_output_rows(tmp_path: Path) -> N
         "m:count": 3,
         "s": 6,
     }
+
+
+@pytest.mark.subprocess
+async def test_aggregate_commits_the_same_rows_across_sigkills(
+    tmp_path: Path, anyio_backend_name: str
+) -> None:
+    epochs = [[(i % 7, i), (i % 3, None), (i % 5, -i)] for i in range(9)]
+    chunks = [Chunk(_batch(rows)) for rows in epochs]
+    factory, output = CONFORMANCE[0]
+    report = await check_stream_actor_kills(
+        factory, chunks, output=output, state_dir=tmp_path, kills=3, seed=4
+    )
+    report.raise_for_failures()
+    assert len(report.results[0].detail.split("; ")) == 4  # three kills, then the end
