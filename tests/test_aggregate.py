@@ -641,3 +641,29 @@ async def test_aggregate_commits_the_same_rows_across_sigkills(
     )
     report.raise_for_failures()
     assert len(report.results[0].detail.split("; ")) == 4  # three kills, then the end
+
+
+async def test_a_key_of_several_columns_of_several_types(tmp_path: Path) -> None:
+    schema = pa.schema([("region", pa.string()), ("day", pa.int32()), ("v", pa.float64())])
+    rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600))
+    rt.add_source("events")
+    operator = aggregate(["region", "day"], total=("v", "sum"), avg=("v", "mean"))
+    rt.add_actor("agg", operator, inputs=["events"], parallelism=2)
+    rt.add_actor("collect", Collect, inputs=["agg"])
+    Collect.seen = []
+    rows = [("eu", 1, 1.0), ("us", 1, 2.0), ("eu", 2, 4.0), ("eu", 1, 3.0)]
+    more = [("eu", 1, 5.0), ("us", 2, 1.0)]
+    async with rt:
+        for part in (rows, more):
+            columns = list(zip(*part, strict=True))
+            await rt.push(
+                "events", Chunk(pa.record_batch([pa.array(c) for c in columns], schema=schema))
+            )
+            await rt.checkpoint()
+    state = Changelog(("region", "day")).apply(Collect.seen).state
+    assert state == {
+        ("eu", 1): {"region": "eu", "day": 1, "total": 9.0, "avg": 3.0},
+        ("us", 1): {"region": "us", "day": 1, "total": 2.0, "avg": 2.0},
+        ("eu", 2): {"region": "eu", "day": 2, "total": 4.0, "avg": 4.0},
+        ("us", 2): {"region": "us", "day": 2, "total": 1.0, "avg": 1.0},
+    }

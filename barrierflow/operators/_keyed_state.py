@@ -37,7 +37,12 @@ neither.
   rows. Its committed meta is readable, though: an instance finds every earlier member of its
   group from the metas (``group``), and if one that is gone holds rows of some vnode it refuses
   to start with :class:`~barrierflow.errors.KeyedStateOrphanedError` — never starting those keys
-  from nothing. (A gone instance whose vnodes were moved away live holds none: allowed.)
+  from nothing. (A gone instance whose vnodes were moved away live holds none: allowed.) An
+  actor declared without ``parallelism`` is named ``agg``, a group ``agg.0``, ``agg.1``, …: to
+  change its parallelism across restarts later, declare a group from the start (even of one).
+  Live, the same holds for an instance dropped by an ``Update``: it passes its last barrier
+  and writes nothing after it, so its rows stay in its table — give it an empty bitmap first
+  (its rows move out in the epoch that barrier opens), and drop it at a later barrier.
 
 **The schema** is needed before the tables open. An operator that knows its input's schema
 opens them at restore; one that does not opens them at its first chunk — or at restore from the

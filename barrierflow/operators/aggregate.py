@@ -25,7 +25,10 @@ are for later); a null in a key column with :class:`~barrierflow.errors.InvalidA
 (the key is the view's primary key). Its schema is needed to open the state tables: given as
 ``schema=``, the tables open when the actor starts (and a wrong schema is refused when the
 operator is made); otherwise they open at the first chunk (or, after a restart, from the schema
-the state recorded), and every chunk after it must have the same schema.
+the state recorded), and every chunk after it must have the same schema. Declare ``schema=``
+for an aggregate a job will read with a snapshot backfill: its view must exist before the first
+row comes. A restart whose aggregations give the state another schema (an output added, a type
+changed) is refused with :class:`~barrierflow.errors.SchemaMismatchError`.
 """
 
 from __future__ import annotations
