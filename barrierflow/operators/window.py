@@ -137,13 +137,10 @@ def window_aggregate(
     if late not in ("drop", "output"):
         raise InvalidArgumentError("late", "'drop' or 'output'", late)
     spec = Aggregations(aggregations)
+    spec.check_key((*columns, *_RESERVED))
     for name in _RESERVED:
         if name in columns:
             raise InvalidArgumentError("key", f"key columns other than {list(_RESERVED)}", name)
-        if name in spec.aggregations:
-            raise InvalidArgumentError(
-                "aggregations", f"output names other than {list(_RESERVED)}", name
-            )
         if any(column == name for column, _ in spec.aggregations.values()):
             raise InvalidArgumentError(
                 "aggregations", f"input columns other than {list(_RESERVED)}", name
