@@ -17,11 +17,20 @@ from barrierflow.channels import Barrier, Chunk, Message, Op
 from barrierflow.errors import (
     ActorFailedError,
     ChangelogInputError,
+    GraphError,
     InvalidArgumentError,
     SchemaMismatchError,
 )
-from barrierflow.operators import filter_rows, map_batches
-from barrierflow.runtime import ActorContext, Placement, Runtime, RuntimeConfig, StreamActor
+from barrierflow.operators import Stream, filter_rows, map_batches
+from barrierflow.operators._operator import OperatorActor, check_columns
+from barrierflow.runtime import (
+    ActorContext,
+    Job,
+    Placement,
+    Runtime,
+    RuntimeConfig,
+    StreamActor,
+)
 from barrierflow.testing.actor_conformance import check_stream_actor
 
 pytestmark = pytest.mark.anyio
@@ -259,3 +268,192 @@ async def test_each_operator_reports_its_counters_in_the_runtimes_metrics(tmp_pa
     assert rows_in.value(actor="positive", operator="filter") == 3
     assert rows_out.value(actor="positive", operator="filter") == 2
     assert families["barrierflow_operator_state_rows"].kind == "gauge"
+
+
+# Refusals: each names the argument, what was expected and what arrived, exactly.
+
+
+def _same(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch
+
+
+def _fields(error: InvalidArgumentError) -> tuple[Any, Any, Any]:
+    return error.argument, error.expected, error.got
+
+
+def test_map_batches_refusals() -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        map_batches(3)  # type: ignore[arg-type]
+    assert _fields(caught.value) == ("fn", "a function of a pyarrow.RecordBatch", 3)
+    with pytest.raises(InvalidArgumentError) as caught:
+        map_batches(_same, schema="s")  # type: ignore[arg-type]
+    assert _fields(caught.value) == ("schema", "None or a pyarrow.Schema", "s")
+
+
+def test_filter_rows_refusal() -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        filter_rows("clicks > 0")  # type: ignore[arg-type]
+    assert _fields(caught.value) == (
+        "predicate",
+        "a pyarrow.compute Expression or a function returning a mask",
+        "clicks > 0",
+    )
+
+
+def test_operator_kinds() -> None:
+    assert map_batches(_same).kind == "map_batches"
+    assert filter_rows(_same).kind == "filter"
+
+
+def test_check_columns() -> None:
+    assert check_columns("key", "user") == ("user",)
+    assert check_columns("key", ["a", "b"]) == ("a", "b")
+    assert check_columns("key", [], allow_empty=True) == ()
+    for bad in ([], [""], "", 3, ["a", 3]):
+        with pytest.raises(InvalidArgumentError) as caught:
+            check_columns("key", bad)
+        assert _fields(caught.value) == ("key", "a column name or a list of column names", bad)
+    with pytest.raises(InvalidArgumentError) as caught:
+        check_columns("key", ("a", "a"))
+    assert _fields(caught.value) == ("key", "each column once", ["a", "a"])
+
+
+def test_an_operator_actor_reports_before_it_runs_with_an_empty_actor_label() -> None:
+    actor = OperatorActor()
+    families = {f.name: f for f in actor.metric_families()}
+    rows_in = families["barrierflow_operator_rows_in"]
+    assert rows_in.kind == "counter"
+    assert rows_in.help == "rows an operator read"
+    assert rows_in.value(actor="", operator="operator") == 0
+    kinds = {name: f.kind for name, f in families.items()}
+    assert {n for n, k in kinds.items() if k == "gauge"} == {
+        "barrierflow_operator_calls_in_flight",
+        "barrierflow_operator_state_rows",
+    }
+
+
+class _AddsOnly:
+    """Has add_actor but no name_in_use: not a target."""
+
+    def add_actor(self, *args: Any, **kwargs: Any) -> None: ...
+
+
+def test_stream_refusals(tmp_path: Path) -> None:
+    for target in (object(), _AddsOnly()):
+        with pytest.raises(InvalidArgumentError) as caught:
+            Stream(target, "events")
+        assert _fields(caught.value) == ("target", "a Runtime or a Job", target)
+    rt = Runtime(RuntimeConfig(str(tmp_path / "s.db")))
+    rt.add_source("events")
+    for bad in ("", 3):
+        with pytest.raises(InvalidArgumentError) as caught:
+            Stream(rt, bad)  # type: ignore[arg-type]
+        assert _fields(caught.value) == ("name", "the name of a declared actor", bad)
+    events = Stream(rt, "events")
+    for bad in ("", 3):
+        with pytest.raises(InvalidArgumentError) as caught:
+            events.step_name(bad, "map")  # type: ignore[arg-type]
+        assert _fields(caught.value) == ("name", "None or a non-empty actor name", bad)
+    for bad in ("", "a:b", 3):
+        with pytest.raises(InvalidArgumentError) as caught:
+            events.side(bad)  # type: ignore[arg-type]
+        assert _fields(caught.value) == ("output", "a side output's name", bad)
+    with pytest.raises(InvalidArgumentError) as caught:
+        events.side("late").side("later")
+    assert _fields(caught.value) == ("output", "a side output of a step", "events:late")
+    assert events.side("late").step_name(None, "filter") == "events.late.filter"
+    assert repr(events.key_by("user")) == "KeyedStream('events', key=['user'])"
+    assert repr(events) == "Stream('events')"
+
+
+def test_stream_passes_its_arguments_on() -> None:
+    job = Job("j")
+    job.add_source("events")
+    events = Stream(job, "events")
+    events.filter(_same, parallelism=2)
+    events.key_by("user").aggregate(n=("clicks", "count"), parallelism=2)
+    events.key_by("user").reduce(lambda a, b: b, name="r", parallelism=3)
+    events.apply("k", map_batches(_same), parallelism=2, key=["user"])
+    names = job.actor_names()
+    for name in ("events.filter.0", "events.filter.1", "events.aggregate.1", "r.2", "k.1"):
+        assert name in names
+    # The key reached add_actor: a key the actor's rows lack is checked by the graph then.
+    with pytest.raises(GraphError):
+        events.apply("k2", map_batches(_same), key=["user"])
+
+
+async def test_schemas_reach_the_operators(tmp_path: Path) -> None:
+    other = pa.schema([("user", pa.int32())])
+    for step in (
+        lambda s: s.map_batches(_same, schema=other),
+        lambda s: s.key_by("user").aggregate(n=("clicks", "count"), schema=other),
+        lambda s: s.key_by("user").reduce(lambda a, b: b, schema=other),
+    ):
+        rt = Runtime(RuntimeConfig(str(tmp_path / f"{id(step)}.db")))
+        rt.add_source("events")
+        with pytest.raises((ActorFailedError, InvalidArgumentError)):
+            step(Stream(rt, "events"))  # refused here, or on the first rows
+            async with rt:
+                await rt.push("events", Chunk.from_pydict({"user": [1], "clicks": [2]}, SCHEMA))
+                await rt.checkpoint()
+
+
+async def test_the_actors_own_refusals_name_their_actor_and_what_came(tmp_path: Path) -> None:
+    def to_dict(batch: pa.RecordBatch) -> Any:
+        return {"x": 1}
+
+    cases: list[tuple[Any, tuple[Any, Any, Any]]] = [
+        (
+            map_batches(to_dict),
+            ("map_batches 'op': fn's result", "a pyarrow.RecordBatch", {"x": 1}),
+        ),
+        (
+            filter_rows(lambda b: pa.array([1, 2])),
+            ("filter 'op': the predicate's result", "a boolean mask of 2 entries", "int64[2]"),
+        ),
+        (
+            filter_rows(lambda b: "no"),
+            ("filter 'op': the predicate's result", "a boolean mask of 2 entries", "no"),
+        ),
+    ]
+    for operator, fields in cases:
+        rt = Runtime(RuntimeConfig(str(tmp_path / f"{id(operator)}.db")))
+        rt.add_source("events")
+        rt.add_actor("op", operator, inputs=["events"])
+        with pytest.raises(ActorFailedError) as caught:
+            async with rt:
+                await rt.push(
+                    "events", Chunk.from_pydict({"user": [1, 2], "clicks": [2, 3]}, SCHEMA)
+                )
+                await rt.checkpoint()
+        cause = caught.value.cause
+        assert isinstance(cause, InvalidArgumentError)
+        assert _fields(cause) == fields
+
+
+async def test_a_chunked_mask_and_counters_over_several_chunks(tmp_path: Path) -> None:
+    def chunked(batch: pa.RecordBatch) -> pa.ChunkedArray:
+        mask = pc.greater(batch["clicks"], 1)
+        return pa.chunked_array([mask.slice(0, 1), mask.slice(1)])
+
+    rt = Runtime(RuntimeConfig(str(tmp_path / "s.db")))
+    rt.add_source("events")
+    rt.add_actor("double", map_batches(_same), inputs=["events"])
+    rt.add_actor("keep", filter_rows(chunked), inputs=["double"])
+    async with rt:
+        for _ in range(2):
+            await rt.push("events", Chunk.from_pydict({"user": [1, 2], "clicks": [1, 3]}, SCHEMA))
+        await rt.checkpoint()
+        families = {f.name: f for f in await rt.metrics.snapshot()}
+    rows_in, rows_out = (
+        families["barrierflow_operator_rows_in"],
+        families["barrierflow_operator_rows_out"],
+    )
+    assert (
+        rows_in.value(actor="double", operator="map_batches"),
+        rows_out.value(actor="double", operator="map_batches"),
+    ) == (4, 4)
+    assert (
+        rows_in.value(actor="keep", operator="filter"),
+        rows_out.value(actor="keep", operator="filter"),
+    ) == (4, 2)

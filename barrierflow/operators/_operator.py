@@ -127,14 +127,13 @@ def check_columns(argument: str, columns: object, *, allow_empty: bool = False) 
     Raises:
         InvalidArgumentError: anything else (or no names, unless ``allow_empty``).
     """
-    if isinstance(columns, str):
-        columns = (columns,)
+    names = (columns,) if isinstance(columns, str) else columns
     if (
-        not isinstance(columns, list | tuple)
-        or not all(isinstance(c, str) and c for c in columns)
-        or (not columns and not allow_empty)
+        not isinstance(names, list | tuple)
+        or not all(isinstance(c, str) and c for c in names)
+        or (not names and not allow_empty)
     ):
         raise InvalidArgumentError(argument, "a column name or a list of column names", columns)
-    if len(set(columns)) != len(columns):
-        raise InvalidArgumentError(argument, "each column once", list(columns))
-    return tuple(columns)
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(argument, "each column once", list(names))
+    return tuple(names)
