@@ -667,3 +667,103 @@ async def test_a_key_of_several_columns_of_several_types(tmp_path: Path) -> None
         ("eu", 2): {"region": "eu", "day": 2, "total": 4.0, "avg": 4.0},
         ("us", 2): {"region": "us", "day": 2, "total": 1.0, "avg": 1.0},
     }
+
+
+def test_as_batch_gives_one_batch_of_any_table() -> None:
+    from barrierflow.operators._accumulators import as_batch
+
+    two = pa.concat_tables([pa.table({"a": [1]}), pa.table({"a": [2, 3]})])
+    assert as_batch(two).to_pylist() == [{"a": 1}, {"a": 2}, {"a": 3}]
+    empty = as_batch(pa.table({"a": pa.array([], pa.int8())}))
+    assert empty.num_rows == 0
+    assert empty.schema == pa.schema([("a", pa.int8())])
+
+
+@pytest.mark.parametrize(
+    "typ",
+    [
+        pa.int16(),
+        pa.uint8(),
+        pa.float32(),
+        pa.string(),
+        pa.large_string(),
+        pa.binary(),
+        pa.large_binary(),
+        pa.timestamp("ms"),
+        pa.date32(),
+        pa.duration("s"),
+    ],
+)
+def test_min_and_max_take_numbers_times_strings_and_binaries(typ: pa.DataType) -> None:
+    schema = pa.schema([("k", pa.int64()), ("v", typ)])
+    spec = Aggregations({"lo": ("v", "min"), "hi": ("v", "max")})
+    assert spec.output_schema(schema, KEY).field("lo").type == typ
+
+
+def test_a_mean_keeps_a_float_sum_and_a_count_and_outputs_a_float() -> None:
+    spec = Aggregations({"m": ("v", "mean"), "c": ("v", "count")})
+    state = spec.state_schema(SCHEMA, KEY)
+    assert state == pa.schema(
+        [
+            pa.field("k", pa.int64(), nullable=False),
+            ("m:sum", pa.float64()),
+            pa.field("m:count", pa.int64(), nullable=False),
+            pa.field("c", pa.int64(), nullable=False),
+        ]
+    )
+    assert spec.view_schema(state) == pa.schema(
+        [
+            pa.field("k", pa.int64(), nullable=False),
+            ("m", pa.float64()),
+            pa.field("c", pa.int64(), nullable=False),
+        ]
+    )
+    partial = spec.partial(pa.table({"k": [1, 1, 1], "v": [1, None, 2]}), KEY)
+    assert partial.to_pylist() == [{"k": 1, "m:sum": 3.0, "m:count": 2, "c": 2}]
+    assert spec.outputs(partial).to_pylist() == [{"k": 1, "m": 1.5, "c": 2}]
+
+
+@pytest.mark.parametrize(
+    "aggregations",
+    [
+        [("x", ("v", "sum"))],
+        {1: ("v", "sum")},
+        {"": ("v", "sum")},
+        {"x": (1, "sum")},
+        {"x": ("v", 2)},
+    ],
+)
+def test_aggregations_refuse_what_is_not_named_pairs_of_strs(aggregations: Any) -> None:
+    with pytest.raises(InvalidArgumentError):
+        Aggregations(aggregations)
+
+
+def test_aggregations_say_what_they_hold() -> None:
+    assert repr(Aggregations({"x": ("v", "sum")})) == "Aggregations({'x': ('v', 'sum')})"
+    assert Reduction(max).actor == "reduce"
+
+
+def test_a_reduction_of_no_rows_is_no_rows() -> None:
+    calls: list[int] = []
+
+    def never(acc: pa.RecordBatch, more: pa.RecordBatch) -> pa.RecordBatch:
+        calls.append(1)
+        return acc
+
+    out = Reduction(never).partial(SCHEMA.empty_table(), KEY)
+    assert out.num_rows == 0
+    assert calls == []
+    single = Reduction(never).partial(pa.table({"k": [1, 2], "v": [3, 4]}), KEY)
+    assert single.to_pylist() == [{"k": 1, "v": 3}, {"k": 2, "v": 4}]
+    assert calls == []  # one row per key: nothing to combine
+
+
+async def test_a_chunk_without_the_key_column_is_refused(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path, aggregate("k", s=("v", "sum")))
+    with pytest.raises(ActorFailedError) as caught:
+        async with rt:
+            await rt.push("events", Chunk(pa.record_batch({"v": [1]})))
+            await rt.checkpoint()
+    cause = caught.value.cause
+    assert isinstance(cause, SchemaMismatchError)
+    assert cause.argument == "key"
