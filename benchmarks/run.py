@@ -21,6 +21,7 @@ from benchmarks.sinks import BENCHMARKS as SINK_BENCHMARKS
 from benchmarks.sources import BENCHMARKS as SOURCE_BENCHMARKS
 from benchmarks.spark_bridge import BENCHMARKS as SPARK_BRIDGE_BENCHMARKS
 from benchmarks.views import BENCHMARKS as VIEW_BENCHMARKS
+from benchmarks.windows import BENCHMARKS as WINDOW_BENCHMARKS
 
 BENCHMARKS = {
     **CHANNEL_BENCHMARKS,
@@ -34,6 +35,7 @@ BENCHMARKS = {
     **METRICS_BENCHMARKS,
     **OPERATOR_BENCHMARKS,
     **KEYED_AGGREGATE_BENCHMARKS,
+    **WINDOW_BENCHMARKS,
 }
 
 __all__ = ["BENCHMARKS", "main", "run_benchmarks"]

@@ -381,7 +381,9 @@ class _WindowAggregate(OperatorActor):
         plan = self._plan
         assert plan is not None
         assert plan.rows is not None
-        taken = batch.take(pa.array(rows))
+        # A tumbling window's kept rows are each row once, in order: all of them is no take.
+        whole = plan.windows.count == 1 and len(rows) == batch.num_rows
+        taken = batch if whole else batch.take(pa.array(rows))
         columns = [
             plan.time.column_of(starts) if f.name == WINDOW_START else taken.column(f.name)
             for f in plan.rows
