@@ -881,9 +881,9 @@ def test_a_schema_that_does_not_fit_is_refused_when_called(
         (lambda: Tumbling(True), "size"),
         (lambda: Tumbling("1m"), "size"),
         (lambda: Sliding(10, 0), "every"),
-        (lambda: Sliding(10, 3), "Sliding.size"),
-        (lambda: Sliding(5, 10), "Sliding.size"),
-        (lambda: Sliding(timedelta(seconds=10), timedelta(seconds=4)), "Sliding.size"),
+        (lambda: Sliding(10, 3), "Sliding(size, every)"),
+        (lambda: Sliding(5, 10), "Sliding(size, every)"),
+        (lambda: Sliding(timedelta(seconds=10), timedelta(seconds=4)), "Sliding(size, every)"),
     ],
 )
 def test_bad_arguments_are_refused_when_called(call: Any, argument: str) -> None:

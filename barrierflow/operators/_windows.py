@@ -70,7 +70,10 @@ def check_duration(argument: str, value: object, *, positive: bool) -> Duration:
     if isinstance(value, timedelta):
         ok = value > timedelta(0) if positive else value >= timedelta(0)
     elif _is_number(value):
-        number = float(value)  # type: ignore[arg-type]
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except OverflowError:  # an int beyond a float: no duration anything compares with
+            number = math.inf
         ok = math.isfinite(number) and (number > 0 if positive else number >= 0)
     else:
         ok = False
@@ -291,7 +294,8 @@ class Sliding:
 
     Raises:
         InvalidArgumentError: either is not a positive timedelta or number, or ``size`` is not
-            a whole multiple of ``every``.
+            a whole multiple of ``every`` (the error's argument is ``Sliding(size, every)``: the
+            pair is wrong).
     """
 
     size: Duration
@@ -301,9 +305,9 @@ class Sliding:
         check_duration("size", self.size, positive=True)
         check_duration("every", self.every, positive=True)
         ratio = _seconds(self.size) / _seconds(self.every)
-        if ratio < 1 or abs(ratio - round(ratio)) > 1e-9:
+        if not math.isfinite(ratio) or ratio < 1 or abs(ratio - round(ratio)) > 1e-9:
             raise InvalidArgumentError(
-                "Sliding.size", f"a whole multiple of every={self.every!r}", self.size
+                "Sliding(size, every)", "a size that is a whole multiple of every", self
             )
 
     def assigner(self, time: EventTime) -> Assigner:
@@ -318,7 +322,9 @@ class Sliding:
         ratio = size / every
         if abs(ratio - round(ratio)) > 1e-9 * max(1.0, ratio):
             raise InvalidArgumentError(
-                "Sliding.size", f"a whole multiple of every ({every} ticks)", f"{size} ticks"
+                "Sliding(size, every)",
+                f"a size that is a whole multiple of every in {time.column!r}'s ticks",
+                f"{size} and {every} ticks",
             )
         return Assigner(size, every)
 

@@ -134,7 +134,7 @@ def window_aggregate(
     if not isinstance(on, str) or not on:
         raise InvalidArgumentError("on", "the event-time column's name", on)
     check_duration("allowed_lateness", allowed_lateness, positive=False)
-    if late not in ("drop", "output"):
+    if not isinstance(late, str) or late not in ("drop", "output"):
         raise InvalidArgumentError("late", "'drop' or 'output'", late)
     spec = Aggregations(aggregations)
     spec.check_key((*columns, *_RESERVED))
