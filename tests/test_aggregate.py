@@ -767,3 +767,29 @@ async def test_a_chunk_without_the_key_column_is_refused(tmp_path: Path) -> None
     cause = caught.value.cause
     assert isinstance(cause, SchemaMismatchError)
     assert cause.argument == "key"
+
+
+def test_combining_partials_keeps_the_first_rows_null_and_the_last_rows_null() -> None:
+    spec = Aggregations({"f": ("v", "first"), "l": ("v", "last"), "s": ("v", "sum")})
+    schema = spec.state_schema(SCHEMA, KEY)
+    partials = pa.table(
+        {
+            "k": [1, 1, 2, 2],
+            "f": [None, 3, 7, None],
+            "l": [5, None, None, 8],
+            "s": [1, None, None, 2],
+        }
+    ).cast(schema)
+    assert spec.combine(partials, KEY).to_pylist() == [
+        {"k": 1, "f": None, "l": None, "s": 1},
+        {"k": 2, "f": 7, "l": 8, "s": 2},
+    ]
+
+
+def test_a_reduction_combines_partials_as_rows() -> None:
+    reduction = Reduction(_concat)
+    first = reduction.partial(pa.table({"k": [1, 2, 1], "s": ["a", "x", "b"]}), KEY)
+    second = reduction.partial(pa.table({"k": [1, 1], "s": ["c", "d"]}), KEY)
+    combined = reduction.combine(pa.concat_tables([first, second]), KEY)
+    assert combined.to_pylist() == [{"k": 1, "s": "abcd"}, {"k": 2, "s": "x"}]
+    assert reduction.merge(first.take([0]), second, KEY).to_pylist() == [{"k": 1, "s": "abcd"}]

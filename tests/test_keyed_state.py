@@ -51,33 +51,43 @@ def _batch(keys: Sequence[int], value: int) -> Chunk:
     )
 
 
-def _operator() -> Any:
-    return aggregate("k", schema=SCHEMA, s=("v", "sum"), n=("v", "count"))
+def _operator(kind: str = "view") -> Any:
+    """The state is the view, or (``"state"``: a mean) kept in a second table."""
+    if kind == "view":
+        return aggregate("k", schema=SCHEMA, s=("v", "sum"), n=("v", "count"))
+    return aggregate("k", schema=SCHEMA, s=("v", "sum"), n=("v", "count"), avg=("v", "mean"))
+
+
+KINDS = pytest.mark.parametrize("kind", ["view", "state"])
 
 
 Step = Callable[[Runtime], Awaitable[None]]
 
 
 async def _phase(
-    path: Path, parallelism: int | None, steps: Sequence[Step]
+    path: Path, parallelism: int | None, steps: Sequence[Step], kind: str = "view"
 ) -> tuple[list[Chunk], dict[str, list[int]]]:
     """Run the aggregate with ``parallelism`` over ``steps``; what it emitted and, at the end,
-    the keys each instance's view table holds."""
+    the keys each instance's view table holds (checking its state table holds the same)."""
     Collect.seen = []
     rt = Runtime(RuntimeConfig(state_path=str(path / "state.db"), barrier_interval=3600))
     rt.add_source("events")
     options: dict[str, Any] = {} if parallelism is None else {"parallelism": parallelism}
-    rt.add_actor("agg", _operator(), inputs=["events"], **options)
+    rt.add_actor("agg", _operator(kind), inputs=["events"], **options)
     rt.add_actor("collect", Collect, inputs=["agg"])
     held: dict[str, list[int]] = {}
+    kept: dict[str, list[int]] = {}
     with anyio.fail_after(scaled(60)):
         async with rt:
             for step in steps:
                 await step(rt)
             epoch = await rt.checkpoint()
-            for table in rt._store.versioned_group("agg", VIEW_TABLE):  # type: ignore[union-attr]
-                rows = [await table.read_vnode(v, epoch) for v in range(table.vnode_count)]
-                held[table.owner] = sorted(pa.concat_tables(rows).column("k").to_pylist())
+            store: Any = rt._store
+            for name, found in ((VIEW_TABLE, held), ("state", kept)):
+                for table in store.versioned_group("agg", name):
+                    rows = [await table.read_vnode(v, epoch) for v in range(table.vnode_count)]
+                    found[table.owner] = sorted(pa.concat_tables(rows).column("k").to_pylist())
+    assert kept == ({} if kind == "view" else held)
     return list(Collect.seen), held
 
 
@@ -96,13 +106,18 @@ def move(bitmaps: dict[str, VnodeBitmap]) -> Step:
     return step
 
 
-def expected(*pushes: tuple[Sequence[int], int]) -> dict[tuple[int], dict[str, int]]:
-    state: dict[tuple[int], dict[str, int]] = {}
+def expected(
+    *pushes: tuple[Sequence[int], int], kind: str = "view"
+) -> dict[tuple[int], dict[str, Any]]:
+    state: dict[tuple[int], dict[str, Any]] = {}
     for keys, value in pushes:
         for k in keys:
             row = state.setdefault((k,), {"k": k, "s": 0, "n": 0})
             row["s"] += value
             row["n"] += 1
+    if kind == "state":
+        for row in state.values():
+            row["avg"] = row["s"] / row["n"]
     return state
 
 
@@ -115,8 +130,9 @@ ALL_KEYS = list(range(KEYS))
 QUARTERS = VnodeBitmap.split(4)
 
 
+@KINDS
 async def test_a_live_rescale_moves_the_rows_of_the_vnodes_and_keeps_the_state(
-    tmp_path: Path,
+    tmp_path: Path, kind: str
 ) -> None:
     swapped = {
         "agg.0": QUARTERS[0] | QUARTERS[2] | QUARTERS[3],  # gains the half of agg.1
@@ -126,9 +142,10 @@ async def test_a_live_rescale_moves_the_rows_of_the_vnodes_and_keeps_the_state(
         tmp_path,
         2,
         [push(ALL_KEYS, 1), move(swapped), push(ALL_KEYS, 2), push(ALL_KEYS[:10], 5)],
+        kind,
     )
     log = Changelog().apply(chunks)  # no insert of a known key: the moved state was there
-    assert log.state == expected((ALL_KEYS, 1), (ALL_KEYS, 2), (ALL_KEYS[:10], 5))
+    assert log.state == expected((ALL_KEYS, 1), (ALL_KEYS, 2), (ALL_KEYS[:10], 5), kind=kind)
     assert log.inserts == KEYS
     assert_one_table_per_key(held)
     owner = np.array([QUARTERS.index(q) for q in QUARTERS])
@@ -152,26 +169,29 @@ async def test_a_second_live_move_before_a_checkpoint_reads_the_first_ones_rows(
     assert_one_table_per_key(held)
 
 
-async def test_a_restart_with_more_instances_keeps_the_state(tmp_path: Path) -> None:
-    first, held2 = await _phase(tmp_path, 2, [push(ALL_KEYS, 1)])
+@KINDS
+async def test_a_restart_with_more_instances_keeps_the_state(tmp_path: Path, kind: str) -> None:
+    first, held2 = await _phase(tmp_path, 2, [push(ALL_KEYS, 1)], kind)
     assert sorted(held2) == ["agg.0", "agg.1"]
-    second, held3 = await _phase(tmp_path, 3, [push(ALL_KEYS, 2)])
+    second, held3 = await _phase(tmp_path, 3, [push(ALL_KEYS, 2)], kind)
     log = Changelog().apply(first + second)
-    assert log.state == expected((ALL_KEYS, 1), (ALL_KEYS, 2))
+    assert log.state == expected((ALL_KEYS, 1), (ALL_KEYS, 2), kind=kind)
     assert log.inserts == KEYS  # the restarted instances knew every key
     assert sorted(held3) == ["agg.0", "agg.1", "agg.2"]
     assert all(held3.values())
     assert_one_table_per_key(held3)
 
 
+@KINDS
 async def test_a_restart_after_a_live_rescale_moves_rows_back_to_the_even_split(
-    tmp_path: Path,
+    tmp_path: Path, kind: str
 ) -> None:
     lopsided = {"agg.0": QUARTERS[0], "agg.1": QUARTERS[1] | QUARTERS[2] | QUARTERS[3]}
-    first, _ = await _phase(tmp_path, 2, [push(ALL_KEYS, 1), move(lopsided), push(ALL_KEYS, 1)])
-    second, held = await _phase(tmp_path, 2, [push(ALL_KEYS, 4)])
+    steps = [push(ALL_KEYS, 1), move(lopsided), push(ALL_KEYS, 1)]
+    first, _ = await _phase(tmp_path, 2, steps, kind)
+    second, held = await _phase(tmp_path, 2, [push(ALL_KEYS, 4)], kind)
     log = Changelog().apply(first + second)
-    assert log.state == expected((ALL_KEYS, 1), (ALL_KEYS, 1), (ALL_KEYS, 4))
+    assert log.state == expected((ALL_KEYS, 1), (ALL_KEYS, 1), (ALL_KEYS, 4), kind=kind)
     assert_one_table_per_key(held)
     assert abs(len(held["agg.0"]) - len(held["agg.1"])) < KEYS // 3  # back to halves
 
@@ -212,16 +232,19 @@ async def test_a_restart_with_fewer_instances_is_refused_while_a_gone_one_holds_
     assert cause.vnodes == tuple(sorted({int(v) for v in vnodes if third[v]}))  # with rows
 
 
+@KINDS
 async def test_a_restart_with_fewer_instances_is_allowed_once_the_gone_one_holds_nothing(
-    tmp_path: Path,
+    tmp_path: Path, kind: str
 ) -> None:
     halves = VnodeBitmap.split(2)
     empty = VnodeBitmap.empty()
     drained = {"agg.0": halves[0], "agg.1": halves[1], "agg.2": empty}
-    first, _ = await _phase(tmp_path, 3, [push(ALL_KEYS, 1), move(drained), push(ALL_KEYS, 2)])
-    second, held = await _phase(tmp_path, 2, [push(ALL_KEYS, 3)])
+    first, _ = await _phase(
+        tmp_path, 3, [push(ALL_KEYS, 1), move(drained), push(ALL_KEYS, 2)], kind
+    )
+    second, held = await _phase(tmp_path, 2, [push(ALL_KEYS, 3)], kind)
     log = Changelog().apply(first + second)
-    assert log.state == expected((ALL_KEYS, 1), (ALL_KEYS, 2), (ALL_KEYS, 3))
+    assert log.state == expected((ALL_KEYS, 1), (ALL_KEYS, 2), (ALL_KEYS, 3), kind=kind)
     assert_one_table_per_key(held)
 
 
@@ -286,3 +309,25 @@ async def test_a_snapshot_backfill_reads_the_aggregate_like_a_view(tmp_path: Pat
     state = Changelog().apply(seen).state
     assert state == expected((ALL_KEYS, 1), (ALL_KEYS[:50], 2), (ALL_KEYS[:5], 3))
     assert [c for c in seen if c.ops is not None and (c.ops_numpy() == Op.DELETE).any()] == []
+
+
+async def test_an_instance_that_never_saw_a_row_takes_vnodes_from_a_peer(tmp_path: Path) -> None:
+    # No schema declared: agg.1 never opened its tables; it opens them with its peer's schema.
+    halves = VnodeBitmap.split(2)
+    vnodes = compute_vnodes(pa.table({"k": ALL_KEYS}), ["k"])
+    mine = [k for k, v in zip(ALL_KEYS, vnodes, strict=True) if halves[0].mask[v]]
+    everything = {"agg.0": VnodeBitmap.empty(), "agg.1": VnodeBitmap.full()}
+    Collect.seen = []
+    rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600))
+    rt.add_source("events")
+    rt.add_actor(
+        "agg", aggregate("k", s=("v", "sum"), n=("v", "count")), inputs=["events"], parallelism=2
+    )
+    rt.add_actor("collect", Collect, inputs=["agg"])
+    with anyio.fail_after(scaled(60)):
+        async with rt:
+            for step in (push(mine, 1), move(everything), push(mine, 2)):
+                await step(rt)
+    log = Changelog().apply(Collect.seen)
+    assert log.state == expected((mine, 1), (mine, 2))
+    assert log.inserts == len(mine)

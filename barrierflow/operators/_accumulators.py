@@ -311,7 +311,7 @@ class Aggregations:
             if function == "mean":
                 specs.append((f"{name}:sum", "sum", None))
                 specs.append((f"{name}:count", "sum", None))
-            elif function in ("count", "sum"):
+            elif function == "count":
                 specs.append((name, "sum", None))
             else:
                 specs.append((name, function, _ORDERED if function in ("first", "last") else None))

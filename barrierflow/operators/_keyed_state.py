@@ -310,9 +310,7 @@ class KeyedState:
         replaced = at[at >= 0]
         vnodes = self._vnodes_of(rows)
         if len(replaced):
-            keep = np.ones(state.num_rows, np.bool_)
-            keep[replaced] = False
-            state, self._vnodes = state.filter(pa.array(keep)), self._vnodes[keep]
+            state = self._drop(replaced)
         self._rows = pa.concat_tables([state, rows])
         if self._rows.num_rows and len(self._rows.columns[0].chunks) > 16:
             self._rows = self._rows.combine_chunks()
@@ -324,32 +322,29 @@ class KeyedState:
             self._view_table.write(*(changes or (self._outputs(rows), None)))
         self.stats.state_rows = self._rows.num_rows
 
-    def delete(
-        self, at: npt.NDArray[np.int64], changes: tuple[pa.Table, pa.Array] | None = None
-    ) -> None:
-        """Remove the rows at positions ``at``; their DELETEs are written (the view gets
-        ``changes`` if given)."""
+    def delete(self, at: npt.NDArray[np.int64]) -> None:
+        """Remove the rows at positions ``at`` (distinct); their DELETEs are written."""
         if not len(at):
             return
-        state = self.rows
-        keep = np.ones(state.num_rows, np.bool_)
-        keep[at] = False
-        gone = state.take(pa.array(at))
-        self._rows, self._vnodes = state.filter(pa.array(keep)), self._vnodes[keep]
-        self._write_deletes(gone, changes)
+        gone = self.rows.take(pa.array(at))
+        self._rows = self._drop(at)
+        self._write_deletes(gone)
         self.stats.state_rows = self._rows.num_rows
 
-    def _write_deletes(
-        self, gone: pa.Table, changes: tuple[pa.Table, pa.Array] | None = None
-    ) -> None:
+    def _drop(self, at: npt.NDArray[np.int64]) -> pa.Table:
+        """The state without the rows at positions ``at`` (their vnodes dropped too)."""
+        dropped = np.zeros(self.rows.num_rows, np.bool_)
+        dropped[at] = True
+        self._vnodes = self._vnodes[~dropped]
+        return self.rows.filter(pa.array(~dropped))
+
+    def _write_deletes(self, gone: pa.Table) -> None:
         table = self._table
         assert table is not None
-        deletes = pa.array(np.full(gone.num_rows, Op.DELETE, np.int8))
-        if self._view_table is None:
-            table.write(*(changes or (gone, deletes)))
-        else:
-            table.write(gone, deletes)
-            self._view_table.write(*(changes or (self._outputs(gone), deletes)))
+        deletes = pa.array(np.full(gone.num_rows, int(Op.DELETE)))
+        table.write(gone, deletes)
+        if self._view_table is not None:
+            self._view_table.write(self._outputs(gone), deletes)
 
     def _outputs(self, rows: pa.Table) -> pa.Table:
         assert self.view is not None
