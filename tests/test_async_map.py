@@ -304,23 +304,24 @@ async def test_the_window_bounds_the_calls_in_flight_and_stops_reading_input(
     assert [n for rows in out.rows() for n in rows] == [1, 2, 3, 4, 5, 6]
 
 
-async def test_a_result_waiting_for_an_earlier_row_holds_its_place_in_the_window(
+async def test_results_waiting_for_an_earlier_row_are_bounded_by_the_concurrency(
     tmp_path: Path,
 ) -> None:
     service = FakeService(gated=True)
     operator = async_map(service.lookup, schema=OUTPUT, concurrency=2)
     async with running(tmp_path, operator) as (rt, out, _):
-        await rt.push("events", chunk(1, 2, 3))
+        await rt.push("events", chunk(1, 2, 3, 4, 5))
         await service.changes.until(lambda: len(service.calls) == 2)
-        service.open(2)
-        await service.changes.until(lambda: service.in_flight == 1)
-        await settle()
-        assert service.calls == [1, 2]  # row 2's result waits in the window: no room for 3
-        service.open(1)
+        service.open(2, 3, 4, 5)
         await service.changes.until(lambda: len(service.calls) == 3)
-        service.open(3)
+        await settle()
+        # Rows 2 and 3 answered and wait for row 1: two results waiting, no room for row 4.
+        assert service.calls == [1, 2, 3]
+        assert service.in_flight == 1
+        service.open(1)
         await rt.checkpoint()
-    assert out.rows() == [[1, 2], [3]]
+    assert out.rows()[0] == [1, 2, 3]
+    assert [n for rows in out.rows() for n in rows] == [1, 2, 3, 4, 5]
 
 
 # Retries, timeouts, failures.

@@ -9,12 +9,15 @@ RecordBatch`` of up to ``n`` rows returning a batch of ``schema`` with as many r
 the actor's event loop, so it uses the running backend (asyncio or trio) and its libraries.
 Rows hidden by a visibility mask are not called (the chunk is compacted first).
 
-**The window.** At most ``concurrency`` calls are in flight per actor (a pool of that many
-worker tasks; the gauge ``barrierflow_operator_calls_in_flight``). A call holds its place in
-the window from the moment its row is read until its result was emitted — a result waiting
-behind a slower row (ordered mode) still holds it, as in Flink's bounded queue — so the
-results held in memory are bounded too. A full window stops reading input: the actor does not
-read its next message until a place frees, and the channels upstream fill and push back.
+**The window.** At most ``concurrency`` calls are in flight per actor: a pool of that many
+worker tasks, each making one call at a time (the gauge ``barrierflow_operator_calls_in_flight``
+counts the attempts under way). A result the emitter has not sent yet — one waiting behind a
+slower row in ordered mode — still counts: once ``concurrency`` results wait, no new call
+starts, so the rows held in memory are bounded too (Flink bounds its queue the same way; here
+a worker that completed a call starts the next one at once, without waiting for its result to
+be emitted, which keeps the window full at high rates). A full window stops reading input: the
+actor does not read its next message until every row of the chunk it holds has started its
+call, and the channels upstream fill and push back.
 
 **Order.** ``ordered=True`` (the default) emits rows in input order: whenever the oldest calls
 have completed, that completed prefix goes out as one chunk (one ``RecordBatch.from_pylist``
@@ -85,7 +88,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from barrierflow._backoff import MILLISECOND, RetryBackoff
 from barrierflow._taskgroups import single_error
@@ -133,7 +135,7 @@ def async_map(
             many rows, of ``schema``). It may be called again for the same row: after a
             failure, and after a crash (at-least-once calls).
         schema: the schema of the output rows.
-        concurrency: calls in flight (and results awaiting their turn) per actor, at most.
+        concurrency: calls in flight per actor, at most (and results awaiting their turn).
         ordered: emit in input order (``True``), or as results complete within an epoch.
         timeout: seconds one attempt may take (``math.inf``: no limit).
         retries: attempts after the first, for a call that raised or timed out.
@@ -289,31 +291,35 @@ class _AsyncMap(OperatorActor):
         super().__init__()
         self._s = settings
         self._rng = random.Random()
-        # Calls read and not yet emitted, in input order (ordered mode), and the completed
+        # Calls started and not yet emitted, in input order (ordered mode), and the completed
         # ones awaiting the emitter (unordered mode).
         self._queue: deque[_Call] = deque()
         self._ready: list[_Call] = []
+        # Calls started and not completed (retries and their waits included), and started
+        # and not emitted (so ``_pending - _running`` results wait for the emitter).
+        self._running = 0
         self._pending = 0
+        # The rows of the chunk being read, from ``_next`` on not started yet.
+        self._rows: _Rows | None = None
+        self._next = 0
+        # Workers with nothing to do, each waiting for its event.
+        self._parked: deque[anyio.Event] = deque()
 
     async def run(self, ctx: ActorContext) -> None:
         """Read, call, emit (see the module); barriers and watermarks after a drain."""
         self.started(ctx)
-        s = self._s
-        # Places in the window: taken when a call is read, given back when it was emitted.
-        self._window = anyio.Semaphore(s.concurrency)
         self._wake = anyio.Event()  # a call completed: the emitter has work
+        self._all_started = anyio.Event()  # set when the chunk's last call started
         self._idle: anyio.Event | None = None  # set when the last pending call was emitted
         self._emitting = anyio.Lock()  # one task emits at a time
-        send, receive = anyio.create_memory_object_stream[_Call](s.concurrency)
-        # Closed after the task group: a worker waiting on a closed stream would fail.
-        with send, receive, single_error():
+        with single_error():
             async with anyio.create_task_group() as tg:
-                for _ in range(s.concurrency):
-                    tg.start_soon(self._worker, receive, ctx.name)
+                for _ in range(self._s.concurrency):
+                    tg.start_soon(self._worker, ctx.name)
                 tg.start_soon(self._emitter, ctx)
                 async for message in ctx.messages(committables=True):
                     if isinstance(message, Chunk):
-                        await self._read(message, send, ctx.name)
+                        await self._read(message, ctx.name)
                         continue
                     if not isinstance(message, Committable):
                         await self._drain()  # a barrier or a watermark
@@ -322,23 +328,50 @@ class _AsyncMap(OperatorActor):
                 await self._drain()
                 tg.cancel_scope.cancel()
 
-    async def _read(self, chunk: Chunk, calls: MemoryObjectSendStream[_Call], actor: str) -> None:
-        """Start the calls of ``chunk``'s visible rows, each when the window has room."""
-        s = self._s
+    async def _read(self, chunk: Chunk, actor: str) -> None:
+        """Offer ``chunk``'s visible rows to the workers; return once every row's call has
+        started, so that a full window stops the reading of input."""
         count = chunk.cardinality
         self.stats.rows_in += count
         if not count:
             return
         self._check_input(chunk, actor)
-        rows = _Rows(chunk, s.batch_size is None)
-        step = s.batch_size or 1
-        for start in range(0, count, step):
-            await self._window.acquire()
-            call = _Call(rows, start, min(start + step, count))
-            self._pending += 1
-            if s.ordered:
-                self._queue.append(call)
-            calls.send_nowait(call)  # never full: the window holds fewer calls than its buffer
+        self._rows, self._next = _Rows(chunk, self._s.batch_size is None), 0
+        self._all_started = started = anyio.Event()
+        self._unpark()
+        await started.wait()
+
+    def _take(self) -> _Call | None:
+        """The next call to make, if a row waits and the window has room: fewer than
+        ``concurrency`` calls running (one per worker) and fewer than ``concurrency``
+        results waiting to be emitted."""
+        rows = self._rows
+        s = self._s
+        if rows is None or self._pending - self._running >= s.concurrency:
+            return None
+        start = self._next
+        count = rows.batch.num_rows
+        call = _Call(rows, start, min(start + (s.batch_size or 1), count))
+        self._next = call.stop
+        self._running += 1
+        self._pending += 1
+        if s.ordered:
+            self._queue.append(call)
+        if call.stop == count:
+            self._rows = None
+            self._all_started.set()
+        return call
+
+    def _unpark(self) -> None:
+        """Wake as many idle workers as there are calls the window has room for."""
+        rows = self._rows
+        if rows is None:
+            return
+        step = self._s.batch_size or 1
+        calls = -(-(rows.batch.num_rows - self._next) // step)
+        room = self._s.concurrency - (self._pending - self._running)
+        for _ in range(min(len(self._parked), calls, room)):
+            self._parked.popleft().set()
 
     def _check_input(self, chunk: Chunk, actor: str) -> None:
         """Refuse input the settings cannot keep correct (see the module)."""
@@ -367,12 +400,21 @@ class _AsyncMap(OperatorActor):
                     "a chunk with deletes or updates",
                 )
 
-    async def _worker(self, calls: MemoryObjectReceiveStream[_Call], actor: str) -> None:
-        """Make calls until the input ends; hand each completed one to the emitter."""
-        async for call in calls:
+    async def _worker(self, actor: str) -> None:
+        """Make calls while rows wait and the window has room — a worker that completed a
+        call starts the next at once, without an event-loop turn — else wait to be woken."""
+        s = self._s
+        while True:
+            call = self._take()
+            if call is None:
+                parked = anyio.Event()
+                self._parked.append(parked)
+                await parked.wait()
+                continue
             await self._call(call, actor)
+            self._running -= 1
             call.done = True
-            if not self._s.ordered:
+            if not s.ordered:
                 self._ready.append(call)
             self._wake.set()
 
@@ -386,19 +428,25 @@ class _AsyncMap(OperatorActor):
             if s.batch_size is None
             else rows.batch.slice(call.start, call.stop - call.start)
         )
-        backoff = RetryBackoff(s.retry_delay, s.max_retry_delay, self._rng)
+        backoff: RetryBackoff | None = None  # made at the first failure: most calls have none
         stats = self.stats
         attempts = 0
         while True:
             attempts += 1
             stats.calls_in_flight += 1
+            timed_out = False
             try:
-                with anyio.move_on_after(s.timeout) as scope:
+                if s.timeout == math.inf:
+                    # A cancel scope costs as much as the rest of a call's handling.
                     result = await s.fn(argument)
+                else:
+                    with anyio.move_on_after(s.timeout) as scope:
+                        result = await s.fn(argument)
+                    timed_out = scope.cancelled_caught
             except Exception as exc:
                 cause: Exception = exc
             else:
-                if not scope.cancelled_caught:
+                if not timed_out:
                     self._check_result(result, call, actor)
                     call.result = result
                     return
@@ -409,6 +457,8 @@ class _AsyncMap(OperatorActor):
             if attempts > s.retries:
                 break
             stats.call_retries += 1
+            if backoff is None:
+                backoff = RetryBackoff(s.retry_delay, s.max_retry_delay, self._rng)
             await anyio.sleep(backoff.failed())
         if not s.dead_letters:
             names = rows.names(call.start, call.stop, s.key)
@@ -457,8 +507,7 @@ class _AsyncMap(OperatorActor):
         async with self._emitting:
             await self._emit(calls, ctx)
         self._pending -= len(calls)
-        for _ in calls:
-            self._window.release()
+        self._unpark()
         if not self._pending and self._idle is not None:
             self._idle.set()
 
