@@ -118,7 +118,11 @@ async def test_a_map_that_changes_the_row_count_of_a_changelog_is_refused(
     cause = caught.value.cause
     assert isinstance(cause, ChangelogInputError)
     assert (cause.actor, cause.operator) == ("op", "map_batches")
-    assert "1 rows for 2 rows" in str(cause)
+    assert _fields(cause) == (
+        "map_batches 'op': input",
+        "a function that returns one row per input row on a changelog",
+        "1 rows for 2 rows with deletes or updates",
+    )
 
 
 async def test_a_map_result_of_another_schema_fails_naming_both(tmp_path: Path) -> None:
@@ -129,7 +133,10 @@ async def test_a_map_result_of_another_schema_fails_naming_both(tmp_path: Path) 
 
     with pytest.raises(ActorFailedError) as caught:
         await _run(tmp_path, map_batches(narrow, schema=SCHEMA), Chunk(_batch([1], [1])))
-    assert isinstance(caught.value.cause, SchemaMismatchError)
+    cause = caught.value.cause
+    assert isinstance(cause, SchemaMismatchError)
+    assert cause.argument == "map_batches 'op': fn's result"
+    assert (cause.expected_schema, cause.actual_schema) == (SCHEMA, other)
 
 
 async def test_a_map_result_that_is_not_a_batch_fails(tmp_path: Path) -> None:

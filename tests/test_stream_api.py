@@ -94,8 +94,9 @@ def test_key_by_declares_nothing_and_checks_its_columns(tmp_path: Path) -> None:
     assert keyed.stream.name == "events"
     assert not rt.name_in_use("events.key_by")
     for bad in [(), ("user", "user"), ("",)]:
-        with pytest.raises(InvalidArgumentError):
+        with pytest.raises(InvalidArgumentError) as caught:
             Stream(rt, "events").key_by(*bad)
+        assert caught.value.argument == "columns"
 
 
 def test_bad_targets_and_names_are_refused_when_called(tmp_path: Path) -> None:
