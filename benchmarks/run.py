@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from benchmarks.async_map import BENCHMARKS as ASYNC_MAP_BENCHMARKS
 from benchmarks.channels import BENCHMARKS as CHANNEL_BENCHMARKS
 from benchmarks.coordinator import BENCHMARKS as COORDINATOR_BENCHMARKS
 from benchmarks.harness import Settings
@@ -36,6 +37,7 @@ BENCHMARKS = {
     **OPERATOR_BENCHMARKS,
     **KEYED_AGGREGATE_BENCHMARKS,
     **WINDOW_BENCHMARKS,
+    **ASYNC_MAP_BENCHMARKS,
 }
 
 __all__ = ["BENCHMARKS", "main", "run_benchmarks"]
