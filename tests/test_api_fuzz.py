@@ -540,6 +540,9 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
     def combine(acc: pa.RecordBatch, rows: pa.RecordBatch) -> pa.RecordBatch:
         return rows
 
+    async def call(row: dict[str, Any]) -> dict[str, Any]:
+        return row
+
     return {
         "map_batches": (operators_package.map_batches, {"fn": double, "schema": ROWS}),
         "filter_rows": (operators_package.filter_rows, {"predicate": double}),
@@ -548,6 +551,37 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
             {"key": "k", "schema": None, "total": ("v", "sum"), "n": ("v", "count")},
         ),
         "reduce": (operators_package.reduce, {"key": ["k"], "fn": combine, "schema": None}),
+        "async_map": (
+            operators_package.async_map,
+            {
+                "fn": call,
+                "schema": ROWS,
+                "concurrency": 4,
+                "ordered": False,
+                "timeout": 1.0,
+                "retries": 1,
+                "batch_size": None,
+                "key": "k",
+                "dead_letters": True,
+                "retry_delay": 0.01,
+                "max_retry_delay": 0.5,
+            },
+        ),
+        "with_watermark": (operators_package.with_watermark, {"column": "k", "delay": 1.0}),
+        "Tumbling": (operators_package.Tumbling, {"size": 60.0}),
+        "Sliding": (operators_package.Sliding, {"size": 60.0, "every": 30.0}),
+        "window_aggregate": (
+            operators_package.window_aggregate,
+            {
+                "key": "k",
+                "window": operators_package.Tumbling(60.0),
+                "on": "v",
+                "allowed_lateness": 0,
+                "late": "output",
+                "schema": None,
+                "total": ("v", "sum"),
+            },
+        ),
         "Stream": (operators_package.Stream, {"target": blocking.runtime, "name": "src"}),
         "BatchFeed": (
             BatchFeed,
@@ -752,7 +786,7 @@ CONSTRUCTOR_EXEMPT = {
     # tests/test_spark_bridge.py
     # Declarations the operator factories and Stream.key_by build (their arguments are
     # checked there).
-    "Operator", "KeyedStream",
+    "Operator", "KeyedStream", "WindowedStream",
     # Functions of the testing kit that run a whole conformance suite or a script.
     "check_table", "check_split_reader", "check_stream_actor", "check_stream_actor_kills",
     "drain", "play",
@@ -821,7 +855,13 @@ def test_postgres_table_refuses_bad_values_before_connecting() -> None:
 
 #: Constructors that still fail the rule, in files other sessions own: "name(argument=...)"
 #: as the test reports it. Strict: an entry that passes fails the test, so that it is removed.
-NOT_YET: dict[str, str] = {}
+NOT_YET: dict[str, str] = {
+    # async_map's number checks let an int too large for a float through (issue 36, fixed
+    # with the operators' shared number check).
+    "async_map(timeout=...)": "OverflowError",
+    "async_map(retry_delay=...)": "OverflowError",
+    "async_map(max_retry_delay=...)": "OverflowError",
+}
 
 
 def _names(error: InvalidArgumentError, argument: str) -> bool:

@@ -137,3 +137,73 @@ def test_a_reduce_step_is_named_after_its_kind(tmp_path: Path) -> None:
     keyed = Stream(rt, "events").key_by("user")
     assert keyed.reduce(lambda acc, rows: rows).name == "events.reduce"
     assert keyed.aggregate(n=("clicks", "count")).name == "events.aggregate"
+
+
+TIMED = pa.schema([("user", pa.int64()), ("clicks", pa.int64()), ("at", pa.int64())])
+
+
+async def test_watermarks_and_a_tumbling_window_from_the_stream(tmp_path: Path) -> None:
+    from barrierflow.operators import Tumbling
+
+    Keep.rows = []
+    rt = Runtime(RuntimeConfig(str(tmp_path / "state.db")))
+    rt.add_source("events")
+    windows = (
+        Stream(rt, "events")
+        .with_watermark("at", delay=0)
+        .key_by("user")
+        .window(Tumbling(10), on="at")
+        .aggregate(clicks=("clicks", "sum"), name="per_10")
+    )
+    assert windows.name == "per_10"
+    windows.map_batches(lambda b: b.select(["user", "clicks"])).apply("keep", Keep)
+    async with rt:
+        rows = {"user": [1, 1, 2], "clicks": [1, 2, 5], "at": [0, 9, 3]}
+        await rt.push("events", Chunk.from_pydict(rows, TIMED))
+        # Closes [0, 10): the watermark reaches its end.
+        await rt.push("events", Chunk.from_pydict({"user": [1], "clicks": [7], "at": [10]}, TIMED))
+        await rt.checkpoint()
+    assert sorted(Keep.rows) == [(1, 3), (2, 5)]
+
+
+async def test_an_async_map_from_the_stream_with_its_dead_letters(tmp_path: Path) -> None:
+    Keep.rows = []
+
+    async def lookup(row: dict[str, int]) -> dict[str, int]:
+        if row["user"] == 2:
+            raise LookupError("no such user")
+        return {"user": row["user"], "clicks": row["clicks"] * 10}
+
+    rt = _runtime(tmp_path)
+    enriched = Stream(rt, "events").async_map(
+        lookup, schema=SCHEMA, retries=0, key="user", dead_letters=True, concurrency=4
+    )
+    assert enriched.name == "events.async_map"
+    enriched.apply("keep", Keep)
+    failed = enriched.side("dead_letters").map_batches(
+        lambda b: b.select(["user", "clicks"]), name="failed_rows"
+    )
+    failed.apply("keep_failed", Keep)
+    async with rt:
+        rows = {"user": [1, 2, 3], "clicks": [1, 2, 3]}
+        await rt.push("events", Chunk.from_pydict(rows, SCHEMA))
+        await rt.checkpoint()
+    assert sorted(Keep.rows) == [(1, 10), (2, 2), (3, 30)]  # 2 as it came, from dead letters
+
+
+def test_windowed_stream_passes_its_arguments_on() -> None:
+    from barrierflow.operators import Sliding
+
+    job = Job("j")
+    job.add_source("events")
+    windowed = (
+        Stream(job, "events")
+        .key_by("user")
+        .window(Sliding(10, 5), on="at", allowed_lateness=3, late="output")
+    )
+    assert "on='at'" in repr(windowed)
+    out = windowed.aggregate(n=("clicks", "count"), parallelism=2)
+    assert out.name == "events.window"
+    assert job.actor_names()[-2:] == ["events.window.0", "events.window.1"]
+    # late="output" declared the side output "late": a reader of it is accepted.
+    out.side("late").map_batches(lambda b: b, name="late_rows")

@@ -22,7 +22,7 @@ declares (:mod:`barrierflow.runtime.placement`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, final
+from typing import Any, Literal, Protocol, final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,11 +30,16 @@ import pyarrow.compute as pc
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.operators._accumulators import CombineFn
 from barrierflow.operators._operator import check_columns
+from barrierflow.operators._windows import Duration
 from barrierflow.operators.aggregate import aggregate, reduce
+from barrierflow.operators.async_map import BatchFn as AsyncBatchFn
+from barrierflow.operators.async_map import RowFn, async_map
 from barrierflow.operators.transform import BatchFn, MaskFn, filter_rows, map_batches
+from barrierflow.operators.watermarks import with_watermark
+from barrierflow.operators.window import Sliding, Tumbling, window_aggregate
 from barrierflow.runtime.actor import StreamActor
 
-__all__ = ["KeyedStream", "Stream"]
+__all__ = ["KeyedStream", "Stream", "WindowedStream"]
 
 
 class _Declares(Protocol):
@@ -144,6 +149,50 @@ class Stream:
         step = filter_rows(predicate)
         return self.apply(self.step_name(name, "filter"), step, parallelism=parallelism)
 
+    def async_map(
+        self,
+        fn: RowFn | AsyncBatchFn,
+        *,
+        schema: pa.Schema,
+        concurrency: int = 16,
+        ordered: bool = True,
+        timeout: float = 30.0,
+        retries: int = 3,
+        batch_size: int | None = None,
+        key: str | list[str] | tuple[str, ...] | None = None,
+        dead_letters: bool = False,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """Many calls of an async function in flight, results exactly once
+        (:func:`~barrierflow.operators.async_map`); ``stream.side("dead_letters")`` reads the
+        rows whose calls failed, with ``dead_letters=True``."""
+        step = async_map(
+            fn,
+            schema=schema,
+            concurrency=concurrency,
+            ordered=ordered,
+            timeout=timeout,
+            retries=retries,
+            batch_size=batch_size,
+            key=key,
+            dead_letters=dead_letters,
+        )
+        return self.apply(self.step_name(name, "async_map"), step, parallelism=parallelism)
+
+    def with_watermark(
+        self,
+        column: str,
+        *,
+        delay: Duration,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """Watermarks on ``column``, ``delay`` behind the newest row
+        (:func:`~barrierflow.operators.with_watermark`)."""
+        step = with_watermark(column, delay=delay)
+        return self.apply(self.step_name(name, "with_watermark"), step, parallelism=parallelism)
+
     def key_by(self, *columns: str) -> KeyedStream:
         """This stream keyed by ``columns``: what keyed steps (aggregate, reduce, windows)
         read. Declares nothing by itself.
@@ -220,3 +269,63 @@ class KeyedStream:
         return self._stream.apply(
             self._stream.step_name(name, "reduce"), step, parallelism=parallelism
         )
+
+    def window(
+        self,
+        window: Tumbling | Sliding,
+        *,
+        on: str,
+        allowed_lateness: Duration = 0,
+        late: Literal["drop", "output"] = "drop",
+    ) -> WindowedStream:
+        """Event-time windows of each key on column ``on``, closed by watermarks; aggregate
+        them with :meth:`WindowedStream.aggregate`. Declares nothing by itself."""
+        return WindowedStream(self, window, on, allowed_lateness, late)
+
+
+@final
+class WindowedStream:
+    """A keyed stream cut into event-time windows (:meth:`KeyedStream.window`)."""
+
+    __slots__ = ("_keyed", "_late", "_lateness", "_on", "_window")
+
+    def __init__(
+        self,
+        keyed: KeyedStream,
+        window: Tumbling | Sliding,
+        on: str,
+        allowed_lateness: Duration,
+        late: Literal["drop", "output"],
+    ) -> None:
+        self._keyed = keyed
+        self._window = window
+        self._on = on
+        self._lateness = allowed_lateness
+        self._late = late
+
+    def __repr__(self) -> str:
+        return f"WindowedStream({self._keyed!r}, {self._window!r}, on={self._on!r})"
+
+    def aggregate(
+        self,
+        *,
+        name: str | None = None,
+        parallelism: int | None = None,
+        schema: pa.Schema | None = None,
+        **aggregations: tuple[str, str],
+    ) -> Stream:
+        """Aggregate each key's window, emitted when a watermark closes it
+        (:func:`~barrierflow.operators.window_aggregate`); with ``late="output"``,
+        ``stream.side("late")`` reads the rows beyond the allowed lateness."""
+        keyed = self._keyed
+        step = window_aggregate(
+            keyed.key,
+            self._window,
+            on=self._on,
+            allowed_lateness=self._lateness,
+            late=self._late,
+            schema=schema,
+            **aggregations,
+        )
+        stream = keyed.stream
+        return stream.apply(stream.step_name(name, "window"), step, parallelism=parallelism)
