@@ -252,20 +252,70 @@ def test_a_reduction_takes_the_keys_of_the_left_rows() -> None:
     assert out.to_pylist() == [{"k": 1, "s": "b"}]
 
 
+_ROWS = pa.table({"k": [1, 1], "s": ["a", "b"]})
+_STATE = Reduction(_concat).state_schema(_ROWS.schema, KEY)
+
+
 @pytest.mark.parametrize(
-    ("result", "error"),
+    ("result", "expected", "got"),
     [
-        (lambda acc, more: acc.to_pydict(), InvalidArgumentError),
-        (lambda acc, more: acc.slice(0, 0), InvalidArgumentError),
-        (lambda acc, more: pa.record_batch([acc["k"]], names=["k"]), SchemaMismatchError),
+        (lambda acc, more: acc.to_pydict(), "a pyarrow.RecordBatch", {"k": [1], "s": ["a"]}),
+        (lambda acc, more: acc.slice(0, 0), "1 rows (one per key-aligned row)", "0 rows"),
     ],
 )
-def test_a_reduction_refuses_a_bad_result_naming_the_actor(result: Any, error: type) -> None:
+def test_a_reduction_refuses_a_result_that_is_not_one_row_per_row(
+    result: Any, expected: str, got: Any
+) -> None:
     reduction = Reduction(result)
     reduction.actor = "r.0"
-    with pytest.raises(error) as caught:
-        reduction.partial(pa.table({"k": [1, 1], "s": ["a", "b"]}), KEY)
-    assert "reduce 'r.0'" in str(caught.value)
+    with pytest.raises(InvalidArgumentError) as caught:
+        reduction.partial(_ROWS, KEY)
+    assert caught.value.argument == "reduce 'r.0': fn's result"
+    assert (caught.value.expected, caught.value.got) == (expected, got)
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        [pa.array([1], pa.int64())],  # fewer columns
+        [pa.array([1], pa.int64()), pa.array(["a"], pa.large_string())],  # another type
+    ],
+)
+@pytest.mark.parametrize("names", [["k", "s"], ["k", "t"]])
+def test_a_reduction_refuses_a_result_of_another_schema(
+    columns: list[pa.Array], names: list[str]
+) -> None:
+    out = pa.record_batch(columns, names=names[: len(columns)])
+    if out.schema.names == ["k", "s"] and out.schema.types == _STATE.types:
+        pytest.skip("the state's own schema")
+    reduction = Reduction(lambda acc, more: out)
+    reduction.actor = "r.0"
+    with pytest.raises(SchemaMismatchError) as caught:
+        reduction.partial(_ROWS, KEY)
+    assert caught.value.argument == "reduce 'r.0': fn's result"
+    assert caught.value.expected_schema == _STATE
+    assert caught.value.actual_schema == out.schema
+
+
+def test_a_reduction_result_of_the_state_names_and_types_but_other_nullability_is_taken() -> None:
+    def loose(acc: pa.RecordBatch, more: pa.RecordBatch) -> pa.RecordBatch:
+        return pa.record_batch([acc["k"], more["s"]], names=["k", "s"])  # k nullable
+
+    assert Reduction(loose).partial(_ROWS, KEY).to_pylist() == [{"k": 1, "s": "b"}]
+
+
+def test_group_rows_keeps_input_order_over_many_chunks() -> None:
+    rng = np.random.default_rng(3)
+    chunks = [pa.table({"k": rng.integers(0, 50, 2000)}) for _ in range(100)]
+    rows = pa.concat_tables(chunks)
+    keys = rows.column("k").to_numpy()
+    for _ in range(3):  # a hash aggregation on threads interleaves the chunks' rows
+        order, lengths = group_rows(rows, KEY)
+        starts = np.cumsum(lengths) - lengths
+        for start, length in zip(starts.tolist(), lengths.tolist(), strict=True):
+            group = order[start : start + length]
+            assert (np.diff(group) > 0).all()
+            assert (keys[group] == keys[group[0]]).all()
 
 
 def test_group_rows_keeps_input_order_within_a_key_and_keys_by_first_appearance() -> None:
@@ -459,8 +509,15 @@ async def test_a_null_key_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("declared", [True, False])
-async def test_a_chunk_of_another_schema_is_refused(tmp_path: Path, declared: bool) -> None:
-    operator = aggregate("k", schema=SCHEMA if declared else None, s=("v", "sum"))
+@pytest.mark.parametrize("kind", ["aggregate", "reduce"])
+async def test_a_chunk_of_another_schema_is_refused(
+    tmp_path: Path, declared: bool, kind: str
+) -> None:
+    schema = SCHEMA if declared else None
+    if kind == "aggregate":
+        operator = aggregate("k", schema=schema, s=("v", "sum"))
+    else:
+        operator = reduce("k", _add, schema=schema)
     rt = _runtime(tmp_path, operator)
     other = pa.record_batch([pa.array([1]), pa.array([1.5])], names=["k", "v"])
     with pytest.raises(ActorFailedError) as caught:
@@ -587,6 +644,7 @@ async def test_the_operator_declares_keyed_placement_by_its_key() -> None:
     assert operator.kind == "aggregate"
     assert reduce("k", max).key == ("k",)
     assert reduce("k", max).kind == "reduce"
+    assert reduce("k", max).placement is Placement.KEYED
     assert operator() is not operator(1)
 
 

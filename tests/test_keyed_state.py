@@ -87,7 +87,12 @@ async def _phase(
                 for table in store.versioned_group("agg", name):
                     rows = [await table.read_vnode(v, epoch) for v in range(table.vnode_count)]
                     found[table.owner] = sorted(pa.concat_tables(rows).column("k").to_pylist())
+            gauge = {f.name: f for f in await rt.metrics.snapshot()}[
+                "barrierflow_operator_state_rows"
+            ]
+            counted = {a: gauge.value(actor=a, operator="aggregate") for a in held}
     assert kept == ({} if kind == "view" else held)
+    assert counted == {a: len(keys) for a, keys in held.items()}  # the gauge follows the moves
     return list(Collect.seen), held
 
 

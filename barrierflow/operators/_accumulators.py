@@ -444,7 +444,7 @@ class Reduction:
             alone = np.flatnonzero((rank % 2 == 0) & (rank + 1 >= size))
             combined = self._call(rows.take(pa.array(left)), rows.take(pa.array(left + 1)), key)
             merged = pa.concat_tables([combined, rows.take(pa.array(alone))])
-            rows = merged.take(pa.array(np.argsort(np.concatenate([left, alone]), kind="stable")))
+            rows = merged.take(pa.array(np.argsort(np.concatenate([left, alone]))))  # distinct
             lengths = (lengths + 1) // 2
         return rows
 
