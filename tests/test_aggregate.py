@@ -388,23 +388,33 @@ def test_a_merged_sum_of_nulls_stays_null_and_a_null_side_is_no_value() -> None:
     assert spec.merge(old, new, KEY).column("s").to_pylist() == [5, 2, None]
 
 
+_PAIR = "a (column, function) pair of strs"
+
+
 @pytest.mark.parametrize(
-    ("aggregations", "argument"),
+    ("aggregations", "fields"),
     [
-        ({}, "aggregations"),
-        ({"x": ("v", "median")}, "aggregations['x']"),
-        ({"x": ("v",)}, "aggregations['x']"),
-        ({"x": ["v", "sum"]}, "aggregations['x']"),
-        ({"x": ("", "sum")}, "aggregations['x']"),
-        ({"a:b": ("v", "sum")}, "aggregations"),
+        ({}, ("aggregations", "at least one out_name=(column, function)", {})),
+        (
+            {"x": ("v", "median")},
+            ("aggregations['x']", f"a function of {list(FUNCTIONS)}", "median"),
+        ),
+        ({"x": ("v",)}, ("aggregations['x']", _PAIR, ("v",))),
+        ({"x": ["v", "sum"]}, ("aggregations['x']", _PAIR, ["v", "sum"])),
+        ({"x": ("", "sum")}, ("aggregations['x']", _PAIR, ("", "sum"))),
+        ({"x": ("v", "sum", "max")}, ("aggregations['x']", _PAIR, ("v", "sum", "max"))),
+        (
+            {"a:b": ("v", "sum")},
+            ("aggregations", "output names that are non-empty strs without ':'", "a:b"),
+        ),
     ],
 )
 def test_bad_aggregations_are_refused_when_called(
-    aggregations: dict[str, Any], argument: str
+    aggregations: dict[str, Any], fields: tuple[Any, ...]
 ) -> None:
     with pytest.raises(InvalidArgumentError) as caught:
         aggregate("k", **aggregations)
-    assert caught.value.argument == argument
+    assert (caught.value.argument, caught.value.expected, caught.value.got) == fields
 
 
 def test_an_unknown_function_is_refused_naming_the_valid_ones() -> None:
@@ -414,29 +424,59 @@ def test_an_unknown_function_is_refused_naming_the_valid_ones() -> None:
     assert caught.value.expected == f"a function of {list(FUNCTIONS)}"
 
 
+_NAMES = "a column name or a list of column names"
+_FN = "a function (acc: RecordBatch, rows: RecordBatch) -> RecordBatch"
+
+
 @pytest.mark.parametrize(
-    ("call", "error", "argument"),
+    ("call", "error", "fields"),
     [
-        (lambda: aggregate(5, s=("v", "sum")), InvalidArgumentError, "key"),
-        (lambda: aggregate([], s=("v", "sum")), InvalidArgumentError, "key"),
-        (lambda: aggregate("k", k=("v", "sum")), InvalidArgumentError, "aggregations"),
-        (lambda: aggregate("k", schema={"k": 1}, s=("v", "sum")), InvalidArgumentError, "schema"),
+        (lambda: aggregate(5, s=("v", "sum")), InvalidArgumentError, ("key", _NAMES, 5)),
+        (lambda: aggregate([], s=("v", "sum")), InvalidArgumentError, ("key", _NAMES, [])),
+        (
+            lambda: aggregate("k", k=("v", "sum")),
+            InvalidArgumentError,
+            ("aggregations", "output names other than the key columns ['k']", "k"),
+        ),
+        (
+            lambda: aggregate("k", schema={"k": 1}, s=("v", "sum")),
+            InvalidArgumentError,
+            ("schema", "None or a pyarrow.Schema", {"k": 1}),
+        ),
         (
             lambda: aggregate("k", schema=SCHEMA, s=("w", "sum")),
             SchemaMismatchError,
-            "aggregations['s']",
+            ("aggregations['s']", "schema (a schema with the column 'w')", SCHEMA),
         ),
-        (lambda: aggregate("x", schema=SCHEMA, s=("v", "sum")), SchemaMismatchError, "key"),
-        (lambda: reduce("k", 5), InvalidArgumentError, "fn"),
-        (lambda: reduce(("k", "k"), max), InvalidArgumentError, "key"),
-        (lambda: reduce("x", max, schema=SCHEMA), SchemaMismatchError, "key"),
-        (lambda: reduce("k", max, schema=5), InvalidArgumentError, "schema"),
+        (
+            lambda: aggregate("x", schema=SCHEMA, s=("v", "sum")),
+            SchemaMismatchError,
+            ("key", "schema (a schema with the key column 'x')", SCHEMA),
+        ),
+        (lambda: reduce("k", 5), InvalidArgumentError, ("fn", _FN, 5)),
+        (
+            lambda: reduce(("k", "k"), max),
+            InvalidArgumentError,
+            ("key", "each column once", ["k", "k"]),
+        ),
+        (
+            lambda: reduce("x", max, schema=SCHEMA),
+            SchemaMismatchError,
+            ("key", "schema (a schema with the key column 'x')", SCHEMA),
+        ),
+        (
+            lambda: reduce("k", max, schema=5),
+            InvalidArgumentError,
+            ("schema", "None or a pyarrow.Schema", 5),
+        ),
     ],
 )
-def test_bad_arguments_are_refused_when_called(call: Any, error: type, argument: str) -> None:
+def test_bad_arguments_are_refused_when_called(
+    call: Any, error: type, fields: tuple[Any, ...]
+) -> None:
     with pytest.raises(error) as caught:
         call()
-    assert caught.value.argument == argument
+    assert (caught.value.argument, caught.value.expected, caught.value.got) == fields
 
 
 @pytest.mark.parametrize(
