@@ -479,20 +479,28 @@ def test_bad_arguments_are_refused_when_called(
     assert (caught.value.argument, caught.value.expected, caught.value.got) == fields
 
 
+_ORDERABLE = "an orderable column 'v' (number, time, string, binary)"
+
+
 @pytest.mark.parametrize(
-    ("function", "typ"),
+    ("function", "typ", "expected"),
     [
-        ("sum", pa.string()),
-        ("mean", pa.bool_()),
-        ("min", pa.list_(pa.int64())),
-        ("max", pa.struct([("a", pa.int8())])),
+        ("sum", pa.string(), "a numeric column 'v' to sum"),
+        ("mean", pa.bool_(), "a numeric column 'v' to mean"),
+        ("min", pa.list_(pa.int64()), _ORDERABLE),
+        ("max", pa.struct([("a", pa.int8())]), _ORDERABLE),
+        ("max", pa.bool_(), _ORDERABLE),
     ],
 )
-def test_a_function_of_a_column_it_cannot_take_is_refused(function: str, typ: pa.DataType) -> None:
+def test_a_function_of_a_column_it_cannot_take_is_refused(
+    function: str, typ: pa.DataType, expected: str
+) -> None:
     schema = pa.schema([("k", pa.int64()), ("v", typ)])
     with pytest.raises(SchemaMismatchError) as caught:
         aggregate("k", schema=schema, x=("v", function))
     assert caught.value.argument == "aggregations['x']"
+    assert caught.value.expected_schema == expected
+    assert caught.value.actual_schema == f"v: {typ}"
 
 
 @pytest.mark.parametrize("function", ["first", "last", "count"])

@@ -336,3 +336,14 @@ async def test_an_instance_that_never_saw_a_row_takes_vnodes_from_a_peer(tmp_pat
     log = Changelog().apply(Collect.seen)
     assert log.state == expected((mine, 1), (mine, 2))
     assert log.inserts == len(mine)
+
+
+def test_the_orphaned_state_error_names_the_gone_instance_its_vnodes_and_the_group() -> None:
+    few = KeyedStateOrphanedError("agg.0", "agg.2", (3, 9), ("agg.0", "agg.1"))
+    assert str(few) == (
+        "keyed state of 'agg.0': 'agg.2' holds the rows of 2 vnode(s) [3, 9], and is not in "
+        "the group ['agg.0', 'agg.1'] any more; restart with its parallelism, or move its "
+        "vnodes live first"
+    )
+    many = KeyedStateOrphanedError("a", "b", tuple(range(20)), ("a",))
+    assert "20 vnode(s) [0, 1, 2, 3, 4, 5, '...', 19]" in str(many)
