@@ -229,6 +229,28 @@ async def test_only_visible_rows_are_written(tmp_path: Path) -> None:
     assert table_ids(tmp_path / "table") == [1, 3]
 
 
+async def test_rows_declared_not_null_go_into_a_nullable_column_as_the_tables(
+    tmp_path: Path,
+) -> None:
+    # An operator declares its key columns not null; the table's column may take nulls. The
+    # writer relabels the batch with the table's schema (no copy); another type is refused.
+    table = ListTable(SCHEMA)
+    rt = sink_runtime(tmp_path, table)
+    strict = pa.schema([pa.field("id", pa.int64(), nullable=False, metadata={b"k": b"v"})])
+    async with rt:
+        await rt.push("src", Chunk(pa.record_batch([pa.array([1, 2], pa.int64())], schema=strict)))
+        await rt.checkpoint()
+    assert table.rows().schema == SCHEMA
+    assert table.rows().column("id").to_pylist() == [1, 2]
+    other = sink_runtime(tmp_path / "other", ListTable(SCHEMA))
+    with pytest.raises(ActorFailedError) as info:
+        async with other:
+            wide = pa.record_batch([pa.array([1], pa.int32())], names=["id"])
+            await other.push("src", Chunk(wide))
+            await other.checkpoint()
+    assert isinstance(info.value.cause, SchemaMismatchError)
+
+
 async def test_delete_rows_are_refused_by_an_append_only_sink(tmp_path: Path) -> None:
     rt = sink_runtime(tmp_path, ListTable(SCHEMA))
     with pytest.raises(ActorFailedError) as info:

@@ -76,9 +76,10 @@ from barrierflow.actors.sinks.sink_task import (
 from barrierflow.actors.sinks.table import PathChecked, StagingWriter
 from barrierflow.channels.barrier import Barrier
 from barrierflow.channels.chunk import Chunk
-from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.channels.messages import Committable
 from barrierflow.channels.mutation import Update
+from barrierflow.channels.schema import conform_schema
 from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.metrics import MetricFamily
@@ -341,11 +342,12 @@ class SinkWriter(StreamActor):
                 "insert-only chunks (the sink is append-only)",
                 f"{changes} delete/update row(s)",
             )
+        batch = _in_table_schema(chunk.batch, handle.schema)
         try:
             if changes:
-                await handle.write_changes(chunk.batch, pa.array(chunk.ops_numpy()))
+                await handle.write_changes(batch, pa.array(chunk.ops_numpy()))
             else:
-                await handle.write(chunk.batch)
+                await handle.write(batch)
         except Exception:
             await handle.discard(self._open)
             raise
@@ -406,3 +408,16 @@ class SinkWriter(StreamActor):
             await handle.begin(barrier.epoch.curr)
             self._open = barrier.epoch.curr
             self._epoch_start = positions
+
+
+def _in_table_schema(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` labelled with the table's ``schema`` when only nullability or metadata differ
+    — an operator declares its key columns not null, a table's may be nullable — without
+    copying; otherwise as it is, for the sink's own check to name the difference."""
+    if batch.schema.equals(schema):
+        return batch
+    try:
+        conform_schema(batch, schema, "batch")
+    except SchemaMismatchError:
+        return batch
+    return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
