@@ -156,7 +156,6 @@ class KeyedState:
         # Set at restore, done after the first barrier: rows to delete, vnodes to fetch.
         self._lost: pa.Table | None = None
         self._fetch: npt.NDArray[np.bool_] | None = None
-        self._name = ""
 
     # Reading.
 
@@ -171,18 +170,11 @@ class KeyedState:
         assert self._rows is not None, "the state is not open"
         return self._rows
 
-    @property
-    def owned(self) -> VnodeBitmap:
-        """The vnodes this instance owns now."""
-        return VnodeBitmap(self._owned)
-
     def lookup(self, keys: pa.Table) -> npt.NDArray[np.int64]:
         """The position in :attr:`rows` of each row of ``keys`` (its key columns; unique), or
         -1 for a key the state does not hold. One hash join."""
         n = keys.num_rows
         rows = self.rows
-        if not n or not rows.num_rows:
-            return np.full(n, -1, np.int64)
         left = keys.select(list(self.key)).append_column(_LEFT, pa.array(np.arange(n)))
         right = rows.select(list(self.key)).append_column(
             _RIGHT, pa.array(np.arange(rows.num_rows))
@@ -203,7 +195,6 @@ class KeyedState:
             SchemaMismatchError: ``schema`` is not the one the state was written with.
             KeyedStateOrphanedError: an instance gone from the group holds rows.
         """
-        self._name = ctx.name
         self._meta = ctx.table(f"{self.table_name}:meta")
         self._recorded = await self._meta.items()
         bitmap = ctx.vnode_bitmap
