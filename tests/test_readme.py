@@ -29,7 +29,7 @@ def test_readme_opens_with_the_two_commands() -> None:
 @pytest.mark.postgres
 def test_readme_examples_run(tmp_path: Path) -> None:
     examples = re.findall(r"```python\n(.*?)```", README, re.S)
-    assert len(examples) == 13
+    assert len(examples) == 15
     outputs = []
     for example in examples:
         command = [sys.executable, "-c", example]
@@ -42,19 +42,24 @@ def test_readme_examples_run(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr
         outputs.append(done.stdout.splitlines()[-1])
-    assert outputs[0].startswith("3 rows committed")
-    assert outputs[1] == "3 rows delivered exactly once"
-    assert outputs[2] == "1000 rows, none through the driver: True"
-    assert outputs[3] == "1000 rows in one snapshot per epoch"
-    assert outputs[4] == "[3, 4, 5] ['clicks.0', 'clicks.1']"
-    assert outputs[5] == "2002 rows, each once"
-    assert outputs[6] == "[(1, 15), (2, 20), (3, 5)]"
-    assert outputs[7] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
-    assert "Barrier(" in outputs[8]
-    assert outputs[9] == "9 rules kept; committed [1, 2] once"
-    assert outputs[10].startswith("2 passed")  # on asyncio and on trio
-    assert outputs[11].startswith("2 passed")  # the JSON-lines table, on both backends
-    assert outputs[12] == "[(1, 9.5), (2, 4.0)]"  # PostgreSQL, upserted by id
+    # The operators first: windows closed by watermarks, then async_map.
+    assert outputs[0] == (
+        "[{'user': 1, 'clicks': 5, 'events': 2}, {'user': 2, 'clicks': 4, 'events': 1}]"
+    )
+    assert outputs[1] == "1000 orders enriched, 100 at a time"
+    assert outputs[2].startswith("3 rows committed")
+    assert outputs[3] == "3 rows delivered exactly once"
+    assert outputs[4] == "1000 rows, none through the driver: True"
+    assert outputs[5] == "1000 rows in one snapshot per epoch"
+    assert outputs[6] == "[3, 4, 5] ['clicks.0', 'clicks.1']"
+    assert outputs[7] == "2002 rows, each once"
+    assert outputs[8] == "[(1, 15), (2, 20), (3, 5)]"
+    assert outputs[9] == "{'user': [1, 3], 'clicks': [10, 14]} [0, 1]"
+    assert "Barrier(" in outputs[10]
+    assert outputs[11] == "9 rules kept; committed [1, 2] once"
+    assert outputs[12].startswith("2 passed")  # on asyncio and on trio
+    assert outputs[13].startswith("2 passed")  # the JSON-lines table, on both backends
+    assert outputs[14] == "[(1, 9.5), (2, 4.0)]"  # PostgreSQL, upserted by id
 
 
 @pytest.mark.subprocess
