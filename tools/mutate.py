@@ -174,6 +174,21 @@ GROUPS += (
             "tests/test_placement.py",
         ),
     ),
+    Group("async_map", (f"{OPERATORS}/async_map.py",), ("tests/test_async_map.py",)),
+    Group(
+        "aggregate",
+        (
+            f"{OPERATORS}/aggregate.py",
+            f"{OPERATORS}/_accumulators.py",
+            f"{OPERATORS}/_keyed_state.py",
+        ),
+        ("tests/test_aggregate.py", "tests/test_keyed_state.py"),
+    ),
+    Group(
+        "windows",
+        (f"{OPERATORS}/window.py", f"{OPERATORS}/watermarks.py", f"{OPERATORS}/_windows.py"),
+        ("tests/test_windows.py", "tests/test_watermarks.py"),
+    ),
 )
 
 DETECTED = {"killed", "timeout", "caught by type check", "segfault"}
