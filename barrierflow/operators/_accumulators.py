@@ -56,9 +56,9 @@ FUNCTIONS = ("sum", "count", "min", "max", "mean", "first", "last")
 #: A user's combine: two key-aligned batches (the accumulated rows, the next rows) → one.
 CombineFn = Callable[[pa.RecordBatch, pa.RecordBatch], pa.RecordBatch]
 
-# first/last keep nulls: the first *row's* value, not the first non-null one.
+# first/last keep nulls: the first *row's* value, not the first non-null one. (A count's
+# default counts the non-null values.)
 _ORDERED = pc.ScalarAggregateOptions(skip_nulls=False)
-_VALID = pc.CountOptions(mode="only_valid")
 
 
 class Accumulator(Protocol):
@@ -286,19 +286,14 @@ class Aggregations:
         schema = self.state_schema(rows.schema, key)
         columns: dict[str, Any] = {name: rows.column(name) for name in key}
         specs: list[tuple[str, str, Any]] = []
+        # Arrow's sums widen (int64, uint64, float64) and the fold casts to the state's types.
         for name, (column, function) in self.aggregations.items():
             values = rows.column(column)
             if function == "mean":
-                columns[f"{name}:sum"] = values.cast(pa.float64())
+                columns[f"{name}:sum"] = values
                 columns[f"{name}:count"] = values
                 specs.append((f"{name}:sum", "sum", None))
-                specs.append((f"{name}:count", "count", _VALID))
-            elif function == "count":
-                columns[name] = values
-                specs.append((name, "count", _VALID))
-            elif function == "sum":
-                columns[name] = values.cast(schema.field(name).type)
-                specs.append((name, "sum", None))
+                specs.append((f"{name}:count", "count", None))
             else:
                 columns[name] = values
                 specs.append((name, function, _ORDERED if function in ("first", "last") else None))
