@@ -348,7 +348,9 @@ class KeyedState:
         assert meta is not None
         held = np.zeros(self._vnode_count, np.bool_)
         held[self._vnodes] = True
-        self._held = held
+        if self._lost is not None:
+            # Their DELETEs come after the first barrier: until then the table holds them.
+            held[self._vnodes_of(self._lost)] = True
         wanted: dict[str, Any] = {"held": _runs(held), "group": list(ctx.peers)}
         if self.schema is not None:
             wanted["schema"] = _encode_schema(self.schema)
