@@ -24,7 +24,7 @@ from barrierflow.channels import Chunk, Message, Op, VnodeBitmap
 from barrierflow.channels.mutation import Update
 from barrierflow.channels.vnode import compute_vnodes
 from barrierflow.errors import ActorFailedError, KeyedStateOrphanedError
-from barrierflow.operators._keyed_state import group_of
+from barrierflow.operators._keyed_state import group_of, positions
 from barrierflow.operators.aggregate import aggregate
 from barrierflow.runtime import ActorContext, Job, Runtime, RuntimeConfig, StreamActor
 
@@ -347,3 +347,24 @@ def test_the_orphaned_state_error_names_the_gone_instance_its_vnodes_and_the_gro
     )
     many = KeyedStateOrphanedError("a", "b", tuple(range(20)), ("a",))
     assert "20 vnode(s) [0, 1, 2, 3, 4, 5, '...', 19]" in str(many)
+
+
+def test_positions_find_each_key_or_minus_one() -> None:
+    rows = pa.table({"a": ["x", "y", "x"], "b": [1, 1, 2], "v": [0.5, 1.5, 2.5]})
+    keys = pa.table({"b": [2, 1, 1, 3], "a": ["x", "y", "z", "x"]})
+    found = positions(keys, rows, ("a", "b"))
+    assert found.tolist() == [2, 1, -1, -1]
+    assert found.dtype == np.int64
+    none = positions(keys.slice(0, 0), rows, ("a", "b"))
+    assert none.tolist() == []
+    empty = positions(keys, rows.slice(0, 0), ("a", "b"))
+    assert empty.tolist() == [-1, -1, -1, -1]
+
+
+async def test_state_kept_over_many_epochs_stays_whole(tmp_path: Path) -> None:
+    # Each epoch adds a chunk to the state in memory; past 16 they are combined into one.
+    steps = [push([i, i + 1], i) for i in range(20)]
+    chunks, held = await _phase(tmp_path, None, steps)
+    pushes = [([i, i + 1], i) for i in range(20)]
+    assert Changelog().apply(chunks).state == expected(*pushes)
+    assert held == {"agg": list(range(21))}

@@ -71,7 +71,7 @@ from barrierflow.runtime.actor import ActorContext
 from barrierflow.runtime.state.state_store import StateTable
 from barrierflow.runtime.state.versioned_table import VersionedTable
 
-__all__ = ["KeyedState", "View"]
+__all__ = ["KeyedState", "View", "group_of", "positions"]
 
 #: The name of an instance within a parallel group: ``<group>.<index>``.
 _MEMBER = re.compile(r"^(?P<group>.+)\.(?P<index>\d+)$")
@@ -114,6 +114,17 @@ def _mask(runs: Sequence[Sequence[int]], vnode_count: int) -> npt.NDArray[np.boo
     for first, end in runs:
         mask[first:end] = True
     return mask
+
+
+def positions(keys: pa.Table, rows: pa.Table, key: tuple[str, ...]) -> npt.NDArray[np.int64]:
+    """The position in ``rows`` of each row of ``keys`` (their ``key`` columns; unique on
+    either side), or -1 for a key ``rows`` does not hold: one hash join, no loop per row."""
+    left = keys.select(list(key)).append_column(_LEFT, pa.array(np.arange(keys.num_rows)))
+    right = rows.select(list(key)).append_column(_RIGHT, pa.array(np.arange(rows.num_rows)))
+    joined = left.join(right, list(key), join_type="inner")
+    found = np.full(keys.num_rows, -1)
+    found[joined.column(_LEFT).to_numpy()] = joined.column(_RIGHT).to_numpy()
+    return found
 
 
 @final
@@ -171,18 +182,8 @@ class KeyedState:
         return self._rows
 
     def lookup(self, keys: pa.Table) -> npt.NDArray[np.int64]:
-        """The position in :attr:`rows` of each row of ``keys`` (its key columns; unique), or
-        -1 for a key the state does not hold. One hash join."""
-        n = keys.num_rows
-        rows = self.rows
-        left = keys.select(list(self.key)).append_column(_LEFT, pa.array(np.arange(n)))
-        right = rows.select(list(self.key)).append_column(
-            _RIGHT, pa.array(np.arange(rows.num_rows))
-        )
-        joined = left.join(right, list(self.key), join_type="inner", use_threads=False)
-        found = np.full(n, -1, np.int64)
-        found[joined.column(_LEFT).to_numpy()] = joined.column(_RIGHT).to_numpy()
-        return found
+        """The position in :attr:`rows` of each row of ``keys`` (see :func:`positions`)."""
+        return positions(keys, self.rows, self.key)
 
     # Opening and restoring.
 

@@ -136,7 +136,8 @@ def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
     """Equal or both null, per row."""
     equal = pc.fill_null(pc.equal(a, b), False)
     both = pc.and_(pc.is_null(a), pc.is_null(b))
-    return np.asarray(pc.or_(equal, both).to_numpy(zero_copy_only=False), np.bool_)
+    same: npt.NDArray[np.bool_] = np.asarray(pc.or_(equal, both))
+    return same
 
 
 def _unchanged(old: pa.Table, new: pa.Table, key: tuple[str, ...]) -> npt.NDArray[np.bool_]:
