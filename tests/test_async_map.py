@@ -56,7 +56,7 @@ class Changes:
         self._event = anyio.Event()
 
     async def until(self, condition: Callable[[], bool]) -> None:
-        with anyio.fail_after(scaled(10)):
+        with anyio.fail_after(scaled(5)):
             while not condition():
                 await self._event.wait()
 
@@ -166,8 +166,10 @@ async def running(
     rt.add_actor("collect", lambda: Collect(out), inputs=["op"])
     if operator.side_outputs:
         rt.add_actor("dead", lambda: Collect(dead), inputs=[f"op:{DEAD_LETTERS}"])
-    async with rt:
-        yield rt, out, dead
+    # A deadline for the whole run: a graph that hangs (a call never emitted) fails fast.
+    with anyio.fail_after(scaled(5)):
+        async with rt:
+            yield rt, out, dead
 
 
 def metric(rt: Runtime, name: str) -> float | None:
@@ -738,6 +740,30 @@ def test_bad_arguments_are_refused_when_called(argument: str, overrides: dict[st
     with pytest.raises(InvalidArgumentError) as refused:
         async_map(**arguments)
     assert refused.value.argument == argument
+    assert refused.value.expected == EXPECTED[argument]
+    assert refused.value.got is overrides[argument]
+
+
+#: What each refusal says was expected.
+EXPECTED = {
+    "fn": "an async function of a row dict",
+    "schema": "a pyarrow.Schema of the output rows",
+    "concurrency": "an int >= 1",
+    "ordered": "a bool",
+    "dead_letters": "a bool",
+    "timeout": "a number of seconds > 0",
+    "retries": "an int >= 0",
+    "batch_size": "None or an int >= 1",
+    "key": "a column name or a list of column names",
+    "retry_delay": "0 or a finite number >= 0.001",
+    "max_retry_delay": "a finite number >= retry_delay (0.01)",
+}
+
+
+def test_a_batch_function_that_is_not_async_is_refused_naming_a_batch() -> None:
+    with pytest.raises(InvalidArgumentError) as refused:
+        async_map(lambda rows: rows, schema=OUTPUT, batch_size=10)
+    assert refused.value.expected == "an async function of a RecordBatch"
 
 
 @pytest.mark.parametrize(

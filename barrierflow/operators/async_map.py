@@ -140,7 +140,9 @@ def async_map(
         timeout: seconds one attempt may take (``math.inf``: no limit).
         retries: attempts after the first, for a call that raised or timed out.
         batch_size: call ``fn`` with batches of up to this many rows (``None``: one row).
-        key: the column(s) naming a row in errors (``None``: its position in its chunk).
+        key: the column(s) naming a row in errors — the value of one, a tuple of several's
+            (``None``: the row's position in its chunk); a failed batch call names the list
+            of its rows'.
         dead_letters: send a row whose attempts are spent to the side output
             ``"dead_letters"`` instead of failing the actor.
         retry_delay: the backoff's first delay, in seconds (0: retry at once; else >= 1 ms).
