@@ -20,7 +20,7 @@ from _timeouts import scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from barrierflow.channels import Barrier, Chunk, Message, Op, Watermark
+from barrierflow.channels import Barrier, Chunk, Committable, Message, Op, Watermark
 from barrierflow.errors import (
     ActorFailedError,
     AsyncCallFailedError,
@@ -128,17 +128,32 @@ class Recorder:
                 shown.append("B")
             elif isinstance(m, Watermark):
                 shown.append(("W", m.value))
+            elif isinstance(m, Committable):
+                shown.append(("C", m.payload))
         return shown
 
 
 class Collect(StreamActor):
+    """Records every message, committables included (and keeps those)."""
+
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
 
+    async def run(self, ctx: ActorContext) -> None:
+        async for message in ctx.messages(committables=True):
+            self.recorder.seen.append(message)
+            self.recorder.changes.changed()
+            if not isinstance(message, Committable):
+                await ctx.emit(message)
+
+
+class Stage(StreamActor):
+    """Passes each chunk on followed by a committable naming its first row."""
+
     async def process(self, message: Message, ctx: ActorContext) -> None:
-        self.recorder.seen.append(message)
-        self.recorder.changes.changed()
         await ctx.emit(message)
+        if isinstance(message, Chunk) and message.num_rows:
+            await ctx.emit(Committable("table", message.batch["n"][0].as_py()))
 
 
 class Watermarks(StreamActor):
@@ -152,9 +167,10 @@ class Watermarks(StreamActor):
 
 @asynccontextmanager
 async def running(
-    tmp_path: Path, operator: Operator, *, watermarks: bool = False
+    tmp_path: Path, operator: Operator, *, watermarks: bool = False, committables: bool = False
 ) -> AsyncIterator[tuple[Runtime, Recorder, Recorder]]:
-    """source → (watermarks →) op → collect, and op:dead_letters → dead if declared."""
+    """source → (watermarks or committables →) op → collect, and op:dead_letters → dead if
+    declared."""
     out, dead = Recorder(), Recorder()
     rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600))
     rt.add_source("events")
@@ -162,6 +178,9 @@ async def running(
     if watermarks:
         rt.add_actor("marks", Watermarks, inputs=["events"])
         upstream = "marks"
+    if committables:
+        rt.add_actor("stage", Stage, inputs=["events"])
+        upstream = "stage"
     rt.add_actor("op", operator, inputs=[upstream])
     rt.add_actor("collect", lambda: Collect(out), inputs=["op"])
     if operator.side_outputs:
@@ -274,6 +293,21 @@ async def test_a_watermark_waits_for_the_calls_before_it(tmp_path: Path) -> None
         service.open(4)
         await out.changes.until(lambda: len(out.shape()) == 2)
         assert out.shape() == [[4, 7], ("W", 7)]
+
+
+async def test_a_committable_passes_at_once_ahead_of_the_calls_in_flight(
+    tmp_path: Path,
+) -> None:
+    service = FakeService(gated=True)
+    operator = async_map(service.lookup, schema=OUTPUT)
+    async with running(tmp_path, operator, committables=True) as (rt, out, _):
+        await rt.push("events", chunk(5))
+        await out.changes.until(lambda: len(out.shape()) == 1)
+        assert out.shape() == [("C", 5)]  # row 5's call is still waiting
+        service.open(5)
+        await rt.checkpoint()
+        # It belongs to the epoch of the barrier after it, as the row does.
+        assert out.shape() == [("C", 5), [5], "B"]
 
 
 # The window.
