@@ -574,7 +574,28 @@ async def test_a_chunk_of_another_schema_is_refused(
                 await rt.push("events", Chunk(_batch([(1, 1)])))
             await rt.push("events", Chunk(other))
             await rt.checkpoint()
-    assert isinstance(caught.value.cause, SchemaMismatchError)
+    cause = caught.value.cause
+    assert isinstance(cause, SchemaMismatchError)
+    assert cause.argument == f"{kind} 'agg': input"
+    assert (cause.expected_schema, cause.actual_schema) == (SCHEMA, other.schema)
+
+
+async def test_a_restart_with_another_undeclared_input_schema_is_refused(tmp_path: Path) -> None:
+    await _run(tmp_path, aggregate("k", s=("v", "sum")), [[[(1, 1)]]])
+    other = pa.record_batch(
+        [pa.array([1], pa.int32()), pa.array([1], pa.int64())], names=["k", "v"]
+    )
+    rt = _runtime(tmp_path, aggregate("k", s=("v", "sum")))
+    with pytest.raises(ActorFailedError) as caught:
+        async with rt:
+            await rt.push("events", Chunk(other))
+            await rt.checkpoint()
+    cause = caught.value.cause
+    assert isinstance(cause, SchemaMismatchError)
+    assert cause.argument == "aggregate 'agg': input"
+    spec = Aggregations({"s": ("v", "sum")})
+    assert cause.expected_schema == spec.state_schema(SCHEMA, KEY)
+    assert cause.actual_schema == spec.state_schema(other.schema, KEY)
 
 
 async def test_a_restart_with_another_input_schema_is_refused(tmp_path: Path) -> None:

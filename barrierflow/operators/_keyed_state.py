@@ -98,7 +98,7 @@ def group_of(name: str) -> str:
 
 
 def _encode_schema(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
 
 
 def _decode_schema(text: str) -> pa.Schema:
