@@ -145,6 +145,7 @@ async def test_a_float_column_watermarks_as_floats_and_ignores_nan(tmp_path: Pat
     nan_only = Chunk(pa.record_batch({"ts": pa.array([float("nan")])}))
     marks = await _run(tmp_path, with_watermark("ts", delay=0.25), nan_only, chunk)
     assert [m for m in marks if isinstance(m, tuple)] == [("wm", "ts", 4.0)]
+    assert type(marks[-1][2]) is float
 
 
 async def test_the_max_survives_a_restart(tmp_path: Path) -> None:
@@ -171,6 +172,8 @@ async def test_a_delay_or_column_that_does_not_fit_fails_at_the_first_chunk(
     with pytest.raises(ActorFailedError) as caught:
         await _run(tmp_path, with_watermark("ts", delay=delay), chunk)
     assert isinstance(caught.value.__cause__, error)
+    expected = "with_watermark column" if error is SchemaMismatchError else "delay"
+    assert caught.value.__cause__.argument == expected
 
 
 @pytest.mark.parametrize(
@@ -235,3 +238,44 @@ async def test_the_counters_are_reported(tmp_path: Path) -> None:
     labels = {"actor": "wm", "operator": "with_watermark"}
     assert families["barrierflow_operator_rows_in"].value(**labels) == 3
     assert families["barrierflow_operator_rows_out"].value(**labels) == 3
+
+
+@pytest.mark.parametrize(
+    ("chunk", "value"),
+    [
+        (
+            Chunk(pa.record_batch({"ts": pa.array([5_000], pa.timestamp("ms", tz="UTC"))})),
+            np.datetime64(4, "s"),
+        ),
+        (Chunk(pa.record_batch({"ts": pa.array([5.5])})), 4.5),
+    ],
+)
+async def test_a_restored_watermark_keeps_its_kind_before_any_row(
+    tmp_path: Path, chunk: Chunk, value: Any
+) -> None:
+    operator = with_watermark("ts", delay=1)
+    await _run(tmp_path, operator, chunk)
+    marks = await _run(tmp_path, operator, "|")
+    assert marks == [("wm", "ts", value), "|", ("wm", "ts", value)]
+    assert type(marks[0][2]) is type(value)
+
+
+@pytest.mark.parametrize(
+    ("column", "delay", "argument", "expected"),
+    [
+        ("", 1, "column", "a column name"),
+        ("ts", -1, "delay", "a non-negative timedelta or number"),
+    ],
+)
+def test_refusals_name_what_was_expected_and_what_came(
+    column: Any, delay: Any, argument: str, expected: str
+) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        with_watermark(column, delay=delay)
+    assert (caught.value.argument, caught.value.expected) == (argument, expected)
+    assert caught.value.got == (column if argument == "column" else delay)
+
+
+def test_a_zero_delay_is_taken_when_called() -> None:
+    assert with_watermark("ts", delay=0).kind == "with_watermark"
+    assert with_watermark("ts", delay=timedelta(0)).kind == "with_watermark"

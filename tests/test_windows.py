@@ -72,7 +72,7 @@ class Inject(StreamActor):
             column = message.batch.column(0)
             name = "ts" if message.batch.schema.names[0] == "mark" else "other"
             values = (
-                list(column.to_numpy())
+                list(column.to_numpy(zero_copy_only=False))
                 if pa.types.is_timestamp(column.type)
                 else column.to_pylist()
             )
@@ -135,6 +135,8 @@ def _events() -> list[Any]:
     out: list[Any] = []
     for message in Collect.seen:
         if isinstance(message, Chunk):
+            assert message.ops is not None
+            assert message.ops.type == pa.int8()  # one op code per row, as a changelog has
             out += zip(message.ops_numpy().tolist(), message.batch.to_pylist(), strict=True)
         else:
             out.append(("wm", message.column, message.value))
@@ -965,3 +967,289 @@ def test_event_time_refuses_a_missing_or_untimely_column() -> None:
     with pytest.raises(SchemaMismatchError):
         EventTime.of(pa.schema([("ts", pa.date32())]), "ts", "on")
     assert EventTime.of(pa.schema([("ts", pa.int32())]), "ts", "on").type == pa.int32()
+
+
+# Nulls, counters and the exact fields of refusals.
+
+
+async def test_late_updates_compare_nulls_as_values(tmp_path: Path) -> None:
+    operator = window_aggregate(
+        "k",
+        Tumbling(10),
+        on="ts",
+        allowed_lateness=50,
+        s=("v", "sum"),
+        hi=("v", "max"),
+        f=("v", "first"),
+    )
+    nulls = pa.record_batch(
+        [pa.array([1, 2]), pa.array([1, 2]), pa.array([None, None], pa.int64())], schema=SCHEMA
+    )
+    rt = _runtime(tmp_path, operator)
+    async with rt:
+        await rt.push("events", Chunk(nulls))
+        await _push(rt, [("wm", 10)])
+        # Key 1: null -> 5 changes s and hi (first stays null); key 2: another null changes
+        # nothing.
+        await rt.push(
+            "events",
+            Chunk(
+                pa.record_batch(
+                    [pa.array([1, 2]), pa.array([3, 4]), pa.array([5, None], pa.int64())],
+                    schema=SCHEMA,
+                )
+            ),
+        )
+        await rt.checkpoint()
+        families = {f.name: f for f in await rt.metrics.snapshot()}
+    assert _rows(_events()) == [
+        (INS, _win(1, 0, 10, s=None, hi=None, f=None)),
+        (INS, _win(2, 0, 10, s=None, hi=None, f=None)),
+        (UD, _win(1, 0, 10, s=None, hi=None, f=None)),
+        (UI, _win(1, 0, 10, s=5, hi=5, f=None)),
+    ]
+    labels = {"actor": "agg", "operator": "window_aggregate"}
+    assert families["barrierflow_operator_rows_out"].value(**labels) == 4
+    assert families["barrierflow_operator_late_rows"].value(**labels) == 2
+
+
+async def test_a_watermark_value_that_is_no_time_nor_number_fails_naming_it(
+    tmp_path: Path,
+) -> None:
+    operator = window_aggregate("k", Tumbling(10), on="ts", n=("v", "count"))
+    rt = _runtime(tmp_path, operator)
+    with pytest.raises(ActorFailedError) as caught:
+        async with rt:
+            await rt.push("events", Chunk(pa.record_batch({"mark": pa.array(["soon"])})))
+            await rt.checkpoint()
+    error = caught.value.__cause__
+    assert isinstance(error, InvalidArgumentError)
+    assert (error.argument, error.got) == ("Watermark('ts').value", "soon")
+
+
+@pytest.mark.parametrize("first_is_time", [True, False])
+async def test_watermarks_before_any_row_must_keep_one_kind(
+    tmp_path: Path, first_is_time: bool
+) -> None:
+    stamp = np.datetime64("2024-01-01T00:00:00", "ns")
+    marks = [stamp, 5] if first_is_time else [5, stamp]
+    operator = window_aggregate("k", Tumbling(10), on="ts", n=("v", "count"))
+    rt = _runtime(tmp_path, operator)
+    async with rt:  # one watermark of either kind is kept, and passed on
+        await rt.push("events", _mark(marks[0]))
+        await rt.checkpoint()
+    assert [e[0] for e in _events()] == ["wm"]
+    rt = _runtime(tmp_path / "b", operator)
+    with pytest.raises(ActorFailedError) as caught:
+        async with rt:
+            for mark in marks:
+                await rt.push("events", _mark(mark))
+            await rt.checkpoint()
+    error = caught.value.__cause__
+    assert isinstance(error, InvalidArgumentError)
+    assert error.argument == "Watermark('ts').value"
+    assert error.expected == ("a time" if first_is_time else "a number")
+    assert error.got == marks[1]
+
+
+async def test_a_watermark_of_another_kind_than_the_column_names_its_value(
+    tmp_path: Path,
+) -> None:
+    operator = window_aggregate("k", Tumbling(10), on="ts", n=("v", "count"))
+    rt = _runtime(tmp_path, operator)
+    stamp = np.datetime64("2024-01-01T00:00:00", "ns")
+    with pytest.raises(ActorFailedError) as caught:
+        async with rt:
+            await rt.push("events", Chunk(_batch([(1, 1, 1)])))
+            await rt.push("events", _mark(stamp))
+            await rt.checkpoint()
+    error = caught.value.__cause__
+    assert isinstance(error, InvalidArgumentError)
+    assert (error.argument, error.expected, error.got) == (
+        "Watermark('ts').value",
+        "a number (a numeric column)",
+        stamp,
+    )
+
+
+WHOLE = "a size that is a whole multiple of every"
+
+
+@pytest.mark.parametrize(
+    ("call", "argument", "expected"),
+    [
+        (lambda: Tumbling(0), "size", "a positive timedelta or number"),
+        (lambda: Sliding(0, 1), "size", "a positive timedelta or number"),
+        (lambda: Sliding(1, 0), "every", "a positive timedelta or number"),
+        (
+            lambda: Sliding(1e-10, 1),
+            "Sliding(size, every)",
+            "a size that is a whole multiple of every",
+        ),
+        (
+            lambda: Sliding(1e308, 1e-300),
+            "Sliding(size, every)",
+            "a size that is a whole multiple of every",
+        ),
+        (
+            lambda: Sliding(2.5, 1),
+            "Sliding(size, every)",
+            "a size that is a whole multiple of every",
+        ),
+        (
+            lambda: window_aggregate(
+                "k", Tumbling(1), on="ts", allowed_lateness=-1, n=("v", "count")
+            ),
+            "allowed_lateness",
+            "a non-negative timedelta or number",
+        ),
+        (
+            lambda: window_aggregate("k", Tumbling(1), on="ts", late=None, n=("v", "count")),
+            "late",
+            "'drop' or 'output'",
+        ),
+        (
+            lambda: window_aggregate("k", None, on="ts", n=("v", "count")),
+            "window",
+            "a Tumbling or Sliding window",
+        ),
+        (
+            lambda: window_aggregate("k", Tumbling(1), on="", n=("v", "count")),
+            "on",
+            "the event-time column's name",
+        ),
+        (
+            lambda: window_aggregate("window_end", Tumbling(1), on="ts", n=("v", "count")),
+            "key",
+            "key columns other than ['window_start', 'window_end']",
+        ),
+        (
+            lambda: window_aggregate("k", Tumbling(1), on="ts", n=("window_end", "count")),
+            "aggregations",
+            "input columns other than ['window_start', 'window_end']",
+        ),
+        (
+            lambda: window_aggregate("k", Tumbling(1), on="ts", schema=3, n=("v", "count")),
+            "schema",
+            "None or a pyarrow.Schema",
+        ),
+    ],
+)
+def test_refusals_name_the_argument_and_what_was_expected(
+    call: Any, argument: str, expected: str
+) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        call()
+    assert (caught.value.argument, caught.value.expected) == (argument, expected)
+
+
+def test_a_sliding_refusal_holds_the_pair() -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        Sliding(10, 3)
+    assert (caught.value.got.size, caught.value.got.every) == (10, 3)
+
+
+def test_whole_sliding_pairs_are_taken_down_to_one_window() -> None:
+    assert Sliding(10, 10).assigner(EventTime("ts", pa.int64())).count == 1
+    assert Sliding(timedelta(seconds=2), 1).assigner(EventTime("ts", pa.timestamp("s"))).count == 2
+    assert Sliding(0.3, 0.1).assigner(EventTime("ts", pa.float64())).count == 3
+    # Within the tolerance when made: a float column takes it, integer ticks do not.
+    assert Sliding(3.0000000007, 1).assigner(EventTime("ts", pa.float64())).count == 3
+    with pytest.raises(InvalidArgumentError) as caught:
+        Sliding(3.0000000007, 1).assigner(EventTime("ts", pa.timestamp("ns")))
+    assert caught.value.argument == "Sliding(size, every)"
+    assert caught.value.got == "3000000001 and 1000000000 ticks"
+
+
+@pytest.mark.parametrize(
+    ("window", "typ", "argument", "expected"),
+    [
+        (
+            Tumbling(timedelta(milliseconds=1500)),
+            pa.timestamp("s"),
+            "Tumbling.size",
+            "a whole, positive number of s (the column 'ts' is timestamp[s])",
+        ),
+        (
+            Sliding(timedelta(milliseconds=1500), timedelta(milliseconds=500)),
+            pa.timestamp("s"),
+            "Sliding.size",
+            "a whole, positive number of s (the column 'ts' is timestamp[s])",
+        ),
+        (
+            Sliding(timedelta(seconds=2), timedelta(microseconds=500)),
+            pa.timestamp("ms"),
+            "Sliding.every",
+            "a whole, positive number of ms (the column 'ts' is timestamp[ms])",
+        ),
+        (
+            Tumbling(timedelta(seconds=1)),
+            pa.int32(),
+            "Tumbling.size",
+            "a number (in the unit of the numeric column 'ts')",
+        ),
+        (Tumbling(1.5), pa.int64(), "Tumbling.size", "an int (the integer column 'ts')"),
+        (
+            Tumbling(1e-12),
+            pa.timestamp("ns"),
+            "Tumbling.size",
+            "a whole, positive number of ns (the column 'ts' is timestamp[ns])",
+        ),
+    ],
+)
+def test_a_window_that_does_not_fit_its_column_names_which_and_why(
+    window: Any, typ: pa.DataType, argument: str, expected: str
+) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        window.assigner(EventTime("ts", typ))
+    assert (caught.value.argument, caught.value.expected) == (argument, expected)
+    assert caught.value.got == (window.size if argument.endswith("size") else window.every)
+
+
+def test_event_time_errors_name_the_column_and_the_asker() -> None:
+    with pytest.raises(SchemaMismatchError) as missing:
+        EventTime.of(pa.schema([("x", pa.int64())]), "ts", "asker")
+    assert missing.value.argument == "asker"
+    with pytest.raises(SchemaMismatchError) as untimely:
+        EventTime.of(pa.schema([("ts", pa.string())]), "ts", "asker")
+    assert (untimely.value.argument, untimely.value.got) == ("asker", "ts: string")
+    with pytest.raises(InvalidArgumentError) as number:
+        EventTime("ts", pa.timestamp("s")).check_watermark(False, 1)
+    assert (number.value.argument, number.value.expected, number.value.got) == (
+        "Watermark('ts').value",
+        "a numpy.datetime64 or datetime (a timestamp column)",
+        1,
+    )
+    with pytest.raises(InvalidArgumentError) as neither:
+        watermark_ticks("ts", "x")
+    assert (neither.value.argument, neither.value.expected) == (
+        "Watermark('ts').value",
+        "a numpy.datetime64, a datetime or a number",
+    )
+
+
+def test_ticks_and_values_keep_their_types() -> None:
+    floats, ints, times = (
+        EventTime("ts", pa.float32()),
+        EventTime("ts", pa.int16()),
+        EventTime("ts", pa.timestamp("ms")),
+    )
+    assert floats.ticks(pa.chunked_array([[1.5]], pa.float32())).dtype == np.float64
+    assert ints.ticks(pa.array([3], pa.int16())).dtype == np.int64
+    assert type(floats.watermark_value(2)) is float
+    assert type(ints.watermark_value(2.0)) is int
+    assert times.watermark_value(5) == np.datetime64(5, "ns")
+    assert floats.column_of(np.array([0.5])).type == pa.float32()
+    assert ints.column_of(np.array([4])).type == pa.int16()
+    assert (floats.is_time, floats.is_float, times.is_time, ints.is_float) == (
+        False,
+        True,
+        True,
+        False,
+    )
+    assert (times.unit_ticks(), ints.unit_ticks()) == (1_000_000, 1)
+    assert floats.span("size", 2) == 2.0
+    assert type(floats.span("size", 2)) is float
+    assert ints.span("size", np.int64(3)) == 3
+    assert times.span("size", timedelta(microseconds=7)) == 7000
+    assert watermark_ticks("ts", np.float64(2.5)) == (2.5, False)

@@ -44,7 +44,8 @@ __all__ = [
     "Sliding",
     "Tumbling",
     "Window",
-    "check_duration",
+    "check_non_negative",
+    "check_positive",
     "watermark_ticks",
 ]
 
@@ -61,25 +62,40 @@ def _is_number(value: object) -> bool:
     )
 
 
-def check_duration(argument: str, value: object, *, positive: bool) -> Duration:
-    """``value`` if it is a duration (see the module), finite and positive (or ``>= 0``).
+def _duration(value: object) -> float | None:
+    """``value`` in its own unit if it is a finite duration (see the module), else ``None``."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if not _is_number(value):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond a float: no duration anything compares with
+        return None
+    return number if math.isfinite(number) else None
+
+
+def check_positive(argument: str, value: object) -> Duration:
+    """``value`` if it is a positive duration (see the module).
 
     Raises:
         InvalidArgumentError: anything else.
     """
-    if isinstance(value, timedelta):
-        ok = value > timedelta(0) if positive else value >= timedelta(0)
-    elif _is_number(value):
-        try:
-            number = float(value)  # type: ignore[arg-type]
-        except OverflowError:  # an int beyond a float: no duration anything compares with
-            number = math.inf
-        ok = math.isfinite(number) and (number > 0 if positive else number >= 0)
-    else:
-        ok = False
-    if not ok:
-        expected = "a positive" if positive else "a non-negative"
-        raise InvalidArgumentError(argument, f"{expected} timedelta or number", value)
+    number = _duration(value)
+    if number is None or number <= 0:
+        raise InvalidArgumentError(argument, "a positive timedelta or number", value)
+    return value  # type: ignore[return-value]
+
+
+def check_non_negative(argument: str, value: object) -> Duration:
+    """``value`` if it is a duration ``>= 0`` (see the module).
+
+    Raises:
+        InvalidArgumentError: anything else.
+    """
+    number = _duration(value)
+    if number is None or number < 0:
+        raise InvalidArgumentError(argument, "a non-negative timedelta or number", value)
     return value  # type: ignore[return-value]
 
 
@@ -269,7 +285,7 @@ class Tumbling:
     size: Duration
 
     def __post_init__(self) -> None:
-        check_duration("size", self.size, positive=True)
+        check_positive("size", self.size)
 
     def assigner(self, time: EventTime) -> Assigner:
         """The windows in ``time``'s ticks.
@@ -302,8 +318,8 @@ class Sliding:
     every: Duration
 
     def __post_init__(self) -> None:
-        check_duration("size", self.size, positive=True)
-        check_duration("every", self.every, positive=True)
+        check_positive("size", self.size)
+        check_positive("every", self.every)
         ratio = _seconds(self.size) / _seconds(self.every)
         if not math.isfinite(ratio) or ratio < 1 or abs(ratio - round(ratio)) > 1e-9:
             raise InvalidArgumentError(
@@ -319,8 +335,9 @@ class Sliding:
         """
         size = _step(time, "Sliding.size", self.size)
         every = _step(time, "Sliding.every", self.every)
-        ratio = size / every
-        if abs(ratio - round(ratio)) > 1e-9 * max(1.0, ratio):
+        # Floats were checked when made (in seconds or units, with a tolerance); integer ticks
+        # (nanoseconds of a number of seconds, an integer column) must divide exactly.
+        if not time.is_float and size % every:
             raise InvalidArgumentError(
                 "Sliding(size, every)",
                 f"a size that is a whole multiple of every in {time.column!r}'s ticks",

@@ -47,17 +47,15 @@ from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.messages import Message, Watermark
 from barrierflow.operators._operator import Operator, OperatorActor
-from barrierflow.operators._windows import Duration, EventTime, check_duration
+from barrierflow.operators._windows import Duration, EventTime, check_non_negative
 from barrierflow.runtime.actor import ActorContext
 from barrierflow.runtime.placement import Placement
 from barrierflow.runtime.state.state_store import StateTable
 
 __all__ = ["with_watermark"]
 
-#: The state table, and the stand-in column type of each kind of event time (what a restored
-#: watermark needs before the first chunk shows the column).
+#: The state table: the largest value seen, in ticks, and whether it is a time.
 _TABLE = "watermark"
-_KINDS = {"time": pa.timestamp("ns"), "int": pa.int64(), "float": pa.float64()}
 
 
 def with_watermark(column: str, *, delay: Duration) -> Operator:
@@ -74,14 +72,10 @@ def with_watermark(column: str, *, delay: Duration) -> Operator:
     """
     if not isinstance(column, str) or not column:
         raise InvalidArgumentError("column", "a column name", column)
-    check_duration("delay", delay, positive=False)
+    check_non_negative("delay", delay)
     return Operator(
         "with_watermark", Placement.PARTITION_LOCAL, lambda: _WithWatermark(column, delay)
     )
-
-
-def _kind(time: EventTime) -> str:
-    return "time" if time.is_time else "float" if time.is_float else "int"
 
 
 @final
@@ -93,18 +87,20 @@ class _WithWatermark(OperatorActor):
         self._column = column
         self._delay = delay
         self._time: EventTime | None = None
-        self._lag: int | float = 0
+        self._lag: int | float
         self._max: int | float | None = None
-        self._saved: int | float | None = None
-        self._table: StateTable | None = None
+        self._table: StateTable
 
     async def restore(self, ctx: ActorContext) -> None:
-        """Restore the largest value seen (and the kind of column it came from)."""
+        """Restore the largest value seen (with a stand-in type of its kind until a chunk shows
+        the column)."""
         self._table = ctx.table(_TABLE)
-        saved = await self._table.items()
-        if "max" in saved:
-            self._bind(EventTime(self._column, _KINDS[saved["kind"]]))
-            self._max = self._saved = saved["max"]
+        saved = await self._table.get("max")
+        if saved is not None:
+            ticks, is_time = saved
+            stand_in = pa.timestamp("ns") if is_time else pa.array([ticks]).type
+            self._bind(EventTime(self._column, stand_in))
+            self._max = ticks
 
     def _bind(self, time: EventTime) -> None:
         self._time = time
@@ -123,12 +119,9 @@ class _WithWatermark(OperatorActor):
                 self._max = top
                 await self._emit(ctx)
         elif isinstance(message, Barrier):
-            table = self._table
-            if table is not None and self._max != self._saved:
+            if self._max is not None:
                 assert self._time is not None
-                table.put("max", self._max)
-                table.put("kind", _kind(self._time))
-                self._saved = self._max
+                self._table.put("max", [self._max, self._time.is_time])
             await ctx.emit(message)
             if self._max is not None and not ctx.finished:
                 await self._emit(ctx)
@@ -146,16 +139,14 @@ class _WithWatermark(OperatorActor):
             return None
         batch = chunk.batch
         time = EventTime.of(batch.schema, self._column, "with_watermark column")
-        if self._time is None or time.type != self._time.type:
-            self._bind(time)
+        self._bind(time)
         values: Any = batch.column(self._column)
         if chunk.visibility is not None:
             values = pc.filter(values, chunk.visibility)
         top = pc.max(values)
         if not top.is_valid:
             return None
-        ticks = time.ticks(pa.array([top.value] if time.is_time else [top.as_py()], time.type))
-        value = ticks[0]
-        if time.is_float and np.isnan(value):
+        value = time.ticks(pa.array([top]))[0]
+        if np.isnan(value):  # only NaN left in a floating column
             return None
-        return float(value) if time.is_float else int(value)
+        return value.item()  # type: ignore[no-any-return]

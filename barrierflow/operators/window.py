@@ -74,7 +74,7 @@ from barrierflow.operators._windows import (
     Sliding,
     Tumbling,
     Window,
-    check_duration,
+    check_non_negative,
     watermark_ticks,
 )
 from barrierflow.operators.errors import ChangelogInputError
@@ -133,7 +133,7 @@ def window_aggregate(
         raise InvalidArgumentError("window", "a Tumbling or Sliding window", window)
     if not isinstance(on, str) or not on:
         raise InvalidArgumentError("on", "the event-time column's name", on)
-    check_duration("allowed_lateness", allowed_lateness, positive=False)
+    check_non_negative("allowed_lateness", allowed_lateness)
     if not isinstance(late, str) or late not in ("drop", "output"):
         raise InvalidArgumentError("late", "'drop' or 'output'", late)
     spec = Aggregations(aggregations)
@@ -257,8 +257,7 @@ class _WindowAggregate(OperatorActor):
         #: The watermark in ticks, and whether it is a time (``None``: none yet).
         self._watermark: int | float | None = None
         self._is_time = False
-        self._saved: list[Any] | None = None
-        self._table: StateTable | None = None
+        self._table: StateTable
         #: Rows of open windows not folded into the state yet, and their first window's end.
         self._pending: list[pa.Table] = []
         self._pending_end: int | float | None = None
@@ -282,9 +281,7 @@ class _WindowAggregate(OperatorActor):
         for peer in ctx.peers:
             saved = await ctx.read_table(peer, _WATERMARK).get("watermark")
             if saved is not None and (self._watermark is None or saved[0] > self._watermark):
-                self._watermark, self._is_time = saved[0], bool(saved[1])
-                if peer == ctx.name:
-                    self._saved = saved
+                self._watermark, self._is_time = saved
 
     # Messages.
 
@@ -297,12 +294,8 @@ class _WindowAggregate(OperatorActor):
             await self._advance(message, ctx)
         elif isinstance(message, Barrier):
             self._fold_pending()
-            table = self._table
-            if table is not None and self._watermark is not None:
-                saved = [self._watermark, self._is_time]
-                if saved != self._saved:
-                    table.put("watermark", saved)
-                    self._saved = saved
+            if self._watermark is not None:
+                self._table.put("watermark", [self._watermark, self._is_time])
             self.state.before_barrier(ctx)
             await ctx.emit(message)
             await self.state.after_barrier(message, ctx)
@@ -443,14 +436,13 @@ class _WindowAggregate(OperatorActor):
         old_out, new_out = self._outputs(old), self._outputs(new)
         nf = len(fresh)
         changed = np.flatnonzero(~_same_rows(old_out, new_out.slice(nf)))
-        # One entry per emitted row: which window (its rank in window order), first or second
-        # of its pair, and where its row is in new_out + old_out.
+        # One entry per emitted row: its window's rank in window order, and where its row is in
+        # new_out + old_out; a stable sort by rank puts each UPDATE_DELETE before its
+        # UPDATE_INSERT.
         windows = pa.concat_tables([new_out.slice(0, nf), new_out.take(pa.array(nf + changed))])
-        rank = np.empty(windows.num_rows, np.int64)
-        rank[_window_order(windows, self.columns)] = np.arange(windows.num_rows)
+        rank = np.argsort(_window_order(windows, self.columns).to_numpy())
         m = len(changed)
         group = np.concatenate([rank[:nf], rank[nf:], rank[nf:]])
-        second = np.concatenate([np.zeros(nf + m, np.int8), np.ones(m, np.int8)])
         take = np.concatenate([np.arange(nf), new_out.num_rows + changed, nf + changed])
         ops = np.concatenate(
             [
@@ -459,7 +451,7 @@ class _WindowAggregate(OperatorActor):
                 np.full(m, Op.UPDATE_INSERT, np.int8),
             ]
         )
-        sequence = np.lexsort((second, group))
+        sequence = np.lexsort([group])
         out = pa.concat_tables([new_out, old_out]).take(pa.array(take[sequence]))
         await self._emit(out, ops[sequence], ctx)
 
@@ -495,7 +487,7 @@ class _WindowAggregate(OperatorActor):
         if before is not None and ticks <= before:
             return
         self._watermark, self._is_time = ticks, is_time
-        if plan is not None and self.state.is_open:
+        if plan is not None:  # (a plan known, the state is open)
             if self._pending_end is not None and self._pending_end <= ticks:
                 self._fold_pending()
             await self._close(before, ticks, plan, ctx)
@@ -533,5 +525,5 @@ def _same_rows(a: pa.Table, b: pa.Table) -> npt.NDArray[np.bool_]:
         x, y = a.column(name), b.column(name)
         equal = pc.fill_null(pc.equal(x, y), False)
         both = pc.and_(pc.is_null(x), pc.is_null(y))
-        same &= np.asarray(pc.or_(equal, both).to_numpy(zero_copy_only=False), np.bool_)
+        same &= np.asarray(pc.or_(equal, both))
     return same
