@@ -328,6 +328,8 @@ async def test_the_state_of_a_window_is_deleted_once_the_watermark_reaches_end_p
             families = {f.name: f for f in await rt.metrics.snapshot()}
             counts.append(families["barrierflow_operator_state_rows"].value(**labels))
     assert counts == [3, 3, 3, 1]
+    # Each window is emitted once, when it closes, however far the watermark moves after.
+    assert _rows(_events()) == [(INS, _win(1, 0, 10, n=1)), (INS, _win(2, 0, 10, n=1))]
 
 
 async def test_without_lateness_a_window_is_deleted_when_it_closes(tmp_path: Path) -> None:
@@ -405,8 +407,10 @@ async def test_timestamp_windows_take_timedeltas_and_keep_the_columns_type(tmp_p
         await rt.push("events", Chunk(rows))
         await rt.checkpoint()
     [chunk] = [m for m in Collect.seen if isinstance(m, Chunk)]
+    assert chunk.batch.schema.names == ["k", "window_start", "window_end", "s"]
     assert chunk.batch.schema.field("window_start").type == typ
     assert chunk.batch.schema.field("window_end").type == typ
+    assert not chunk.batch.schema.field("window_end").nullable
     assert chunk.batch.to_pylist() == [
         {"k": 1, "window_start": base, "window_end": base + timedelta(minutes=1), "s": 3}
     ]
@@ -749,7 +753,14 @@ async def test_a_changelog_input_is_refused(tmp_path: Path) -> None:
         async with rt:
             await rt.push("events", Chunk(_batch([(1, 1, 1), (1, 1, 1)]), [Op.INSERT, Op.DELETE]))
             await rt.checkpoint()
-    assert isinstance(caught.value.__cause__, ChangelogInputError)
+    error = caught.value.__cause__
+    assert isinstance(error, ChangelogInputError)
+    assert (error.actor, error.operator, error.expected, error.what) == (
+        "agg",
+        "window_aggregate",
+        "an insert-only input",
+        "a chunk with 1 delete(s) or update(s)",
+    )
 
 
 @pytest.mark.parametrize("column", ["k", "ts"])
@@ -763,8 +774,13 @@ async def test_a_null_key_or_event_time_is_refused(tmp_path: Path, column: str) 
         async with rt:
             await rt.push("events", Chunk(batch))
             await rt.checkpoint()
-    assert isinstance(caught.value.__cause__, InvalidArgumentError)
-    assert column in caught.value.__cause__.argument
+    error = caught.value.__cause__
+    assert isinstance(error, InvalidArgumentError)
+    assert (error.argument, error.expected, error.got) == (
+        f"window_aggregate 'agg': column {column!r}",
+        "no nulls",
+        "1 null(s)",
+    )
 
 
 @pytest.mark.parametrize("declared", [True, False])
@@ -778,7 +794,10 @@ async def test_a_chunk_of_another_schema_is_refused(tmp_path: Path, declared: bo
             await rt.push("events", Chunk(_batch([(1, 1, 1)])))
             await rt.push("events", Chunk(other))
             await rt.checkpoint()
-    assert isinstance(caught.value.__cause__, SchemaMismatchError)
+    error = caught.value.__cause__
+    assert isinstance(error, SchemaMismatchError)
+    assert error.argument == "window_aggregate 'agg': input"
+    assert (error.expected_schema, error.actual_schema) == (SCHEMA, other.schema)
 
 
 async def test_a_watermark_of_another_kind_than_the_column_fails_the_actor(
@@ -1253,3 +1272,68 @@ def test_ticks_and_values_keep_their_types() -> None:
     assert ints.span("size", np.int64(3)) == 3
     assert times.span("size", timedelta(microseconds=7)) == 7000
     assert watermark_ticks("ts", np.float64(2.5)) == (2.5, False)
+
+
+async def test_a_row_whose_window_ends_at_the_watermark_is_late_within_the_lateness(
+    tmp_path: Path,
+) -> None:
+    operator = window_aggregate("k", Tumbling(10), on="ts", allowed_lateness=5, n=("v", "count"))
+    events = await _run(tmp_path, operator, [("wm", 10), [(1, 9, 0), (1, 10, 0)]])
+    assert _rows(events) == [(INS, _win(1, 0, 10, n=1))]  # at once; [10, 20) stays open
+
+
+async def test_rows_held_for_open_windows_are_folded_before_a_watermark_closes_them(
+    tmp_path: Path,
+) -> None:
+    operator = window_aggregate("k", Tumbling(10), on="ts", n=("v", "count"))
+    items: list[Item] = [[(1, 25, 0)], [(1, 5, 0)], [(1, 6, 0)], ("wm", 10), ("wm", 30)]
+    events = await _run(tmp_path, operator, items)
+    assert _rows(events) == [(INS, _win(1, 0, 10, n=2)), (INS, _win(1, 20, 10, n=1))]
+
+
+async def test_a_restart_with_another_input_schema_is_refused(tmp_path: Path) -> None:
+    operator = window_aggregate("k", Tumbling(10), on="ts", s=("v", "sum"))
+    await _run(tmp_path, operator, [[(1, 1, 1)]])
+    other = pa.record_batch({"k": pa.array([1]), "ts": pa.array([2]), "v": pa.array([1.5])})
+    rt = _runtime(tmp_path, operator, inject=False)
+    with pytest.raises(ActorFailedError) as caught:
+        async with rt:
+            await rt.push("events", Chunk(other))
+            await rt.checkpoint()
+    error = caught.value.__cause__
+    assert isinstance(error, SchemaMismatchError)
+    assert error.argument == "window_aggregate 'agg': input"
+
+
+async def test_a_restart_without_a_schema_resumes_the_windows_before_any_row(
+    tmp_path: Path,
+) -> None:
+    operator = window_aggregate("k", Tumbling(10), on="ts", s=("v", "sum"))
+    await _run(tmp_path, operator, [[(1, 1, 1), (1, 2, 2)]])
+    # The state's window_start tells the event time: a watermark closes the restored window.
+    events = await _run(tmp_path, operator, [("wm", 10)])
+    assert _rows(events) == [(INS, _win(1, 0, 10, s=3))]
+
+
+async def test_a_time_watermark_before_rows_of_a_numeric_column_fails_at_the_first_row(
+    tmp_path: Path,
+) -> None:
+    operator = window_aggregate("k", Tumbling(10), on="ts", n=("v", "count"))
+    rt = _runtime(tmp_path, operator)
+    stamp = np.datetime64("2024-01-01T00:00:00", "ns")
+    with pytest.raises(ActorFailedError) as caught:
+        async with rt:
+            await rt.push("events", _mark(stamp))
+            await rt.push("events", Chunk(_batch([(1, 1, 1)])))
+            await rt.checkpoint()
+    error = caught.value.__cause__
+    assert isinstance(error, InvalidArgumentError)
+    assert error.argument == "Watermark('ts').value"
+
+
+def test_a_schema_missing_an_input_column_names_it() -> None:
+    schema = pa.schema([("k", pa.int64()), ("ts", pa.int64())])
+    with pytest.raises(SchemaMismatchError) as caught:
+        window_aggregate("k", Tumbling(10), on="ts", schema=schema, n=("v", "count"))
+    assert (caught.value.argument, caught.value.got) == ("window_aggregate", schema)
+    assert caught.value.expected_schema == "a column 'v'"

@@ -351,18 +351,19 @@ class _WindowAggregate(OperatorActor):
     async def _bind(self, schema: pa.Schema, ctx: ActorContext) -> _Plan:
         """The plan of the input: the first chunk's schema opens the state; every later chunk
         must have it."""
-        plan = self._plan
-        if self.input_schema is None or plan is None or plan.rows is None:
-            plan = self._plan_for(schema)
-            assert plan.state is not None
-            if self.state.is_open and not plan.state.equals(self.state.schema):
+        if self.input_schema is None:
+            first = self._plan_for(schema)
+            assert first.state is not None
+            if self.state.is_open and not first.state.equals(self.state.schema):
                 raise SchemaMismatchError(
-                    f"{self.kind} {ctx.name!r}: input", self.state.schema, plan.state
+                    f"{self.kind} {ctx.name!r}: input", self.state.schema, first.state
                 )
-            await self.state.open(ctx, plan.state)
-            self.input_schema, self._plan = schema, plan
+            await self.state.open(ctx, first.state)
+            self.input_schema, self._plan = schema, first
         elif not schema.equals(self.input_schema):
             raise SchemaMismatchError(f"{self.kind} {ctx.name!r}: input", self.input_schema, schema)
+        plan = self._plan
+        assert plan is not None  # (made from the schema, given or first seen)
         if self._watermark is not None:
             plan.time.check_watermark(self._is_time, self._watermark)
         return plan
