@@ -5,6 +5,7 @@ emitted, and the same rows with crashes — against a fake service the test stee
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -344,20 +345,35 @@ async def test_results_waiting_for_an_earlier_row_are_bounded_by_the_concurrency
     tmp_path: Path,
 ) -> None:
     service = FakeService(gated=True)
-    operator = async_map(service.lookup, schema=OUTPUT, concurrency=2)
+    operator = async_map(service.lookup, schema=OUTPUT, concurrency=3)
     async with running(tmp_path, operator) as (rt, out, _):
-        await rt.push("events", chunk(1, 2, 3, 4, 5))
-        await service.changes.until(lambda: len(service.calls) == 2)
-        service.open(2, 3, 4, 5)
+        await rt.push("events", chunk(1, 2, 3, 4, 5, 6, 7))
+        await service.changes.until(lambda: len(service.calls) == 3)
+        service.open(3, 4, 5, 6, 7)
+        await service.changes.until(lambda: len(service.calls) == 5)
+        await settle()
+        # Rows 3, 4 and 5 answered and wait for rows 1 and 2: three results waiting, no
+        # room for row 6 although two workers are free.
+        assert service.calls == [1, 2, 3, 4, 5]
+        assert service.in_flight == 2
+        service.open(1, 2)
+        await rt.checkpoint()
+    assert out.rows()[0] == [1, 2, 3, 4, 5]
+    assert [n for rows in out.rows() for n in rows] == [1, 2, 3, 4, 5, 6, 7]
+
+
+async def test_a_new_chunk_wakes_every_free_worker(tmp_path: Path) -> None:
+    service = FakeService(gated=True)
+    operator = async_map(service.lookup, schema=OUTPUT, concurrency=3)
+    async with running(tmp_path, operator) as (rt, _, _):
+        await rt.push("events", chunk(1))
+        await service.changes.until(lambda: len(service.calls) == 1)
+        await rt.push("events", chunk(2, 3, 4, 5))
         await service.changes.until(lambda: len(service.calls) == 3)
         await settle()
-        # Rows 2 and 3 answered and wait for row 1: two results waiting, no room for row 4.
-        assert service.calls == [1, 2, 3]
-        assert service.in_flight == 1
-        service.open(1)
+        assert service.calls == [1, 2, 3]  # the two idle workers both took a row
+        service.open(1, 2, 3, 4, 5)
         await rt.checkpoint()
-    assert out.rows()[0] == [1, 2, 3]
-    assert [n for rows in out.rows() for n in rows] == [1, 2, 3, 4, 5]
 
 
 # Retries, timeouts, failures.
@@ -426,15 +442,29 @@ async def test_a_key_of_two_columns_names_a_row_by_a_tuple(tmp_path: Path) -> No
 
 async def test_a_call_that_times_out_is_counted_and_retried(tmp_path: Path) -> None:
     service = FakeService()
-    service.hung[2] = 1  # its first attempt never answers
+    service.hung[2] = 2  # its first two attempts never answer
     operator = async_map(service.lookup, schema=OUTPUT, timeout=0.001, retry_delay=0)
     async with running(tmp_path, operator) as (rt, out, _):
         await rt.push("events", chunk(1, 2))
         await rt.checkpoint()
-        assert metric(rt, "call_timeouts") == 1
-        assert metric(rt, "call_retries") == 1
+        assert metric(rt, "call_timeouts") == 2
+        assert metric(rt, "call_retries") == 2
     assert [n for rows in out.rows() for n in rows] == [1, 2]
-    assert service.calls.count(2) == 2
+    assert service.calls.count(2) == 3
+
+
+async def test_without_a_timeout_calls_are_awaited_as_long_as_they_take(tmp_path: Path) -> None:
+    service = FakeService(gated=True)
+    operator = async_map(service.lookup, schema=OUTPUT, timeout=math.inf)
+    async with running(tmp_path, operator) as (rt, out, _):
+        await rt.push("events", chunk(1, 2))
+        await service.changes.until(lambda: len(service.calls) == 2)
+        service.open(2, 1)
+        await rt.checkpoint()
+        assert metric(rt, "call_timeouts") == 0
+    assert out.rows() == [[1, 2]]
+    names = [m.batch["name"].to_pylist() for m in out.seen if isinstance(m, Chunk)]
+    assert names == [["user-1", "user-2"]]
 
 
 async def test_a_call_that_always_times_out_fails_with_a_timeout_cause(tmp_path: Path) -> None:
@@ -490,6 +520,19 @@ async def test_dead_letters_go_to_the_side_output_with_the_error_and_attempts(
     ]
 
 
+async def test_dead_letters_are_counted_over_every_emission(tmp_path: Path) -> None:
+    service = FakeService()
+    service.failures.update({1: 9, 2: 9})
+    operator = async_map(service.lookup, schema=OUTPUT, retries=0, dead_letters=True)
+    async with running(tmp_path, operator) as (rt, _, dead):
+        await rt.push("events", chunk(1))
+        await rt.checkpoint()
+        await rt.push("events", chunk(2))
+        await rt.checkpoint()
+        assert metric(rt, "dead_letters") == 2
+    assert dead.rows() == [[1], [2]]
+
+
 async def test_a_chunk_whose_calls_all_failed_emits_no_main_rows(tmp_path: Path) -> None:
     service = FakeService()
     service.failures.update({1: 9, 2: 9})
@@ -511,7 +554,10 @@ async def test_dead_letters_refuse_a_changelog_input(tmp_path: Path) -> None:
     error = caught.value.cause
     assert isinstance(error, ChangelogInputError)
     assert (error.actor, error.operator) == ("op", "async_map")
-    assert "dead_letters=True" in str(error)
+    assert error.expected == (
+        "an insert-only input with dead_letters=True (it would break the changelog)"
+    )
+    assert error.what == "a chunk with deletes or updates"
     assert service.calls == []
 
 
@@ -524,6 +570,8 @@ async def test_an_input_with_the_dead_letter_columns_is_refused(tmp_path: Path) 
             await rt.checkpoint()
     error = caught.value.cause
     assert isinstance(error, InvalidArgumentError)
+    assert error.argument == "async_map 'op': input"
+    assert error.expected == "no column named 'error' or 'attempts' (a dead letter adds them)"
     assert error.got == ["n", "attempts"]
 
 
@@ -539,6 +587,22 @@ async def test_ordered_output_keeps_the_ops_row_for_row(tmp_path: Path) -> None:
         await rt.checkpoint()
     got = [(n, op) for m in out.seen if isinstance(m, Chunk) for n, op in _with_ops(m)]
     assert got == [(1, 0), (2, 2), (2, 3), (3, 1), (4, 0)]
+
+
+async def test_one_emitted_run_joins_chunks_with_and_without_ops(tmp_path: Path) -> None:
+    service = FakeService(gated=True)
+    async with running(tmp_path, async_map(service.lookup, schema=OUTPUT)) as (rt, out, _):
+        await rt.push("events", chunk(1, 2, ops=[Op.INSERT, Op.DELETE]))
+        await rt.push("events", chunk(3, 4))  # no ops: inserts
+        await service.changes.until(lambda: len(service.calls) == 4)
+        service.open(2, 3, 4)
+        await service.changes.until(lambda: service.in_flight == 1)
+        service.open(1)
+        await rt.checkpoint()
+    [result] = [m for m in out.seen if isinstance(m, Chunk)]
+    assert _with_ops(result) == [(1, 0), (2, 1), (3, 0), (4, 0)]
+    assert result.ops is not None
+    assert result.ops.type == pa.int8()
 
 
 def _with_ops(message: Chunk) -> list[tuple[int, int]]:
@@ -564,7 +628,10 @@ async def test_unordered_output_refuses_a_changelog_input(tmp_path: Path) -> Non
             await rt.checkpoint()
     error = caught.value.cause
     assert isinstance(error, ChangelogInputError)
-    assert "ordered=False" in str(error)
+    assert (
+        error.expected == "an insert-only input with ordered=False (it would break the changelog)"
+    )
+    assert error.what == "a chunk with deletes or updates"
 
 
 async def test_hidden_rows_are_not_called_and_their_ops_are_not_judged(tmp_path: Path) -> None:
@@ -614,13 +681,20 @@ async def test_batch_mode_calls_fn_with_batches_of_at_most_batch_size_rows(
     operator = async_map(names, schema=OUTPUT, batch_size=2)
     async with running(tmp_path, operator) as (rt, out, _):
         pushed = chunk(
-            1, 2, 3, 4, 5, ops=[0, 0, Op.DELETE, 0, 0], visible=[True, True, True, False, True]
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+            ops=[0, 0, Op.DELETE, 0, 0, Op.DELETE],
+            visible=[True, True, True, False, True, True],
         )
         await rt.push("events", pushed)
         await rt.checkpoint()
-    assert sizes == [2, 2]
+    assert sizes == [2, 2, 1]
     got = [(n, op) for m in out.seen if isinstance(m, Chunk) for n, op in _with_ops(m)]
-    assert got == [(1, 0), (2, 0), (3, 1), (5, 0)]
+    assert got == [(1, 0), (2, 0), (3, 1), (5, 0), (6, 1)]
 
 
 async def test_a_failed_batch_names_every_row_of_it(tmp_path: Path) -> None:
@@ -635,6 +709,24 @@ async def test_a_failed_batch_names_every_row_of_it(tmp_path: Path) -> None:
     error = caught.value.cause
     assert isinstance(error, AsyncCallFailedError)
     assert error.key == [1, 2]
+
+
+async def test_without_a_key_a_failed_batch_is_named_by_its_rows_positions(
+    tmp_path: Path,
+) -> None:
+    async def fail_on_3(rows: pa.RecordBatch) -> pa.RecordBatch:
+        if 3 in rows["n"].to_pylist():
+            raise ConnectionError("down")
+        return pa.record_batch([rows["n"], pa.array(["x"] * rows.num_rows)], OUTPUT)
+
+    operator = async_map(fail_on_3, schema=OUTPUT, batch_size=2, retries=0)
+    with pytest.raises(ActorFailedError) as caught:
+        async with running(tmp_path, operator) as (rt, _, _):
+            await rt.push("events", chunk(1, 2, 3))
+            await rt.checkpoint()
+    error = caught.value.cause
+    assert isinstance(error, AsyncCallFailedError)
+    assert error.key == [2]
 
 
 async def test_a_failed_batch_sends_all_its_rows_to_the_dead_letters(tmp_path: Path) -> None:
@@ -675,7 +767,11 @@ async def test_a_row_result_that_is_not_a_dict_fails_unretried(tmp_path: Path) -
 
     error = await _fails_with(tmp_path, async_map(bad, schema=OUTPUT, concurrency=1))
     assert isinstance(error, InvalidArgumentError)
-    assert error.expected == "a dict of the output's columns"
+    assert (error.argument, error.expected) == (
+        "async_map 'op': fn's result",
+        "a dict of the output's columns",
+    )
+    assert error.got == [1]
     assert calls == [1]
 
 
@@ -685,7 +781,11 @@ async def test_row_results_that_do_not_convert_fail(tmp_path: Path) -> None:
 
     error = await _fails_with(tmp_path, async_map(bad, schema=OUTPUT))
     assert isinstance(error, InvalidArgumentError)
-    assert error.expected == "rows of ['n', 'name']"
+    assert (error.argument, error.expected) == (
+        "async_map 'op': fn's results",
+        "rows of ['n', 'name']",
+    )
+    assert "not a number" in error.got
 
 
 async def test_a_batch_result_of_another_row_count_fails(tmp_path: Path) -> None:
@@ -694,6 +794,7 @@ async def test_a_batch_result_of_another_row_count_fails(tmp_path: Path) -> None
 
     error = await _fails_with(tmp_path, async_map(bad, schema=OUTPUT, batch_size=2))
     assert isinstance(error, InvalidArgumentError)
+    assert error.argument == "async_map 'op': fn's result"
     assert (error.expected, error.got) == ("a pyarrow.RecordBatch of 2 rows", "1 rows")
 
 
@@ -712,6 +813,7 @@ async def test_a_batch_result_of_another_schema_fails_naming_both(tmp_path: Path
 
     error = await _fails_with(tmp_path, async_map(bad, schema=OUTPUT, batch_size=2))
     assert isinstance(error, SchemaMismatchError)
+    assert error.argument == "async_map 'op': fn's result"
     assert error.expected_schema == OUTPUT
     assert error.actual_schema == INPUT
 
@@ -720,6 +822,7 @@ async def test_a_key_column_missing_from_the_input_fails(tmp_path: Path) -> None
     service = FakeService()
     error = await _fails_with(tmp_path, async_map(service.lookup, schema=OUTPUT, key="user"))
     assert isinstance(error, InvalidArgumentError)
+    assert (error.argument, error.expected) == ("async_map 'op': key", "columns of the input ['n']")
     assert error.got == ["user"]
     assert service.calls == []
 
@@ -818,6 +921,25 @@ def test_edge_arguments_are_accepted(overrides: dict[str, Any]) -> None:
     arguments: dict[str, Any] = {"fn": _row, "schema": OUTPUT}
     arguments.update(overrides)
     assert async_map(**arguments).kind == "async_map"
+
+
+def test_the_defaults_are_the_documented_ones() -> None:
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(async_map).parameters.items()
+        if p.default is not p.empty
+    }
+    assert defaults == {
+        "concurrency": 16,
+        "ordered": True,
+        "timeout": 30.0,
+        "retries": 3,
+        "batch_size": None,
+        "key": None,
+        "dead_letters": False,
+        "retry_delay": 0.01,
+        "max_retry_delay": 1.0,
+    }
 
 
 def test_async_map_is_partition_local_and_makes_a_fresh_actor_each_call() -> None:

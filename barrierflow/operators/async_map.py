@@ -217,8 +217,8 @@ def _is_coroutine_function(fn: object) -> bool:
     ``__call__`` is one."""
     if inspect.iscoroutinefunction(fn):
         return True
-    call = getattr(type(fn), "__call__", None)  # noqa: B004 - the type's, not the instance's
-    return not isinstance(fn, type) and inspect.iscoroutinefunction(call)
+    # The type's: an instance's own ``__call__`` attribute is not what calling it runs.
+    return not isinstance(fn, type) and inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def _is_number(value: object) -> bool:
@@ -246,19 +246,24 @@ class _Settings:
 @final
 class _Rows:
     """The visible rows of one input chunk that its calls share: the batch, its ops, where
-    each row was in the chunk (for errors) and the rows as dicts (for a row function)."""
+    each row was in the chunk (for errors) and each call's argument (a row as a dict, or a
+    slice of ``batch_size`` rows)."""
 
-    __slots__ = ("batch", "dicts", "ops", "positions")
+    __slots__ = ("arguments", "batch", "ops", "positions")
 
-    def __init__(self, chunk: Chunk, row_mode: bool) -> None:
+    def __init__(self, chunk: Chunk, batch_size: int | None) -> None:
         visible = chunk.compact()
-        self.batch = visible.batch
+        batch = self.batch = visible.batch
         self.ops: npt.NDArray[np.int8] | None = None if chunk.ops is None else visible.ops_numpy()
         mask = chunk.visibility
         self.positions: npt.NDArray[np.intp] | None = (
-            None if mask is None else np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+            None if mask is None else np.flatnonzero(np.asarray(mask))
         )
-        self.dicts: list[dict[str, Any]] = self.batch.to_pylist() if row_mode else []
+        self.arguments: list[Any] = (
+            batch.to_pylist()
+            if batch_size is None
+            else [batch.slice(i, batch_size) for i in range(0, batch.num_rows, batch_size)]
+        )
 
     def names(self, start: int, stop: int, key: tuple[str, ...] | None) -> list[Any]:
         """How errors name rows ``start:stop``: their key (a value for one column, a tuple
@@ -278,6 +283,8 @@ class _Call:
     rows: _Rows
     start: int
     stop: int
+    #: What ``fn`` is called with: the row, or the slice of rows.
+    argument: Any
     result: Any = None
     #: Set when the attempts were spent and the rows go to the dead letters.
     error: str | None = None
@@ -338,7 +345,7 @@ class _AsyncMap(OperatorActor):
         if not count:
             return
         self._check_input(chunk, actor)
-        self._rows, self._next = _Rows(chunk, self._s.batch_size is None), 0
+        self._rows, self._next = _Rows(chunk, self._s.batch_size), 0
         self._all_started = started = anyio.Event()
         self._unpark()
         await started.wait()
@@ -353,7 +360,8 @@ class _AsyncMap(OperatorActor):
             return None
         start = self._next
         count = rows.batch.num_rows
-        call = _Call(rows, start, min(start + (s.batch_size or 1), count))
+        step = s.batch_size or 1
+        call = _Call(rows, start, min(start + step, count), rows.arguments[start // step])
         self._next = call.stop
         self._running += 1
         self._pending += 1
@@ -425,11 +433,7 @@ class _AsyncMap(OperatorActor):
         error for the dead letters, or fail."""
         s = self._s
         rows = call.rows
-        argument: Any = (
-            rows.dicts[call.start]
-            if s.batch_size is None
-            else rows.batch.slice(call.start, call.stop - call.start)
-        )
+        argument = call.argument
         backoff: RetryBackoff | None = None  # made at the first failure: most calls have none
         stats = self.stats
         attempts = 0
