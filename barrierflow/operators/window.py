@@ -447,16 +447,17 @@ class _WindowAggregate(OperatorActor):
         take = np.concatenate([np.arange(nf), new_out.num_rows + changed, nf + changed])
         ops = np.concatenate(
             [
-                np.full(nf, Op.INSERT, np.int8),
-                np.full(m, Op.UPDATE_DELETE, np.int8),
-                np.full(m, Op.UPDATE_INSERT, np.int8),
+                np.full(nf, Op.INSERT),
+                np.full(m, Op.UPDATE_DELETE),
+                np.full(m, Op.UPDATE_INSERT),
             ]
         )
         sequence = np.lexsort([group])
         out = pa.concat_tables([new_out, old_out]).take(pa.array(take[sequence]))
         await self._emit(out, ops[sequence], ctx)
 
-    async def _emit(self, rows: pa.Table, ops: npt.NDArray[np.int8], ctx: ActorContext) -> None:
+    async def _emit(self, rows: pa.Table, ops: npt.NDArray[Any], ctx: ActorContext) -> None:
+        """Emit ``rows`` with ``ops`` (op codes; the chunk keeps them as int8)."""
         if rows.num_rows:
             self.stats.rows_out += rows.num_rows
             await ctx.emit(Chunk(as_batch(rows), pa.array(ops)))
@@ -509,7 +510,7 @@ class _WindowAggregate(OperatorActor):
         if closing.any():
             out = self._outputs(state.filter(pa.array(closing)))
             out = out.take(_window_order(out, self.columns))
-            await self._emit(out, np.full(out.num_rows, Op.INSERT, np.int8), ctx)
+            await self._emit(out, np.full(out.num_rows, Op.INSERT), ctx)
         self.state.delete(np.flatnonzero(ends + plan.lateness <= now))
 
 
