@@ -309,7 +309,7 @@ def test_group_rows_keeps_input_order_over_many_chunks() -> None:
     chunks = [pa.table({"k": rng.integers(0, 50, 2000)}) for _ in range(100)]
     rows = pa.concat_tables(chunks)
     keys = rows.column("k").to_numpy()
-    for _ in range(3):  # a hash aggregation on threads interleaves the chunks' rows
+    for _ in range(10):  # a hash aggregation on threads interleaves the chunks' rows
         order, lengths = group_rows(rows, KEY)
         starts = np.cumsum(lengths) - lengths
         for start, length in zip(starts.tolist(), lengths.tolist(), strict=True):
@@ -521,6 +521,7 @@ async def test_a_retraction_is_refused(tmp_path: Path) -> None:
     assert isinstance(cause, ChangelogInputError)
     assert (cause.actor, cause.operator) == ("agg", "aggregate")
     assert cause.what == "a chunk with 2 delete(s) or update(s)"
+    assert cause.expected == "an insert-only input (aggregates over a changelog are for later)"
 
 
 async def test_an_insert_only_chunk_with_ops_is_taken(tmp_path: Path) -> None:
@@ -554,6 +555,7 @@ async def test_a_null_key_is_refused(tmp_path: Path) -> None:
     assert isinstance(cause, InvalidArgumentError)
     assert cause.argument == "aggregate 'agg': key column 'k'"
     assert cause.got == "1 null(s)"
+    assert cause.expected == "no nulls"
 
 
 @pytest.mark.parametrize("declared", [True, False])
@@ -921,3 +923,41 @@ def test_a_reduction_combines_partials_as_rows() -> None:
     combined = reduction.combine(pa.concat_tables([first, second]), KEY)
     assert combined.to_pylist() == [{"k": 1, "s": "abcd"}, {"k": 2, "s": "x"}]
     assert reduction.merge(first.take([0]), second, KEY).to_pylist() == [{"k": 1, "s": "abcd"}]
+
+
+def test_an_aggregation_of_the_first_column() -> None:
+    spec = Aggregations({"n": ("k", "count"), "top": ("k", "max")})
+    assert spec.output_schema(SCHEMA, ("v",)).names == ["v", "n", "top"]
+
+
+class _Named:
+    name = "agg"
+
+
+async def test_an_epochs_rows_are_folded_once_they_reach_the_threshold() -> None:
+    actor: Any = aggregate("k", schema=SCHEMA, s=("v", "sum"))()
+    half = FOLD_ROWS // 2
+    keys = np.arange(FOLD_ROWS) % 5
+    batch = pa.record_batch([pa.array(keys), pa.array(np.ones(FOLD_ROWS, np.int64))], schema=SCHEMA)
+    await actor._take(Chunk(batch.slice(0, half)), _Named())
+    assert (actor._buffered, len(actor._partials)) == (half, 0)
+    await actor._take(Chunk(batch.slice(half, FOLD_ROWS - half - 1)), _Named())
+    assert (actor._buffered, len(actor._partials)) == (FOLD_ROWS - 1, 0)
+    await actor._take(Chunk(batch.slice(FOLD_ROWS - 1)), _Named())  # exactly the threshold
+    assert (actor._buffered, len(actor._partials)) == (0, 1)
+    counts = np.bincount(keys).tolist()
+    assert actor._partials[0].to_pylist() == [{"k": k, "s": counts[k]} for k in range(5)]
+
+
+async def test_a_reduce_names_its_actor_when_fn_fails(tmp_path: Path) -> None:
+    def wrong(acc: pa.RecordBatch, rows: pa.RecordBatch) -> pa.RecordBatch:
+        return acc.slice(0, 0)
+
+    rt = _runtime(tmp_path, reduce("k", wrong))
+    with pytest.raises(ActorFailedError) as caught:
+        async with rt:
+            await rt.push("events", Chunk(_batch([(1, 1), (1, 2)])))
+            await rt.checkpoint()
+    cause = caught.value.cause
+    assert isinstance(cause, InvalidArgumentError)
+    assert cause.argument == "reduce 'agg': fn's result"

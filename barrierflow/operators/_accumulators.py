@@ -109,22 +109,20 @@ def as_batch(table: pa.Table) -> pa.RecordBatch:
     batches = table.combine_chunks().to_batches()
     if len(batches) == 1:
         return batches[0]
-    return pa.RecordBatch.from_arrays(
-        [pa.array([], f.type) for f in table.schema], schema=table.schema
-    )
+    return pa.RecordBatch.from_pylist([], schema=table.schema)  # no rows: no batch
 
 
 def group_rows(
     rows: pa.Table, key: tuple[str, ...]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
     """The rows of ``rows`` grouped by ``key``: ``(order, lengths)`` — the row indices, each
     key's rows together in input order, keys in order of first appearance; and each key's row
     count. One hash aggregation, no loop per row."""
     indexed = rows.select(list(key)).append_column("_row", pa.array(np.arange(rows.num_rows)))
     lists = indexed.group_by(list(key), use_threads=False).aggregate([("_row", "list")])
     column = lists.column("_row_list").combine_chunks()
-    order = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.int64)
-    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+    order: npt.NDArray[np.int64] = np.asarray(pc.list_flatten(column))
+    lengths: npt.NDArray[np.int32] = np.asarray(pc.list_value_length(column))
     return order, lengths
 
 
