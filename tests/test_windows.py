@@ -828,10 +828,12 @@ def test_a_size_or_lateness_that_does_not_fit_the_column_is_refused_with_a_schem
     window: Any, lateness: Any, typ: pa.DataType
 ) -> None:
     schema = pa.schema([("k", pa.int64()), ("ts", typ), ("v", pa.int64())])
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(InvalidArgumentError) as caught:
         window_aggregate(
             "k", window, on="ts", allowed_lateness=lateness, schema=schema, n=("v", "count")
         )
+    if lateness:
+        assert caught.value.argument == "allowed_lateness"
     # Without a schema it is accepted when called (the column is unknown yet).
     window_aggregate("k", window, on="ts", allowed_lateness=lateness, n=("v", "count"))
 
@@ -1128,7 +1130,7 @@ WHOLE = "a size that is a whole multiple of every"
             "'drop' or 'output'",
         ),
         (
-            lambda: window_aggregate("k", None, on="ts", n=("v", "count")),
+            lambda: window_aggregate("k", 3, on="ts", n=("v", "count")),
             "window",
             "a Tumbling or Sliding window",
         ),
@@ -1160,6 +1162,40 @@ def test_refusals_name_the_argument_and_what_was_expected(
     with pytest.raises(InvalidArgumentError) as caught:
         call()
     assert (caught.value.argument, caught.value.expected) == (argument, expected)
+
+
+@pytest.mark.parametrize(
+    ("call", "got"),
+    [
+        (lambda: Tumbling(-2), -2),
+        (lambda: Sliding(4, -3), -3),
+        (lambda: window_aggregate("k", 3, on="ts", n=("v", "count")), 3),
+        (lambda: window_aggregate("k", Tumbling(1), on=7, n=("v", "count")), 7),
+        (lambda: window_aggregate("k", Tumbling(1), on="ts", late=4, n=("v", "count")), 4),
+        (
+            lambda: window_aggregate(
+                "k", Tumbling(1), on="ts", allowed_lateness=-4, n=("v", "count")
+            ),
+            -4,
+        ),
+        (
+            lambda: window_aggregate("window_start", Tumbling(1), on="ts", n=("v", "max")),
+            ("window_start"),
+        ),
+        (
+            lambda: window_aggregate("k", Tumbling(1), on="ts", n=("window_start", "max")),
+            ("window_start"),
+        ),
+        (lambda: window_aggregate("k", Tumbling(1), on="ts", schema=5, n=("v", "max")), 5),
+        (lambda: Tumbling(10**400), 10**400),
+        (lambda: Tumbling(float("nan")), "nan"),
+    ],
+)
+def test_refusals_hold_what_came(call: Any, got: Any) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        call()
+    value = caught.value.got
+    assert (str(value) if got == "nan" else value) == got
 
 
 def test_a_sliding_refusal_holds_the_pair() -> None:
@@ -1337,3 +1373,30 @@ def test_a_schema_missing_an_input_column_names_it() -> None:
         window_aggregate("k", Tumbling(10), on="ts", schema=schema, n=("v", "count"))
     assert (caught.value.argument, caught.value.got) == ("window_aggregate", schema)
     assert caught.value.expected_schema == "a column 'v'"
+
+
+async def test_an_insert_only_chunk_with_ops_and_a_counted_key_column_are_taken(
+    tmp_path: Path,
+) -> None:
+    operator = window_aggregate("k", Tumbling(10), on="ts", n=("k", "count"), s=("v", "sum"))
+    chunk = Chunk(_batch([(1, 1, 2), (1, 2, 3)]), [Op.INSERT, Op.INSERT])
+    rt = _runtime(tmp_path, operator)
+    async with rt:
+        await rt.push("events", chunk)
+        await _push(rt, [("wm", 10)])
+        await rt.checkpoint()
+    assert _rows(_events()) == [(INS, _win(1, 0, 10, n=2, s=5))]
+
+
+async def test_parallel_windows_rescaled_across_a_restart_stay_one_per_key(
+    tmp_path: Path,
+) -> None:
+    operator = window_aggregate("k", Tumbling(10), on="ts", n=("v", "count"))
+    await _run(tmp_path, operator, [[(k, 1, 0) for k in range(8)]], parallelism=2)
+    # Restarted with three instances: each key's open window moved with its vnode, where the
+    # key's new rows are dispatched.
+    events = await _run(
+        tmp_path, operator, [[(k, 2, 0) for k in range(8)], ("wm", 10)], parallelism=3
+    )
+    assert sorted(r["k"] for _, r in _rows(events)) == list(range(8))
+    assert {(op, r["n"]) for op, r in _rows(events)} == {(INS, 2)}

@@ -351,13 +351,15 @@ Window = Tumbling | Sliding
 
 
 def _step(time: EventTime, argument: str, value: Duration) -> int | float:
+    """A window's size or step in ticks. A positive number stays positive on a numeric
+    column; on a timestamp column it must also be a whole number of the column's unit (and
+    not round to nothing)."""
     ticks = time.span(argument, value)
-    unit = time.unit_ticks()
-    if ticks <= 0 or (time.is_time and ticks % unit):
+    if time.is_time and (ticks <= 0 or ticks % time.unit_ticks()):
         raise InvalidArgumentError(
             argument,
-            f"a whole, positive number of {time.type.unit if time.is_time else 'units'} "
-            f"(the column {time.column!r} is {time.type})",
+            f"a whole, positive number of {time.type.unit} (the column {time.column!r} is "
+            f"{time.type})",
             value,
         )
     return ticks

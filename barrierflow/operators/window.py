@@ -207,7 +207,7 @@ class _Plan:
                 raise SchemaMismatchError("window_aggregate", f"a column {name!r}", schema)
             if name not in (f.name for f in fields):
                 fields.append(schema.field(index))
-        fields.insert(len(key), pa.field(WINDOW_START, time.type, nullable=False))
+        fields.insert(len(key), pa.field(WINDOW_START, time.type))
         rows = pa.schema(fields)
         plan.rows = rows
         plan.state = spec.state_schema(rows, (*key, WINDOW_START))
