@@ -1002,36 +1002,36 @@ async def test_late_updates_compare_nulls_as_values(tmp_path: Path) -> None:
         s=("v", "sum"),
         hi=("v", "max"),
         f=("v", "first"),
+        last=("v", "last"),
     )
-    nulls = pa.record_batch(
-        [pa.array([1, 2]), pa.array([1, 2]), pa.array([None, None], pa.int64())], schema=SCHEMA
-    )
+
+    def batch(keys: list[int], ts: list[int], values: list[int | None]) -> Chunk:
+        arrays = [pa.array(keys), pa.array(ts), pa.array(values, pa.int64())]
+        return Chunk(pa.record_batch(arrays, schema=SCHEMA))
+
     rt = _runtime(tmp_path, operator)
     async with rt:
-        await rt.push("events", Chunk(nulls))
+        await rt.push("events", batch([1, 2, 3], [1, 2, 3], [None, None, 5]))
         await _push(rt, [("wm", 10)])
-        # Key 1: null -> 5 changes s and hi (first stays null); key 2: another null changes
-        # nothing.
-        await rt.push(
-            "events",
-            Chunk(
-                pa.record_batch(
-                    [pa.array([1, 2]), pa.array([3, 4]), pa.array([5, None], pa.int64())],
-                    schema=SCHEMA,
-                )
-            ),
-        )
+        # Key 1: null -> 5 changes s, hi and last (first stays null); key 2: another null
+        # changes nothing; key 3: a null last, from 5.
+        await rt.push("events", batch([1, 2, 3], [3, 4, 5], [5, None, None]))
         await rt.checkpoint()
         families = {f.name: f for f in await rt.metrics.snapshot()}
+    nothing = {"s": None, "hi": None, "f": None, "last": None}
+    five = {"s": 5, "hi": 5, "f": 5, "last": 5}
     assert _rows(_events()) == [
-        (INS, _win(1, 0, 10, s=None, hi=None, f=None)),
-        (INS, _win(2, 0, 10, s=None, hi=None, f=None)),
-        (UD, _win(1, 0, 10, s=None, hi=None, f=None)),
-        (UI, _win(1, 0, 10, s=5, hi=5, f=None)),
+        (INS, _win(1, 0, 10, **nothing)),
+        (INS, _win(2, 0, 10, **nothing)),
+        (INS, _win(3, 0, 10, **five)),
+        (UD, _win(1, 0, 10, **nothing)),
+        (UI, _win(1, 0, 10, s=5, hi=5, f=None, last=5)),
+        (UD, _win(3, 0, 10, **five)),
+        (UI, _win(3, 0, 10, s=5, hi=5, f=5, last=None)),
     ]
     labels = {"actor": "agg", "operator": "window_aggregate"}
-    assert families["barrierflow_operator_rows_out"].value(**labels) == 4
-    assert families["barrierflow_operator_late_rows"].value(**labels) == 2
+    assert families["barrierflow_operator_rows_out"].value(**labels) == 7
+    assert families["barrierflow_operator_late_rows"].value(**labels) == 3
 
 
 async def test_a_watermark_value_that_is_no_time_nor_number_fails_naming_it(
@@ -1213,6 +1213,7 @@ def test_whole_sliding_pairs_are_taken_down_to_one_window() -> None:
     with pytest.raises(InvalidArgumentError) as caught:
         Sliding(3.0000000007, 1).assigner(EventTime("ts", pa.timestamp("ns")))
     assert caught.value.argument == "Sliding(size, every)"
+    assert caught.value.expected == "a size that is a whole multiple of every in 'ts''s ticks"
     assert caught.value.got == "3000000001 and 1000000000 ticks"
 
 
