@@ -255,32 +255,30 @@ class _KeyedFold(OperatorActor, ViewActor):
         merged = spec.merge(old, epoch.take(pa.array(known)), key).cast(epoch.schema)
         # The new state, aligned with the epoch's keys (their order of first appearance).
         final = pa.concat_tables([epoch.take(pa.array(fresh)), merged]).take(
-            pa.array(np.argsort(np.concatenate([fresh, known]), kind="stable"))
+            pa.array(np.argsort(np.concatenate([fresh, known])))
         )
         new_out = spec.outputs(final)
         old_out = spec.outputs(old)
         kept = _unchanged(old_out, new_out.take(pa.array(known)), key)
         changed = known[~kept]
-        # The rows emitted: an INSERT of each fresh key, an UPDATE_DELETE of the old row and
-        # an UPDATE_INSERT of the new one of each changed key, in the epoch's key order.
+        # The rows emitted, in the epoch's key order: an INSERT of each fresh key (one row),
+        # an UPDATE_DELETE of the old row then an UPDATE_INSERT of the new one of each changed
+        # key (two rows); rows of new_out, then of old_out (at n + its place among the known).
         n = epoch.num_rows
-        old_at = np.full(n, -1, np.int64)
-        old_at[known] = n + np.arange(len(known))
-        order = np.concatenate([fresh, changed, changed])
-        second = np.concatenate(
-            [np.zeros(len(fresh) + len(changed), np.int8), np.ones(len(changed), np.int8)]
-        )
-        take = np.concatenate([fresh, old_at[changed], changed])
-        ops = np.concatenate(
-            [
-                np.full(len(fresh), Op.INSERT, np.int8),
-                np.full(len(changed), Op.UPDATE_DELETE, np.int8),
-                np.full(len(changed), Op.UPDATE_INSERT, np.int8),
-            ]
-        )
-        sequence = np.lexsort((second, order))
-        rows = pa.concat_tables([new_out, old_out]).take(pa.array(take[sequence]))
-        ops_array = pa.array(ops[sequence])
+        count = np.zeros(n, np.int64)
+        count[fresh] = 1
+        count[changed] = 2
+        start = np.cumsum(count) - count
+        take = np.zeros(int(count.sum()), np.int64)
+        ops = np.zeros(len(take), np.int8)
+        take[start[fresh]] = fresh
+        ops[start[fresh]] = Op.INSERT
+        take[start[changed]] = n + np.flatnonzero(~kept)
+        ops[start[changed]] = Op.UPDATE_DELETE
+        take[start[changed] + 1] = changed
+        ops[start[changed] + 1] = Op.UPDATE_INSERT
+        rows = pa.concat_tables([new_out, old_out]).take(pa.array(take))
+        ops_array = pa.array(ops)
         # The state changes where any state column does (mean's count may grow while the mean
         # stays): those rows are written; the view gets the changelog.
         moved = np.concatenate([fresh, known[~_unchanged(old, merged, key)]])
