@@ -942,6 +942,26 @@ def test_the_defaults_are_the_documented_ones() -> None:
     }
 
 
+async def test_by_default_sixteen_calls_are_in_flight(tmp_path: Path) -> None:
+    service = FakeService(gated=True)
+    async with running(tmp_path, async_map(service.lookup, schema=OUTPUT)) as (rt, _, _):
+        await rt.push("events", chunk(*range(20)))
+        await service.changes.until(lambda: len(service.calls) == 16)
+        await settle()
+        assert service.calls == list(range(16))
+        service.open(*range(20))
+        await rt.checkpoint()
+
+
+async def test_by_default_a_call_is_retried_three_times(tmp_path: Path) -> None:
+    service = FakeService()
+    service.failures[1] = 9
+    error = await _fails_with(tmp_path, async_map(service.lookup, schema=OUTPUT, retry_delay=0))
+    assert isinstance(error, AsyncCallFailedError)
+    assert error.attempts == 4
+    assert service.calls.count(1) == 4
+
+
 def test_async_map_is_partition_local_and_makes_a_fresh_actor_each_call() -> None:
     operator = async_map(_row, schema=OUTPUT, key="n")
     assert operator.kind == "async_map"

@@ -308,9 +308,11 @@ class _AsyncMap(OperatorActor):
         # and not emitted (so ``_pending - _running`` results wait for the emitter).
         self._running = 0
         self._pending = 0
-        # The rows of the chunk being read, from ``_next`` on not started yet.
+        # The rows of the chunk being read, from ``_next`` on not started yet (both set by
+        # ``_read``, with the event set once the chunk's last call started).
         self._rows: _Rows | None = None
-        self._next = 0
+        self._next: int
+        self._all_started: anyio.Event
         # Workers with nothing to do, each waiting for its event.
         self._parked: deque[anyio.Event] = deque()
 
@@ -318,7 +320,6 @@ class _AsyncMap(OperatorActor):
         """Read, call, emit (see the module); barriers and watermarks after a drain."""
         self.started(ctx)
         self._wake = anyio.Event()  # a call completed: the emitter has work
-        self._all_started = anyio.Event()  # set when the chunk's last call started
         self._idle: anyio.Event | None = None  # set when the last pending call was emitted
         self._emitting = anyio.Lock()  # one task emits at a time
         with single_error():
@@ -569,6 +570,6 @@ def _dead_letters(calls: list[_Call]) -> pa.RecordBatch:
         rows = call.rows.batch.slice(call.start, call.stop - call.start)
         count = rows.num_rows
         error, attempts = _DEAD_COLUMNS
-        rows = rows.append_column(error, pa.array([call.error] * count, pa.string()))
+        rows = rows.append_column(error, pa.array([call.error] * count))
         parts.append(rows.append_column(attempts, pa.array([call.attempts] * count, pa.int32())))
     return pa.concat_batches(parts)
