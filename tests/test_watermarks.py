@@ -279,3 +279,18 @@ def test_refusals_name_what_was_expected_and_what_came(
 def test_a_zero_delay_is_taken_when_called() -> None:
     assert with_watermark("ts", delay=0).kind == "with_watermark"
     assert with_watermark("ts", delay=timedelta(0)).kind == "with_watermark"
+
+
+async def test_a_restart_with_a_delay_that_does_not_fit_the_restored_column_fails_naming_it(
+    tmp_path: Path,
+) -> None:
+    await _run(tmp_path, with_watermark("ts", delay=1), _ints(5))
+    with pytest.raises(ActorFailedError) as caught:
+        await _run(tmp_path, with_watermark("ts", delay=0.5))
+    error = caught.value.__cause__
+    assert isinstance(error, InvalidArgumentError)
+    assert (error.argument, error.expected, error.got) == (
+        "delay",
+        "an int (the integer column 'ts')",
+        0.5,
+    )

@@ -1401,3 +1401,15 @@ async def test_parallel_windows_rescaled_across_a_restart_stay_one_per_key(
     )
     assert sorted(r["k"] for _, r in _rows(events)) == list(range(8))
     assert {(op, r["n"]) for op, r in _rows(events)} == {(INS, 2)}
+
+
+def test_integer_ticks_floor_exactly_beyond_a_floats_precision() -> None:
+    windows = Tumbling(10).assigner(EventTime("ts", pa.int64()))
+    assert windows.last_start(np.array([2**60 + 7, -3])).tolist() == [2**60 + 4, -10]
+
+
+async def test_each_kept_pair_folds_its_own_row(tmp_path: Path) -> None:
+    # At 20, row (1, 27) keeps both its windows and row (2, 3) none: two pairs of one row.
+    operator = window_aggregate("k", Sliding(10, 5), on="ts", s=("v", "sum"))
+    events = await _run(tmp_path, operator, [("wm", 20), [(1, 27, 1), (2, 3, 100)], ("wm", 40)])
+    assert _rows(events) == [(INS, _win(1, 20, 10, s=1)), (INS, _win(1, 25, 10, s=1))]

@@ -161,9 +161,7 @@ class EventTime:
     def column_of(self, ticks: npt.NDArray[Any]) -> pa.Array:
         """Ticks back as values of the column's type."""
         if self.is_time:
-            return (
-                pa.array(ticks, pa.int64()).cast(pa.timestamp("ns", self.type.tz)).cast(self.type)
-            )
+            return pa.array(ticks, pa.timestamp("ns")).cast(self.type)
         return pa.array(ticks).cast(self.type)
 
     def span(self, argument: str, value: Duration) -> int | float:
@@ -253,8 +251,7 @@ class Assigner:
 
     def last_start(self, ticks: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """The start of each row's last window (the latest start at or before the row)."""
-        if ticks.dtype.kind == "f":
-            return np.asarray(np.floor(ticks / self.every) * self.every)
+        # np.mod floors (a negative tick's window starts before it), for ints and floats alike.
         return np.asarray(ticks - np.mod(ticks, self.every))
 
     def assign(self, ticks: npt.NDArray[Any]) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
@@ -262,10 +259,10 @@ class Assigner:
         one ``repeat``, no loop per row."""
         n = self.count
         last = self.last_start(ticks)
-        rows = np.repeat(np.arange(len(ticks), dtype=np.int64), n)
+        rows = np.repeat(np.arange(len(ticks)), n)
         if n == 1:
             return rows, last
-        back = np.tile(np.arange(n - 1, -1, -1, dtype=last.dtype), len(ticks)) * self.every
+        back = np.tile(np.arange(n - 1, -1, -1), len(ticks)) * self.every
         return rows, np.repeat(last, n) - back
 
 

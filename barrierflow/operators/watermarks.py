@@ -86,7 +86,7 @@ class _WithWatermark(OperatorActor):
         super().__init__()
         self._column = column
         self._delay = delay
-        self._time: EventTime | None = None
+        self._time: EventTime
         self._lag: int | float
         self._max: int | float | None = None
         self._table: StateTable
@@ -120,7 +120,6 @@ class _WithWatermark(OperatorActor):
                 await self._emit(ctx)
         elif isinstance(message, Barrier):
             if self._max is not None:
-                assert self._time is not None
                 self._table.put("max", [self._max, self._time.is_time])
             await ctx.emit(message)
             if self._max is not None and not ctx.finished:
@@ -129,7 +128,6 @@ class _WithWatermark(OperatorActor):
             await ctx.emit(message)
 
     async def _emit(self, ctx: ActorContext) -> None:
-        assert self._time is not None
         assert self._max is not None
         await ctx.emit(Watermark(self._column, self._time.watermark_value(self._max - self._lag)))
 

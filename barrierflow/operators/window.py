@@ -375,9 +375,7 @@ class _WindowAggregate(OperatorActor):
         plan = self._plan
         assert plan is not None
         assert plan.rows is not None
-        # A tumbling window's kept rows are each row once, in order: all of them is no take.
-        whole = plan.windows.count == 1 and len(rows) == batch.num_rows
-        taken = batch if whole else batch.take(pa.array(rows))
+        taken = batch.take(pa.array(rows))
         columns = [
             plan.time.column_of(starts) if f.name == WINDOW_START else taken.column(f.name)
             for f in plan.rows
@@ -397,8 +395,7 @@ class _WindowAggregate(OperatorActor):
             return
         self._pending.append(self._rows(batch, rows, starts))
         first = ends.min()
-        if self._pending_end is None or first < self._pending_end:
-            self._pending_end = first
+        self._pending_end = first if self._pending_end is None else min(first, self._pending_end)
 
     def _fold_pending(self) -> None:
         """Fold the rows of open windows into the state (no output: their windows are open)."""
