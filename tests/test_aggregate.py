@@ -607,7 +607,12 @@ async def test_a_restart_with_another_input_schema_is_refused(tmp_path: Path) ->
     with pytest.raises(ActorFailedError) as caught:
         async with rt:
             await rt.checkpoint()
-    assert isinstance(caught.value.cause, SchemaMismatchError)
+    cause = caught.value.cause
+    assert isinstance(cause, SchemaMismatchError)
+    assert cause.argument == "keyed state of 'agg'"
+    spec = Aggregations({"s": ("v", "sum")})
+    assert cause.expected_schema == spec.state_schema(SCHEMA, KEY)  # what the state holds
+    assert cause.actual_schema == spec.state_schema(other, KEY)
 
 
 async def test_state_survives_a_restart_without_a_declared_schema(tmp_path: Path) -> None:

@@ -370,3 +370,46 @@ async def test_state_kept_over_many_epochs_stays_whole(tmp_path: Path) -> None:
     pushes = [([i, i + 1], i) for i in range(20)]
     assert Changelog().apply(chunks).state == expected(*pushes)
     assert held == {"agg": list(range(21))}
+
+
+async def test_a_restart_takes_an_instances_vnodes_from_several_peers(tmp_path: Path) -> None:
+    # Live, agg.1 and agg.2 take the vnodes the even split of three gives agg.0; restarted
+    # with three, agg.0 takes them back from both.
+    a = np.arange(256)
+    scattered = {
+        "agg.0": VnodeBitmap(a >= 85),
+        "agg.1": VnodeBitmap(a < 43),
+        "agg.2": VnodeBitmap((a >= 43) & (a < 85)),
+    }
+    first, moved = await _phase(
+        tmp_path, 3, [push(ALL_KEYS, 1), move(scattered), push(ALL_KEYS, 2)]
+    )
+    owner = compute_vnodes(pa.table({"k": ALL_KEYS}), ["k"])
+    assert moved["agg.1"] == [k for k, v in zip(ALL_KEYS, owner, strict=True) if v < 43]
+    second, held = await _phase(tmp_path, 3, [push(ALL_KEYS, 3)])
+    log = Changelog().apply(first + second)
+    assert log.state == expected((ALL_KEYS, 1), (ALL_KEYS, 2), (ALL_KEYS, 3))
+    assert held["agg.0"] == [k for k, v in zip(ALL_KEYS, owner, strict=True) if v < 85]
+    assert_one_table_per_key(held)
+
+
+async def test_a_new_instance_without_a_declared_schema_takes_its_peers(tmp_path: Path) -> None:
+    operator = aggregate("k", s=("v", "sum"), n=("v", "count"))
+
+    async def run(parallelism: int, value: int) -> list[Chunk]:
+        Collect.seen = []
+        rt = Runtime(RuntimeConfig(state_path=str(tmp_path / "state.db"), barrier_interval=3600))
+        rt.add_source("events")
+        rt.add_actor("agg", operator, inputs=["events"], parallelism=parallelism)
+        rt.add_actor("collect", Collect, inputs=["agg"])
+        with anyio.fail_after(scaled(60)):
+            async with rt:
+                await rt.checkpoint()  # agg.2 restored and took its vnodes before any row
+                await push(ALL_KEYS, value)(rt)
+        return list(Collect.seen)
+
+    first = await run(2, 1)
+    second = await run(3, 2)
+    log = Changelog().apply(first + second)
+    assert log.state == expected((ALL_KEYS, 1), (ALL_KEYS, 2))
+    assert log.inserts == KEYS

@@ -45,8 +45,9 @@ neither.
   (its rows move out in the epoch that barrier opens), and drop it at a later barrier.
 
 **The schema** is needed before the tables open. An operator that knows its input's schema
-opens them at restore; one that does not opens them at its first chunk — or at restore from the
-schema the meta recorded (its own, or, when it must take vnodes from them, its peers').
+opens them at restore; one that does not opens them at restore with the schema its meta
+recorded, or else at its first chunk — or when it takes vnodes from its peers, with the schema
+of their tables.
 """
 
 from __future__ import annotations
@@ -212,10 +213,9 @@ class KeyedState:
         peers = await self._peer_metas(ctx)
         fetch = np.zeros(self._vnode_count, np.bool_)
         for meta in peers.values():
-            theirs = _mask(meta.get("held", []), self._vnode_count)
-            fetch |= theirs & self._owned
-            if schema is None and theirs.any():
-                schema = _decode_schema(meta["schema"])
+            fetch |= _mask(meta["held"], self._vnode_count) & self._owned
+        # Taken after the first barrier; an instance whose schema is unknown (it never held
+        # a row) opens its tables then, with the schema of the tables it reads.
         self._fetch = fetch if fetch.any() else None
         if schema is not None:
             await self.open(ctx, schema)
