@@ -855,13 +855,7 @@ def test_postgres_table_refuses_bad_values_before_connecting() -> None:
 
 #: Constructors that still fail the rule, in files other sessions own: "name(argument=...)"
 #: as the test reports it. Strict: an entry that passes fails the test, so that it is removed.
-NOT_YET: dict[str, str] = {
-    # async_map's number checks let an int too large for a float through (issue 36, fixed
-    # with the operators' shared number check).
-    "async_map(timeout=...)": "OverflowError",
-    "async_map(retry_delay=...)": "OverflowError",
-    "async_map(max_retry_delay=...)": "OverflowError",
-}
+NOT_YET: dict[str, str] = {}
 
 
 def _names(error: InvalidArgumentError, argument: str) -> bool:

@@ -16,12 +16,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, final
 
+import numpy as np
+
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.metrics import MetricFamily, counter, gauge
 from barrierflow.runtime.placement import Placement
 
-__all__ = ["Operator", "OperatorActor", "OperatorStats", "check_columns"]
+__all__ = ["Operator", "OperatorActor", "OperatorStats", "as_number", "check_columns"]
 
 
 @final
@@ -137,3 +139,18 @@ def check_columns(argument: str, columns: object, *, allow_empty: bool = False) 
     if len(set(names)) != len(names):
         raise InvalidArgumentError(argument, "each column once", list(names))
     return tuple(names)
+
+
+def as_number(value: object) -> float | None:
+    """``value`` as a float if it is a real number a float holds — an int or a float, NumPy's
+    too, not a bool; the infinities are numbers, NaN is not — else ``None`` (an int too large
+    for a float, too: every operator's argument checks refuse it alike)."""
+    if not isinstance(value, int | float | np.integer | np.floating) or isinstance(
+        value, bool | np.bool_
+    ):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return None if number != number else number

@@ -94,7 +94,7 @@ from barrierflow._taskgroups import single_error
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.channels.messages import Committable
-from barrierflow.operators._operator import Operator, OperatorActor, check_columns
+from barrierflow.operators._operator import Operator, OperatorActor, as_number, check_columns
 from barrierflow.operators.errors import AsyncCallFailedError, ChangelogInputError
 from barrierflow.runtime.actor import ActorContext
 from barrierflow.runtime.placement import Placement
@@ -170,24 +170,19 @@ def async_map(
     for name, flag in (("ordered", ordered), ("dead_letters", dead_letters)):
         if not isinstance(flag, bool):
             raise InvalidArgumentError(name, "a bool", flag)
-    if not _is_number(timeout) or not timeout > 0:
+    seconds = as_number(timeout)
+    if seconds is None or not seconds > 0:
         raise InvalidArgumentError("timeout", "a number of seconds > 0", timeout)
     if type(retries) is not int or retries < 0:
         raise InvalidArgumentError("retries", "an int >= 0", retries)
     if batch_size is not None and (type(batch_size) is not int or batch_size < 1):
         raise InvalidArgumentError("batch_size", "None or an int >= 1", batch_size)
     columns = None if key is None else check_columns("key", key)
-    if (
-        not _is_number(retry_delay)
-        or not math.isfinite(retry_delay)
-        or not (retry_delay == 0 or retry_delay >= MILLISECOND)
-    ):
+    delay = as_number(retry_delay)
+    if delay is None or not math.isfinite(delay) or not (delay == 0 or delay >= MILLISECOND):
         raise InvalidArgumentError("retry_delay", "0 or a finite number >= 0.001", retry_delay)
-    if (
-        not _is_number(max_retry_delay)
-        or not math.isfinite(max_retry_delay)
-        or not max_retry_delay >= retry_delay
-    ):
+    cap = as_number(max_retry_delay)
+    if cap is None or not math.isfinite(cap) or not cap >= delay:
         raise InvalidArgumentError(
             "max_retry_delay", f"a finite number >= retry_delay ({retry_delay})", max_retry_delay
         )
@@ -196,13 +191,13 @@ def async_map(
         schema=schema,
         concurrency=concurrency,
         ordered=ordered,
-        timeout=float(timeout),
+        timeout=seconds,
         retries=retries,
         batch_size=batch_size,
         key=columns,
         dead_letters=dead_letters,
-        retry_delay=float(retry_delay),
-        max_retry_delay=float(max_retry_delay),
+        retry_delay=delay,
+        max_retry_delay=cap,
     )
     return Operator(
         "async_map",
@@ -219,11 +214,6 @@ def _is_coroutine_function(fn: object) -> bool:
         return True
     # The type's: an instance's own ``__call__`` attribute is not what calling it runs.
     return not isinstance(fn, type) and inspect.iscoroutinefunction(type(fn).__call__)
-
-
-def _is_number(value: object) -> bool:
-    """An int or float (not a bool), not NaN."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 @dataclass(frozen=True, slots=True)
