@@ -469,7 +469,8 @@ async def test_a_chunked_mask_and_counters_over_several_chunks(tmp_path: Path) -
 def test_as_number_takes_real_numbers_a_float_holds() -> None:
     from barrierflow.operators._operator import as_number
 
-    assert as_number(3) == 3.0 and isinstance(as_number(3), float)
+    assert as_number(3) == 3.0
+    assert isinstance(as_number(3), float)
     assert as_number(np.int64(4)) == 4.0
     assert as_number(np.float32(0.5)) == 0.5
     assert as_number(float("inf")) == float("inf")
