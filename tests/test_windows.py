@@ -6,7 +6,7 @@ with_watermark; sliding windows; two sources; restarts, crashes and SIGKILLs; re
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -854,8 +854,14 @@ def test_a_size_or_lateness_that_does_not_fit_the_column_is_refused_with_a_schem
 def test_a_schema_that_does_not_fit_is_refused_when_called(
     schema: Any, error: type[Exception]
 ) -> None:
-    with pytest.raises(error):
+    with pytest.raises(error) as caught:
         window_aggregate("k", Tumbling(10), on="ts", schema=schema, n=("v", "count"))
+    if (
+        isinstance(schema, pa.Schema)
+        and schema.get_field_index("k") >= 0
+        and (schema.get_field_index("v") >= 0)
+    ):
+        assert caught.value.argument == "on"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
@@ -970,6 +976,12 @@ def test_watermark_values_tick_by_their_kind() -> None:
     assert watermark_ticks("ts", datetime(1970, 1, 1, 0, 0, 2)) == (2 * 10**9, True)
     aware = datetime(1970, 1, 1, 2, 0, 3, tzinfo=UTC).astimezone()
     assert watermark_ticks("ts", aware) == ((2 * 3600 + 3) * 10**9, True)
+    plus_two = datetime(1970, 1, 1, 4, 0, 3, 5, tzinfo=timezone(timedelta(hours=2)))
+    assert watermark_ticks("ts", plus_two) == ((2 * 3600 + 3) * 10**9 + 5000, True)
+    exact = np.datetime64("2024-01-01T00:00:00.000000001", "ns")
+    assert watermark_ticks("ts", exact) == (1_704_067_200_000_000_001, True)
+    assert type(watermark_ticks("ts", 7)[0]) is int
+    assert type(watermark_ticks("ts", 7.0)[0]) is float
     assert watermark_ticks("ts", 7) == (7, False)
     assert watermark_ticks("ts", np.int32(7)) == (7, False)
     assert watermark_ticks("ts", 7.5) == (7.5, False)
@@ -1340,6 +1352,8 @@ async def test_a_restart_with_another_input_schema_is_refused(tmp_path: Path) ->
     error = caught.value.__cause__
     assert isinstance(error, SchemaMismatchError)
     assert error.argument == "window_aggregate 'agg': input"
+    assert error.expected_schema.field("s").type == pa.int64()  # the state written
+    assert error.actual_schema.field("s").type == pa.float64()  # the state asked for
 
 
 async def test_a_restart_without_a_schema_resumes_the_windows_before_any_row(
@@ -1365,7 +1379,7 @@ async def test_a_time_watermark_before_rows_of_a_numeric_column_fails_at_the_fir
             await rt.checkpoint()
     error = caught.value.__cause__
     assert isinstance(error, InvalidArgumentError)
-    assert error.argument == "Watermark('ts').value"
+    assert (error.argument, error.got) == ("Watermark('ts').value", 1_704_067_200 * 10**9)
 
 
 def test_a_schema_missing_an_input_column_names_it() -> None:
@@ -1401,6 +1415,10 @@ async def test_parallel_windows_rescaled_across_a_restart_stay_one_per_key(
     )
     assert sorted(r["k"] for _, r in _rows(events)) == list(range(8))
     assert {(op, r["n"]) for op, r in _rows(events)} == {(INS, 2)}
+
+
+def test_a_one_nanosecond_window_is_whole() -> None:
+    assert Tumbling(1e-9).assigner(EventTime("ts", pa.timestamp("ns"))).size == 1
 
 
 def test_integer_ticks_floor_exactly_beyond_a_floats_precision() -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, final
 
 import numpy as np
@@ -52,6 +52,8 @@ __all__ = [
 #: A duration as a user gives it: a timedelta, or a number (see the module).
 Duration = timedelta | int | float
 
+_EPOCH = datetime(1970, 1, 1)
+_MICROSECOND = timedelta(microseconds=1)
 _NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 _DURATION = "a timedelta or a number"
 
@@ -226,9 +228,9 @@ def watermark_ticks(column: str, value: Any) -> tuple[int | float, bool]:
     if isinstance(value, np.datetime64):
         return int(value.astype("datetime64[ns]").astype(np.int64)), True
     if isinstance(value, datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(UTC).replace(tzinfo=None)
-        return int(np.datetime64(value, "us").astype(np.int64)) * 1000, True
+        # Integer arithmetic: a float of nanoseconds since 1970 is not exact.
+        since = value.replace(tzinfo=None) - (value.utcoffset() or timedelta(0)) - _EPOCH
+        return since // _MICROSECOND * 1000, True
     if _is_number(value):
         return (float(value) if isinstance(value, float | np.floating) else int(value)), False
     raise InvalidArgumentError(

@@ -197,8 +197,8 @@ class _Plan:
             SchemaMismatchError: as :func:`window_aggregate` with ``schema``.
             InvalidArgumentError: a size or lateness that does not fit ``on``.
         """
-        time = EventTime.of(schema, on, "on")
-        plan = _Plan.timed(time, window, lateness)
+        timed = _Plan.timed(EventTime.of(schema, on, "on"), window, lateness)
+        time = timed.time
         inputs = list(dict.fromkeys(column for column, _ in spec.aggregations.values()))
         fields: list[pa.Field] = []
         for name in [*key, *inputs]:
@@ -209,9 +209,8 @@ class _Plan:
                 fields.append(schema.field(index))
         fields.insert(len(key), pa.field(WINDOW_START, time.type))
         rows = pa.schema(fields)
-        plan.rows = rows
-        plan.state = spec.state_schema(rows, (*key, WINDOW_START))
-        return plan
+        state = spec.state_schema(rows, (*key, WINDOW_START))
+        return _Plan(time, timed.windows, timed.lateness, rows, state)
 
     @staticmethod
     def timed(time: EventTime, window: Window, lateness: Duration) -> _Plan:
@@ -331,7 +330,7 @@ class _WindowAggregate(OperatorActor):
         ends = starts + windows.size
         watermark = self._watermark
         if watermark is None:
-            self._hold(batch, rows, starts, ends, plan)
+            self._hold(batch, rows, starts, ends)
             return
         last = windows.last_start(ticks)
         lateness = plan.lateness
@@ -344,7 +343,7 @@ class _WindowAggregate(OperatorActor):
         if closed.any():
             await self._update_closed(batch, rows[closed], starts[closed], ctx)
         opened = kept & ~closed
-        self._hold(batch, rows[opened], starts[opened], ends[opened], plan)
+        self._hold(batch, rows[opened], starts[opened], ends[opened])
         if dropped and self.late == "output":
             await ctx.emit(Chunk(batch).with_visibility(pa.array(beyond)), output=LATE)
 
@@ -388,7 +387,6 @@ class _WindowAggregate(OperatorActor):
         rows: npt.NDArray[np.int64],
         starts: npt.NDArray[Any],
         ends: npt.NDArray[Any],
-        plan: _Plan,
     ) -> None:
         """Keep rows of open windows to fold later."""
         if not len(rows):
