@@ -222,30 +222,27 @@ class KeyedState:
 
     async def _peer_metas(self, ctx: ActorContext) -> dict[str, dict[str, Any]]:
         """The committed metas of the group's other instances, checking that no instance gone
-        from the group holds rows (an earlier group is found from the metas it wrote)."""
+        from the group holds rows.
+
+        The instances of the last run are found in two rounds: the metas of the peers, of
+        ``<group>`` and ``<group>.0`` (one of which ran in any earlier group) and of the group
+        this instance recorded, then of every instance their metas list. (An instance gone
+        earlier than the last run held nothing when that run started, or it was refused.)
+        """
         group = group_of(ctx.name)
         name = f"{self.table_name}:meta"
-        metas: dict[str, dict[str, Any]] = {}
-        candidates = [*ctx.peers, group, f"{group}.0"]
-        candidates += list(self._recorded.get("group", []))
-        seen: set[str] = {ctx.name}
-        while candidates:
-            owner = candidates.pop(0)
-            if owner in seen:
+        first = [*ctx.peers, group, f"{group}.0", *self._recorded.get("group", [])]
+        metas = {o: await ctx.read_table(o, name).items() for o in dict.fromkeys(first)}
+        listed = [m for meta in metas.values() for m in meta.get("group", [])]
+        metas |= {o: await ctx.read_table(o, name).items() for o in listed if o not in metas}
+        for owner, meta in metas.items():
+            if owner in ctx.peers or not meta:
                 continue
-            seen.add(owner)
-            meta = await ctx.read_table(owner, name).items()
-            if not meta:
-                continue
-            candidates += [m for m in meta.get("group", []) if m not in seen]
-            if owner in ctx.peers:
-                metas[owner] = meta
-                continue
-            held = _mask(meta.get("held", []), self._vnode_count)
+            held = _mask(meta["held"], self._vnode_count)
             if held.any():
                 vnodes = tuple(int(v) for v in np.flatnonzero(held))
                 raise KeyedStateOrphanedError(ctx.name, owner, vnodes, ctx.peers)
-        return metas
+        return {o: meta for o, meta in metas.items() if o in ctx.peers and o != ctx.name and meta}
 
     async def open(self, ctx: ActorContext, schema: pa.Schema) -> None:
         """Open the tables with the state's ``schema`` and load the rows of the vnodes this
