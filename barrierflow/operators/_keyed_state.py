@@ -119,10 +119,12 @@ def _mask(runs: Sequence[Sequence[int]], vnode_count: int) -> npt.NDArray[np.boo
 
 def positions(keys: pa.Table, rows: pa.Table, key: tuple[str, ...]) -> npt.NDArray[np.int64]:
     """The position in ``rows`` of each row of ``keys`` (their ``key`` columns; unique on
-    either side), or -1 for a key ``rows`` does not hold: one hash join, no loop per row."""
+    either side), or -1 for a key ``rows`` does not hold: one hash join, no loop per row (on
+    the calling thread: the join of an epoch's keys is short, and Acero's threads cost more
+    than they save when the machine is busy)."""
     left = keys.select(list(key)).append_column(_LEFT, pa.array(np.arange(keys.num_rows)))
     right = rows.select(list(key)).append_column(_RIGHT, pa.array(np.arange(rows.num_rows)))
-    joined = left.join(right, list(key), join_type="inner")
+    joined = left.join(right, list(key), join_type="inner", use_threads=False)
     found = np.full(keys.num_rows, -1)
     found[joined.column(_LEFT).to_numpy()] = joined.column(_RIGHT).to_numpy()
     return found
