@@ -791,7 +791,8 @@ async def test_a_chunk_of_another_schema_is_refused(tmp_path: Path, declared: bo
     rt = _runtime(tmp_path, operator, inject=False)
     with pytest.raises(ActorFailedError) as caught:
         async with rt:
-            await rt.push("events", Chunk(_batch([(1, 1, 1)])))
+            if not declared:  # the first chunk's schema is the one every chunk must have
+                await rt.push("events", Chunk(_batch([(1, 1, 1)])))
             await rt.push("events", Chunk(other))
             await rt.checkpoint()
     error = caught.value.__cause__
@@ -978,6 +979,7 @@ def test_watermark_values_tick_by_their_kind() -> None:
     assert watermark_ticks("ts", aware) == ((2 * 3600 + 3) * 10**9, True)
     plus_two = datetime(1970, 1, 1, 4, 0, 3, 5, tzinfo=timezone(timedelta(hours=2)))
     assert watermark_ticks("ts", plus_two) == ((2 * 3600 + 3) * 10**9 + 5000, True)
+    assert type(watermark_ticks("ts", plus_two)[0]) is int
     exact = np.datetime64("2024-01-01T00:00:00.000000001", "ns")
     assert watermark_ticks("ts", exact) == (1_704_067_200_000_000_001, True)
     assert type(watermark_ticks("ts", 7)[0]) is int
@@ -1364,6 +1366,28 @@ async def test_a_restart_without_a_schema_resumes_the_windows_before_any_row(
     # The state's window_start tells the event time: a watermark closes the restored window.
     events = await _run(tmp_path, operator, [("wm", 10)])
     assert _rows(events) == [(INS, _win(1, 0, 10, s=3))]
+    # ... and which watermarks fit it.
+    rt = _runtime(tmp_path, operator)
+    with pytest.raises(ActorFailedError) as caught:
+        async with rt:
+            await rt.push("events", _mark(np.datetime64("2024-01-01T00:00:00", "ns")))
+            await rt.checkpoint()
+    error = caught.value.__cause__
+    assert isinstance(error, InvalidArgumentError)
+    assert (error.argument, error.expected) == (
+        "Watermark('ts').value",
+        "a number (a numeric column)",
+    )
+
+
+async def test_a_row_beyond_the_lateness_leaves_no_state(tmp_path: Path) -> None:
+    operator = window_aggregate("k", Tumbling(10), on="ts", n=("v", "count"))
+    rt = _runtime(tmp_path, operator)
+    async with rt:
+        await _push(rt, [("wm", 10), [(1, 3, 0), (1, 12, 0)], "|"])
+        families = {f.name: f for f in await rt.metrics.snapshot()}
+    labels = {"actor": "agg", "operator": "window_aggregate"}
+    assert families["barrierflow_operator_state_rows"].value(**labels) == 1  # [10, 20) only
 
 
 async def test_a_time_watermark_before_rows_of_a_numeric_column_fails_at_the_first_row(

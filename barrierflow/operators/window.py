@@ -255,7 +255,7 @@ class _WindowAggregate(OperatorActor):
         self._plan: _Plan | None = None
         #: The watermark in ticks, and whether it is a time (``None``: none yet).
         self._watermark: int | float | None = None
-        self._is_time = False
+        self._is_time: bool
         self._table: StateTable
         #: Rows of open windows not folded into the state yet, and their first window's end.
         self._pending: list[pa.Table] = []
@@ -277,10 +277,10 @@ class _WindowAggregate(OperatorActor):
             start = self.state.schema.field(WINDOW_START).type
             self._plan = _Plan.timed(EventTime(self.on, start), self.window, self.lateness)
         self._table = ctx.table(_WATERMARK)
-        for peer in ctx.peers:
-            saved = await ctx.read_table(peer, _WATERMARK).get("watermark")
-            if saved is not None and (self._watermark is None or saved[0] > self._watermark):
-                self._watermark, self._is_time = saved
+        saved = [await ctx.read_table(peer, _WATERMARK).get("watermark") for peer in ctx.peers]
+        found = [mark for mark in saved if mark is not None]
+        if found:  # [ticks, is_time]: the largest ticks
+            self._watermark, self._is_time = max(found)
 
     # Messages.
 
