@@ -1277,12 +1277,15 @@ def test_a_window_that_does_not_fit_its_column_names_which_and_why(
 
 
 def test_event_time_errors_name_the_column_and_the_asker() -> None:
+    without = pa.schema([("x", pa.int64())])
     with pytest.raises(SchemaMismatchError) as missing:
-        EventTime.of(pa.schema([("x", pa.int64())]), "ts", "asker")
-    assert missing.value.argument == "asker"
+        EventTime.of(without, "ts", "asker")
+    assert (missing.value.argument, missing.value.got) == ("asker", without)
+    assert missing.value.expected_schema == "a schema with the column 'ts'"
     with pytest.raises(SchemaMismatchError) as untimely:
         EventTime.of(pa.schema([("ts", pa.string())]), "ts", "asker")
     assert (untimely.value.argument, untimely.value.got) == ("asker", "ts: string")
+    assert untimely.value.expected_schema == "a timestamp, integer or floating column 'ts'"
     with pytest.raises(InvalidArgumentError) as number:
         EventTime("ts", pa.timestamp("s")).check_watermark(False, 1)
     assert (number.value.argument, number.value.expected, number.value.got) == (

@@ -152,13 +152,13 @@ class EventTime:
         """The column's values as ticks (no nulls: the caller checked)."""
         if isinstance(values, pa.ChunkedArray):
             values = values.combine_chunks()
-        if self.is_time:
-            values = values.cast(pa.timestamp("ns", self.type.tz)).cast(pa.int64())
+        if self.is_time:  # (UTC either way: Arrow keeps a zoned timestamp in UTC)
+            values = values.cast(pa.timestamp("ns")).cast(pa.int64())
         elif self.is_float:
             values = values.cast(pa.float64())
         else:
             values = values.cast(pa.int64())
-        return np.asarray(values.to_numpy(zero_copy_only=False))
+        return np.asarray(values)
 
     def column_of(self, ticks: npt.NDArray[Any]) -> pa.Array:
         """Ticks back as values of the column's type."""
