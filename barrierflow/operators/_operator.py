@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, final
+from typing import Any, ClassVar, TypeGuard, final
 
 import numpy as np
 
@@ -23,7 +23,14 @@ from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.metrics import MetricFamily, counter, gauge
 from barrierflow.runtime.placement import Placement
 
-__all__ = ["Operator", "OperatorActor", "OperatorStats", "as_number", "check_columns"]
+__all__ = [
+    "Operator",
+    "OperatorActor",
+    "OperatorStats",
+    "as_number",
+    "check_columns",
+    "is_real",
+]
 
 
 @final
@@ -141,13 +148,18 @@ def check_columns(argument: str, columns: object, *, allow_empty: bool = False) 
     return tuple(names)
 
 
-def as_number(value: object) -> float | None:
-    """``value`` as a float if it is a real number a float holds — an int or a float, NumPy's
-    too, not a bool; the infinities are numbers, NaN is not — else ``None`` (an int too large
-    for a float, too: every operator's argument checks refuse it alike)."""
-    if not isinstance(value, int | float | np.integer | np.floating) or isinstance(
+def is_real(value: object) -> TypeGuard[int | float | np.integer[Any] | np.floating[Any]]:
+    """Whether ``value`` is a real number's type: an int or a float, NumPy's too, not a bool."""
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
         value, bool | np.bool_
-    ):
+    )
+
+
+def as_number(value: object) -> float | None:
+    """``value`` as a float if it is a real number (:func:`is_real`) a float holds — the
+    infinities are numbers, NaN is not — else ``None`` (an int too large for a float, too:
+    every operator's argument checks refuse it alike)."""
+    if not is_real(value):
         return None
     try:
         number = float(value)

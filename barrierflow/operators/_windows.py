@@ -36,6 +36,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
+from barrierflow.operators._operator import as_number, is_real
 
 __all__ = [
     "Assigner",
@@ -58,23 +59,12 @@ _NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 _DURATION = "a timedelta or a number"
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
-        value, bool | np.bool_
-    )
-
-
 def _duration(value: object) -> float | None:
     """``value`` in its own unit if it is a finite duration (see the module), else ``None``."""
     if isinstance(value, timedelta):
         return value.total_seconds()
-    if not _is_number(value):
-        return None
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except OverflowError:  # an int beyond a float: no duration anything compares with
-        return None
-    return number if math.isfinite(number) else None
+    number = as_number(value)  # an int beyond a float: no duration anything compares with
+    return number if number is not None and math.isfinite(number) else None
 
 
 def check_positive(argument: str, value: object) -> Duration:
@@ -231,7 +221,7 @@ def watermark_ticks(column: str, value: Any) -> tuple[int | float, bool]:
         # Integer arithmetic: a float of nanoseconds since 1970 is not exact.
         since = value.replace(tzinfo=None) - (value.utcoffset() or timedelta(0)) - _EPOCH
         return since // _MICROSECOND * 1000, True
-    if _is_number(value):
+    if is_real(value):
         return (float(value) if isinstance(value, float | np.floating) else int(value)), False
     raise InvalidArgumentError(
         f"Watermark({column!r}).value", "a numpy.datetime64, a datetime or a number", value
