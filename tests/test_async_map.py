@@ -557,7 +557,7 @@ async def test_dead_letters_refuse_a_changelog_input(tmp_path: Path) -> None:
     assert error.expected == (
         "an insert-only input with dead_letters=True (it would break the changelog)"
     )
-    assert error.what == "a chunk with deletes or updates"
+    assert error.what == "a chunk with 1 delete(s) or update(s)"
     assert service.calls == []
 
 
@@ -631,7 +631,7 @@ async def test_unordered_output_refuses_a_changelog_input(tmp_path: Path) -> Non
     assert (
         error.expected == "an insert-only input with ordered=False (it would break the changelog)"
     )
-    assert error.what == "a chunk with deletes or updates"
+    assert error.what == "a chunk with 2 delete(s) or update(s)"
 
 
 async def test_hidden_rows_are_not_called_and_their_ops_are_not_judged(tmp_path: Path) -> None:

@@ -476,3 +476,15 @@ def test_as_number_takes_real_numbers_a_float_holds() -> None:
     assert as_number(float("inf")) == float("inf")
     for not_a_number in (True, np.bool_(True), float("nan"), 10**400, "3", None, [1]):
         assert as_number(not_a_number) is None
+
+
+def test_refuse_changes_counts_deletes_and_update_halves() -> None:
+    from barrierflow.operators._operator import refuse_changes
+
+    refuse_changes(None, "a", "op", "inserts")
+    refuse_changes(pa.array([0, 0], pa.int8()), "a", "op", "inserts")
+    with pytest.raises(ChangelogInputError) as caught:
+        refuse_changes(pa.array([0, 1, 3, 2], pa.int8()), "a", "op", "inserts")
+    error = caught.value
+    assert (error.actor, error.operator) == ("a", "op")
+    assert _fields(error) == ("op 'a': input", "inserts", "a chunk with 3 delete(s) or update(s)")

@@ -17,8 +17,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeGuard, final
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from barrierflow.channels.chunk import Op
 from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.operators.errors import ChangelogInputError
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.metrics import MetricFamily, counter, gauge
 from barrierflow.runtime.placement import Placement
@@ -30,6 +34,7 @@ __all__ = [
     "as_number",
     "check_columns",
     "is_real",
+    "refuse_changes",
 ]
 
 
@@ -166,3 +171,18 @@ def as_number(value: object) -> float | None:
     except OverflowError:
         return None
     return None if number != number else number
+
+
+def refuse_changes(ops: pa.Array | None, actor: str, operator: str, expected: str) -> None:
+    """Refuse rows whose ``ops`` (a chunk's op codes, ``None``: all inserts) hold a delete or
+    an update half — for an operator that keeps no changelog correct under retractions.
+
+    Raises:
+        ChangelogInputError: naming ``actor``, ``operator``, what it takes (``expected``) and
+            how many such rows came.
+    """
+    changes = 0 if ops is None else int(pc.sum(pc.not_equal(ops, Op.INSERT)).as_py() or 0)
+    if changes:
+        raise ChangelogInputError(
+            actor, operator, expected, f"a chunk with {changes} delete(s) or update(s)"
+        )

@@ -54,8 +54,12 @@ from barrierflow.operators._accumulators import (
     as_batch,
 )
 from barrierflow.operators._keyed_state import KeyedState
-from barrierflow.operators._operator import Operator, OperatorActor, check_columns
-from barrierflow.operators.errors import ChangelogInputError
+from barrierflow.operators._operator import (
+    Operator,
+    OperatorActor,
+    check_columns,
+    refuse_changes,
+)
 from barrierflow.runtime.actor import ActorContext
 from barrierflow.runtime.placement import Placement
 
@@ -195,15 +199,12 @@ class _KeyedFold(OperatorActor, ViewActor):
         n = chunk.num_rows
         if not n:
             return
-        ops = chunk.ops
-        if ops is not None and bool(pc.any(pc.not_equal(ops, Op.INSERT)).as_py()):
-            changes = int(pc.sum(pc.not_equal(ops, Op.INSERT)).as_py())
-            raise ChangelogInputError(
-                ctx.name,
-                self.kind,
-                "an insert-only input (aggregates over a changelog are for later)",
-                f"a chunk with {changes} delete(s) or update(s)",
-            )
+        refuse_changes(
+            chunk.ops,
+            ctx.name,
+            self.kind,
+            "an insert-only input (aggregates over a changelog are for later)",
+        )
         rows = pa.Table.from_batches([chunk.batch])
         for name in self._key:
             nulls = rows.column(name).null_count if name in rows.column_names else 0

@@ -87,15 +87,20 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from barrierflow._backoff import MILLISECOND, RetryBackoff
 from barrierflow._taskgroups import single_error
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.channels.messages import Committable
-from barrierflow.operators._operator import Operator, OperatorActor, as_number, check_columns
-from barrierflow.operators.errors import AsyncCallFailedError, ChangelogInputError
+from barrierflow.operators._operator import (
+    Operator,
+    OperatorActor,
+    as_number,
+    check_columns,
+    refuse_changes,
+)
+from barrierflow.operators.errors import AsyncCallFailedError
 from barrierflow.runtime.actor import ActorContext
 from barrierflow.runtime.placement import Placement
 
@@ -389,17 +394,15 @@ class _AsyncMap(OperatorActor):
                 "no column named 'error' or 'attempts' (a dead letter adds them)",
                 names,
             )
-        ops = chunk.ops
-        if (s.dead_letters or not s.ordered) and ops is not None:
-            visible = ops if chunk.visibility is None else ops.filter(chunk.visibility)
-            if bool(pc.any(pc.not_equal(visible, 0)).as_py()):
-                why = "dead_letters=True" if s.dead_letters else "ordered=False"
-                raise ChangelogInputError(
-                    actor,
-                    "async_map",
-                    f"an insert-only input with {why} (it would break the changelog)",
-                    "a chunk with deletes or updates",
-                )
+        if s.dead_letters or not s.ordered:
+            why = "dead_letters=True" if s.dead_letters else "ordered=False"
+            ops, visible = chunk.ops, chunk.visibility
+            refuse_changes(
+                ops if ops is None or visible is None else ops.filter(visible),
+                actor,
+                "async_map",
+                f"an insert-only input with {why} (it would break the changelog)",
+            )
 
     async def _worker(self, actor: str) -> None:
         """Make calls while rows wait and the window has room — a worker that completed a

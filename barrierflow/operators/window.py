@@ -66,7 +66,12 @@ from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchErro
 from barrierflow.channels.messages import Message, Watermark
 from barrierflow.operators._accumulators import Aggregations, as_batch
 from barrierflow.operators._keyed_state import KeyedState
-from barrierflow.operators._operator import Operator, OperatorActor, check_columns
+from barrierflow.operators._operator import (
+    Operator,
+    OperatorActor,
+    check_columns,
+    refuse_changes,
+)
 from barrierflow.operators._windows import (
     Assigner,
     Duration,
@@ -77,7 +82,6 @@ from barrierflow.operators._windows import (
     check_non_negative,
     watermark_ticks,
 )
-from barrierflow.operators.errors import ChangelogInputError
 from barrierflow.runtime.actor import ActorContext
 from barrierflow.runtime.placement import Placement
 from barrierflow.runtime.state.state_store import StateTable
@@ -306,15 +310,7 @@ class _WindowAggregate(OperatorActor):
         n = chunk.num_rows
         if not n:
             return
-        ops = chunk.ops
-        if ops is not None and bool(pc.any(pc.not_equal(ops, Op.INSERT)).as_py()):
-            changes = int(pc.sum(pc.not_equal(ops, Op.INSERT)).as_py())
-            raise ChangelogInputError(
-                ctx.name,
-                self.kind,
-                "an insert-only input",
-                f"a chunk with {changes} delete(s) or update(s)",
-            )
+        refuse_changes(chunk.ops, ctx.name, self.kind, "an insert-only input")
         batch = chunk.batch
         plan = await self._bind(batch.schema, ctx)
         for name in (*self.columns, self.on):
