@@ -361,11 +361,14 @@ class KeyedState:
 
     # Barriers.
 
-    def before_barrier(self, ctx: ActorContext) -> None:
-        """Record the meta of the epoch the barrier closes (call it before passing it)."""
+    async def pass_barrier(self, barrier: Barrier, ctx: ActorContext) -> None:
+        """Pass ``barrier`` on for the keyed operator: the meta of the epoch it closes recorded
+        first (sealed with it), then the moves it orders."""
         self._record(ctx)
+        await ctx.emit(barrier)
+        await self._after_barrier(barrier, ctx)
 
-    async def after_barrier(self, barrier: Barrier, ctx: ActorContext) -> None:
+    async def _after_barrier(self, barrier: Barrier, ctx: ActorContext) -> None:
         """After passing ``barrier``: the moves it orders (see the module) — the first
         barrier's after a restore, or a new vnode bitmap's. Writes in the epoch it opens.
 

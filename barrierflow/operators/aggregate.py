@@ -188,9 +188,7 @@ class _KeyedFold(OperatorActor, ViewActor):
             await self._take(message, ctx)
         elif isinstance(message, Barrier):
             await self._emit_changes(ctx)
-            self.state.before_barrier(ctx)
-            await ctx.emit(message)
-            await self.state.after_barrier(message, ctx)
+            await self.state.pass_barrier(message, ctx)
         else:
             await ctx.emit(message)
 

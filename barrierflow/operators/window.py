@@ -299,9 +299,7 @@ class _WindowAggregate(OperatorActor):
             self._fold_pending()
             if self._watermark is not None:
                 self._table.put("watermark", [self._watermark, self._is_time])
-            self.state.before_barrier(ctx)
-            await ctx.emit(message)
-            await self.state.after_barrier(message, ctx)
+            await self.state.pass_barrier(message, ctx)
         else:
             await ctx.emit(message)
 
