@@ -56,7 +56,7 @@ from barrierflow.connectors.parquet_table import ParquetTable
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.config import RuntimeConfig
 from barrierflow.runtime.runtime import Runtime
-from barrierflow.testing._crash_child import _Report, resolve_name
+from barrierflow.testing._crash_child import ReportFile, resolve_name
 
 __all__ = [
     "MISSED",
@@ -187,8 +187,8 @@ async def _incarnation(spec: dict[str, Any]) -> int:
     kill = None if spec["kill"] is None else KillPoint(*spec["kill"])
     # Appends of a line each, done inline on purpose: when the kill comes, what the journal
     # and the facts say is exactly what happened before it, nothing still on a thread.
-    facts = _Report(spec["facts"])
-    journal = _Report(spec["journal"])
+    facts = ReportFile(spec["facts"])
+    journal = ReportFile(spec["journal"])
 
     def reached(chunk: int, moment: Moment, done: bool = False) -> None:
         if kill is not None and (kill.chunk, kill.moment) == (chunk, moment):

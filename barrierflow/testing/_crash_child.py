@@ -69,7 +69,7 @@ import pyarrow as pa
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-__all__ = ["KILL_POINTS", "ForkServer", "resolve_name", "serve"]
+__all__ = ["KILL_POINTS", "ForkServer", "ReportFile", "child_env", "resolve_name", "serve"]
 
 #: Every kill point of the script, in the order the script passes them.
 KILL_POINTS = (
@@ -100,7 +100,7 @@ def resolve_name(name: str) -> Any:
     return found
 
 
-class _Report:
+class ReportFile:
     """The append-only report file; each line is on disk before the script goes on."""
 
     def __init__(self, path: str) -> None:
@@ -117,7 +117,7 @@ class _Report:
 
 async def _drive(spec: dict[str, Any]) -> None:
     make: Callable[[], Any] = resolve_name(spec["make"])
-    report = _Report(spec["report"])
+    report = ReportFile(spec["report"])
     kill = spec["kill"]
     e1, e2, e3 = spec["epochs"]
     ids1, ids2, ids3 = spec["ids"]
@@ -240,7 +240,7 @@ class ForkServer:
                         self._process = await anyio.open_process(
                             [sys.executable, "-m", "barrierflow.testing._crash_child"],
                             stderr=log,
-                            env=_server_env(),
+                            env=child_env(),
                             start_new_session=True,  # a group: one kill ends a hung child too
                         )
                     assert self._process.stdout is not None
@@ -279,7 +279,7 @@ class ForkServer:
         self._busy = False
 
 
-def _server_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """This process's environment, with its ``sys.path`` (minus what the child's interpreter
     adds itself) as ``PYTHONPATH``, so the child imports the same factory."""
     own = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}

@@ -83,7 +83,7 @@ from barrierflow.testing._actor_kill_child import (
     write_chunks,
     write_spec,
 )
-from barrierflow.testing._crash_child import _server_env, resolve_name
+from barrierflow.testing._crash_child import child_env, resolve_name
 from barrierflow.testing._server_process import check_directory
 from barrierflow.testing.conformance import ConformanceReport, RuleResult
 from barrierflow.testing.crash_conformance import importable_name
@@ -435,7 +435,7 @@ class _KilledRun:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                env=_server_env(),
+                env=child_env(),
                 start_new_session=True,
             )
         hung = False
