@@ -29,17 +29,18 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import anyio
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.channels import Chunk, Message, Op
+from barrierflow.channels import Chunk
 from barrierflow.operators.aggregate import aggregate
-from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
+from barrierflow.runtime import Runtime, RuntimeConfig
 from benchmarks.harness import Settings, make_record, median, rounded, sampled
+from benchmarks.operators import ChangelogCount
 
 __all__ = ["BENCHMARKS"]
 
@@ -50,22 +51,6 @@ SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
 FULL = (20_000_000, 1_000_000, 1_000_000, 200_000)
 QUICK = (2_000_000, 100_000, 100_000, 50_000)
 REPS = 3
-
-
-class _Changes(StreamActor):
-    """Counts the changelog: inserts, and the signed sum of ``s`` (vectorized)."""
-
-    inserts: ClassVar[int] = 0
-    total: ClassVar[int] = 0
-
-    async def process(self, message: Message, ctx: ActorContext) -> None:
-        if isinstance(message, Chunk):
-            ops = message.ops_numpy()
-            s = message.batch.column("s").to_numpy(zero_copy_only=False)
-            sign = np.where((ops == Op.INSERT) | (ops == Op.UPDATE_INSERT), 1, -1)
-            _Changes.inserts += int((ops == Op.INSERT).sum())
-            _Changes.total += int((sign * s).sum())
-        await ctx.emit(message)
 
 
 def _data(rows: int, keys: int, per_epoch: int) -> list[list[pa.RecordBatch]]:
@@ -88,7 +73,7 @@ def _slices(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
 
 async def _ours(epochs: list[list[pa.RecordBatch]], directory: str) -> float:
     """Seconds to push every epoch through the aggregate, a checkpoint closing each."""
-    _Changes.inserts = _Changes.total = 0
+    ChangelogCount.inserts = ChangelogCount.total = 0
     config = RuntimeConfig(state_path=os.path.join(directory, "state.db"), barrier_interval=3600)
     rt = Runtime(config)
     rt.add_source("events")
@@ -97,7 +82,7 @@ async def _ours(epochs: list[list[pa.RecordBatch]], directory: str) -> float:
         aggregate("k", schema=SCHEMA, s=("v", "sum"), c=("v", "count"), m=("v", "max")),
         inputs=["events"],
     )
-    rt.add_actor("changes", _Changes, inputs=["agg"])
+    rt.add_actor("changes", ChangelogCount, inputs=["agg"])
     async with rt:
         start = time.perf_counter()
         for chunks in epochs:
@@ -178,9 +163,9 @@ def keyed_aggregate_rows_per_s(settings: Settings) -> dict[str, Any]:
             else:
                 ours.append(anyio.run(_ours, epochs, directory, backend="asyncio"))
                 theirs.append(_polars(epochs)[0])
-            if (_Changes.inserts, _Changes.total) != (distinct, total):
+            if (ChangelogCount.inserts, ChangelogCount.total) != (distinct, total):
                 raise AssertionError(
-                    f"inserts, sum of s: {(_Changes.inserts, _Changes.total)}, "
+                    f"inserts, sum of s: {(ChangelogCount.inserts, ChangelogCount.total)}, "
                     f"expected {(distinct, total)}"
                 )
     _, result = _polars(epochs)

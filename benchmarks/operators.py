@@ -21,12 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.channels import Chunk, Message
+from barrierflow.channels import Chunk, Message, Op
 from barrierflow.operators import filter_rows, map_batches
 from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
 from benchmarks.harness import Settings, compare, make_record, median, sampled
 
-__all__ = ["BENCHMARKS"]
+__all__ = ["BENCHMARKS", "ChangelogCount"]
 
 #: Rows per batch: Spark's default Arrow batch is 10,000 rows; the record reports both.
 BATCH_ROWS = 65_536
@@ -47,6 +47,24 @@ class _Count(StreamActor):
     async def process(self, message: Message, ctx: ActorContext) -> None:
         if isinstance(message, Chunk):
             _Count.rows += message.cardinality
+        await ctx.emit(message)
+
+
+class ChangelogCount(StreamActor):
+    """Counts a keyed operator's changelog (the keyed benchmarks' sink): its inserts, and the
+    signed sum of its column ``s`` (an insert or update's new half adds, the rest subtracts),
+    vectorized; reset both before a run."""
+
+    inserts: ClassVar[int] = 0
+    total: ClassVar[int] = 0
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk):
+            ops = message.ops_numpy()
+            s = message.batch.column("s").to_numpy(zero_copy_only=False)
+            sign = np.where((ops == Op.INSERT) | (ops == Op.UPDATE_INSERT), 1, -1)
+            ChangelogCount.inserts += int((ops == Op.INSERT).sum())
+            ChangelogCount.total += int((sign * s).sum())
         await ctx.emit(message)
 
 

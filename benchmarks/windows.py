@@ -28,18 +28,19 @@ import tempfile
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any
 
 import anyio
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.channels import Chunk, Message, Op
+from barrierflow.channels import Chunk
 from barrierflow.operators.watermarks import with_watermark
 from barrierflow.operators.window import Tumbling, window_aggregate
-from barrierflow.runtime import ActorContext, Runtime, RuntimeConfig, StreamActor
+from barrierflow.runtime import Runtime, RuntimeConfig
 from benchmarks.harness import Settings, make_record, median, rounded, sampled
+from benchmarks.operators import ChangelogCount
 
 __all__ = ["BENCHMARKS"]
 
@@ -51,22 +52,6 @@ FULL = (10_000_000, 100_000, 1_000_000, 1_000_000)
 QUICK = (2_000_000, 100_000, 200_000, 200_000)
 REPS = 3
 MINUTE_MS = 60_000
-
-
-class _Changes(StreamActor):
-    """Counts the windows emitted and the sum of ``s`` (vectorized)."""
-
-    inserts: ClassVar[int] = 0
-    total: ClassVar[int] = 0
-
-    async def process(self, message: Message, ctx: ActorContext) -> None:
-        if isinstance(message, Chunk):
-            ops = message.ops_numpy()
-            s = message.batch.column("s").to_numpy(zero_copy_only=False)
-            sign = np.where((ops == Op.INSERT) | (ops == Op.UPDATE_INSERT), 1, -1)
-            _Changes.inserts += int((ops == Op.INSERT).sum())
-            _Changes.total += int((sign * s).sum())
-        await ctx.emit(message)
 
 
 def _data(rows: int, keys: int, per_minute: int) -> pa.RecordBatch:
@@ -97,7 +82,7 @@ def _closer(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 async def _ours(batch: pa.RecordBatch, per_checkpoint: int, directory: str) -> float:
     """Seconds to push every row through the windows, a checkpoint every ``per_checkpoint``."""
-    _Changes.inserts = _Changes.total = 0
+    ChangelogCount.inserts = ChangelogCount.total = 0
     config = RuntimeConfig(state_path=os.path.join(directory, "state.db"), barrier_interval=3600)
     rt = Runtime(config)
     rt.add_source("events")
@@ -112,7 +97,7 @@ async def _ours(batch: pa.RecordBatch, per_checkpoint: int, directory: str) -> f
         m=("v", "max"),
     )
     rt.add_actor("windows", operator, inputs=["wm"])
-    rt.add_actor("changes", _Changes, inputs=["windows"])
+    rt.add_actor("changes", ChangelogCount, inputs=["windows"])
     async with rt:
         start = time.perf_counter()
         for first in range(0, batch.num_rows, per_checkpoint):
@@ -177,9 +162,9 @@ def window_rows_per_s(settings: Settings) -> dict[str, Any]:
             else:
                 ours.append(anyio.run(_ours, batch, per_checkpoint, directory, backend="asyncio"))
                 theirs.append(_polars(batch)[0])
-            if (_Changes.inserts, _Changes.total) != (windows, total):
+            if (ChangelogCount.inserts, ChangelogCount.total) != (windows, total):
                 raise AssertionError(
-                    f"windows, sum of s: {(_Changes.inserts, _Changes.total)}, "
+                    f"windows, sum of s: {(ChangelogCount.inserts, ChangelogCount.total)}, "
                     f"expected {(windows, total)}"
                 )
     _, result = _polars(batch)
