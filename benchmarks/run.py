@@ -21,6 +21,7 @@ from benchmarks.runtime import BENCHMARKS as RUNTIME_BENCHMARKS
 from benchmarks.sinks import BENCHMARKS as SINK_BENCHMARKS
 from benchmarks.sources import BENCHMARKS as SOURCE_BENCHMARKS
 from benchmarks.spark_bridge import BENCHMARKS as SPARK_BRIDGE_BENCHMARKS
+from benchmarks.spark_chain import BENCHMARKS as SPARK_CHAIN_BENCHMARKS
 from benchmarks.views import BENCHMARKS as VIEW_BENCHMARKS
 from benchmarks.windows import BENCHMARKS as WINDOW_BENCHMARKS
 
@@ -33,6 +34,7 @@ BENCHMARKS = {
     **SOURCE_BENCHMARKS,
     **VIEW_BENCHMARKS,
     **SPARK_BRIDGE_BENCHMARKS,
+    **SPARK_CHAIN_BENCHMARKS,
     **METRICS_BENCHMARKS,
     **OPERATOR_BENCHMARKS,
     **KEYED_AGGREGATE_BENCHMARKS,
