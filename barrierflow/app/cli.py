@@ -154,6 +154,7 @@ def _demo(args: argparse.Namespace) -> int:
         table=args.table,
         write_on=args.write_on,
         postgres_dsn=args.postgres_dsn,
+        chain=args.chain,
     )
     result = _interruptible("demo", run_demo, config, resume_command)
     if result is None:
@@ -338,6 +339,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="driver",
         help="spark act: where the rows are written — through this driver's graph, or staged "
         "by Spark's tasks on the executors, the driver only committing (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--chain",
+        action="store_true",
+        help="spark act: pass the events through filter → async_map (a service on loopback) "
+        "→ map_batches before the table, in Spark's tasks with --write-on executors "
+        "(default: off)",
     )
     demo.add_argument(
         "--crash-after",

@@ -19,6 +19,9 @@ as Parquet files where it lies, the driver hands their manifests to the same coo
 sends only the batch's end mark through the feed (see :mod:`barrierflow.spark_bridge.bridge`).
 The default is ``driver``: it runs on any graph, and at the demo's sizes on one machine the two
 are about even; ``executors`` is what scales with a cluster (``--spark-master spark://...``).
+``--chain`` passes the events through ``filter → async_map`` (a service on loopback) ``→
+map_batches`` before the table — in Spark's tasks with ``--write-on executors`` — keeping every
+event (:mod:`barrierflow.app._demo_chain`).
 
 It shows live progress (a table on a terminal; without one — output piped to a file, CI — a
 plain line every few seconds), then reads the table back with the format's own reader
@@ -66,6 +69,7 @@ from barrierflow._one_line import one_line
 from barrierflow.actors import BatchFeed, Coordinator, add_sink
 from barrierflow.actors.sinks.add_sink import DeclaredSink
 from barrierflow.actors.sinks.errors import SinkStateMismatchError
+from barrierflow.app._demo_chain import EchoService, declare_chain
 from barrierflow.app._demo_faults import CrashingTable, Faults, executor_faults
 from barrierflow.app._demo_input import SCHEMA, TABLES, RunManifest, TableChoice, complete_input
 from barrierflow.app._demo_progress import LiveProgress, RunCounts, batch_line
@@ -153,6 +157,10 @@ class DemoConfig:
     #: With ``table="postgres"``: the database to write into (a libpq connection string);
     #: ``None``: a server of the demo's own, with its data in ``<workdir>/postgres``.
     postgres_dsn: str | None = None
+    #: Pass the events through a chain of actors on their way to the table (``--chain``:
+    #: filter → async_map calling a service on loopback → map_batches, keeping every event;
+    #: see :mod:`barrierflow.app._demo_chain`), in Spark's tasks with ``write_on="executors"``.
+    chain: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rows", "batches"):
@@ -180,6 +188,8 @@ class DemoConfig:
             raise ConfigError(
                 "postgres_dsn", "None or a libpq connection string", self.postgres_dsn
             )
+        if not isinstance(self.chain, bool):
+            raise ConfigError("chain", "a bool", self.chain)
         if self.table == "postgres" and self.write_on != "driver":
             # Spark tasks stage Parquet files; a PostgreSQL writer's stage is a transaction.
             raise ConfigError("write_on", "'driver' with table='postgres'", self.write_on)
@@ -197,7 +207,8 @@ class DemoConfig:
 def resume_command(config: DemoConfig) -> str:
     """The command that resumes the run ``config`` describes (for the user to copy)."""
     words = resume_words(None, config.workdir, config.backend)
-    return words + (" --write-on executors" if config.write_on == "executors" else "")
+    words += " --write-on executors" if config.write_on == "executors" else ""
+    return words + (" --chain" if config.chain else "")
 
 
 #: The errors that refuse a resume (the run stops before a row moves): the state store is
@@ -275,10 +286,15 @@ class DemoResult:
 
 
 def build_runtime(
-    workdir: Path, table: DemoTable, faults: Faults, *, adopt_sink_positions: bool = False
+    workdir: Path,
+    table: DemoTable,
+    faults: Faults,
+    *,
+    adopt_sink_positions: bool = False,
+    chain: tuple[str, int] | None = None,
 ) -> tuple[Runtime, BatchFeed, DeclaredSink]:
-    """The demo's graph: batch source → hash by key → 4 writers of ``table`` + their
-    coordinator."""
+    """The demo's graph: batch source (→ the chain calling the service at ``chain``, if
+    given) → hash by key → 4 writers of ``table`` + their coordinator."""
     feed = BatchFeed(SCHEMA, chunk_rows=16_384, capacity=8)
     # With recovery, a transient failure rebuilds the graph and the bridge re-delivers the batch.
     config = RuntimeConfig(
@@ -289,9 +305,10 @@ def build_runtime(
     )
     rt = Runtime(config)
     rt.add_source("events", feed.source)
+    source = "events" if chain is None else declare_chain(rt, "events", chain)
     # Writers events.0..3, hash-dispatched by key, and their coordinator service.
     declared = add_sink(
-        rt, "events", CrashingTable(table.sink, faults), input="events", parallelism=WRITERS,
+        rt, "events", CrashingTable(table.sink, faults), input=source, parallelism=WRITERS,
         key=("key",),
     )  # fmt: skip
     return rt, feed, declared
@@ -369,9 +386,11 @@ def run_demo(config: DemoConfig) -> DemoResult:
     table = open_table(
         manifest.table, workdir, postgres_dsn=config.postgres_dsn, fresh=not config.resume
     )
+    service = EchoService() if config.chain else None
     rt, feed, sink = build_runtime(
-        workdir, table, faults, adopt_sink_positions=config.adopt_sink_positions
-    )
+        workdir, table, faults, adopt_sink_positions=config.adopt_sink_positions,
+        chain=None if service is None else service.address,
+    )  # fmt: skip
     coordinator = sink.coordinator
     rows_before = table.rows()
     stream = (
@@ -439,6 +458,8 @@ def run_demo(config: DemoConfig) -> DemoResult:
         if error is None:
             failure = unwrap_spark_error(exc, failures)
             error = one_line(failure)
+    if service is not None:
+        service.close()
     trace("verify")
     result = verify(table, manifest.rows, faults.batches, time.perf_counter() - started)
     remedies = refusal_remedies(config, failure) if isinstance(failure, REFUSALS) else ()

@@ -12,7 +12,9 @@ The Spark act writes one of three tables (``--table iceberg|delta|postgres``): t
 gives each of its rounds one (:meth:`Act.writing`), and the act's audit reads that table with
 its own reader (pyiceberg, deltalake, psycopg). The ``spark-executors`` act is the Spark act
 with Spark's tasks staging the rows (``--write-on executors``; Iceberg and Delta only), killed
-while they stage, after they staged and before the commit, and mid-commit.
+while they stage, after they staged and before the commit, and mid-commit. The ``spark-chain``
+act is that act with a chain of actors before the table (``--chain``: filter → async_map
+calling a service on loopback → map_batches), run in Spark's tasks.
 """
 
 from __future__ import annotations
@@ -154,6 +156,14 @@ SPARK_EXECUTORS = Act(
     options=("--write-on", "executors"),
 )
 
+#: The executors act with a chain of actors before the table (``--chain``): filter → async_map
+#: calling a service on loopback → map_batches, run in Spark's tasks, so that a kill lands
+#: while they run it, with calls in flight. The audit is the Spark act's (the chain keeps
+#: every event as it is).
+SPARK_CHAIN = dataclasses.replace(
+    SPARK_EXECUTORS, name="spark-chain", options=(*SPARK_EXECUTORS.options, "--chain")
+)
+
 BACKFILL = Act(
     "backfill",
     ("--streams", "2", "--history", "4000", "--live", "3000"),
@@ -196,4 +206,4 @@ VIEWS = Act(
 )
 
 #: The acts by name.
-ACTS = {act.name: act for act in (SPARK, SPARK_EXECUTORS, BACKFILL, VIEWS)}
+ACTS = {act.name: act for act in (SPARK, SPARK_EXECUTORS, SPARK_CHAIN, BACKFILL, VIEWS)}
