@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import structlog
@@ -423,3 +425,40 @@ def test_the_chaos_harness_kills_the_chain_act_and_finds_nothing(tmp_path: Path)
         0, 0, 0, 0
     )  # fmt: skip
     assert {r["act"] for r in report["rounds"]} == {"spark-chain"}
+
+
+async def test_the_demo_chain_s_call_returns_every_event_it_sent_exactly() -> None:
+    from barrierflow.app._demo_chain import EchoCall, EchoService
+    from barrierflow.app._demo_input import SCHEMA
+
+    # Values a float's JSON text must bring back bit for bit (the audit compares them).
+    batch = pa.record_batch(
+        {"key": [0, 1, 2**53, 7], "value": [0.1, -1e-310, 1 / 3, 2.5e300]}, schema=SCHEMA
+    )
+    with EchoService() as service, anyio.fail_after(scaled(20)):
+        assert (await EchoCall(*service.address)(batch)).equals(batch)
+
+
+def test_the_chain_act_runs_the_executors_act_with_the_chain_on_every_run(
+    tmp_path: Path,
+) -> None:
+    from barrierflow.app.chaos.acts import ACTS
+
+    act = ACTS["spark-chain"]
+    assert act.targets == ACTS["spark-executors"].targets
+    for resume in (False, True):
+        words = act.command("python", tmp_path, "trio", resume)
+        assert words[3:5] == ["demo", "spark"]
+        assert {"--chain", "executors", "trio"} <= set(words)
+
+
+def test_the_demo_s_chain_option_is_a_bool_and_a_resume_keeps_it(tmp_path: Path) -> None:
+    from barrierflow.app.demo import DemoConfig, resume_command
+    from barrierflow.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        DemoConfig(workdir=tmp_path, chain="yes")  # type: ignore[arg-type]
+    assert (info.value.argument, info.value.got) == ("chain", "yes")
+    config = DemoConfig(workdir=tmp_path, chain=True, write_on="executors")
+    assert resume_command(config).endswith(" --write-on executors --chain")
+    assert "--chain" not in resume_command(DemoConfig(workdir=tmp_path))
