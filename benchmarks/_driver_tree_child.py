@@ -200,6 +200,7 @@ def _query(spark: Any, config: dict[str, Any]) -> None:
     with BlockingRuntime(rt, backend=config["backend"]) as handle:
         bridge = SparkBridge(handle, feed, sink=sink)
         bridge.deliver(frames[0][2], 0, **run_on)
+        warm = dataclasses.asdict(bridge.stats())
         _say(ready=True)
         if not _await_cue("go"):
             return
@@ -210,7 +211,8 @@ def _query(spark: Any, config: dict[str, Any]) -> None:
         assert epoch is not None
         handle.call(sink.coordinator.wait_committed, epoch)
         seconds = time.perf_counter() - started
-        stats = dataclasses.asdict(bridge.stats())
+        # The query's own counters: the warm-up batch's taken off.
+        stats = {k: v - warm[k] for k, v in dataclasses.asdict(bridge.stats()).items()}
         rows = sum(stop - start for start, stop, _ in frames[1:])
         _say(done=True, seconds=seconds, rows=rows, stats=stats)
     # The parent has read the tree's figures: the check is not measured.

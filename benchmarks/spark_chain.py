@@ -413,18 +413,24 @@ def _where(settings: Settings) -> dict[str, Any]:
 
 
 def _split(runs: list[DriverRun], batches: int) -> dict[str, float | None]:
-    """The median run's time per micro-batch (ms): in all, in the Spark staging jobs and the
-    adoption of their files, in delivery to the graph; the tasks' own seconds if reported."""
+    """Where the median run's time went: ms per micro-batch in all (``wall``), in the Spark
+    jobs on the executors with the adoption of their files (``stage``), in ``toArrow``
+    (``to_arrow``), in delivery to the graph and its checkpoint (``deliver``); the tasks per
+    batch and each task's ms (``task_ms``, its Python worker's time in the chain)."""
     run = sorted(runs, key=lambda r: r.seconds)[len(runs) // 2]
-    per_batch = {
-        "wall": run.seconds,
-        "stage": run.stats.get("stage_seconds"),
-        "deliver": run.stats.get("deliver_seconds"),
-        "to_arrow": run.stats.get("to_arrow_seconds"),
-        "task": run.stats.get("task_seconds"),
-    }
+    stats = run.stats
+
+    def per_batch(seconds: float | None) -> float | None:
+        return None if seconds is None else rounded(float(seconds) / batches * 1e3, 4)
+
+    tasks = stats.get("executor_tasks") or 0
     return {
-        k: None if v is None else rounded(float(v) / batches * 1e3, 4) for k, v in per_batch.items()
+        "wall": per_batch(run.seconds),
+        "stage": per_batch(stats.get("stage_seconds")),
+        "to_arrow": per_batch(stats.get("to_arrow_seconds")),
+        "deliver": per_batch(stats.get("deliver_seconds")),
+        "tasks_per_batch": rounded(tasks / batches, 4),
+        "task_ms": rounded(stats["task_seconds"] / tasks * 1e3, 4) if tasks else None,
     }
 
 
