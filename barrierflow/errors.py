@@ -136,7 +136,13 @@ if _typing.TYPE_CHECKING:
     from barrierflow.runtime.state.errors import StorePathError as StorePathError
     from barrierflow.runtime.state.errors import StoreVersionError as StoreVersionError
     from barrierflow.runtime.state.errors import VersionCompactedError as VersionCompactedError
+    from barrierflow.spark_bridge.errors import (
+        ExecutorChainFailedError as ExecutorChainFailedError,
+    )
     from barrierflow.spark_bridge.errors import ExecutorImportError as ExecutorImportError
+    from barrierflow.spark_bridge.errors import (
+        ExecutorPlacementError as ExecutorPlacementError,
+    )
     from barrierflow.spark_bridge.errors import (
         SparkCheckpointBehindError as SparkCheckpointBehindError,
     )
@@ -240,6 +246,8 @@ _DEFINED_IN: dict[str, str] = {
     "VersionCompactedError": "barrierflow.runtime.state.errors",
     "SparkQueryFailedError": "barrierflow.spark_bridge.errors",
     "ExecutorImportError": "barrierflow.spark_bridge.errors",
+    "ExecutorChainFailedError": "barrierflow.spark_bridge.errors",
+    "ExecutorPlacementError": "barrierflow.spark_bridge.errors",
     "SparkCheckpointBehindError": "barrierflow.spark_bridge.errors",
     "SparkUnavailableError": "barrierflow.spark_bridge.errors",
     "ConformanceError": "barrierflow.testing.conformance",

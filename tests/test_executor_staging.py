@@ -26,7 +26,7 @@ from barrierflow.actors.sinks.table import Manifest, StagedFile
 from barrierflow.channels import Committable, VnodeBitmap
 from barrierflow.connectors import ParquetTable
 from barrierflow.connectors._staging import clean_staging, kept_epochs
-from barrierflow.connectors.executor_staging import ExecutorStaging, staging_number
+from barrierflow.connectors.executor_staging import ExecutorStaging, executor_writes, staging_number
 from barrierflow.errors import (
     ActorFailedError,
     BarrierNotPassedError,
@@ -49,7 +49,9 @@ def rows(start: int, count: int) -> list[pa.RecordBatch]:
 
 
 def staging(tmp_path: Path) -> ExecutorStaging:
-    return ExecutorStaging.of(ParquetTable(tmp_path / "table", SCHEMA))
+    writes = executor_writes(ParquetTable(tmp_path / "table", SCHEMA))
+    assert isinstance(writes, ExecutorStaging)
+    return writes
 
 
 def read(files: list[Path]) -> list[int]:
@@ -134,7 +136,7 @@ def test_staging_numbers_never_name_a_runtime_epoch_and_increase() -> None:
 
 def test_a_table_whose_writers_stage_no_parquet_files_cannot_be_written_on_executors() -> None:
     with pytest.raises(InvalidArgumentError) as info:
-        ExecutorStaging.of(ListTable(SCHEMA))
+        executor_writes(ListTable(SCHEMA))
     assert (info.value.argument, info.value.got) == ("table", "ListTable")
 
 

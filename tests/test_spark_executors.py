@@ -13,16 +13,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _executor_actors
 import pyarrow as pa
 import pytest
+from _executor_actors import FailOnFirstDriverBarrier
+from pyspark import cloudpickle
 from test_tables import ADAPTERS, SCHEMA, TABLES, Adapter
 
 from barrierflow.actors import BatchFeed, add_sink
 from barrierflow.actors.sinks.add_sink import DeclaredSink
-from barrierflow.channels import Barrier, Message
 from barrierflow.connectors import ParquetTable
 from barrierflow.errors import ExecutorImportError, InvalidArgumentError, SchemaMismatchError
-from barrierflow.runtime import ActorContext, BlockingRuntime, Runtime, RuntimeConfig, StreamActor
+from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
 from barrierflow.spark_bridge import SparkBridge
 from barrierflow.testing import ListTable
 
@@ -244,24 +246,12 @@ def test_a_module_executors_cannot_import_is_one_typed_error_saying_how_to_ship_
     assert ADAPTERS["parquet"].ids(table) == []
 
 
-class FailOnFirstBarrier(StreamActor):
-    """Passes everything on, but fails once on the first checkpoint barrier it sees
-    (class-level: survives the graph's rebuild)."""
-
-    failed = False
-
-    async def process(self, message: Message, ctx: ActorContext) -> None:
-        if isinstance(message, Barrier) and message.is_checkpoint and not FailOnFirstBarrier.failed:
-            FailOnFirstBarrier.failed = True
-            raise RuntimeError("injected fault")
-        await ctx.emit(message)
-
-
 @BACKENDS
 def test_a_graph_failure_after_the_staging_stages_the_batch_again_and_holds_it_once(
     spark: Any, tmp_path: Path, backend: str
 ) -> None:
-    FailOnFirstBarrier.failed = False
+    FailOnFirstDriverBarrier.failed = False
+    cloudpickle.register_pickle_by_value(_executor_actors)
     adapter = ADAPTERS["parquet"]
     feed = BatchFeed(SCHEMA)
     config = RuntimeConfig(
@@ -270,7 +260,7 @@ def test_a_graph_failure_after_the_staging_stages_the_batch_again_and_holds_it_o
     )  # fmt: skip
     rt = Runtime(config)
     rt.add_source("events", feed.source)
-    rt.add_actor("flaky", FailOnFirstBarrier, inputs=["events"])
+    rt.add_actor("flaky", FailOnFirstDriverBarrier, inputs=["events"])
     table = adapter.make(tmp_path)
     sink = add_sink(rt, "out", table, input="flaky", parallelism=2, key=("id",))
     with BlockingRuntime(rt, backend=backend) as handle:
@@ -281,7 +271,7 @@ def test_a_graph_failure_after_the_staging_stages_the_batch_again_and_holds_it_o
         assert handle.stats().restarts == 1
         # Staged twice: the first committable died with its epoch.
         assert (bridge.stats().staged_batches, bridge.stats().batches) == (2, 1)
-    assert FailOnFirstBarrier.failed
+    assert FailOnFirstDriverBarrier.failed
     assert adapter.ids(table) == list(range(300))
     assert leftovers(adapter, table) == []
 

@@ -24,7 +24,7 @@ from barrierflow.actors import CommitMetadata, CommitOutcome, Manifest, StagingW
 from barrierflow.actors.sinks.table import SinkCommits
 from barrierflow.app._trace import TracedCommitter, TracedTable, trace
 from barrierflow.channels.errors import InvalidArgumentError
-from barrierflow.connectors.executor_staging import ExecutorStaging, StagesOnExecutors
+from barrierflow.connectors.executor_staging import ExecutorWrites, StagesOnExecutors
 
 __all__ = [
     "CrashingCommitter",
@@ -102,7 +102,7 @@ class CrashingWriter:
     async def close(self) -> None:
         await self.inner.close()
 
-    def executor_staging(self) -> ExecutorStaging:
+    def executor_staging(self) -> ExecutorWrites:
         """The inner writer's: Spark tasks stage without this writer's fault (the demo arms
         the executor path's in the tasks themselves, :func:`executor_faults`).
 

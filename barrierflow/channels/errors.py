@@ -43,7 +43,26 @@ def short_vnodes(vnodes: Iterable[int], limit: int = 16) -> str:
 
 
 class BarrierflowError(Exception):
-    """Root of every error barrierflow raises."""
+    """Root of every error barrierflow raises.
+
+    Every one pickles: its fields and message travel as they are, without calling its
+    constructor again (whose arguments are fields, not the message). An error raised in a
+    Spark task reaches the driver this way, typed.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuilt, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuilt(
+    cls: type[BarrierflowError], args: tuple[Any, ...], fields: dict[str, Any]
+) -> BarrierflowError:
+    """An error of ``cls`` with ``args`` and ``fields``, its constructor not called (see
+    :meth:`BarrierflowError.__reduce__`)."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
 
 
 class InvalidArgumentError(BarrierflowError, ValueError):

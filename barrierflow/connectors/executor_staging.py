@@ -55,7 +55,16 @@ from barrierflow.connectors._parquet_files import StagedFiles
 from barrierflow.connectors._staging import STAGING, staged_name
 from barrierflow.connectors.errors import ExecutorStagingError
 
-__all__ = ["ExecutorStaging", "StagesOnExecutors", "staging_number"]
+__all__ = [
+    "ExecutorStaging",
+    "ExecutorWrites",
+    "StagesOnExecutors",
+    "TaskFiles",
+    "TaskWrite",
+    "executor_writes",
+    "failures_directory",
+    "staging_number",
+]
 
 
 def staging_number(previous: int = 0) -> int:
@@ -65,13 +74,79 @@ def staging_number(previous: int = 0) -> int:
     return number if number > previous else previous + 2
 
 
+class TaskWrite(Protocol):
+    """One Spark task attempt's write of its partition (runs on an executor, blocking)."""
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Write ``batch`` (rows of the table's schema) into the attempt's staging."""
+        ...
+
+    def finish(self) -> Manifest:
+        """Make what was added durable but invisible; its manifest is what the task returns."""
+        ...
+
+
+class ExecutorWrites(Protocol):
+    """How a table is written from Spark tasks (a small picklable value shipped to every task)
+    and what the driver does with what they wrote: :class:`ExecutorStaging` for the tables
+    that stage Parquet files."""
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The schema of the rows a task writes."""
+        ...
+
+    @property
+    def root(self) -> str:
+        """The directory the driver and the tasks share for the table (a
+        :class:`~barrierflow.actors.sinks.committables.StagedBatch`'s root; failed attempts
+        record why under it, :func:`failures_directory`)."""
+        ...
+
+    def open_task(self, number: int, partition: int, attempt: int) -> TaskWrite:
+        """The write of attempt ``attempt`` of ``partition``'s task under staging ``number``
+        (on an executor)."""
+        ...
+
+    def adopt(self, number: int, manifests: Sequence[Manifest]) -> list[Manifest]:
+        """Keep the attempts whose ``manifests`` Spark returned (one per partition) and drop
+        every other attempt of ``number``; the kept manifests, as the committer takes them
+        (on the driver)."""
+        ...
+
+
 @runtime_checkable
 class StagesOnExecutors(Protocol):
-    """A staging writer that can tell Spark tasks how to stage as it does."""
+    """A staging writer that can tell Spark tasks how to write as it does."""
 
-    def executor_staging(self) -> ExecutorStaging:
-        """What a task needs to stage rows the way this writer does."""
+    def executor_staging(self) -> ExecutorWrites:
+        """What a task needs to write rows the way this writer does."""
         ...
+
+
+def executor_writes(table: Any) -> ExecutorWrites:
+    """How ``table`` is written from Spark tasks (one of its writers tells).
+
+    Raises:
+        InvalidArgumentError: ``table``'s writers cannot write from Spark tasks (a print
+            sink, a list table).
+    """
+    make = getattr(table, "writer", None)
+    writer = make("spark") if callable(make) else None
+    if not isinstance(writer, StagesOnExecutors):
+        raise InvalidArgumentError(
+            "table",
+            "a table whose writers can write from Spark tasks (ParquetTable, IcebergTable, "
+            "DeltaLakeTable)",
+            type(table).__name__,
+        )
+    return writer.executor_staging()
+
+
+def failures_directory(root: str, number: int) -> Path:
+    """Where the task attempts of staging ``number`` that failed record why: under the task
+    directories, deleted with them by :meth:`ExecutorStaging.adopt` or a recovery."""
+    return Path(root, STAGING, f"{staged_name(number)}-tasks", "failed")
 
 
 @final
@@ -86,25 +161,6 @@ class ExecutorStaging:
     row_group_rows: int
     compression: str
     use_dictionary: bool | list[str]
-
-    @staticmethod
-    def of(table: Any) -> ExecutorStaging:
-        """What a task needs to stage rows for ``table`` (one of its writers tells).
-
-        Raises:
-            InvalidArgumentError: ``table``'s writers do not stage Parquet files (a print
-                sink, a list table), so its rows cannot be written on executors.
-        """
-        make = getattr(table, "writer", None)
-        writer = make("spark") if callable(make) else None
-        if not isinstance(writer, StagesOnExecutors):
-            raise InvalidArgumentError(
-                "table",
-                "a table whose writers stage Parquet files (ParquetTable, IcebergTable, "
-                "DeltaLakeTable) to be written on executors",
-                type(table).__name__,
-            )
-        return writer.executor_staging()
 
     def _files(self, partition: int, directory: Path | None) -> StagedFiles:
         return StagedFiles(
@@ -121,26 +177,22 @@ class ExecutorStaging:
         """Where attempt ``attempt`` of ``partition``'s task stages under ``number``."""
         return Path(self.root, STAGING, f"{staged_name(number)}-tasks", f"p{partition}a{attempt}")
 
+    def open_task(self, number: int, partition: int, attempt: int) -> TaskFiles:
+        """The files of attempt ``attempt`` of ``partition``'s task under ``number``, in the
+        attempt's own directory (see the module)."""
+        files = self._files(partition, self.task_directory(number, partition, attempt))
+        files.begin(number)
+        return TaskFiles(files, number, self.schema, self.row_group_rows, partition)
+
     def stage_task(
         self, number: int, partition: int, attempt: int, batches: Iterable[pa.RecordBatch]
     ) -> Manifest:
         """Stage ``batches`` (one task's partition) as Parquet files under the attempt's own
         directory; fsynced, nothing visible. Blocking: runs in the Spark task."""
-        files = self._files(partition, self.task_directory(number, partition, attempt))
-        files.begin(number)
-        what = f"partition {partition} of a micro-batch"
-        buffered: list[pa.RecordBatch] = []
-        rows = 0
+        write = self.open_task(number, partition, attempt)
         for batch in batches:
-            if batch.num_rows:
-                buffered.extend(conform_schema(batch, self.schema, what).to_batches())
-                rows += batch.num_rows
-            if rows >= self.row_group_rows:  # Spark's batches are small: one row group
-                files.write(buffered)
-                buffered, rows = [], 0
-        if buffered:
-            files.write(buffered)
-        return files.stage(number)
+            write.add(batch)
+        return write.finish()
 
     def adopt(self, number: int, manifests: Sequence[Manifest]) -> list[Manifest]:
         """Move the successful attempts' files (one manifest per partition) into the staging
@@ -191,3 +243,44 @@ class ExecutorStaging:
             fsync_path(target.parent)
         shutil.rmtree(tasks, ignore_errors=True)
         return adopted
+
+
+@final
+class TaskFiles:
+    """One task attempt's Parquet files (:meth:`ExecutorStaging.open_task`): batches are
+    conformed to the table's schema and buffered into row groups of ``row_group_rows`` —
+    Spark hands a Python task batches of ``spark.sql.execution.arrow.maxRecordsPerBatch``
+    rows, too small for a row group of their own."""
+
+    def __init__(
+        self,
+        files: StagedFiles,
+        number: int,
+        schema: pa.Schema,
+        row_group_rows: int,
+        partition: int,
+    ) -> None:
+        self._files = files
+        self._number = number
+        self._schema = schema
+        self._row_group_rows = row_group_rows
+        self._what = f"partition {partition} of a micro-batch"
+        self._buffered: list[pa.RecordBatch] = []
+        self._rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Buffer ``batch``; write a row group once enough rows are buffered."""
+        if not batch.num_rows:
+            return
+        self._buffered.extend(conform_schema(batch, self._schema, self._what).to_batches())
+        self._rows += batch.num_rows
+        if self._rows >= self._row_group_rows:
+            self._files.write(self._buffered)
+            self._buffered, self._rows = [], 0
+
+    def finish(self) -> Manifest:
+        """Write what is buffered and stage the files (fsynced, nothing visible)."""
+        if self._buffered:
+            self._files.write(self._buffered)
+            self._buffered, self._rows = [], 0
+        return self._files.stage(self._number)

@@ -52,6 +52,11 @@ class BlockingRuntime:
         self._stack: contextlib.ExitStack | None = None
         self._portal: BlockingPortal | None = None
 
+    @property
+    def backend(self) -> str:
+        """The anyio backend the runtime runs on (``"asyncio"`` or ``"trio"``)."""
+        return self._backend
+
     def __enter__(self) -> BlockingRuntime:
         stack = contextlib.ExitStack()
         try:

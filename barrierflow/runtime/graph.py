@@ -95,6 +95,9 @@ class Node:
             node-level ``fanout``).
         key: the columns a parallel group is hash-dispatched by (``None``: round robin).
         schema: the schema a source was declared to emit (``None``: not declared).
+        declared_by: the factory the actor was declared with (a parallel instance's
+            ``factory`` wraps it): what says its placement and side outputs, and what the
+            Spark bridge ships to the executors to run it there.
     """
 
     actor_id: int
@@ -110,6 +113,7 @@ class Node:
     schema: pa.Schema | None = None
     input_outputs: list[str | None] = field(default_factory=list)
     side_outputs: tuple[str, ...] | None = None
+    declared_by: object = None
 
     def __post_init__(self) -> None:
         if len(self.input_outputs) < len(self.inputs):
@@ -241,6 +245,7 @@ class Graph:
             schema,
             [output for _, output in reads],
             declared_side_outputs(actor if declared_by is None else declared_by),
+            actor if declared_by is None else declared_by,
         )
         self._nodes[name] = node
         return node

@@ -146,6 +146,12 @@ class Runtime:
     def _store(self) -> StateStore | None:
         return self._lifecycle.store
 
+    def nodes(self) -> dict[str, Node]:
+        """The declared graph's actors by name, in declaration order (a new dict; the nodes
+        are the graph's own, to read, not change): what the Spark bridge reads to place a
+        chain on the executors."""
+        return self._graph.nodes
+
     def reaches(self, upstream: str, downstream: str) -> bool:
         """Whether what actor ``upstream`` emits reaches actor ``downstream`` along the
         declared graph's edges (what the Spark bridge checks before it sends a sink's

@@ -30,16 +30,22 @@ For each micro-batch, :meth:`SparkBridge.callback` (running on Spark's callback 
 The bridge holds at most one micro-batch (the ``toArrow`` table) plus what the feed's channel
 holds. Static DataFrames go through :meth:`SparkBridge.pump` the same way.
 
-**Writing on the executors** (``start(..., write_on="executors")``, for a bridge given the
-``sink`` it feeds). Every row of the path above crosses the driver; with ``"executors"`` none
-does, and the pipeline scales with Spark's cluster instead of one Python process. Per
-micro-batch, on Spark's callback thread:
+**Running on the executors** (``start(..., run_on="executors")``, for a bridge given the
+``sink`` it feeds; ``write_on=`` is the argument's old name). Every row of the path above
+crosses the driver; with ``"executors"`` none does, and the pipeline scales with Spark's
+cluster instead of one Python process. The actors between the feed and the sink — a chain of
+partition-local ones (:mod:`barrierflow.spark_bridge.chain`) — run inside every Spark task
+over its partition (:mod:`barrierflow.spark_bridge.task_runtime`); anything else in their way
+is refused, in one line naming the actor, before the query starts, and so is a chain whose
+code the executors cannot import (the bridge builds the chain once on an executor first).
+Per micro-batch, on Spark's callback thread:
 
-1. the schema (against the sink's table) and the batch id are checked as above; a replay is
-   skipped before any Spark work;
-2. one Spark job stages the micro-batch where it lies — each task writes its partition's rows
-   as Parquet files under its attempt's own directory and returns only its manifest
-   (:mod:`barrierflow.spark_bridge.executors`); no shuffle is added;
+1. the micro-batch's schema (against the feed's) and the batch id are checked as above; a
+   replay is skipped before any Spark work;
+2. one Spark job runs the chain and stages its output where the micro-batch lies — each task
+   writes its partition's rows as Parquet files under its attempt's own directory and returns
+   only its manifest and counters (:mod:`barrierflow.spark_bridge.executors`); no shuffle is
+   added unless the sink declares a ``parallelism`` the batch's partitions do not have;
 3. the driver moves the files of the one attempt Spark kept per partition into the staging
    layout writer actors use (one rename per partition) and wraps the partitions' manifests in
    one :class:`~barrierflow.actors.sinks.committables.StagedBatch`;
@@ -56,11 +62,14 @@ without computing it), and the delivery. A graph failure in between, or during t
 is retried from step 1 (the feed's ``retries`` times): the batch is either durable by then, or
 staged again under a new staging number (the epoch that held the first try failed; its files
 are deleted by the coordinator's recovery, and a committable whose files that recovery deleted
-fails its epoch at the writer rather than commit without them). Which is the default:
-``"driver"``, because it runs every graph (on the executors no row flows through the graph, so
-operators between the feed and the sink would be skipped; the sink must be downstream of the
-feed's source, which is checked, and its table's directory must be a path both the driver and
-the executors see).
+fails its epoch at the writer rather than commit without them).
+
+Which to pick: ``"driver"`` (the default) runs every graph — keyed and global actors, several
+sinks, side branches — and suits a stream one Python process keeps up with.
+``"executors"`` is for a chain of partition-local steps into one table: the driver's cost no
+longer grows with the rows (no ``toArrow``, no rows in its memory), and the chain scales with
+the cluster's cores. The table's directory must be a path both the driver and the executors
+see.
 
 **Failures.** An error raised in the callback stops the query, and Spark hands it to the
 driver as a ``StreamingQueryException`` whose text buries it under Py4J and JVM traces.
@@ -89,13 +98,20 @@ from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchErro
 from barrierflow.channels.messages import Committable
 from barrierflow.channels.schema import cast_fixes, check_schema, conform_schema
 from barrierflow.connectors.errors import ExecutorStagingError
-from barrierflow.connectors.executor_staging import ExecutorStaging, staging_number
+from barrierflow.connectors.executor_staging import (
+    ExecutorWrites,
+    executor_writes,
+    staging_number,
+)
 from barrierflow.runtime.blocking import BlockingRuntime
 from barrierflow.runtime.errors import ActorFailedError, ActorGoneError, NotRunningError
 from barrierflow.runtime.metrics import MetricFamily, counter
+from barrierflow.spark_bridge.chain import plan_chain
 from barrierflow.spark_bridge.errors import SparkCheckpointBehindError
-from barrierflow.spark_bridge.executors import stage_on_executors
+from barrierflow.spark_bridge.executor_metrics import ExecutorCounters
+from barrierflow.spark_bridge.executors import probe_chain, stage_on_executors
 from barrierflow.spark_bridge.failures import unwrap_spark_error
+from barrierflow.spark_bridge.task_runtime import TaskChain
 
 __all__ = ["BridgeStats", "SparkBridge", "arrow_schema_of"]
 
@@ -117,6 +133,10 @@ class BridgeStats:
     #: seconds in those Spark jobs and the driver's adoption of their files.
     staged_batches: int = 0
     stage_seconds: float = 0.0
+    #: Spark tasks that ran a chain (or wrote rows) for those micro-batches, and their
+    #: seconds, summed over the attempts Spark kept.
+    executor_tasks: int = 0
+    task_seconds: float = 0.0
 
 
 def arrow_schema_of(df: Any) -> pa.Schema:
@@ -219,7 +239,9 @@ class SparkBridge:
         self.feed = feed
         self.stream = stream
         self.sink = sink
-        self._staging: ExecutorStaging | None = None
+        self._writes: ExecutorWrites | None = None
+        self._counters = ExecutorCounters()
+        self._probed = False
         self._number = 0  # the last staging number
         self._batches = self._replays = self._rows = self._staged = 0
         self._to_arrow = self._deliver = self._stage = 0.0
@@ -245,6 +267,11 @@ class SparkBridge:
                     "executors", [(labels, self._stage)]),
             counter("barrierflow_bridge_deliver_seconds", "seconds delivering micro-batches "
                     "(channel waits and checkpoints)", [(labels, self._deliver)]),
+            counter("barrierflow_bridge_executor_tasks", "Spark tasks that ran the chain",
+                    [(labels, self._counters.tasks)]),
+            counter("barrierflow_bridge_task_seconds", "seconds of the Spark tasks that ran "
+                    "the chain", [(labels, self._counters.seconds)]),
+            *self._counters.families(),
         ]  # fmt: skip
 
     @property
@@ -303,6 +330,8 @@ class SparkBridge:
             deliver_seconds=self._deliver,
             staged_batches=self._staged,
             stage_seconds=self._stage,
+            executor_tasks=self._counters.tasks,
+            task_seconds=self._counters.seconds,
         )
 
     def _check_running(self) -> None:
@@ -313,9 +342,9 @@ class SparkBridge:
                 "query before leaving it",
             )
 
-    def _executor_staging(self) -> ExecutorStaging:
-        """What Spark tasks stage with for the bridge's sink (made once)."""
-        if self._staging is None:
+    def _executor_writes(self) -> ExecutorWrites:
+        """How Spark tasks write the bridge's sink's table (made once)."""
+        if self._writes is None:
             if self.sink is None:
                 raise InvalidArgumentError(
                     "sink",
@@ -323,32 +352,70 @@ class SparkBridge:
                     "sink=add_sink(...))",
                     None,
                 )
-            self._staging = ExecutorStaging.of(self.sink.table)
-        return self._staging
+            self._writes = executor_writes(self.sink.table)
+        return self._writes
+
+    async def _plan(self, stream: str) -> tuple[str, TaskChain]:
+        """The stream's position key and the chain every task runs (in the runtime's thread:
+        the graph is read there).
+
+        Raises:
+            ExecutorPlacementError: an actor between the feed and the sink cannot run in
+                Spark's tasks.
+        """
+        rt = self.runtime.runtime
+        key = await self.feed.position_key(stream, rt)
+        assert self.sink is not None  # checked by _executor_writes
+        source = key[: -len(stream) - 1]
+        steps = plan_chain(rt.nodes(), source, self.sink.name, self.sink.writers)
+        chain = TaskChain(
+            steps, self._executor_writes(), self.feed.schema, self.runtime.backend, self.sink.name
+        )
+        return key, chain
+
+    def _probe_chain(self, spark: Any, stream: str) -> TaskChain:
+        """Plan the chain and, the first time, build it once on an executor (see
+        :func:`~barrierflow.spark_bridge.executors.probe_chain`)."""
+        self._executor_writes()
+        _, chain = self.runtime.call(self._plan, stream)
+        if not self._probed:
+            probe_chain(spark, chain)
+            self._probed = True
+        return chain
 
     def deliver(
-        self, df: Any, batch_id: int, *, stream: str | None = None, write_on: str = "driver"
+        self,
+        df: Any,
+        batch_id: int,
+        *,
+        stream: str | None = None,
+        run_on: str = "driver",
+        write_on: str | None = None,
     ) -> int | None:
         """Deliver ``df`` as batch ``batch_id`` of ``stream`` (default: the bridge's); returns
         the durable epoch, or ``None`` for a replay that was already durable.
 
-        ``write_on="executors"`` stages the rows on Spark's executors for the bridge's sink
-        instead of collecting them here (see the module docstring).
+        ``run_on="executors"`` runs the chain between the feed and the bridge's sink in
+        Spark's tasks and stages its output there, instead of collecting the rows here (see
+        the module docstring); ``write_on`` is the argument's old name.
 
         Raises:
             NotRunningError: the runtime is not running.
-            SchemaMismatchError: ``df``'s schema is not the feed's — the sink table's, when
-                written on the executors — (nothing delivered).
+            SchemaMismatchError: ``df``'s schema is not the feed's (nothing delivered).
             SparkCheckpointBehindError: ``batch_id`` is below the last durable one: Spark's
                 checkpoint was lost or reset (nothing delivered; a BatchOrderError).
             BatchOrderError: ``batch_id`` goes backwards otherwise, or skips (nothing
                 delivered).
-            ExecutorImportError: an executor cannot import barrierflow or its dependencies.
-            InvalidArgumentError: ``write_on`` is not ``"driver"`` or ``"executors"``, or
+            ExecutorImportError: an executor cannot import barrierflow, its dependencies or
+                the user's module a step of the chain comes from.
+            ExecutorPlacementError: an actor between the feed and the sink cannot run in
+                Spark's tasks (names it and why).
+            ExecutorChainFailedError: a task of the chain failed in every attempt.
+            InvalidArgumentError: ``run_on`` is not ``"driver"`` or ``"executors"``, or
                 ``"executors"`` for a bridge without a sink whose table stages Parquet files.
         """
         try:
-            return self._deliver_batch(df, batch_id, stream, write_on)
+            return self._deliver_batch(df, batch_id, stream, _check_run_on(run_on, write_on))
         except BatchOrderError as exc:
             last = exc.last
             if type(exc) is not BatchOrderError or last is None or exc.batch_id >= last:
@@ -359,15 +426,13 @@ class SparkBridge:
                 exc.stream, last, exc.batch_id, exc.expected_id
             ) from None
 
-    def _deliver_batch(
-        self, df: Any, batch_id: int, stream: str | None, write_on: str
-    ) -> int | None:
+    def _deliver_batch(self, df: Any, batch_id: int, stream: str | None, run_on: str) -> int | None:
         self._check_running()
         stream = self.stream if stream is None else stream
-        if _check_write_on(write_on) == "executors":
-            staging = self._executor_staging()
-            _check_frame(df, staging.schema, f"micro-batch {batch_id} of {stream!r}")
-            return self._deliver_on_executors(df, stream, batch_id, staging)
+        if run_on == "executors":
+            self._executor_writes()
+            _check_frame(df, self.feed.schema, f"micro-batch {batch_id} of {stream!r}")
+            return self._deliver_on_executors(df, stream, batch_id)
         # The schema is checked once, here at the boundary, from Spark's own schema (no job).
         _check_frame(df, self.feed.schema, f"micro-batch {batch_id} of {stream!r}")
         started = time.perf_counter()
@@ -387,29 +452,30 @@ class SparkBridge:
         self._callback(df, batch_id, "driver")
 
     def executors_callback(self, df: Any, batch_id: int) -> None:
-        """The ``foreachBatch`` callback that writes on the executors (see :meth:`callback`
+        """The ``foreachBatch`` callback that runs on the executors (see :meth:`callback`
         and the module docstring)."""
         self._callback(df, batch_id, "executors")
 
-    def _callback(self, df: Any, batch_id: int, write_on: str) -> None:
+    def _callback(self, df: Any, batch_id: int, run_on: str) -> None:
         try:
-            self.deliver(df, batch_id, write_on=write_on)
+            self.deliver(df, batch_id, run_on=run_on)
         except Exception as exc:
             self._last_error = exc
             raise
 
-    async def _probe(self, stream: str, batch_id: int) -> tuple[str, bool]:
-        """The stream's position key, and whether ``batch_id`` is new (in the runtime's
-        thread: the feed's ids are the running source's). Also checks that the feed's source
-        reaches every writer of the sink: a committable that cannot reach its sink would let
-        the batch id become durable without its files.
+    async def _probe(self, stream: str, batch_id: int) -> tuple[str, TaskChain, bool]:
+        """The stream's position key, the chain the tasks run, and whether ``batch_id`` is
+        new (in the runtime's thread: the feed's ids are the running source's). Also checks
+        that the feed's source reaches every writer of the sink: a committable that cannot
+        reach its sink would let the batch id become durable without its files.
 
         Raises:
             InvalidArgumentError: the sink is not downstream of the feed's source.
+            ExecutorPlacementError: an actor of the path cannot run in Spark's tasks.
         """
         rt = self.runtime.runtime
         key = await self.feed.position_key(stream, rt)
-        assert self.sink is not None  # checked by _executor_staging
+        assert self.sink is not None  # checked by _executor_writes
         source = key[: -len(stream) - 1]
         cut_off = [w for w in self.sink.writers if not rt.reaches(source, w)]
         if cut_off:
@@ -419,22 +485,21 @@ class SparkBridge:
                 "the executors reach it through the feed)",
                 f"sink {self.sink.name!r} with writers {cut_off} not downstream of it",
             )
-        return key, self.feed.check_batch(stream, batch_id)
+        _, chain = await self._plan(stream)
+        return key, chain, self.feed.check_batch(stream, batch_id)
 
-    def _deliver_on_executors(
-        self, df: Any, stream: str, batch_id: int, staging: ExecutorStaging
-    ) -> int | None:
-        """Stage ``df`` on the executors, then deliver the batch's files as a committable with
-        its end mark through the feed: two crossings into the runtime (the batch-id check
-        before any Spark work, the delivery). The whole is retried after a graph failure (see
-        the module docstring)."""
-        assert self.sink is not None  # checked by _executor_staging
+    def _deliver_on_executors(self, df: Any, stream: str, batch_id: int) -> int | None:
+        """Run the chain and stage its output on the executors, then deliver the batch's
+        files as a committable with its end mark through the feed: two crossings into the
+        runtime (the batch-id check before any Spark work, the delivery). The whole is
+        retried after a graph failure (see the module docstring)."""
+        assert self.sink is not None  # checked by _executor_writes
         sink = self.sink.coordinator.sink
         rt = self.runtime.runtime
         end_mark = self.feed.schema.empty_table()
         failures = 0
         while True:
-            key, new = self.runtime.call(self._probe, stream, batch_id)
+            key, chain, new = self.runtime.call(self._probe, stream, batch_id)
             if not new:
                 # A replay: the feed confirms it (a checkpoint, if an abandoned call sent it).
                 self.runtime.call(
@@ -442,12 +507,19 @@ class SparkBridge:
                 )
                 self._replays += 1
                 return None
+            if not self._probed:
+                probe_chain(df.sparkSession, chain)
+                self._probed = True
             self._number = staging_number(self._number)
             started = time.perf_counter()
+            writes = chain.writes
             try:
-                partitions, manifests = stage_on_executors(df, staging, self._number)
-                adopted = staging.adopt(self._number, manifests)
-                batch = StagedBatch(key, batch_id, partitions, tuple(adopted), staging.root)
+                partitions, manifests, reports = stage_on_executors(
+                    df, chain, self._number, self.sink.parallelism
+                )
+                adopted = writes.adopt(self._number, manifests)
+                self._counters.add(reports)
+                batch = StagedBatch(key, batch_id, partitions, tuple(adopted), writes.root)
                 self._stage += time.perf_counter() - started
                 self._staged += 1
                 started = time.perf_counter()
@@ -489,7 +561,8 @@ class SparkBridge:
         trigger: str | None = None,
         available_now: bool = False,
         query_name: str | None = None,
-        write_on: str = "driver",
+        run_on: str = "driver",
+        write_on: str | None = None,
     ) -> Any:
         """Start ``df`` (a streaming DataFrame) into the bridge; returns the StreamingQuery.
 
@@ -499,24 +572,29 @@ class SparkBridge:
             trigger: a processing-time interval such as ``"1 second"`` (default: Spark's).
             available_now: process what is available now, in micro-batches, then stop.
             query_name: the query's name in Spark.
-            write_on: ``"driver"`` (the default: rows go through the graph) or
-                ``"executors"`` (Spark tasks stage the rows for the bridge's sink; see the
-                module docstring).
+            run_on: ``"driver"`` (the default: rows go through the graph) or
+                ``"executors"`` (Spark tasks run the chain to the bridge's sink and stage its
+                output; see the module docstring). ``write_on`` is its old name.
 
         Raises:
             InvalidArgumentError: a bad argument, or ``"executors"`` without a sink whose
                 table stages Parquet files.
-            SchemaMismatchError: ``df``'s schema is not the feed's (the sink table's, when
-                written on the executors).
+            SchemaMismatchError: ``df``'s schema is not the feed's.
+            ExecutorPlacementError: ``"executors"``, and an actor between the feed and the
+                sink cannot run in Spark's tasks (names it and why).
+            ExecutorImportError: ``"executors"``, and the executors cannot import a module
+                the chain needs (the chain is built once on an executor first).
         """
         self._check_running()
         if not isinstance(checkpoint_location, str) or not checkpoint_location:
             raise InvalidArgumentError(
                 "checkpoint_location", "a non-empty directory path", checkpoint_location
             )
-        on_executors = _check_write_on(write_on) == "executors"
-        schema = self._executor_staging().schema if on_executors else self.feed.schema
-        _check_frame(df, schema, "the streaming DataFrame", streaming=True)
+        on_executors = _check_run_on(run_on, write_on) == "executors"
+        _check_frame(df, self.feed.schema, "the streaming DataFrame", streaming=True)
+        if on_executors:
+            # Refused now, before the query starts: what cannot run in Spark's tasks.
+            self._probe_chain(df.sparkSession, self.stream)
         callback = self.executors_callback if on_executors else self.callback
         writer = df.writeStream.foreachBatch(callback).option(
             "checkpointLocation", checkpoint_location
@@ -575,10 +653,12 @@ class SparkBridge:
 _STAGE_AGAIN = (ActorFailedError, ActorGoneError, CoordinatorAbortedError, ExecutorStagingError)
 
 
-def _check_write_on(write_on: object) -> str:
-    if write_on not in ("driver", "executors"):
-        raise InvalidArgumentError("write_on", "'driver' or 'executors'", write_on)
-    return str(write_on)
+def _check_run_on(run_on: object, write_on: object = None) -> str:
+    """Where the pipeline runs: ``run_on``, or ``write_on`` (its old name) if given."""
+    argument, where = ("run_on", run_on) if write_on is None else ("write_on", write_on)
+    if where not in ("driver", "executors"):
+        raise InvalidArgumentError(argument, "'driver' or 'executors'", where)
+    return str(where)
 
 
 class _Progress:

@@ -11,7 +11,9 @@ from barrierflow.actors.sources.errors import BatchOrderError
 from barrierflow.channels.errors import BarrierflowError
 
 __all__ = [
+    "ExecutorChainFailedError",
     "ExecutorImportError",
+    "ExecutorPlacementError",
     "SparkCheckpointBehindError",
     "SparkQueryFailedError",
     "SparkUnavailableError",
@@ -64,8 +66,10 @@ class SparkQueryFailedError(BarrierflowError):
 
 @final
 class ExecutorImportError(BarrierflowError):
-    """Spark's executors could not import a module that staging a micro-batch there needs
-    (barrierflow, pyarrow, ...): their Python is not the driver's environment.
+    """Spark's executors could not import a module that running a micro-batch there needs:
+    barrierflow or its dependencies (their Python is not the driver's environment), or the
+    user's own module holding a function of the chain (a ``map_batches`` function, an
+    actor class) that was never shipped to them.
 
     Attributes:
         module: the module an executor could not import.
@@ -75,10 +79,63 @@ class ExecutorImportError(BarrierflowError):
         self.module = module
         super().__init__(
             f"Spark executors cannot import {module!r}; expected every executor to run a "
-            "Python with barrierflow and its dependencies: point PYSPARK_PYTHON (or "
+            "Python with barrierflow and its dependencies — point PYSPARK_PYTHON (or "
             "spark.pyspark.python) at the driver's virtual environment on every worker, or "
-            "ship the environment with spark.archives (a packed venv) or the package with "
-            "spark.submit.pyFiles"
+            "ship the environment with spark.archives (a packed venv) — and to find your own "
+            "modules: ship them with spark.submit.pyFiles or "
+            "spark.sparkContext.addPyFile('path/to/module.py'), or send a module's code with "
+            "its functions: pyspark.cloudpickle.register_pickle_by_value(module)"
+        )
+
+
+@final
+class ExecutorPlacementError(BarrierflowError):
+    """An actor of the graph cannot run in Spark's tasks, so a pipeline cannot run on the
+    executors (``run_on="executors"``); raised before any Spark job.
+
+    Attributes:
+        actor: the actor (or parallel group) that cannot be placed.
+        reason: why, in words, with the way on.
+    """
+
+    def __init__(self, actor: str, reason: str) -> None:
+        self.actor = actor
+        self.reason = reason
+        super().__init__(f"actor {actor!r} cannot run on Spark's executors: {reason}")
+
+
+@final
+class ExecutorChainFailedError(BarrierflowError):
+    """An actor of the chain running in Spark's tasks failed in every attempt Spark made of a
+    task (``spark.task.maxFailures``), which fails the micro-batch: nothing of it became
+    visible. Each failed attempt was logged on the driver as it was learnt.
+
+    Attributes:
+        actor: the actor that raised (``None``: the task failed outside an actor).
+        partition: the micro-batch's partition whose task failed.
+        attempts: the attempts that failed, as far as the driver learnt them.
+        cause: the actor's own error, carried back from the executor (``None`` when it could
+            not be: an exception that does not pickle); ``cause_line`` names it either way.
+        cause_line: the cause in one line (``"AsyncCallFailedError: ..."``).
+    """
+
+    def __init__(
+        self,
+        actor: str | None,
+        partition: int,
+        attempts: int,
+        cause_line: str,
+        cause: BaseException | None = None,
+    ) -> None:
+        self.actor = actor
+        self.partition = partition
+        self.attempts = attempts
+        self.cause_line = cause_line
+        self.cause = cause
+        who = "a Spark task" if actor is None else f"actor {actor!r}"
+        super().__init__(
+            f"{who} failed on Spark's executors (partition {partition}, {attempts} failed "
+            f"attempt(s)): {cause_line}"
         )
 
 

@@ -1,14 +1,32 @@
-"""Spark tasks as staging writers: a micro-batch written on the executors, committed by the
-driver's coordinator.
+"""Spark tasks as the graph's hands: a micro-batch run and written on the executors,
+committed by the driver's coordinator.
 
-:func:`stage_on_executors` runs one Spark job per micro-batch: ``mapInArrow`` over the
-micro-batch's own partitions (no shuffle is added), each task staging its partition's rows as
-Parquet files under its attempt's directory
-(:meth:`~barrierflow.connectors.executor_staging.ExecutorStaging.stage_task`) and returning
-only its :class:`~barrierflow.actors.sinks.table.Manifest` as JSON — a few hundred bytes per
-partition reach the driver, never a row. Spark returns the result of exactly one successful
-attempt per partition; the files of failed, retried and speculative attempts stay under their
-own attempt directories and are deleted by the driver's adoption or the committer's recovery.
+:func:`stage_on_executors` runs one Spark job per micro-batch. It is a ``mapInArrow`` over the
+micro-batch's own partitions, where each task runs the chain of the graph's partition-local
+actors over its partition (:mod:`barrierflow.spark_bridge.task_runtime`), or writes the rows
+as they are when there is no chain. The task stages what comes out under its attempt's own
+directory and returns only its manifest and counters as JSON. A few hundred bytes per partition
+reach the driver, never a row. Spark returns the result of exactly one successful attempt per
+partition. The files of failed, retried and speculative attempts stay under their own attempt
+directories, and the driver's adoption or the committer's recovery deletes them.
+
+**How many tasks.** Given a sink's declared ``parallelism`` *N*, the micro-batch is coalesced
+to *N* partitions when it has more (no shuffle), or repartitioned to *N* when it has fewer
+(round robin, a shuffle; Spark sorts before a round-robin repartition, so that a retried task
+gets the same rows). Either way the batch makes exactly *N* file sets, one per declared writer.
+Without a declared parallelism there is one task, and one file set, per partition, as Spark
+made them.
+
+**Failures.** A failed attempt records why under the staging area
+(:func:`~barrierflow.connectors.executor_staging.failures_directory`) and fails its task, and
+Spark runs the task again. After the job the driver logs each recorded attempt once, with its
+partition, attempt, actor and cause. If Spark gives up on a task, the job's error carries the
+last attempt's failure, which becomes
+:class:`~barrierflow.errors.ExecutorChainFailedError` in one line, with the actor's own error
+attached. A module the executors cannot import becomes
+:class:`~barrierflow.errors.ExecutorImportError`. :func:`probe_chain` builds every actor of
+the chain once on an executor before the query starts, so that both surface then and not in
+the first micro-batch.
 
 How the bridge puts it together, and the mapping of seed 000's rules onto partitions, is in
 :mod:`barrierflow.spark_bridge.bridge` and :mod:`barrierflow.actors.sinks.committables`.
@@ -19,44 +37,60 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import structlog
 
 from barrierflow._extras import require
 from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.vnode import VnodeBitmap, compute_vnodes, vnode_owners
-from barrierflow.connectors.executor_staging import ExecutorStaging
-from barrierflow.spark_bridge.errors import ExecutorImportError
+from barrierflow.connectors.executor_staging import failures_directory
+from barrierflow.spark_bridge.errors import ExecutorChainFailedError, ExecutorImportError
+from barrierflow.spark_bridge.task_runtime import (
+    TaskChain,
+    TaskFailedError,
+    TaskFailure,
+    TaskReport,
+    failure_of,
+    run_partition,
+)
 
-__all__ = ["partition_by_vnode", "stage_on_executors"]
+__all__ = ["partition_by_vnode", "probe_chain", "stage_on_executors"]
 
 #: The column :func:`partition_by_vnode` partitions by (dropped before staging).
 OWNER = "__barrierflow_owner"
 
-#: What each task returns: its partition and its manifest (JSON).
-RESULT_SCHEMA = "partition int, manifest string"
+#: What each task returns: its partition, its manifest and its report (JSON).
+RESULT_SCHEMA = "partition int, manifest string, report string"
 
 _MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+#: A failed task's :class:`TaskFailure` in Spark's error text (one line of JSON).
+_FAILURE = re.compile(re.escape(TaskFailedError.MARK) + r"(\{.*?\})\s*$", re.MULTILINE)
+
+_log = structlog.get_logger("barrierflow.spark_bridge")
 
 
 def stage_partition(
-    staging: ExecutorStaging, number: int, batches: Iterator[pa.RecordBatch]
+    chain: TaskChain, number: int, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """One Spark task: stage the partition's ``batches`` and yield its manifest (runs on an
-    executor)."""
+    """One Spark task: run ``chain`` over the partition's ``batches``, stage the result and
+    yield the manifest and report (runs on an executor)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     if context is None:  # pragma: no cover - only outside a task
         raise RuntimeError("stage_partition runs in a Spark task")
     partition = context.partitionId()
-    manifest = staging.stage_task(number, partition, context.taskAttemptId(), batches)
+    manifest, report = run_partition(chain, number, partition, context.taskAttemptId(), batches)
     yield pa.record_batch(
         {
             "partition": pa.array([partition], pa.int32()),
             "manifest": pa.array([json.dumps(manifest.to_json())], pa.string()),
+            "report": pa.array([json.dumps(report.to_json())], pa.string()),
         }
     )
 
@@ -90,28 +124,123 @@ def partition_by_vnode(df: Any, key: Sequence[str], writers: int) -> Any:
     return owned.repartition(writers, OWNER).drop(OWNER)
 
 
+def _with_tasks(df: Any, tasks: int | None) -> Any:
+    """``df`` with exactly ``tasks`` partitions (coalesced or repartitioned; see the
+    module), or as it is for ``None``."""
+    if tasks is None:
+        return df
+    partitions = df.rdd.getNumPartitions()
+    if partitions > tasks:
+        return df.coalesce(tasks)
+    if partitions < tasks:
+        return df.repartition(tasks)
+    return df
+
+
 def stage_on_executors(
-    df: Any, staging: ExecutorStaging, number: int
-) -> tuple[int, list[Manifest]]:
-    """Stage ``df`` on the executors under staging number ``number``; returns the number of
-    partitions and one manifest per partition (of the attempt Spark kept).
+    df: Any, chain: TaskChain, number: int, tasks: int | None = None
+) -> tuple[int, list[Manifest], list[TaskReport]]:
+    """Run ``chain`` over ``df`` on the executors and stage the result under staging number
+    ``number``, in ``tasks`` tasks (``None``: one per partition); returns the number of
+    partitions, one manifest per partition (of the attempt Spark kept) and the tasks'
+    reports. Each failed attempt is logged once.
 
     Raises:
-        ExecutorImportError: an executor could not import a module staging needs.
+        ExecutorImportError: an executor could not import a module the chain needs.
+        ExecutorChainFailedError: a task failed in every attempt Spark made.
     """
 
     def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return stage_partition(staging, number, batches)
+        return stage_partition(chain, number, batches)
 
-    tasks = df.mapInArrow(stage, RESULT_SCHEMA).rdd
-    partitions: int = tasks.getNumPartitions()
-    try:
-        rows = tasks.collect()
+    failures = failures_directory(chain.writes.root, number)
+    try:  # Spark may run Python while it plans, too: every call is inside
+        runs = _with_tasks(df, tasks).mapInArrow(stage, RESULT_SCHEMA).rdd
+        partitions: int = runs.getNumPartitions()
+        rows = runs.collect()
     except Exception as exc:
-        missing = _MISSING_MODULE.search(str(exc))
-        if missing is None:
+        recorded = _log_failures(failures)
+        error = _job_error(str(exc), recorded)
+        if error is None:
             raise
-        error = ExecutorImportError(missing.group(1))
     else:
-        return partitions, [Manifest.from_json(json.loads(row["manifest"])) for row in rows]
+        _log_failures(failures)
+        manifests = [Manifest.from_json(json.loads(row["manifest"])) for row in rows]
+        reports = [TaskReport.from_json(json.loads(row["report"])) for row in rows]
+        return partitions, manifests, reports
     raise error  # outside the except block: the Py4J wall is not chained on as the context
+
+
+def probe_chain(spark: Any, chain: TaskChain) -> None:
+    """Build every actor of ``chain`` once in a Spark task, before the query starts: a module
+    the executors cannot import, or a factory that fails, surfaces now.
+
+    Raises:
+        ExecutorImportError: an executor could not import a module the chain needs.
+        ExecutorChainFailedError: a factory raised on the executor.
+    """
+    if not chain.steps:
+        return
+
+    def build(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for _ in batches:
+            pass
+        for step in chain.steps:
+            try:
+                step.factory()
+            except Exception as exc:
+                failure = failure_of(exc, 0, 0, chain.sink)
+                raise TaskFailedError(replace(failure, actor=step.name)) from None
+        yield pa.record_batch({"ok": pa.array([1], pa.int32())})
+
+    try:
+        spark.range(1, numPartitions=1).mapInArrow(build, "ok int").collect()
+    except Exception as exc:
+        error = _job_error(str(exc), [])
+        if error is None:
+            raise
+    else:
+        return
+    raise error
+
+
+def _log_failures(directory: Path) -> list[TaskFailure]:
+    """Log each failed attempt recorded in ``directory`` once (it is deleted with the task
+    directories); returns them."""
+    failures: list[TaskFailure] = []
+    if directory.is_dir():
+        for path in sorted(directory.glob("*.json")):
+            try:
+                failures.append(TaskFailure.from_json(path.read_text()))
+            except (OSError, ValueError, KeyError):
+                continue
+    for failure in failures:
+        _log.warning(
+            "executor task attempt failed",
+            partition=failure.partition,
+            attempt=failure.attempt,
+            actor=failure.actor,
+            cause=failure.cause_line,
+        )
+    return failures
+
+
+def _job_error(text: str, recorded: Sequence[TaskFailure]) -> Exception | None:
+    """The typed error behind a failed Spark job's ``text`` (``None``: none of ours)."""
+    missing = _MISSING_MODULE.search(text)
+    if missing is not None:
+        return ExecutorImportError(missing.group(1))
+    found = _FAILURE.search(text)
+    if found is None:
+        return None
+    try:
+        failure = TaskFailure.from_json(found.group(1))
+    except (ValueError, KeyError):
+        return None
+    attempts = max(1, sum(1 for f in recorded if f.partition == failure.partition))
+    cause = failure.error()
+    error = ExecutorChainFailedError(
+        failure.actor, failure.partition, attempts, failure.cause_line, cause
+    )
+    error.__cause__ = cause
+    return error

@@ -76,6 +76,9 @@ class DeclaredSink:
     coordinator: Coordinator
     #: The table it writes (what Spark executors stage for, when a bridge writes there).
     table: Table
+    #: The ``parallelism`` it was declared with (``None``: one writer, not declared); on
+    #: Spark's executors, the number of tasks that write each micro-batch.
+    parallelism: int | None = None
 
 
 def add_sink(
@@ -97,7 +100,10 @@ def add_sink(
             meta store.
         table: the table (``schema``, ``writer(id)``, ``committer()``).
         input: the actor whose output the sink writes.
-        parallelism: writers (default 1).
+        parallelism: writers (default 1). When a Spark bridge runs the pipeline on the
+            executors (``run_on="executors"``), the number of Spark tasks that write each
+            micro-batch, one file set each: the micro-batch is coalesced or repartitioned to
+            it; not given, one task per partition of the micro-batch as Spark made them.
         key: the columns rows are hash-dispatched to the writers by (round robin without).
         commit_retry_timeout: seconds a failing commit of the table is retried before the
             pipeline fails with :class:`~barrierflow.errors.TableCommitFailedError` (the
@@ -160,4 +166,6 @@ def _add_coordinated(
         target.add_actor(name, writer, inputs=[upstream], parallelism=count, key=key)
         parallelism = count
     target.add_service(service, coordinator)
-    return DeclaredSink(name, tuple(parallel_names(name, parallelism)), coordinator, table)
+    return DeclaredSink(
+        name, tuple(parallel_names(name, parallelism)), coordinator, table, parallelism
+    )

@@ -1,0 +1,165 @@
+"""Which actors run inside Spark's tasks: the chain from a feed's source to a sink's writers.
+
+With ``run_on="executors"`` no row of a micro-batch reaches the driver. Each Spark task runs
+the actors between the bridge's feed and its sink over its own partition
+(:mod:`barrierflow.spark_bridge.task_runtime`), and only the files' manifests come back. For
+that to hold the rows of every actor the feed reaches, :func:`plan_chain` reads the declared
+graph and accepts exactly one shape: a straight **chain** of partition-local actors from the
+feed's source to the sink's writers.
+
+* Every step is **partition-local** (:attr:`~barrierflow.runtime.Placement.PARTITION_LOCAL`:
+  ``map_batches``, ``filter_rows``, ``async_map``, a user's actor class that declares it). A
+  task sees an arbitrary slice of the stream, which is all such an actor asks for. A keyed
+  actor needs every row of a key in one place and a global one the whole stream. A plain
+  function declares nothing, so it counts as global (see :mod:`barrierflow.runtime.placement`).
+* **No branch.** Nothing else may read what the feed or a step emits, on its main output or a
+  side output (another sink, a print, a dead-letter reader). Such an actor would run on the
+  driver and get no rows, because none cross: data lost without a word. So it is refused. Run
+  it in a query of its own, or run this one with ``run_on="driver"``. For the same reason a
+  step reads nothing besides the previous step.
+* A parallel declaration (``parallelism=4``) is one step. On the executors its parallelism is
+  the number of Spark tasks.
+
+Everything is checked before the query starts, and again for each micro-batch, so a job that
+joins later and reads a step is refused at the next batch. The error is an
+:class:`~barrierflow.errors.ExecutorPlacementError` naming the actor and why.
+
+On the driver the chain's actors still run as declared, but they see only barriers and the
+batch's committable, which they pass on to the sink's writers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import final
+
+from barrierflow.runtime.actor import StreamActor
+from barrierflow.runtime.graph import Node
+from barrierflow.runtime.placement import Placement, declared_placement
+from barrierflow.spark_bridge.errors import ExecutorPlacementError
+
+__all__ = ["ChainStep", "plan_chain"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ChainStep:
+    """One actor of a chain run in Spark's tasks.
+
+    Attributes:
+        name: the actor's name on the driver (a parallel group's name), the name its counters
+            carry.
+        factory: the factory it was declared with (an operator, an actor class), shipped to
+            the tasks.
+    """
+
+    name: str
+    factory: Callable[[], StreamActor]
+
+
+_RUN_ON_DRIVER = "or run the pipeline with run_on='driver'"
+
+
+def _why_not(node: Node) -> str | None:
+    """Why ``node``'s actor cannot run in a Spark task, or ``None`` if it can."""
+    placement = declared_placement(node.declared_by)
+    if placement is Placement.PARTITION_LOCAL:
+        return None
+    if placement is Placement.KEYED:
+        return (
+            "it is keyed (every row of a key must reach the instance holding the key's state), "
+            "and keyed actors do not run in Spark's tasks yet; " + _RUN_ON_DRIVER
+        )
+    if placement is Placement.GLOBAL:
+        return (
+            "it is global (one instance sees the whole stream), and a Spark task sees one "
+            "partition; declare placement = Placement.PARTITION_LOCAL on its class if any "
+            "instance may take any row, " + _RUN_ON_DRIVER
+        )
+    return (
+        "its factory is a plain function, which declares no placement; declare it with its "
+        "StreamActor class (placement = Placement.PARTITION_LOCAL) or an operator, "
+        + _RUN_ON_DRIVER
+    )
+
+
+def plan_chain(
+    nodes: Mapping[str, Node], source: str, sink: str, writers: Sequence[str]
+) -> tuple[ChainStep, ...]:
+    """The steps between ``source`` (the feed's source actor) and ``writers`` (sink
+    ``sink``'s writers) of the graph ``nodes``, in order, each with the factory to run in a
+    Spark task (see the module).
+
+    Raises:
+        ExecutorPlacementError: the graph is not a chain of partition-local actors from
+            ``source`` to the writers (names the first actor that breaks it, and why).
+    """
+    group = {name: node.group or name for name, node in nodes.items()}
+    sink_group = {group[w] for w in writers if w in group}
+    steps: list[ChainStep] = []
+    current = group[source]
+    while current not in sink_group:
+        readers: dict[str, set[str | None]] = {}
+        for node in nodes.values():
+            if group[node.name] == current:
+                continue
+            for upstream, output in zip(node.inputs, node.input_outputs, strict=True):
+                if group.get(upstream) == current:
+                    readers.setdefault(group[node.name], set()).add(output)
+        if not readers:
+            raise ExecutorPlacementError(
+                current, f"it leads to no writer of sink {sink!r}; the sink must read the chain"
+            )
+        onward = [g for g in readers if g in sink_group or _leads_to(nodes, group, g, sink_group)]
+        off = [g for g in readers if g not in onward[:1]]
+        if off:
+            raise ExecutorPlacementError(
+                off[0],
+                f"it reads {current!r}, whose rows run in Spark's tasks to sink {sink!r} and "
+                "never reach the driver, so it would get none; give it a query of its own "
+                "(another bridge), " + _RUN_ON_DRIVER,
+            )
+        following = onward[0]
+        if readers[following] != {None}:
+            raise ExecutorPlacementError(
+                following,
+                f"it reads a side output of {current!r}; only main outputs chain in Spark's "
+                "tasks, " + _RUN_ON_DRIVER,
+            )
+        members = [n for n in nodes.values() if group[n.name] == following]
+        others = sorted({u for n in members for u in n.inputs if group.get(u) != current})
+        if others:
+            raise ExecutorPlacementError(
+                following,
+                f"it reads {others} besides {current!r}, and a Spark task holds one chain's "
+                "rows; " + _RUN_ON_DRIVER,
+            )
+        current = following
+        if current in sink_group:
+            break
+        why = _why_not(members[0])
+        if why is not None:
+            raise ExecutorPlacementError(current, why)
+        declared = members[0].declared_by
+        assert callable(declared)  # a node's factory is callable (checked when declared)
+        steps.append(ChainStep(current, declared))
+    return tuple(steps)
+
+
+def _leads_to(
+    nodes: Mapping[str, Node], group: Mapping[str, str], start: str, goal: set[str]
+) -> bool:
+    """Whether group ``start``'s output reaches one of the groups ``goal``."""
+    frontier, seen = [start], {start}
+    while frontier:
+        here = frontier.pop()
+        for node in nodes.values():
+            there = group[node.name]
+            if there in seen or not any(group.get(u) == here for u in node.inputs):
+                continue
+            if there in goal:
+                return True
+            seen.add(there)
+            frontier.append(there)
+    return False

@@ -1,0 +1,318 @@
+"""A micro-batch's partition through the chain, inside one Spark task.
+
+:func:`run_partition` is what each task of a micro-batch runs on its executor's Python worker
+when the bridge runs with ``run_on="executors"``. It builds a small
+:class:`~barrierflow.runtime.Runtime` of the task's own, on the backend the driver chose, with
+three kinds of actors:
+
+* a push source, fed the partition's Arrow batches as Spark hands them over. A batch is read
+  from Spark's iterator on a worker thread, so the actors keep running meanwhile: an
+  ``async_map``'s calls stay in flight while the next batch arrives;
+* the chain's steps (:func:`~barrierflow.spark_bridge.chain.plan_chain`), built from the
+  factories the user declared, exactly as on the driver;
+* a stage actor that writes what reaches it into the attempt's own staging
+  (:meth:`~barrierflow.connectors.executor_staging.ExecutorWrites.open_task`).
+
+**The end of the partition is the task's barrier.** Once Spark's iterator is exhausted the
+task runtime takes a checkpoint. Every step passes the barrier the way it does on the driver,
+so an ``async_map`` drains its calls in flight first. When the checkpoint returns, every row
+the chain emitted has reached the stage actor. Only then are the staged files finished and the
+manifest returned. A task that fails, or is killed, before that returns nothing, and Spark runs
+it again. Its files stay under its own attempt's directory, which the driver never adopts.
+
+The task runtime's state store is a scratch file deleted with the task. A partition-local
+actor's state therefore lives for one task, one partition of one micro-batch. Keyed state on
+the executors is not done yet (:mod:`barrierflow.spark_bridge.chain` refuses keyed actors).
+
+**What a task returns**: its manifest, and its counters in :class:`TaskReport`: the chain's
+per-actor and per-operator counters, its rows, and its seconds. The driver adds them to its
+metrics (:mod:`barrierflow.spark_bridge.executor_metrics`).
+
+**What a failed attempt leaves**: :func:`failure_of` turns what the attempt raised into a
+:class:`TaskFailure`: the actor, the cause in one line, and the cause itself pickled when it
+pickles. The task records it beside its staging, then raises it as the text of a
+:class:`TaskFailedError`. The driver logs every recorded attempt once. When Spark gives up on
+a task, the driver raises the last failure as
+:class:`~barrierflow.errors.ExecutorChainFailedError` (see
+:mod:`barrierflow.spark_bridge.executors`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, final
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import pyarrow as pa
+
+from barrierflow.actors.sinks.errors import SinkWriterInputError
+from barrierflow.actors.sinks.table import Manifest
+from barrierflow.channels.chunk import Chunk
+from barrierflow.channels.messages import Message
+from barrierflow.connectors.executor_staging import ExecutorWrites, TaskWrite, failures_directory
+from barrierflow.runtime.actor import ActorContext, StreamActor
+from barrierflow.runtime.config import RuntimeConfig
+from barrierflow.runtime.errors import ActorFailedError
+from barrierflow.runtime.placement import Placement
+from barrierflow.runtime.runtime import Runtime
+from barrierflow.spark_bridge.chain import ChainStep
+
+__all__ = [
+    "TaskChain",
+    "TaskFailedError",
+    "TaskFailure",
+    "TaskReport",
+    "failure_of",
+    "run_partition",
+]
+
+#: The task runtime's source and stage actors (names no declared actor has: ``__`` prefix).
+SOURCE = "__partition"
+STAGE = "__stage"
+
+#: A checkpoint's barrier interval in the task runtime: never on a timer, only at the end.
+_NEVER = 1e9
+
+#: The counters a task reports, by metric name prefix.
+_REPORTED = ("barrierflow_actor_", "barrierflow_operator_")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class TaskChain:
+    """What every task of a micro-batch runs (pickled by Spark into each task).
+
+    Attributes:
+        steps: the chain's actors, in order.
+        writes: how the sink's table is written from a task.
+        schema: the feed's schema (the chain's input).
+        backend: the anyio backend of the task runtime (the driver's).
+        sink: the sink's name (the stage actor's, in errors).
+    """
+
+    steps: tuple[ChainStep, ...]
+    writes: ExecutorWrites
+    schema: pa.Schema
+    backend: str
+    sink: str
+
+
+@final
+@dataclass(slots=True)
+class TaskReport:
+    """What a task returns besides its manifest.
+
+    Attributes:
+        rows: rows the task read from its partition.
+        seconds: the task's time in :func:`run_partition`.
+        counters: ``(metric name, labels, value)`` of the chain's actor and operator counters.
+    """
+
+    rows: int = 0
+    seconds: float = 0.0
+    counters: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON-able data."""
+        return {"rows": self.rows, "seconds": self.seconds, "counters": self.counters}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> TaskReport:
+        """A report from :meth:`to_json`'s data."""
+        counters = [(str(n), dict(labels), float(v)) for n, labels, v in data["counters"]]
+        return TaskReport(int(data["rows"]), float(data["seconds"]), counters)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class TaskFailure:
+    """Why a task attempt failed, as it travels to the driver (JSON).
+
+    Attributes:
+        partition, attempt: the task attempt (Spark's partition id and task attempt id).
+        actor: the chain's actor that raised (``None``: the task failed outside one).
+        cause_line: the cause in one line, ``"<type>: <message>"``.
+        cause: the cause, pickled and base64-encoded (``""`` when it does not pickle).
+    """
+
+    partition: int
+    attempt: int
+    actor: str | None
+    cause_line: str
+    cause: str = ""
+
+    def to_json(self) -> str:
+        """The failure as one line of JSON."""
+        return json.dumps(
+            {
+                "partition": self.partition,
+                "attempt": self.attempt,
+                "actor": self.actor,
+                "cause_line": self.cause_line,
+                "cause": self.cause,
+            }
+        )
+
+    @staticmethod
+    def from_json(text: str) -> TaskFailure:
+        """A failure from :meth:`to_json`'s text."""
+        data = json.loads(text)
+        actor = data["actor"]
+        return TaskFailure(
+            int(data["partition"]),
+            int(data["attempt"]),
+            None if actor is None else str(actor),
+            str(data["cause_line"]),
+            str(data["cause"]),
+        )
+
+    def error(self) -> BaseException | None:
+        """The cause as it was raised (``None`` if it did not travel)."""
+        if not self.cause:
+            return None
+        try:
+            error = pickle.loads(base64.b64decode(self.cause))
+        except Exception:
+            return None
+        return error if isinstance(error, BaseException) else None
+
+
+class TaskFailedError(Exception):
+    """What a failed task attempt raises in Spark: its :class:`TaskFailure` as the message,
+    after :data:`MARK`, for the driver to find in Spark's error text."""
+
+    #: What precedes the failure's JSON in the message.
+    MARK = "barrierflow-task-failure:"
+
+    def __init__(self, failure: TaskFailure) -> None:
+        self.failure = failure
+        super().__init__(self.MARK + failure.to_json())
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def failure_of(error: BaseException, partition: int, attempt: int, sink: str) -> TaskFailure:
+    """What ``error``, raised by a task attempt's chain, tells the driver."""
+    actor: str | None = None
+    cause = error
+    if isinstance(error, ActorFailedError):
+        actor = sink if error.actor == STAGE else error.actor
+        cause = error.cause
+    try:
+        pickled = pickle.dumps(cause)
+        pickle.loads(pickled)  # a round trip: does it travel?
+    except Exception:
+        encoded = ""
+    else:
+        encoded = base64.b64encode(pickled).decode("ascii")
+    return TaskFailure(partition, attempt, actor, _one_line(cause), encoded)
+
+
+class _Stage(StreamActor):
+    """The chain's end in a task: what reaches it is written into the attempt's staging."""
+
+    placement = Placement.PARTITION_LOCAL
+
+    def __init__(self, write: TaskWrite, sink: str) -> None:
+        self._write = write
+        self._sink = sink
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if not isinstance(message, Chunk):
+            await ctx.emit(message)  # a barrier is passed (to nobody) so it is collected
+            return
+        if message.cardinality == 0:
+            return
+        chunk = message.compact()
+        if chunk.ops is not None and np.count_nonzero(chunk.ops_numpy()):
+            raise SinkWriterInputError(
+                self._sink, "insert-only rows (written from Spark tasks)", "deletes or updates"
+            )
+        await anyio.to_thread.run_sync(self._write.add, chunk.batch)
+
+
+async def _run_chain(
+    chain: TaskChain, write: TaskWrite, batches: Iterator[pa.RecordBatch], report: TaskReport
+) -> None:
+    names = {step.name for step in chain.steps}
+    with tempfile.TemporaryDirectory(prefix="barrierflow-task-") as scratch:
+        rt = Runtime(RuntimeConfig(state_path=Path(scratch, "state.db"), barrier_interval=_NEVER))
+        rt.add_source(SOURCE, schema=chain.schema)
+        upstream = SOURCE
+        for step in chain.steps:
+            rt.add_actor(step.name, step.factory, inputs=[upstream])
+            upstream = step.name
+        rt.add_actor(STAGE, lambda: _Stage(write, chain.sink), inputs=[upstream])
+        async with rt:
+            while True:
+                batch = await anyio.to_thread.run_sync(next, batches, None)
+                if batch is None:
+                    break
+                if batch.num_rows:
+                    report.rows += batch.num_rows
+                    await rt.push(SOURCE, Chunk(batch))
+            await rt.checkpoint()  # the partition's end: every step drains and passes it
+            for family in await rt.metrics.snapshot():
+                if family.kind != "counter" or not family.name.startswith(_REPORTED):
+                    continue
+                for sample in family.samples:
+                    labels = dict(sample.labels)
+                    if not sample.suffix and labels.get("actor") in names:
+                        report.counters.append((family.name, labels, sample.value))
+
+
+def run_partition(
+    chain: TaskChain,
+    number: int,
+    partition: int,
+    attempt: int,
+    batches: Iterator[pa.RecordBatch],
+) -> tuple[Manifest, TaskReport]:
+    """Run ``chain`` over one task's ``batches`` and stage what it emits under staging
+    ``number`` (blocking; in the Spark task). Without steps the batches are written as they
+    come, with no runtime.
+
+    Raises:
+        TaskFailedError: the chain or the write failed (after recording the failure).
+    """
+    started = time.perf_counter()
+    report = TaskReport()
+    try:
+        write = chain.writes.open_task(number, partition, attempt)
+        if chain.steps:
+            anyio.run(_run_chain, chain, write, batches, report, backend=chain.backend)
+        else:
+            for batch in batches:
+                report.rows += batch.num_rows
+                write.add(batch)
+        manifest = write.finish()
+    except Exception as exc:
+        failure = failure_of(exc, partition, attempt, chain.sink)
+        record_failure(chain.writes.root, number, failure)
+        raise TaskFailedError(failure) from None
+    report.seconds = time.perf_counter() - started
+    return manifest, report
+
+
+def record_failure(root: str, number: int, failure: TaskFailure) -> None:
+    """Record ``failure`` for the driver to log (best effort: a table without a directory
+    the driver sees keeps only the last failure, which Spark's error carries)."""
+    directory = failures_directory(root, number)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        name = f"p{failure.partition}a{failure.attempt}.json"
+        Path(directory, name).write_text(failure.to_json())
+    except OSError:
+        pass
