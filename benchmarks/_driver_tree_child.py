@@ -33,7 +33,6 @@ executors by value (cloudpickle) and the executors need nothing but barrierflow.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 import sys
@@ -192,14 +191,10 @@ def _query(spark: Any, config: dict[str, Any]) -> None:
     catalog = open_local_catalog(os.path.join(root, "catalog"))
     table = IcebergTable(catalog, "bench.out", out)
     sink = add_sink(rt, "out", table, input=stream.name, parallelism=config["writers"])
-    # Until the executor chain lands, ``deliver`` knows the old name only.
-    place = (
-        "run_on" if "run_on" in inspect.signature(SparkBridge.deliver).parameters else "write_on"
-    )
-    run_on = {place: config["run_on"]}
+    run_on = config["run_on"]
     with BlockingRuntime(rt, backend=config["backend"]) as handle:
         bridge = SparkBridge(handle, feed, sink=sink)
-        bridge.deliver(frames[0][2], 0, **run_on)
+        bridge.deliver(frames[0][2], 0, run_on=run_on)
         warm = dataclasses.asdict(bridge.stats())
         _say(ready=True)
         if not _await_cue("go"):
@@ -207,7 +202,7 @@ def _query(spark: Any, config: dict[str, Any]) -> None:
         started = time.perf_counter()
         epoch = None
         for batch_id, (_, _, frame) in enumerate(frames[1:], start=1):
-            epoch = bridge.deliver(frame, batch_id, **run_on)
+            epoch = bridge.deliver(frame, batch_id, run_on=run_on)
         assert epoch is not None
         handle.call(sink.coordinator.wait_committed, epoch)
         seconds = time.perf_counter() - started
