@@ -49,7 +49,7 @@ def test_readme_examples_run(tmp_path: Path) -> None:
     assert outputs[1] == "1000 orders enriched, 100 at a time"
     assert outputs[2].startswith("3 rows committed")
     assert outputs[3] == "3 rows delivered exactly once"
-    assert outputs[4] == "1000 rows, none through the driver: True"
+    assert outputs[4] == "857 rows in 2 tasks, none through the driver: True"
     assert outputs[5] == "1000 rows in one snapshot per epoch"
     assert outputs[6] == "[3, 4, 5] ['clicks.0', 'clicks.1']"
     assert outputs[7] == "2002 rows, each once"
