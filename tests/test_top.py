@@ -288,3 +288,23 @@ def test_top_shows_each_operator_with_its_own_counters() -> None:
     ]  # fmt: skip
     # A graph without operators shows no operators table.
     assert "operators" not in text(render(at(0, 0), at(2, 100), "u"))
+
+
+def test_top_shows_an_operator_run_in_spark_tasks_apart_from_its_driver_instance() -> None:
+    # On the executor path the driver's instance of a chain's actor reads no row; the tasks'
+    # counters come back labelled on="executors" (spark_bridge/executor_metrics.py).
+    def operators(rows: float) -> dict[str, list[tuple[dict[str, str], float]]]:
+        driver = {"actor": "enrich", "operator": "async_map"}
+        tasks = {**driver, "on": "executors"}
+        return {
+            "barrierflow_operator_rows_in_total": [(driver, 0.0), (tasks, rows)],
+            "barrierflow_operator_rows_out_total": [(driver, 0.0), (tasks, rows / 2)],
+            "barrierflow_operator_call_retries_total": [(tasks, 6.0)],
+        }
+
+    frame = text(render(at(0, 0, **operators(0)), at(2, 100, **operators(200)), "u"))
+    rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in frame.splitlines()]
+    assert next(r for r in rows if r[0] == "enrich")[2:4] == ["0", "0"]
+    assert next(r for r in rows if r[0] == "enrich (executors)")[2:6] == [
+        "100", "50", "0", "6 / 0",
+    ]  # fmt: skip

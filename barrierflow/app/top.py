@@ -91,9 +91,10 @@ class Scrape:
         return self.samples.get(name, [])
 
     def one(self, name: str, **labels: str) -> float:
-        """The value of ``name`` with ``labels`` (0 if absent)."""
+        """The value of ``name`` with ``labels`` (0 if absent); a label given as ``""``
+        matches a sample without it."""
         for have, value in self.values(name):
-            if all(have.get(k) == v for k, v in labels.items()):
+            if all(have.get(k, "") == v for k, v in labels.items()):
                 return value
         return 0.0
 
@@ -209,10 +210,10 @@ def render(before: Scrape, after: Scrape, url: str) -> Group:
     for column in ("actor", "job", "rows/s in", "rows/s out", "busy", "backpressured", "idle"):
         actors.add_column(column, justify="left" if column in ("actor", "job") else "right")
     for have, _ in after.values("barrierflow_actor_rows_in_total"):
-        labels = {"actor": have["actor"]}
+        labels = _placed(have)
         shares = [_share(before, after, k, labels) for k in ("busy", "backpressured", "idle")]
         actors.add_row(
-            have["actor"],
+            _actor_name(have),
             have.get("job", ""),
             f"{_rate(before, after, 'barrierflow_actor_rows_in_total', labels):,.0f}",
             f"{_rate(before, after, 'barrierflow_actor_rows_out_total', labels):,.0f}",
@@ -305,6 +306,19 @@ def render(before: Scrape, after: Scrape, url: str) -> Group:
     return Group(header, jobs, actors, barriers, sinks, *shown)
 
 
+def _placed(labels: Mapping[str, str]) -> dict[str, str]:
+    """An actor's labels and where it ran: the driver's instances carry no ``on`` label, and
+    the counters of a chain run in Spark's tasks carry ``on="executors"``
+    (:mod:`barrierflow.spark_bridge.executor_metrics`)."""
+    return {"actor": labels["actor"], "on": labels.get("on", "")}
+
+
+def _actor_name(labels: Mapping[str, str]) -> str:
+    """An actor's name as a row shows it, marked when it ran in Spark's tasks."""
+    on = labels.get("on")
+    return f"{labels['actor']} ({on})" if on else labels["actor"]
+
+
 def _operators(before: Scrape, after: Scrape) -> Table:
     """The operators' own counters (``barrierflow_operator_*``): rates in and out, calls in
     flight, retries and timeouts, late rows, state rows."""
@@ -313,13 +327,13 @@ def _operators(before: Scrape, after: Scrape) -> Table:
                    "retries / timeouts", "late (dropped)", "state rows"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("actor", "operator") else "right")
     for have, _ in after.values("barrierflow_operator_rows_in_total"):
-        labels = {"actor": have["actor"]}
+        labels = _placed(have)
 
         def one(name: str, labels: dict[str, str] = labels) -> float:
             return after.one(f"barrierflow_operator_{name}", **labels)
 
         table.add_row(
-            have["actor"],
+            _actor_name(have),
             have.get("operator", "?"),
             f"{_rate(before, after, 'barrierflow_operator_rows_in_total', labels):,.0f}",
             f"{_rate(before, after, 'barrierflow_operator_rows_out_total', labels):,.0f}",
