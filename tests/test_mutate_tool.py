@@ -53,8 +53,9 @@ def test_the_groups_cover_the_seed_actors_the_split_source_and_the_operators(
         "async_map",
         "aggregate",
         "windows",
+        "chain",
     ]
-    operators = {m for g in mutate.GROUPS[6:] for m in g.modules}
+    operators = {m for g in mutate.GROUPS[6:10] for m in g.modules}
     written = {str(p.relative_to(ROOT)) for p in (ROOT / "barrierflow" / "operators").glob("*.py")}
     # Every operator module is mutated, but the package's exports and its errors.
     assert written - operators == {

@@ -191,6 +191,11 @@ GROUPS += (
     ),
 )
 
+# The graph on Spark's executors (issue 37): which actors may run in Spark's tasks.
+GROUPS += (
+    Group("chain", ("barrierflow/spark_bridge/chain.py",), ("tests/test_chain_plan.py",)),
+)
+
 DETECTED = {"killed", "timeout", "caught by type check", "segfault"}
 
 
