@@ -407,9 +407,15 @@ def _sizes(settings: Settings) -> tuple[int, int, int]:
     return (100_000, 2, 1) if settings.quick else (1_000_000, 4, 3)
 
 
+def _machine() -> dict[str, Any]:
+    """The machine's cores and its load when the figures were taken: other work on a small
+    machine takes CPU from the tasks and the driver alike."""
+    return {"cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2)}
+
+
 def _where(settings: Settings) -> dict[str, Any]:
     master = "local[2]" if settings.quick else "standalone: 2 workers, an executor of 1 core each"
-    return {"spark_master": master, "partitions": PARTITIONS, "writers": WRITERS}
+    return {"spark_master": master, "partitions": PARTITIONS, "writers": WRITERS, **_machine()}
 
 
 def _split(runs: list[DriverRun], batches: int) -> dict[str, float | None]:
@@ -657,7 +663,7 @@ class _Service:
 
 
 def executors_async_map_scaling(settings: Settings) -> dict[str, Any]:
-    rows, batches, reps = (6_400, 1, 1) if settings.quick else (16_000, 2, 2)
+    rows, batches, reps = (6_400, 1, 1) if settings.quick else (48_000, 1, 2)
     placement = _placement(settings, cores_per_executor=2)
     with _Service() as service:
 
@@ -693,10 +699,13 @@ def executors_async_map_scaling(settings: Settings) -> dict[str, Any]:
             else "standalone: 2 workers, an executor of 2 cores each (4 task slots)",
             "rows_per_batch": rows,
             "batches_per_run": batches,
+            **_machine(),
             "concurrency_per_task": CONCURRENCY,
             "latency_s": LATENCY,
             "ideal_rows_per_s": {"1": ideal, "4": 4 * ideal},
             "service_calls": calls,
+            "ms_per_batch_4_tasks": _split(four, batches),
+            "ms_per_batch_1_task": _split(one, batches),
             **sampled(_rates(four), _rates(one)),
             "candidate": "run_on='executors', 4 tasks (add_sink parallelism=4): async_map "
             "(concurrency 64, ordered) -> 4 Iceberg writers",
