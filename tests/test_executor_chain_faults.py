@@ -413,9 +413,13 @@ def test_speculative_copies_of_a_chain_task_commit_one_attempt_and_show_no_orpha
 @pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_chaos_harness_kills_the_chain_act_and_finds_nothing(tmp_path: Path) -> None:
+def test_the_chaos_harness_kills_the_chain_act_mid_batch_and_finds_nothing(tmp_path: Path) -> None:
+    # Seed 128 plans one kill per round at a traced event, each while Spark's tasks run the
+    # chain (after a "batch-begin"): round 0 on asyncio into Iceberg, round 1 on trio into
+    # Delta; each round then resumes and its final audit reads the table.
     command = [sys.executable, "-m", "barrierflow", "chaos", "--acts", "spark-chain"]
-    command += ["--kills", "2", "--seed", "3", "--workdir", str(tmp_path)]
+    command += ["--kills", "2", "--max-kills-per-round", "1", "--random-share", "0"]
+    command += ["--seed", "128", "--workdir", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(800), cwd=ROOT)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     report = json.loads((tmp_path / "chaos-report.json").read_text())
@@ -424,7 +428,9 @@ def test_the_chaos_harness_kills_the_chain_act_and_finds_nothing(tmp_path: Path)
     assert (totals["lost"], totals["duplicated"], totals["foreign"], totals["findings"]) == (
         0, 0, 0, 0
     )  # fmt: skip
-    assert {r["act"] for r in report["rounds"]} == {"spark-chain"}
+    assert [k["plan"].split("#")[0] for k in report["kills"]] == ["batch-begin"] * 2
+    rounds = [(r["act"], r["backend"], r["table"]) for r in report["rounds"]]
+    assert rounds == [("spark-chain", "asyncio", "iceberg"), ("spark-chain", "trio", "delta")]
 
 
 async def test_the_demo_chain_s_call_returns_every_event_it_sent_exactly() -> None:
