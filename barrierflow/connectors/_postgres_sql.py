@@ -236,6 +236,22 @@ def connect(spec: TableSpec) -> Connection:
     return connection
 
 
+def prepared_gids(connection: Connection, prefix: str) -> list[str]:
+    """The gids of this database's prepared transactions starting with ``prefix``."""
+    rows = connection.execute(
+        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+        "AND starts_with(gid, %s) ORDER BY gid",
+        [prefix],
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def end_prepared(connection: Connection, verb: str, gid: str) -> None:
+    """``COMMIT PREPARED`` or ``ROLLBACK PREPARED`` ``gid`` (they take no parameters)."""
+    s = sql()
+    connection.execute(s.SQL(verb + " PREPARED {}").format(s.Literal(gid)))
+
+
 def declare(connection: Connection, spec: TableSpec) -> None:
     """Create the schema, the table and the marker tables if missing, else check the table
     against the declared schema (blocking; one transaction, serialized with other

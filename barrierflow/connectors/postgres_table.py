@@ -83,6 +83,7 @@ import numpy as np
 import pyarrow as pa
 
 from barrierflow._taskgroups import single_error, single_leaf
+from barrierflow.actors.sinks.committables import partition_writer
 from barrierflow.actors.sinks.errors import SinkRecoveryError
 from barrierflow.actors.sinks.table import (
     AlreadyCommitted,
@@ -96,6 +97,8 @@ from barrierflow.actors.sinks.table import (
     last_change_per_key,
     manifests_positions,
 )
+from barrierflow.channels.errors import InvalidArgumentError
+from barrierflow.channels.schema import conform_schema
 from barrierflow.connectors._postgres_sql import (
     COMMITS_TABLE,
     SHARES_TABLE,
@@ -107,11 +110,19 @@ from barrierflow.connectors._postgres_sql import (
     connect,
     csv_payload,
     declare,
+    end_prepared,
     positions_json,
+    prepared_gids,
     psycopg,
     sql,
 )
 from barrierflow.connectors.errors import PostgresUnavailableError, SchemaEvolutionError
+from barrierflow.connectors.postgres_executors import (
+    PostgresExecutorWrites,
+    enter_fence,
+    scratch_root,
+    task_writer,
+)
 
 __all__ = ["PostgresCommitter", "PostgresStagingWriter", "PostgresTable"]
 
@@ -233,22 +244,6 @@ class _Worker:
             connection.close()  # the server rolls back an open transaction; prepared stay
 
 
-def _prepared(connection: Connection, prefix: str) -> list[str]:
-    """The gids of this database's prepared transactions starting with ``prefix``."""
-    rows = connection.execute(
-        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
-        "AND starts_with(gid, %s) ORDER BY gid",
-        [prefix],
-    ).fetchall()
-    return [row[0] for row in rows]
-
-
-def _finish(connection: Connection, verb: str, gid: str) -> None:
-    """``COMMIT PREPARED`` or ``ROLLBACK PREPARED`` ``gid`` (they take no parameters)."""
-    s = sql()
-    connection.execute(s.SQL(verb + " PREPARED {}").format(s.Literal(gid)))
-
-
 class PostgresStagingWriter:
     """Stages one writer's rows of each epoch in a prepared transaction (see the module).
 
@@ -311,8 +306,8 @@ class PostgresStagingWriter:
         self._rollback_open()
         connection = self._worker.live()
         gid = self._spec.gid(epoch, self._writer)
-        if gid in _prepared(connection, gid):
-            _finish(connection, "ROLLBACK", gid)
+        if gid in prepared_gids(connection, gid):
+            end_prepared(connection, "ROLLBACK", gid)
 
     def _rollback_open(self) -> None:
         """Roll back the open epoch's transaction, if any (a lost connection lost it)."""
@@ -327,14 +322,17 @@ class PostgresStagingWriter:
         await self._buffer_rows(batch)
 
     async def _buffer_rows(self, batch: pa.RecordBatch) -> None:
-        with self._buffer_lock:
-            self._buffer.append(batch)
-            self._buffered += batch.num_rows
-            full = self._buffered >= self._spec.batch_rows
-        if full:
+        if self._buffer_add(batch):
             await self.flush()
         else:
             await anyio.lowlevel.checkpoint()
+
+    def _buffer_add(self, batch: pa.RecordBatch) -> bool:
+        """Buffer ``batch``; whether ``batch_rows`` rows are buffered (time to copy)."""
+        with self._buffer_lock:
+            self._buffer.append(batch)
+            self._buffered += batch.num_rows
+            return self._buffered >= self._spec.batch_rows
 
     async def flush(self) -> None:
         """Copy the buffered rows into the epoch's transaction (nothing becomes visible)."""
@@ -481,8 +479,8 @@ class PostgresStagingWriter:
             self._rollback_open()
         connection = self._worker.live()
         gid = self._spec.gid(epoch, self._writer)
-        if gid in _prepared(connection, gid):
-            _finish(connection, "ROLLBACK", gid)
+        if gid in prepared_gids(connection, gid):
+            end_prepared(connection, "ROLLBACK", gid)
 
     async def close(self) -> None:
         """Close the connection; prepared epochs stay for the committer."""
@@ -492,6 +490,80 @@ class PostgresStagingWriter:
 
     def __repr__(self) -> str:
         return f"<PostgresStagingWriter {self._spec.qualified!r} w{self._writer}>"
+
+    def executor_staging(self) -> PostgresExecutorWrites:
+        """How Spark tasks write this table: each task attempt prepares a transaction of its
+        own (:mod:`~barrierflow.connectors.postgres_executors`).
+
+        Raises:
+            InvalidArgumentError: the table has a key (tasks upserting one key would wait on
+                each other's prepared transactions; see that module).
+        """
+        if self._spec.key:
+            raise InvalidArgumentError(
+                "table",
+                "a PostgreSQL table without a key to write from Spark tasks (a prepared "
+                "transaction keeps its row locks: tasks upserting one key would wait on each "
+                "other)",
+                f"{self._spec.qualified} keyed by {list(self._spec.key)}",
+            )
+        return PostgresExecutorWrites(self._spec, scratch_root(self._spec), _TaskWrite)
+
+
+@final
+class _TaskWrite(PostgresStagingWriter):
+    """One Spark task attempt's write of its partition (a
+    :class:`~barrierflow.connectors.executor_staging.TaskWrite`; blocking, on an executor): the
+    writer's own copy and prepare, under the writer id ``p<partition>a<attempt>`` and the
+    staging number as the epoch, the fence checked just before the ``PREPARE`` (see
+    :mod:`~barrierflow.connectors.postgres_executors`). Connected when made; the connection is
+    closed by :meth:`finish` (or, after a failure, when the write is collected: the server
+    rolls back what was not prepared).
+
+    Raises:
+        PostgresUnavailableError: the database cannot be reached.
+    """
+
+    def __init__(self, spec: TableSpec, number: int, partition: int, attempt: int) -> None:
+        super().__init__(spec, task_writer(partition, attempt))
+        self._partition = partition
+        self._epoch = number  # the open "epoch" the copy and the prepare use
+        pg = psycopg()
+        try:
+            self._worker.live()
+        except pg.Error as exc:
+            raise PostgresUnavailableError(spec.qualified, f"{exc}".strip()) from exc
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Buffer ``batch`` (conformed to the table's schema); copy the buffer into the
+        attempt's transaction once ``batch_rows`` rows are buffered."""
+        if not batch.num_rows:
+            return
+        what = f"partition {self._partition} of a micro-batch"
+        full = False
+        for piece in conform_schema(batch, self._spec.arrow, what).to_batches():
+            full = self._buffer_add(piece)
+        if full:
+            self._copy_taken()
+
+    def finish(self) -> Manifest:
+        """Copy what is buffered and prepare the attempt's transaction (none without rows);
+        its manifest is writer ``p<partition>``'s, naming the prepared transaction."""
+        number = self._epoch
+        assert number is not None
+        try:
+            self._copy_taken()
+            staged = self._prepare(number)
+        finally:
+            self._worker.close()  # the fence lock goes with the session
+        return Manifest(
+            partition_writer(self._partition), number, () if staged is None else (staged,)
+        )
+
+    def _prepare(self, epoch: int) -> StagedFile | None:
+        if self._transaction is not None:
+            enter_fence(self._transaction, self._spec, epoch)
+        return super()._prepare(epoch)
 
 
 @final
@@ -532,9 +604,9 @@ class PostgresCommitter:
     def _recover(self, keep: set[str]) -> None:
         connection = self._worker.live()
         declare(connection, self._spec)
-        for gid in _prepared(connection, self._spec.gid_prefix()):
+        for gid in prepared_gids(connection, self._spec.gid_prefix()):
             if gid not in keep:
-                _finish(connection, "ROLLBACK", gid)
+                end_prepared(connection, "ROLLBACK", gid)
 
     async def prepare(self, epoch: int, manifests: Sequence[Manifest]) -> CommitMetadata | None:
         """The epoch's prepared transactions, from every writer's manifest (``None`` if no
@@ -622,7 +694,7 @@ class PostgresCommitter:
 
     @staticmethod
     def _finish_on(lane: _Worker, gid: str) -> None:
-        _finish(lane.live(), "COMMIT", gid)
+        end_prepared(lane.live(), "COMMIT", gid)
 
     def _mark(self, epoch: int, gids: list[str], metadata: dict[str, Any]) -> None:
         """The marker, written last, and the epoch's share rows gone, in one statement."""
@@ -654,10 +726,10 @@ class PostgresCommitter:
 
     def _abort(self, epoch: int, names: set[str]) -> None:
         connection = self._worker.live()
-        prepared = set(_prepared(connection, self._spec.gid_prefix()))
+        prepared = set(prepared_gids(connection, self._spec.gid_prefix()))
         ours = {g for g in prepared if g.startswith(self._spec.gid_prefix(epoch))}
         for gid in sorted((names & prepared) | ours):
-            _finish(connection, "ROLLBACK", gid)
+            end_prepared(connection, "ROLLBACK", gid)
 
     async def sink_commits(self) -> SinkCommits | None:
         """What the table holds: the marker's epoch and positions (``None``: none yet)."""

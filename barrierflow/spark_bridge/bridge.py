@@ -90,7 +90,7 @@ import pyarrow as pa
 
 from barrierflow._extras import require
 from barrierflow.actors.sinks.add_sink import DeclaredSink
-from barrierflow.actors.sinks.committables import StagedBatch
+from barrierflow.actors.sinks.committables import ChecksStaged, StagedBatch
 from barrierflow.actors.sinks.errors import CoordinatorAbortedError
 from barrierflow.actors.sources.batch_feed import BatchFeed
 from barrierflow.actors.sources.errors import BatchOrderError
@@ -519,7 +519,8 @@ class SparkBridge:
                 )
                 adopted = writes.adopt(self._number, manifests)
                 self._counters.add(reports)
-                batch = StagedBatch(key, batch_id, partitions, tuple(adopted), writes.root)
+                check = writes if isinstance(writes, ChecksStaged) else None
+                batch = StagedBatch(key, batch_id, partitions, tuple(adopted), writes.root, check)
                 self._stage += time.perf_counter() - started
                 self._staged += 1
                 started = time.perf_counter()

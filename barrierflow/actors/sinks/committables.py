@@ -31,13 +31,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import final
+from typing import Protocol, final, runtime_checkable
 
 from barrierflow.actors.sinks.errors import PartitionCoverageError
 from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels.errors import InvalidArgumentError
 
-__all__ = ["StagedBatch", "check_epoch_batches", "partition_writer"]
+__all__ = ["ChecksStaged", "StagedBatch", "check_epoch_batches", "partition_writer"]
 
 
 def partition_writer(partition: int) -> str:
@@ -52,6 +52,18 @@ def _partition(manifest: Manifest) -> int:
     return int(digits) if writer.startswith("p") and digits.isdigit() else -1
 
 
+@runtime_checkable
+class ChecksStaged(Protocol):
+    """How a table whose tasks stage no files under its root tells what is gone (a
+    PostgreSQL table's prepared transactions:
+    :class:`~barrierflow.connectors.postgres_executors.PostgresExecutorWrites`)."""
+
+    def missing(self, manifests: Sequence[Manifest]) -> str | None:
+        """The first staged item of ``manifests`` that is gone (``None``: all are there).
+        Blocking."""
+        ...
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class StagedBatch:
@@ -64,6 +76,8 @@ class StagedBatch:
         manifests: one per partition, writer ids ``p<partition>``.
         root: the table's root the manifests' paths are relative to (where the writer checks
             that the files exist).
+        check: what tells which staged item is gone when the manifests name no files under
+            ``root`` (``None``: they do).
 
     Raises:
         InvalidArgumentError: a field of the wrong type.
@@ -74,6 +88,7 @@ class StagedBatch:
     partitions: int
     manifests: tuple[Manifest, ...]
     root: str
+    check: ChecksStaged | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
@@ -87,6 +102,8 @@ class StagedBatch:
             raise InvalidArgumentError("manifests", "a tuple of Manifests", self.manifests)
         if not isinstance(self.root, str) or not self.root:
             raise InvalidArgumentError("root", "the table's root directory", self.root)
+        if self.check is not None and not isinstance(self.check, ChecksStaged):
+            raise InvalidArgumentError("check", "None or a ChecksStaged", self.check)
 
     @property
     def label(self) -> str:
@@ -109,8 +126,10 @@ class StagedBatch:
             raise PartitionCoverageError(sink, self.label, self.partitions, got)
 
     def missing_file(self) -> str | None:
-        """The first staged file that is not there (``None``: all are). Blocking: one
-        ``stat`` per file."""
+        """The first staged file that is not there (``None``: all are), or what ``check``
+        finds gone. Blocking: one ``stat`` per file (or ``check``'s own query)."""
+        if self.check is not None:
+            return self.check.missing(self.manifests)
         for manifest in self.manifests:
             for staged in manifest.files:
                 path = os.path.join(self.root, staged.path)
