@@ -198,6 +198,29 @@ def test_a_chain_that_fails_in_every_attempt_fails_the_delivery_in_one_line_nami
 
 @pytest.mark.spark
 @BACKENDS
+def test_a_micro_batch_whose_chain_failed_lands_once_when_delivered_again_after_the_fix(
+    spark: Any, tmp_path: Path, backend: Backend
+) -> None:
+    with ChainService(fail=lambda call: call.id == 5) as service:
+        rt, feed, sink = build(spark, tmp_path, service, "parquet", retries=0)
+        with BlockingRuntime(rt, backend=backend) as handle:
+            bridge = SparkBridge(handle, feed, sink=sink)
+            frame = events_frame(spark, 0, 200, 2)
+            with pytest.raises(ExecutorChainFailedError):
+                bridge.deliver(frame, 0, run_on="executors")
+            service.fail = None  # the service is back: the same batch id again
+            epoch = bridge.deliver(frame, 0, run_on="executors")
+            assert epoch is not None
+            handle.call(sink.coordinator.wait_committed, epoch)
+            stats = bridge.stats()
+    # Nothing of the failed delivery's tasks (partition 1 succeeded in it) is in the table.
+    assert read_rows("parquet", tmp_path) == expected([(0, 200)])
+    assert (stats.batches, stats.staged_batches) == (1, 1)
+    assert staged_leftovers("parquet", tmp_path) == []
+
+
+@pytest.mark.spark
+@BACKENDS
 def test_a_streaming_query_whose_chain_fails_in_every_attempt_stops_with_the_typed_error(
     spark: Any, tmp_path: Path, backend: Backend
 ) -> None:
