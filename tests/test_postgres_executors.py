@@ -277,3 +277,5 @@ def test_a_micro_batch_from_tasks_whose_first_attempt_fails_is_in_the_table_exac
     assert rows == [i for i in range(200) if i % 3 != 0]
     assert select(dsn, f'SELECT count(*) FROM "{name}" WHERE twice <> 2 * id') == [0]
     assert prepared(dsn, name) == []
+    # The failed attempts' records went with the adopt.
+    assert not list(Path(writes_of(table).root).glob(".staging/*-tasks"))

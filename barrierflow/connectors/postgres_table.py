@@ -56,6 +56,12 @@ prepares (two-phase commit unchanged). A delete then an insert of a key in one e
 the row; an insert then a delete leaves none. Without a key the table is append-only: the
 sink writer refuses a changelog (:class:`~barrierflow.errors.SinkWriterInputError`).
 
+**From Spark tasks.** A table without a key can be written on Spark's executors
+(``run_on="executors"``): each task attempt copies and prepares its partition as a writer
+does, under a gid of its own attempt, and the driver keeps one attempt per partition
+(:mod:`~barrierflow.connectors.postgres_executors`); the committer commits them as it commits
+its writers' transactions.
+
 **Declared at once.** The constructor connects, creates the schema, the table (with the key as
 its primary key) and the marker tables if missing (only what is missing: a role that may
 write them but create nothing declares them too), or checks an existing table's columns
