@@ -16,16 +16,21 @@ from typing import Any
 
 import _executor_actors
 import _postgres_executor_actors
+import anyio
+import anyio.to_thread
 import pyarrow as pa
 import pytest
 import structlog
 from _executor_actors import OUT, not_a_third, twice
 from _postgres_executor_actors import FLAKY_PARTITION, FailsFirstAttemptAtItsEnd
+from _timeouts import scaled
 from test_postgres_table import SCHEMA, assert_holds_only, ids, prepared, select
 
 from barrierflow.actors import BatchFeed, add_sink
+from barrierflow.actors.sinks.add_sink import DeclaredSink
 from barrierflow.actors.sinks.committables import ChecksStaged, StagedBatch
 from barrierflow.actors.sinks.table import Committed, Manifest
+from barrierflow.channels import Committable
 from barrierflow.connectors import PostgresTable
 from barrierflow.connectors.executor_staging import (
     StagesOnExecutors,
@@ -33,13 +38,20 @@ from barrierflow.connectors.executor_staging import (
     staging_number,
 )
 from barrierflow.connectors.postgres_executors import PostgresExecutorWrites, task_gid
-from barrierflow.errors import ExecutorStagingError, InvalidArgumentError
+from barrierflow.errors import (
+    ActorFailedError,
+    ExecutorStagingError,
+    InvalidArgumentError,
+    StagedFilesGoneError,
+)
 from barrierflow.operators import Stream
 from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
 from barrierflow.spark_bridge import SparkBridge
 from barrierflow.testing import PostgresServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+WAIT = scaled(30)
 
 
 def writes_of(table: PostgresTable) -> PostgresExecutorWrites:
@@ -226,6 +238,74 @@ async def test_task_writes_refuse_bad_arguments_and_keyed_tables_by_name(
     with pytest.raises(InvalidArgumentError) as info:
         executor_writes(keyed)
     assert info.value.argument == "table"
+
+
+# In a runtime: the adopted transactions travel through the feed as a committable.
+
+
+def pipeline(tmp_path: Path, table: PostgresTable) -> tuple[Runtime, BatchFeed, DeclaredSink]:
+    feed = BatchFeed(SCHEMA)
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
+    rt.add_source("events", feed.source)
+    return rt, feed, add_sink(rt, "out", table, input="events", parallelism=2)
+
+
+def adopted_batch(writes: PostgresExecutorWrites, key: str, batch_id: int) -> StagedBatch:
+    """A micro-batch of two partitions, one with a speculative duplicate, adopted (what the
+    bridge does between the Spark job and the delivery; blocking)."""
+    number = staging_number()
+    kept = [attempt(writes, number, 0, 2, [1, 2]), attempt(writes, number, 1, 4, [3])]
+    attempt(writes, number, 1, 3, [3])  # the speculative copy Spark did not return
+    return StagedBatch(key, batch_id, 2, tuple(writes.adopt(number, kept)), writes.root, writes)
+
+
+async def test_a_committable_of_task_transactions_is_committed_once_by_the_epoch_holding_it(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    dsn, name = postgres_server.dsn, postgres_server.unique_name()
+    table = PostgresTable(dsn, name, SCHEMA)
+    writes = writes_of(table)
+    rt, feed, sink = pipeline(tmp_path, table)
+    async with rt:
+        with anyio.fail_after(WAIT):
+            key = await feed.position_key("s", rt)
+            staged = await anyio.to_thread.run_sync(adopted_batch, writes, key, 0)
+            epoch = await feed.deliver(
+                rt, "s", 0, SCHEMA.empty_table(), retries=0,
+                committables=[Committable("out", staged)],
+            )  # fmt: skip
+            assert epoch is not None
+            await sink.coordinator.wait_committed(epoch)
+    assert_holds_only(dsn, name, [1, 2, 3])
+
+
+async def test_a_committable_whose_transactions_a_recovery_rolled_back_fails_its_epoch(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    dsn, name = postgres_server.dsn, postgres_server.unique_name()
+    table = PostgresTable(dsn, name, SCHEMA)
+    writes = writes_of(table)
+    rt, feed, sink = pipeline(tmp_path, table)
+    with pytest.raises(ActorFailedError) as stopped:
+        async with rt:
+            with anyio.fail_after(WAIT):
+                key = await feed.position_key("s", rt)
+                staged = await anyio.to_thread.run_sync(adopted_batch, writes, key, 0)
+                # What the graph's recovery does meanwhile: nothing pending names them.
+                recovering = table.committer()
+                await recovering.recover({})
+                await recovering.aclose()
+                with pytest.raises(ActorFailedError) as info:
+                    await feed.deliver(
+                        rt, "s", 0, SCHEMA.empty_table(), retries=0,
+                        committables=[Committable("out", staged)],
+                    )  # fmt: skip
+    assert stopped.value is info.value
+    error = info.value.cause
+    assert isinstance(error, StagedFilesGoneError)
+    assert (error.batch, error.path) == (f"{key}#0", staged.manifests[0].files[0].path)
+    assert sink.coordinator.stats().committed_epochs == 0
+    assert_holds_only(dsn, name, [])
 
 
 # Through a real local Spark (local[2,4]: a failed task is retried).
