@@ -89,7 +89,8 @@ class TaskWrite(Protocol):
 class ExecutorWrites(Protocol):
     """How a table is written from Spark tasks (a small picklable value shipped to every task)
     and what the driver does with what they wrote: :class:`ExecutorStaging` for the tables
-    that stage Parquet files."""
+    that stage Parquet files, :class:`~barrierflow.connectors.postgres_executors.
+    PostgresExecutorWrites` for PostgreSQL (a prepared transaction per task attempt)."""
 
     @property
     def schema(self) -> pa.Schema:
@@ -137,7 +138,7 @@ def executor_writes(table: Any) -> ExecutorWrites:
         raise InvalidArgumentError(
             "table",
             "a table whose writers can write from Spark tasks (ParquetTable, IcebergTable, "
-            "DeltaLakeTable)",
+            "DeltaLakeTable, a PostgresTable without a key)",
             type(table).__name__,
         )
     return writer.executor_staging()
