@@ -83,13 +83,25 @@ def test_a_sink_fed_by_the_feed_has_an_empty_chain(tmp_path: Path) -> None:
     assert plan(tmp_path / "p", lambda rt: "events", parallelism=4) == ()
 
 
+ON_DRIVER = "or run the pipeline with run_on='driver'"
+GLOBAL = (
+    "it is global (one instance sees the whole stream), and a Spark task sees one partition; "
+    "declare placement = Placement.PARTITION_LOCAL on its class if any instance may take any "
+    "row, " + ON_DRIVER
+)
+KEYED = (
+    "it is keyed (every row of a key must reach the instance holding the key's state), and "
+    "keyed actors do not run in Spark's tasks yet; " + ON_DRIVER
+)
+PLAIN = (
+    "its factory is a plain function, which declares no placement; declare it with its "
+    "StreamActor class (placement = Placement.PARTITION_LOCAL) or an operator, " + ON_DRIVER
+)
+
+
 @pytest.mark.parametrize(
     ("factory", "words"),
-    [
-        (Global, "global"),
-        (Keyed, "keyed"),
-        (lambda: Local(), "plain function"),
-    ],
+    [(Global, GLOBAL), (Keyed, KEYED), (lambda: Local(), PLAIN)],
     ids=["global", "keyed", "plain-function"],
 )
 def test_an_actor_that_is_not_partition_local_is_refused_naming_it_and_why(
@@ -102,9 +114,7 @@ def test_an_actor_that_is_not_partition_local_is_refused_naming_it_and_why(
         return "last"
 
     error = refusal(tmp_path, declare)
-    assert error.actor == "odd"
-    assert words in error.reason
-    assert "run_on='driver'" in error.reason
+    assert (error.actor, error.reason) == ("odd", words)
 
 
 def test_a_reader_off_the_path_to_the_sink_is_refused_as_it_would_get_no_rows(
@@ -116,8 +126,11 @@ def test_a_reader_off_the_path_to_the_sink_is_refused_as_it_would_get_no_rows(
         return "step"
 
     error = refusal(tmp_path, declare)
-    assert error.actor == "tap"
-    assert "never reach the driver" in error.reason
+    assert (error.actor, error.reason) == (
+        "tap",
+        "it reads 'step', whose rows run in Spark's tasks to sink 'out' and never reach the "
+        "driver, so it would get none; give it a query of its own (another bridge), " + ON_DRIVER,
+    )
 
 
 def test_a_reader_of_the_feed_besides_the_chain_is_refused(tmp_path: Path) -> None:
@@ -146,7 +159,11 @@ def test_a_step_with_a_second_input_is_refused(tmp_path: Path) -> None:
         return "merge"
 
     error = refusal(tmp_path, declare)
-    assert (error.actor, "['other']" in error.reason) == ("merge", True)
+    assert (error.actor, error.reason) == (
+        "merge",
+        "it reads ['other'] besides 'events', and a Spark task holds one chain's rows; "
+        + ON_DRIVER,
+    )
 
 
 class Splits(StreamActor):
@@ -161,7 +178,10 @@ def test_a_chain_through_a_side_output_is_refused(tmp_path: Path) -> None:
         return "fix"
 
     error = refusal(tmp_path, declare)
-    assert (error.actor, "side output" in error.reason) == ("fix", True)
+    assert (error.actor, error.reason) == (
+        "fix",
+        "it reads a side output of 'split'; only main outputs chain in Spark's tasks, " + ON_DRIVER,
+    )
 
 
 def test_a_sink_the_feed_does_not_reach_is_refused(tmp_path: Path) -> None:
