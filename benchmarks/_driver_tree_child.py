@@ -116,7 +116,7 @@ def _frames(spark: Any, config: dict[str, Any]) -> Iterator[tuple[int, int, Any]
     """``(start, stop, frame)`` per micro-batch: the warm-up one, then the timed ones."""
     partitions = config["partitions"]
     columns = ["id AS key"]
-    if config["mode"] == "chain":
+    if config["mode"] != "async":
         columns.append("rand(7) AS value")
         if config["wide"]:
             columns.append(TEXT)

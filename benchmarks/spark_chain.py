@@ -40,7 +40,10 @@ and waits for the last commit; the child then checks the table's row count (unti
 Runs of the two sides alternate; medians are reported. Runs with the same configuration are
 measured once per process and shared by the benchmarks that need them (the 216-byte 1M-row
 runs serve the CPU ratio and the rows/s). ``--quick`` runs against ``local[2]`` (``local[4]``
-for the async one) with smaller batches, one run a side.
+for the async one) with smaller batches, one run a side, and the runs of a benchmark share one
+driver (a driver's start alone takes 10-15 s): indicative figures only — in ``local[n]`` the
+executors' JVM work is the driver's, and a later run's RSS growth starts from an earlier run's
+grown heap.
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ class DriverRun:
     growth_mb: float
     growth_python_mb: float
     growth_jvm_mb: float
-    #: The bridge's counters (``BridgeStats``) after the query.
+    #: The query's own counters of the bridge (``BridgeStats``, the warm-up batch's taken off),
+    #: or Spark alone's rows/s for a ``floor`` run.
     stats: dict[str, Any]
 
     @property
