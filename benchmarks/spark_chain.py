@@ -102,6 +102,9 @@ class DriverRun:
     growth_mb: float
     growth_python_mb: float
     growth_jvm_mb: float
+    #: The share of the machine's CPU time that was busy during the query (every process's):
+    #: near 1.0, the query was bound by CPU, whoever used it.
+    machine_busy: float
     #: The query's own counters of the bridge (``BridgeStats``, the warm-up batch's taken off),
     #: or Spark alone's rows/s for a ``floor`` run.
     stats: dict[str, Any]
@@ -270,17 +273,24 @@ def driver_runs(directory: Path, configs: list[dict[str, Any]]) -> list[DriverRu
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _busy(before: Any, after: Any) -> float:
+    """The busy share of the machine's CPU time between two ``psutil.cpu_times()``."""
+    total = sum(after) - sum(before)
+    idle = (after.idle - before.idle) + (after.iowait - before.iowait)
+    return float((total - idle) / total) if total > 0 else 0.0
+
+
 def _query_run(child: subprocess.Popen[str], log: Path) -> DriverRun:
     """The driver's next query, cued and measured; then its check is cued."""
     assert child.stdin is not None
     _expect(child, "ready", log)
     tree = _Tree(child.pid)
     sampler = _PeakSampler(tree)
-    cpu_before = tree.cpu()
+    cpu_before, machine_before = tree.cpu(), psutil.cpu_times()
     child.stdin.write("go\n")
     child.stdin.flush()
     done = _expect(child, "done", log)
-    cpu_after = tree.cpu()
+    cpu_after, machine_after = tree.cpu(), psutil.cpu_times()
     growth, growth_python, growth_jvm = sampler.stop()
     child.stdin.write("check\n")
     child.stdin.flush()
@@ -292,6 +302,7 @@ def _query_run(child: subprocess.Popen[str], log: Path) -> DriverRun:
         growth_mb=growth,
         growth_python_mb=growth_python,
         growth_jvm_mb=growth_jvm,
+        machine_busy=_busy(machine_before, machine_after),
         stats={**done.get("stats", {}), **done.get("floor", {})},
     )
 
@@ -590,6 +601,10 @@ def executors_chain_rows_per_s(settings: Settings) -> dict[str, Any]:
                 **sampled(_rates(wide), _rates(wide_driver)),
             },
             "breakdown": breakdown,
+            "machine_cpu_busy": {
+                "executors_16b": rounded(median([r.machine_busy for r in narrow]), 3),
+                "driver_16b": rounded(median([r.machine_busy for r in narrow_driver]), 3),
+            },
             "candidate": "run_on='executors': filter -> map_batches -> 4 Iceberg writers",
             "baseline_impl": "the same declarations with run_on='driver'",
         },
@@ -708,6 +723,10 @@ def executors_async_map_scaling(settings: Settings) -> dict[str, Any]:
             "latency_s": LATENCY,
             "ideal_rows_per_s": {"1": ideal, "4": 4 * ideal},
             "service_calls": calls,
+            "machine_cpu_busy": {
+                "4": rounded(median([r.machine_busy for r in four]), 3),
+                "1": rounded(median([r.machine_busy for r in one]), 3),
+            },
             "ms_per_batch_4_tasks": _split(four, batches),
             "ms_per_batch_1_task": _split(one, batches),
             **sampled(_rates(four), _rates(one)),
