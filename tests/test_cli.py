@@ -68,7 +68,7 @@ def test_demo_help_describes_every_option_and_its_default(
     assert "(default: demo-data;" in shown
     assert "(default: asyncio)" in shown
     assert "--table {iceberg,delta,postgres}" in shown
-    assert "--write-on {driver,executors}" in shown
+    assert "--run-on {driver,executors}" in shown
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:

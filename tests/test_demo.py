@@ -153,7 +153,7 @@ def test_a_run_written_on_executors_killed_mid_stage_resumes_to_every_row_once(
     # through the JVM's stderr.
     lines = (crashed.stdout + crashed.stderr).splitlines()
     crash = lines.index("CRASH mid-batch, executors staging: SIGKILL of the driver")
-    resume = f"barrierflow demo --resume --workdir {workdir} --write-on executors"
+    resume = f"barrierflow demo --resume --workdir {workdir} --run-on executors"
     assert lines[crash + 1] == f"resume with: {resume}"
     # Resumed through the driver: both ways commit through one coordinator, one table.
     resumed = demo(workdir, "--resume")

@@ -1,6 +1,6 @@
 """The Spark demo's chain (``barrierflow demo spark --chain``): the events pass three actors on
 their way from the feed to the table — ``filter → async_map → map_batches`` — which, with
-``--write-on executors``, run inside Spark's tasks (:mod:`barrierflow.spark_bridge.chain`).
+``--run-on executors``, run inside Spark's tasks (:mod:`barrierflow.spark_bridge.chain`).
 
 The ``async_map`` calls a real HTTP service, :class:`EchoService`, a thread of the demo's
 driver on loopback (the executors of a local master, or of a standalone cluster on the same

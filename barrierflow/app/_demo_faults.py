@@ -2,7 +2,7 @@
 
 ``barrierflow demo --crash-after N --crash-point P`` arms :class:`Faults` for micro-batch
 ``N`` of the run; the wrappers below kill the process at point ``P``: ``mid-batch`` (rows
-written, not committed — with ``--write-on executors``: while the executors stage them),
+written, not committed — with ``--run-on executors``: while the executors stage them),
 ``after-checkpoint`` (the batch durable here, not yet committed by Spark) or ``mid-commit``
 (the table committed, the coordinator not yet told). ``executor-lost`` (executors only) kills
 a task's Python worker mid-stage instead of the driver: Spark retries the task and the run

@@ -334,17 +334,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Spark configuration setting; repeat for more (default: none)",
     )
     demo.add_argument(
-        "--write-on",
+        "--run-on",
+        "--write-on",  # its old name
+        dest="write_on",
         choices=list(WRITE_ON),
         default="driver",
-        help="spark act: where the rows are written — through this driver's graph, or staged "
-        "by Spark's tasks on the executors, the driver only committing (default: %(default)s)",
+        help="spark act: where the graph runs — this driver (the rows cross it), or Spark's "
+        "tasks on the executors, which run the chain and stage the rows, the driver only "
+        "committing (default: %(default)s)",
     )
     demo.add_argument(
         "--chain",
         action="store_true",
         help="spark act: pass the events through filter → async_map (a service on loopback) "
-        "→ map_batches before the table, in Spark's tasks with --write-on executors "
+        "→ map_batches before the table, in Spark's tasks with --run-on executors "
         "(default: off)",
     )
     demo.add_argument(

@@ -14,13 +14,13 @@ Spark, the SQLite state store, local files under ``--workdir``::
                          (--table postgres)        barrierflow_demo.events of --postgres-dsn
                                                    or of the demo's own <workdir>/postgres
 
-With ``--write-on executors`` no row crosses the driver: Spark's tasks stage each micro-batch
+With ``--run-on executors`` no row crosses the driver: Spark's tasks stage each micro-batch
 as Parquet files where it lies, the driver hands their manifests to the same coordinator and
 sends only the batch's end mark through the feed (see :mod:`barrierflow.spark_bridge.bridge`).
 The default is ``driver``: it runs on any graph, and at the demo's sizes on one machine the two
 are about even; ``executors`` is what scales with a cluster (``--spark-master spark://...``).
 ``--chain`` passes the events through ``filter → async_map`` (a service on loopback) ``→
-map_batches`` before the table — in Spark's tasks with ``--write-on executors`` — keeping every
+map_batches`` before the table — in Spark's tasks with ``--run-on executors`` — keeping every
 event (:mod:`barrierflow.app._demo_chain`).
 
 It shows live progress (a table on a terminal; without one — output piped to a file, CI — a
@@ -207,7 +207,7 @@ class DemoConfig:
 def resume_command(config: DemoConfig) -> str:
     """The command that resumes the run ``config`` describes (for the user to copy)."""
     words = resume_words(None, config.workdir, config.backend)
-    words += " --write-on executors" if config.write_on == "executors" else ""
+    words += " --run-on executors" if config.write_on == "executors" else ""
     return words + (" --chain" if config.chain else "")
 
 

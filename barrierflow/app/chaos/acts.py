@@ -11,7 +11,7 @@ moment of the run (:mod:`.harness`), which reaches what no target marks.
 The Spark act writes one of three tables (``--table iceberg|delta|postgres``): the harness
 gives each of its rounds one (:meth:`Act.writing`), and the act's audit reads that table with
 its own reader (pyiceberg, deltalake, psycopg). The ``spark-executors`` act is the Spark act
-with Spark's tasks staging the rows (``--write-on executors``; Iceberg and Delta only), killed
+with Spark's tasks staging the rows (``--run-on executors``; Iceberg and Delta only), killed
 while they stage, after they staged and before the commit, and mid-commit. The ``spark-chain``
 act is that act with a chain of actors before the table (``--chain``: filter → async_map
 calling a service on loopback → map_batches), run in Spark's tasks.
@@ -153,7 +153,7 @@ SPARK_EXECUTORS = Act(
     600.0,
     ("iceberg", "delta"),
     demo_act="spark",
-    options=("--write-on", "executors"),
+    options=("--run-on", "executors"),
 )
 
 #: The executors act with a chain of actors before the table (``--chain``): filter → async_map
