@@ -410,6 +410,27 @@ async def test_spent_retries_fail_the_actor_naming_the_key_and_the_cause(tmp_pat
     assert service.calls.count(2) == 3
 
 
+async def test_calls_failing_for_good_at_once_fail_the_actor_with_the_first_one_not_a_group(
+    tmp_path: Path,
+) -> None:
+    # Eight workers run out of retries in the same turn of the loop: each raises before the
+    # first one's cancellation reaches the others. The actor fails with one error, the
+    # first call's to fail for good, on both backends (asyncio gathered them in a group).
+    async def fail(row: dict[str, Any]) -> dict[str, Any]:
+        await anyio.lowlevel.checkpoint()
+        raise ConnectionError(f"503 for {row['n']}")
+
+    operator = async_map(fail, schema=OUTPUT, concurrency=8, retries=1, retry_delay=0, key="n")
+    with pytest.raises(ActorFailedError) as caught:
+        async with running(tmp_path, operator) as (rt, _, _):
+            await rt.push("events", chunk(*range(32)))
+            await rt.checkpoint()
+    error = caught.value.cause
+    assert isinstance(error, AsyncCallFailedError)
+    assert error.attempts == 2
+    assert str(error.cause) == f"503 for {error.key}"
+
+
 async def test_without_a_key_a_failed_row_is_named_by_its_position_in_its_chunk(
     tmp_path: Path,
 ) -> None:

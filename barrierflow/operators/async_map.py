@@ -317,21 +317,31 @@ class _AsyncMap(OperatorActor):
         self._wake = anyio.Event()  # a call completed: the emitter has work
         self._idle: anyio.Event | None = None  # set when the last pending call was emitted
         self._emitting = anyio.Lock()  # one task emits at a time
-        with single_error():
-            async with anyio.create_task_group() as tg:
-                for _ in range(self._s.concurrency):
-                    tg.start_soon(self._worker, ctx.name)
-                tg.start_soon(self._emitter, ctx)
-                async for message in ctx.messages(committables=True):
-                    if isinstance(message, Chunk):
-                        await self._read(message, ctx.name)
-                        continue
-                    if not isinstance(message, Committable):
-                        await self._drain()  # a barrier or a watermark
-                    async with self._emitting:
-                        await ctx.emit(message)
-                await self._drain()
-                tg.cancel_scope.cancel()
+        self._first_failure: AsyncCallFailedError | None = None
+        try:
+            with single_error():
+                async with anyio.create_task_group() as tg:
+                    for _ in range(self._s.concurrency):
+                        tg.start_soon(self._worker, ctx.name)
+                    tg.start_soon(self._emitter, ctx)
+                    async for message in ctx.messages(committables=True):
+                        if isinstance(message, Chunk):
+                            await self._read(message, ctx.name)
+                            continue
+                        if not isinstance(message, Committable):
+                            await self._drain()  # a barrier or a watermark
+                        async with self._emitting:
+                            await ctx.emit(message)
+                    await self._drain()
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup:
+            # Several calls ran out of retries at once (their workers raised before the
+            # first one's cancellation reached them): the first to fail is the failure.
+            if self._first_failure is None:
+                raise
+        else:
+            return
+        raise self._first_failure  # outside the handler: the group is not chained on
 
     async def _read(self, chunk: Chunk, actor: str) -> None:
         """Offer ``chunk``'s visible rows to the workers; return once every row's call has
@@ -415,7 +425,12 @@ class _AsyncMap(OperatorActor):
                 self._parked.append(parked)
                 await parked.wait()
                 continue
-            await self._call(call, actor)
+            try:
+                await self._call(call, actor)
+            except AsyncCallFailedError as exc:
+                if self._first_failure is None:
+                    self._first_failure = exc
+                raise
             self._running -= 1
             call.done = True
             if not s.ordered:
