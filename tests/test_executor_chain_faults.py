@@ -533,5 +533,5 @@ def test_the_demo_s_chain_option_is_a_bool_and_a_resume_keeps_it(tmp_path: Path)
         DemoConfig(workdir=tmp_path, chain="yes")  # type: ignore[arg-type]
     assert (info.value.argument, info.value.got) == ("chain", "yes")
     config = DemoConfig(workdir=tmp_path, chain=True, write_on="executors")
-    assert resume_command(config).endswith(" --write-on executors --chain")
+    assert resume_command(config).endswith(" --run-on executors --chain")
     assert "--chain" not in resume_command(DemoConfig(workdir=tmp_path))

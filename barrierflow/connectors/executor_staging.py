@@ -105,14 +105,15 @@ class ExecutorWrites(Protocol):
         ...
 
     def open_task(self, number: int, partition: int, attempt: int) -> TaskWrite:
-        """The write of attempt ``attempt`` of ``partition``'s task under staging ``number``
-        (on an executor)."""
+        """The write of ``partition``'s task attempt ``attempt`` (Spark's task attempt id,
+        unique in the application) under staging ``number`` (on an executor)."""
         ...
 
     def adopt(self, number: int, manifests: Sequence[Manifest]) -> list[Manifest]:
         """Keep the attempts whose ``manifests`` Spark returned (one per partition) and drop
         every other attempt of ``number``; the kept manifests, as the committer takes them
-        (on the driver)."""
+        (on the driver). With no manifests it drops every attempt: what a failed job
+        staged."""
         ...
 
 

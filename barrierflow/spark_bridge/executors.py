@@ -85,7 +85,8 @@ def stage_partition(
     if context is None:  # pragma: no cover - only outside a task
         raise RuntimeError("stage_partition runs in a Spark task")
     partition = context.partitionId()
-    manifest, report = run_partition(chain, number, partition, context.taskAttemptId(), batches)
+    task, attempt = context.taskAttemptId(), context.attemptNumber()
+    manifest, report = run_partition(chain, number, partition, task, attempt, batches)
     yield pa.record_batch(
         {
             "partition": pa.array([partition], pa.int32()),
@@ -160,6 +161,7 @@ def stage_on_executors(
         rows = runs.collect()
     except Exception as exc:
         recorded = _log_failures(failures)
+        _drop_attempts(chain, number)
         error = _job_error(str(exc), recorded)
         if error is None:
             raise
@@ -202,6 +204,19 @@ def probe_chain(spark: Any, chain: TaskChain) -> None:
     else:
         return
     raise error
+
+
+def _drop_attempts(chain: TaskChain, number: int) -> None:
+    """Drop what every attempt of a failed job staged under ``number`` (adopting none of
+    them); a failure to is logged, and the committer's recovery drops it later."""
+    try:
+        chain.writes.adopt(number, [])
+    except Exception as exc:
+        _log.warning(
+            "staged attempts of a failed Spark job not dropped",
+            staging=number,
+            cause=f"{type(exc).__name__}: {exc}",
+        )
 
 
 def _log_failures(directory: Path) -> list[TaskFailure]:

@@ -138,10 +138,13 @@ class TaskFailure:
     """Why a task attempt failed, as it travels to the driver (JSON).
 
     Attributes:
-        partition, attempt: the task attempt (Spark's partition id and task attempt id).
+        partition, attempt: the task attempt: Spark's partition id, and which attempt of
+            the partition's task it was (``0`` for the first; Spark's ``attemptNumber``).
         actor: the chain's actor that raised (``None``: the task failed outside one).
         cause_line: the cause in one line, ``"<type>: <message>"``.
         cause: the cause, pickled and base64-encoded (``""`` when it does not pickle).
+        task: Spark's id of the task attempt (unique in the application; its staging
+            directory is named after it).
     """
 
     partition: int
@@ -149,6 +152,7 @@ class TaskFailure:
     actor: str | None
     cause_line: str
     cause: str = ""
+    task: int = 0
 
     def to_json(self) -> str:
         """The failure as one line of JSON."""
@@ -159,6 +163,7 @@ class TaskFailure:
                 "actor": self.actor,
                 "cause_line": self.cause_line,
                 "cause": self.cause,
+                "task": self.task,
             }
         )
 
@@ -173,6 +178,7 @@ class TaskFailure:
             None if actor is None else str(actor),
             str(data["cause_line"]),
             str(data["cause"]),
+            int(data["task"]),
         )
 
     def error(self) -> BaseException | None:
@@ -203,8 +209,11 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def failure_of(error: BaseException, partition: int, attempt: int, sink: str) -> TaskFailure:
-    """What ``error``, raised by a task attempt's chain, tells the driver."""
+def failure_of(
+    error: BaseException, partition: int, attempt: int, sink: str, task: int = 0
+) -> TaskFailure:
+    """What ``error``, raised by attempt ``attempt`` (Spark's task ``task``) of
+    ``partition``'s task, tells the driver."""
     actor: str | None = None
     cause = error
     if isinstance(error, ActorFailedError):
@@ -217,7 +226,7 @@ def failure_of(error: BaseException, partition: int, attempt: int, sink: str) ->
         encoded = ""
     else:
         encoded = base64.b64encode(pickled).decode("ascii")
-    return TaskFailure(partition, attempt, actor, _one_line(cause), encoded)
+    return TaskFailure(partition, attempt, actor, _one_line(cause), encoded, task)
 
 
 class _Stage(StreamActor):
@@ -277,12 +286,13 @@ def run_partition(
     chain: TaskChain,
     number: int,
     partition: int,
+    task: int,
     attempt: int,
     batches: Iterator[pa.RecordBatch],
 ) -> tuple[Manifest, TaskReport]:
     """Run ``chain`` over one task's ``batches`` and stage what it emits under staging
-    ``number`` (blocking; in the Spark task). Without steps the batches are written as they
-    come, with no runtime.
+    ``number`` (blocking; in the Spark task ``task``, attempt ``attempt`` of ``partition``'s
+    task). Without steps the batches are written as they come, with no runtime.
 
     Raises:
         TaskFailedError: the chain or the write failed (after recording the failure).
@@ -290,7 +300,7 @@ def run_partition(
     started = time.perf_counter()
     report = TaskReport()
     try:
-        write = chain.writes.open_task(number, partition, attempt)
+        write = chain.writes.open_task(number, partition, task)
         if chain.steps:
             anyio.run(_run_chain, chain, write, batches, report, backend=chain.backend)
         else:
@@ -299,7 +309,7 @@ def run_partition(
                 write.add(batch)
         manifest = write.finish()
     except Exception as exc:
-        failure = failure_of(exc, partition, attempt, chain.sink)
+        failure = failure_of(exc, partition, attempt, chain.sink, task)
         record_failure(chain.writes.root, number, failure)
         raise TaskFailedError(failure) from None
     report.seconds = time.perf_counter() - started
@@ -312,7 +322,7 @@ def record_failure(root: str, number: int, failure: TaskFailure) -> None:
     directory = failures_directory(root, number)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        name = f"p{failure.partition}a{failure.attempt}.json"
+        name = f"p{failure.partition}t{failure.task}.json"
         Path(directory, name).write_text(failure.to_json())
     except OSError:
         pass
