@@ -398,6 +398,22 @@ def test_compaction_keeps_every_read_from_up_to_on_and_of_pinned_epochs(tmp_path
     assert read_all(store, 9) == {8: 8, 9: 9}
 
 
+def test_a_pinned_epoch_after_an_older_base_keeps_that_base_through_a_newer_compaction(
+    tmp_path: Path,
+) -> None:
+    store = make_store(tmp_path)
+    for epoch in range(1, 4):
+        commit_epoch(store, epoch, [(epoch, UPSERT, epoch)])
+    store.compact(2)
+    for epoch in range(4, 7):
+        commit_epoch(store, epoch, [(epoch, UPSERT, epoch), (epoch - 3, DELETE, None)])
+    store.compact(6, pinned=[4])
+    assert read_all(store, 4) == {2: 2, 3: 3, 4: 4}
+    assert read_all(store, 6) == {4: 4, 5: 5, 6: 6}
+    with pytest.raises(VersionCompactedError):
+        store.read(range(VNODES), 5)
+
+
 def test_compaction_deletes_the_files_no_reader_needs_once_the_pin_is_released(
     tmp_path: Path,
 ) -> None:
