@@ -196,7 +196,8 @@ def _entry(path: str, runs: Iterable[Sequence[int]], rows: int) -> dict[str, Any
 class VnodeStateStore:
     """The state of one keyed operator on a shared directory (see the module docstring).
 
-    Cheap to build and picklable in spirit: a Spark task builds its own from the root, key and
+    Cheap to build (it reads only the manifest, to check the key, schema and vnode count it
+    was made with) and picklable: a Spark task builds its own from the root, key and
     schema. Nothing is created until something is staged or committed.
 
     Args:
