@@ -106,6 +106,9 @@ if _typing.TYPE_CHECKING:
     from barrierflow.connectors.errors import SplitLogUnavailableError as SplitLogUnavailableError
     from barrierflow.connectors.errors import StagedEpochMismatchError as StagedEpochMismatchError
     from barrierflow.connectors.errors import StagedPathError as StagedPathError
+    from barrierflow.connectors.errors import (
+        StateCommitConflictError as StateCommitConflictError,
+    )
     from barrierflow.operators.errors import AsyncCallFailedError as AsyncCallFailedError
     from barrierflow.operators.errors import ChangelogInputError as ChangelogInputError
     from barrierflow.operators.errors import KeyedStateOrphanedError as KeyedStateOrphanedError
@@ -214,6 +217,7 @@ _DEFINED_IN: dict[str, str] = {
     "SplitLogUnavailableError": "barrierflow.connectors.errors",
     "StagedEpochMismatchError": "barrierflow.connectors.errors",
     "StagedPathError": "barrierflow.connectors.errors",
+    "StateCommitConflictError": "barrierflow.connectors.errors",
     "ActorError": "barrierflow.runtime.errors",
     "ActorFailedError": "barrierflow.runtime.errors",
     "ActorGoneError": "barrierflow.runtime.errors",

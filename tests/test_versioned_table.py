@@ -371,3 +371,11 @@ async def test_a_table_reopened_with_another_schema_is_refused(tmp_path: Path) -
             await store.versioned_table(
                 "view", "rows", schema=other, primary_key=["k"], vnode_count=VNODES
             )
+
+
+def test_op_codes_of_no_rows_are_an_empty_array_not_a_failed_range_check() -> None:
+    from barrierflow.runtime.state.versioned_checks import op_codes
+
+    assert op_codes([], 0).equals(pa.array([], pa.int8()))
+    with pytest.raises(InvalidArgumentError):
+        op_codes([0], 0)

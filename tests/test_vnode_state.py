@@ -35,12 +35,13 @@ from hypothesis.stateful import (
 from barrierflow.channels import Op, VnodeBitmap
 from barrierflow.channels.vnode import compute_vnodes
 from barrierflow.connectors import vnode_state
-from barrierflow.connectors.vnode_state import StateCommitConflictError, StateDelta, VnodeStateStore
+from barrierflow.connectors.vnode_state import StateDelta, VnodeStateStore
 from barrierflow.errors import (
     EpochOrderError,
     ExecutorStagingError,
     InvalidArgumentError,
     SchemaMismatchError,
+    StateCommitConflictError,
     VersionCompactedError,
     VnodeOwnershipError,
 )

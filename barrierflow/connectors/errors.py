@@ -22,6 +22,7 @@ __all__ = [
     "SplitLogUnavailableError",
     "StagedEpochMismatchError",
     "StagedPathError",
+    "StateCommitConflictError",
 ]
 
 
@@ -225,4 +226,34 @@ class PostgresUnavailableError(SinkError):
         super().__init__(
             f"table {sink!r}: expected its database to accept a connection and the table's "
             f"declaration, got: {reason}"
+        )
+
+
+@final
+class StateCommitConflictError(ProtocolError):
+    """An epoch already committed was committed again with other deltas: an epoch has one
+    state version (a replay with the same deltas is a no-op).
+
+    Attributes:
+        store: the store's directory.
+        epoch: the epoch.
+        committed: the ``(number, attempt)`` of the deltas it holds (empty when compaction
+            folded the epoch's record away).
+        got: those of the deltas this commit named.
+    """
+
+    def __init__(
+        self,
+        store: str,
+        epoch: int,
+        committed: Iterable[tuple[int, str]],
+        got: Iterable[tuple[int, str]],
+    ) -> None:
+        self.store = store
+        self.epoch = epoch
+        self.committed = tuple(sorted(committed))
+        self.got = tuple(sorted(got))
+        super().__init__(
+            f"state store {store!r}: expected epoch {epoch} again with its committed deltas "
+            f"{list(self.committed)}, got {list(self.got)}"
         )

@@ -88,7 +88,6 @@ from barrierflow.channels.chunk import Op
 from barrierflow.channels.errors import (
     EpochOrderError,
     InvalidArgumentError,
-    ProtocolError,
     VnodeOwnershipError,
 )
 from barrierflow.channels.schema import conform_schema
@@ -98,11 +97,11 @@ from barrierflow.channels.vnode import (
     check_key_columns,
     vnodes_unchecked,
 )
-from barrierflow.connectors.errors import ExecutorStagingError
+from barrierflow.connectors.errors import ExecutorStagingError, StateCommitConflictError
 from barrierflow.runtime.state.errors import VersionCompactedError
 from barrierflow.runtime.state.versioned_checks import check_key_schema, op_codes
 
-__all__ = ["StateCommitConflictError", "StateDelta", "VnodeStateStore"]
+__all__ = ["StateDelta", "VnodeStateStore"]
 
 #: The vnode of each stored row.
 VNODE_COLUMN = "__vnode"
@@ -115,36 +114,6 @@ _FORMAT = "barrierflow.vnode_state/1"
 _ATTEMPT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 _ROW_GROUP_ROWS = 64 * 1024
 _UPSERTS = (int(Op.INSERT), int(Op.UPDATE_INSERT))
-
-
-@final
-class StateCommitConflictError(ProtocolError):
-    """An epoch already committed was committed again with other deltas: an epoch has one
-    state version (a replay with the same deltas is a no-op).
-
-    Attributes:
-        store: the store's directory.
-        epoch: the epoch.
-        committed: the ``(number, attempt)`` of the deltas it holds (empty when compaction
-            folded the epoch's record away).
-        got: those of the deltas this commit named.
-    """
-
-    def __init__(
-        self,
-        store: str,
-        epoch: int,
-        committed: Iterable[tuple[int, str]],
-        got: Iterable[tuple[int, str]],
-    ) -> None:
-        self.store = store
-        self.epoch = epoch
-        self.committed = tuple(sorted(committed))
-        self.got = tuple(sorted(got))
-        super().__init__(
-            f"state store {store!r}: expected epoch {epoch} again with its committed deltas "
-            f"{list(self.committed)}, got {list(self.got)}"
-        )
 
 
 def _name(number: int) -> str:
@@ -688,19 +657,11 @@ def _remove_files(root: Path, paths: Iterable[str]) -> None:
 
 
 def _op_codes(ops: object, n: int) -> pa.Array:
-    """``ops`` as ``n`` int8 :class:`Op` codes (the versioned table's check, which needs at
-    least one row to find the codes' range)."""
+    """``ops`` as ``n`` int8 :class:`Op` codes (the versioned table's check); a delta names
+    its ops, so ``None`` (the versioned table's "all inserts") is refused."""
     if ops is None or isinstance(ops, str | bytes):
         raise InvalidArgumentError("ops", "a sequence of Op codes (int8 0..3)", ops)
-    if n:
-        return op_codes(ops, n)
-    try:
-        size = len(ops)  # type: ignore[arg-type]
-    except TypeError:
-        size = -1
-    if size != 0:
-        raise InvalidArgumentError("ops", "0 op codes (one per row)", ops)
-    return pa.array([], pa.int8())
+    return op_codes(ops, n)
 
 
 def _latest(rows: pa.Table, key: Sequence[str]) -> pa.Table:

@@ -80,6 +80,8 @@ def op_codes(ops: Any, n: int) -> pa.Array:
         raise InvalidArgumentError("ops", "a sequence of Op codes (int8 0..3)", ops) from exc
     if len(codes) != n or codes.null_count:
         raise InvalidArgumentError("ops", f"{n} op codes without nulls", ops)
+    if not n:
+        return codes  # no row: no range to check (min_max of nothing is null)
     low, high = pc.min_max(codes).values()
     if low.as_py() < 0 or high.as_py() > int(max(Op)):
         raise InvalidArgumentError("ops", f"op codes in 0..{int(max(Op))}", ops)
