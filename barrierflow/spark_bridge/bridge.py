@@ -355,29 +355,30 @@ class SparkBridge:
             self._writes = executor_writes(self.sink.table)
         return self._writes
 
-    async def _plan(self, stream: str) -> tuple[str, TaskChain]:
-        """The stream's position key and the chain every task runs (in the runtime's thread:
-        the graph is read there).
+    async def _plan(self, stream: str) -> TaskChain:
+        """The chain every task runs (in the runtime's thread: the graph is read there).
 
         Raises:
             ExecutorPlacementError: an actor between the feed and the sink cannot run in
                 Spark's tasks.
         """
-        rt = self.runtime.runtime
-        key = await self.feed.position_key(stream, rt)
+        key = await self.feed.position_key(stream, self.runtime.runtime)
+        return self._chain(key[: -len(stream) - 1])
+
+    def _chain(self, source: str) -> TaskChain:
+        """The chain from the feed's source actor ``source`` to the sink (in the runtime's
+        thread)."""
         assert self.sink is not None  # checked by _executor_writes
-        source = key[: -len(stream) - 1]
-        steps = plan_chain(rt.nodes(), source, self.sink.name, self.sink.writers)
-        chain = TaskChain(
-            steps, self._executor_writes(), self.feed.schema, self.runtime.backend, self.sink.name
-        )
-        return key, chain
+        nodes = self.runtime.runtime.nodes()
+        steps = plan_chain(nodes, source, self.sink.name, self.sink.writers)
+        writes = self._executor_writes()
+        return TaskChain(steps, writes, self.feed.schema, self.runtime.backend, self.sink.name)
 
     def _probe_chain(self, spark: Any, stream: str) -> TaskChain:
         """Plan the chain and, the first time, build it once on an executor (see
         :func:`~barrierflow.spark_bridge.executors.probe_chain`)."""
         self._executor_writes()
-        _, chain = self.runtime.call(self._plan, stream)
+        chain = self.runtime.call(self._plan, stream)
         if not self._probed:
             probe_chain(spark, chain)
             self._probed = True
@@ -485,8 +486,7 @@ class SparkBridge:
                 "the executors reach it through the feed)",
                 f"sink {self.sink.name!r} with writers {cut_off} not downstream of it",
             )
-        _, chain = await self._plan(stream)
-        return key, chain, self.feed.check_batch(stream, batch_id)
+        return key, self._chain(source), self.feed.check_batch(stream, batch_id)
 
     def _deliver_on_executors(self, df: Any, stream: str, batch_id: int) -> int | None:
         """Run the chain and stage its output on the executors, then deliver the batch's
