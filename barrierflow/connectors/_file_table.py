@@ -60,6 +60,7 @@ from barrierflow.connectors._staging import (
     staged_files,
     unstaged_path,
 )
+from barrierflow.connectors.state_commit import commit_state, drop_state
 from barrierflow.runtime.positions import check_positions
 
 __all__ = ["RECENT_COMMITS", "EpochCommit", "FileCommitter", "file_commit_outcome"]
@@ -280,6 +281,8 @@ class FileCommitter(ABC):
             # holds: drop them instead of committing them twice.
             self.abort_files(metadata)
             return AlreadyCommitted()
+        # The epoch's keyed state first, then its rows (see .state_commit for why).
+        commit_state(epoch, metadata.get("state", ()))
         placed = self.place(epoch, metadata)
         started = time.perf_counter()
         self.publish(state, EpochCommit(epoch, placed, metadata, held))
@@ -336,9 +339,11 @@ class FileCommitter(ABC):
         self.drop_staging(metadata)
 
     def drop_staging(self, metadata: Mapping[str, Any]) -> None:
-        """Delete the epoch's staging directory (what is left once its files moved)."""
+        """Delete the epoch's staging directory (what is left once its files moved) and what
+        its keyed state's tasks staged (committed already, or never to be)."""
         if "staging_epoch" in metadata:
             shutil.rmtree(staged_dir(self._root, metadata["staging_epoch"]), ignore_errors=True)
+        drop_state(metadata.get("state", ()))
 
     async def sink_commits(self) -> SinkCommits | None:
         """What the table holds: its committed epoch and the positions recorded with it

@@ -30,6 +30,7 @@ from barrierflow.connectors.errors import (
     StagedEpochMismatchError,
     StagedPathError,
 )
+from barrierflow.connectors.state_commit import gather_state
 
 __all__ = [
     "MANIFEST",
@@ -205,7 +206,8 @@ def gather_staged(
     if len(staged) != 1:
         raise StagedEpochMismatchError(table, epoch, staged)
     paths = [f.path for m in manifests for f in m.files]
-    if not paths and change is None:
+    state = gather_state(manifests)
+    if not paths and change is None and not state:
         return None
     metadata: dict[str, Any] = {
         "staging_epoch": staged.pop(),
@@ -218,4 +220,7 @@ def gather_staged(
     }
     if change is not None:
         metadata["schema_change"] = dict(change)
+    if state:
+        # A keyed operator's state deltas, committed with the files (see .state_commit).
+        metadata["state"] = state
     return metadata

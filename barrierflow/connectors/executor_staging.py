@@ -230,16 +230,12 @@ class ExecutorStaging:
                 raise ExecutorStagingError(
                     str(root), f"{source} is gone (a recovery cleaned the staging area)"
                 ) from exc
-            adopted.append(
-                Manifest(
-                    manifest.writer,
-                    number,
-                    tuple(
-                        replace(f, path=str((destination / Path(f.path).name).relative_to(root)))
-                        for f in manifest.files
-                    ),
-                )
+            # The state deltas a keyed step staged ride along (their store is not moved).
+            files = tuple(
+                replace(f, path=str((destination / Path(f.path).name).relative_to(root)))
+                for f in manifest.files
             )
+            adopted.append(replace(manifest, epoch=number, files=files))
         if target.exists():
             fsync_path(target)
             fsync_path(target.parent)

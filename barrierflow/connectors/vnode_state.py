@@ -101,7 +101,7 @@ from barrierflow.connectors.errors import ExecutorStagingError, StateCommitConfl
 from barrierflow.runtime.state.errors import VersionCompactedError
 from barrierflow.runtime.state.versioned_checks import check_key_schema, op_codes
 
-__all__ = ["StateDelta", "VnodeStateStore"]
+__all__ = ["StateDelta", "VnodeStateStore", "remove_staged"]
 
 #: The vnode of each stored row.
 VNODE_COLUMN = "__vnode"
@@ -148,6 +148,33 @@ class StateDelta:
     def committed_path(self, epoch: int) -> str:
         """Where the delta lives once ``epoch`` holds it, relative to the root."""
         return f"deltas/{_name(epoch)}/{_name(self.number)}-{self.attempt}.parquet"
+
+    def to_json(self) -> dict[str, Any]:
+        """The delta as JSON-able data (it travels in a manifest and a pending commit)."""
+        return {
+            "number": self.number,
+            "attempt": self.attempt,
+            "vnodes": [list(run) for run in self.vnodes],
+            "rows": self.rows,
+            "path": self.path,
+        }
+
+    @staticmethod
+    def from_json(data: Any) -> StateDelta:
+        """A delta from :meth:`to_json`'s data.
+
+        Raises:
+            InvalidArgumentError: ``data`` is not what :meth:`to_json` makes.
+        """
+        try:
+            runs = tuple((int(first), int(end)) for first, end in data["vnodes"])
+            delta = StateDelta(
+                int(data["number"]), str(data["attempt"]), runs, int(data["rows"]),
+                str(data["path"]),
+            )  # fmt: skip
+        except (TypeError, KeyError, ValueError) as exc:
+            raise InvalidArgumentError("delta", "a StateDelta's JSON", data) from exc
+        return delta
 
 
 def _runs_mask(runs: Iterable[Sequence[int]], vnode_count: int) -> npt.NDArray[np.bool_]:
@@ -212,10 +239,53 @@ class VnodeStateStore:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             self._check_identity(self._load())
 
+    @classmethod
+    def existing(cls, root: str | os.PathLike[str]) -> VnodeStateStore | None:
+        """The store at ``root`` as its manifest describes it (key, schema, vnode count), or
+        ``None`` before its first commit.
+
+        Raises:
+            InvalidArgumentError: ``root`` holds something else than a vnode state store.
+        """
+        path = Path(os.path.abspath(check_path_argument(root)))
+        try:
+            manifest: dict[str, Any] = json.loads((path / MANIFEST).read_bytes())
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except ValueError as exc:
+            raise InvalidArgumentError(
+                "root", f"a directory of a vnode state store ({_FORMAT})", str(path)
+            ) from exc
+        if manifest.get("format") != _FORMAT:
+            raise InvalidArgumentError(
+                "root", f"a directory of a vnode state store ({_FORMAT})", str(path)
+            )
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(manifest["schema"])))
+        return cls(path, manifest["key"], schema, vnode_count=int(manifest["vnode_count"]))
+
     @property
     def root(self) -> Path:
         """The store's directory."""
         return self._root
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """The key columns."""
+        return self._key
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The key and state columns."""
+        return self._schema
+
+    @property
+    def vnode_count(self) -> int:
+        """The vnodes of the key space."""
+        return self._vnode_count
+
+    def last_committed(self) -> int:
+        """The last committed epoch (0 before the first commit)."""
+        return int(self._load_or_empty()["last"])
 
     # The manifest.
 
@@ -601,6 +671,13 @@ def _move_delta(root: Path, delta: StateDelta, epoch: int) -> None:
 def _publish(root: Path, manifest: dict[str, Any]) -> None:
     """Step 2: replace the manifest (the commit point)."""
     write_atomically(root / MANIFEST, json.dumps(manifest, sort_keys=True).encode())
+
+
+def remove_staged(root: str | os.PathLike[str], number: int) -> None:
+    """Delete what is staged under ``number`` in the store at ``root``, whatever its key and
+    schema (:meth:`VnodeStateStore.drop_staged` without building the store: before its first
+    commit nothing records them)."""
+    _remove_staged(Path(root), {number})
 
 
 def _remove_staged(root: Path, numbers: Iterable[int]) -> None:

@@ -12,7 +12,7 @@ from barrierflow.operators._operator import Operator
 from barrierflow.operators.aggregate import aggregate, reduce
 from barrierflow.operators.async_map import async_map
 from barrierflow.operators.stream import KeyedStream, Stream, WindowedStream
-from barrierflow.operators.transform import filter_rows, map_batches
+from barrierflow.operators.transform import changelog_rows, filter_rows, map_batches
 from barrierflow.operators.watermarks import with_watermark
 from barrierflow.operators.window import Sliding, Tumbling, window_aggregate
 
@@ -25,6 +25,7 @@ __all__ = [
     "WindowedStream",
     "aggregate",
     "async_map",
+    "changelog_rows",
     "filter_rows",
     "map_batches",
     "reduce",

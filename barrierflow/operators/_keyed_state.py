@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, final
 
 import numpy as np
@@ -72,7 +72,7 @@ from barrierflow.runtime.actor import ActorContext
 from barrierflow.runtime.state.state_store import StateTable
 from barrierflow.runtime.state.versioned_table import VersionedTable
 
-__all__ = ["KeyedState", "View", "group_of", "positions"]
+__all__ = ["KeyedState", "View", "group_of", "positions", "seeded_meta"]
 
 #: The name of an instance within a parallel group: ``<group>.<index>``.
 _MEMBER = re.compile(r"^(?P<group>.+)\.(?P<index>\d+)$")
@@ -115,6 +115,23 @@ def _mask(runs: Sequence[Sequence[int]], vnode_count: int) -> npt.NDArray[np.boo
     for first, end in runs:
         mask[first:end] = True
     return mask
+
+
+def seeded_meta(
+    tables: Mapping[str, pa.Schema], vnodes: VnodeBitmap, owner: str
+) -> tuple[str, dict[str, Any]]:
+    """The meta table (its name and items) of an instance ``owner``, alone in its group,
+    whose versioned tables ``tables`` (name -> schema) hold rows of ``vnodes``: what a Spark
+    task writes beside the state it loaded, so that the operator restores it as its own.
+    The state is kept in the table that is not the view, if there is one (see
+    :class:`KeyedState`)."""
+    table = next((name for name in sorted(tables) if name != VIEW_TABLE), VIEW_TABLE)
+    items = {
+        "held": [list(run) for run in vnodes.runs()],
+        "group": [owner],
+        "schema": _encode_schema(tables[table]),
+    }
+    return f"{table}:meta", items
 
 
 def positions(keys: pa.Table, rows: pa.Table, key: tuple[str, ...]) -> npt.NDArray[np.int64]:

@@ -34,7 +34,13 @@ from barrierflow.operators._windows import Duration
 from barrierflow.operators.aggregate import aggregate, reduce
 from barrierflow.operators.async_map import BatchFn as AsyncBatchFn
 from barrierflow.operators.async_map import RowFn, async_map
-from barrierflow.operators.transform import BatchFn, MaskFn, filter_rows, map_batches
+from barrierflow.operators.transform import (
+    BatchFn,
+    MaskFn,
+    changelog_rows,
+    filter_rows,
+    map_batches,
+)
 from barrierflow.operators.watermarks import with_watermark
 from barrierflow.operators.window import Sliding, Tumbling, window_aggregate
 from barrierflow.runtime.actor import StreamActor
@@ -148,6 +154,18 @@ class Stream:
         """Keep the rows where ``predicate`` holds (:func:`~barrierflow.operators.filter_rows`)."""
         step = filter_rows(predicate)
         return self.apply(self.step_name(name, "filter"), step, parallelism=parallelism)
+
+    def changelog_rows(
+        self,
+        column: str = "op",
+        *,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """The changelog as plain rows with its ops in ``column``
+        (:func:`~barrierflow.operators.changelog_rows`)."""
+        step = changelog_rows(column)
+        return self.apply(self.step_name(name, "changelog_rows"), step, parallelism=parallelism)
 
     def async_map(
         self,

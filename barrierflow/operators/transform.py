@@ -40,7 +40,7 @@ from barrierflow.operators.errors import ChangelogInputError
 from barrierflow.runtime.actor import ActorContext
 from barrierflow.runtime.placement import Placement
 
-__all__ = ["filter_rows", "map_batches"]
+__all__ = ["CHANGE_KINDS", "changelog_rows", "filter_rows", "map_batches"]
 
 #: A batch function: visible rows in, rows out.
 BatchFn = Callable[[pa.RecordBatch], pa.RecordBatch]
@@ -83,6 +83,54 @@ def filter_rows(predicate: pc.Expression | MaskFn) -> Operator:
             "predicate", "a pyarrow.compute Expression or a function returning a mask", predicate
         )
     return Operator("filter", Placement.PARTITION_LOCAL, lambda: _Filter(predicate))
+
+
+#: How :func:`changelog_rows` names each op: Flink's ``RowKind`` short strings.
+CHANGE_KINDS = ("+I", "-D", "-U", "+U")
+
+
+def changelog_rows(column: str = "op") -> Operator:
+    """A changelog as plain rows: each visible row becomes an insert with one more column,
+    ``column``, saying what it was — ``"+I"`` (insert), ``"-U"`` / ``"+U"`` (the old and the
+    new row of an update), ``"-D"`` (delete), as Flink's ``RowKind`` prints them. What an
+    append-only table (Parquet, Iceberg, Delta) keeps of an ``aggregate``'s output: the full
+    history of its changes, from which the last ``+I``/``+U`` of each key is the current row.
+    An insert-only input gets ``"+I"`` on every row.
+
+    Raises:
+        InvalidArgumentError: ``column`` is not a non-empty str.
+    """
+    if not isinstance(column, str) or not column:
+        raise InvalidArgumentError("column", "a non-empty column name", column)
+    return Operator("changelog_rows", Placement.PARTITION_LOCAL, lambda: _ChangelogRows(column))
+
+
+@final
+class _ChangelogRows(OperatorActor):
+    kind: ClassVar[str] = "changelog_rows"
+
+    def __init__(self, column: str) -> None:
+        super().__init__()
+        self._column = column
+        self._kinds = pa.array(CHANGE_KINDS, pa.string())
+
+    async def process(self, message: Message, ctx: ActorContext) -> None:
+        if not isinstance(message, Chunk):
+            await ctx.emit(message)
+            return
+        chunk = message.compact()
+        batch = chunk.batch
+        if self._column in batch.schema.names:
+            raise InvalidArgumentError(
+                f"changelog_rows {ctx.name!r}: column",
+                f"a name the input does not have ({batch.schema.names})",
+                self._column,
+            )
+        codes = np.zeros(batch.num_rows, np.int8) if chunk.ops is None else chunk.ops_numpy()
+        kinds = self._kinds.take(pa.array(codes.astype(np.int64)))
+        self.stats.rows_in += batch.num_rows
+        self.stats.rows_out += batch.num_rows
+        await ctx.emit(Chunk(batch.append_column(self._column, kinds)))
 
 
 @final

@@ -81,14 +81,17 @@ naming Spark's own cause in one line (see :mod:`barrierflow.spark_bridge.failure
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, final
 
 import pyarrow as pa
 
 from barrierflow._extras import require
+from barrierflow._fs import check_path_argument
 from barrierflow.actors.sinks.add_sink import DeclaredSink
 from barrierflow.actors.sinks.committables import ChecksStaged, StagedBatch
 from barrierflow.actors.sinks.errors import CoordinatorAbortedError
@@ -97,6 +100,7 @@ from barrierflow.actors.sources.errors import BatchOrderError
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.channels.messages import Committable
 from barrierflow.channels.schema import cast_fixes, check_schema, conform_schema
+from barrierflow.connectors._file_table import FileCommitter
 from barrierflow.connectors.errors import ExecutorStagingError
 from barrierflow.connectors.executor_staging import (
     ExecutorWrites,
@@ -107,11 +111,12 @@ from barrierflow.runtime.blocking import BlockingRuntime
 from barrierflow.runtime.errors import ActorFailedError, ActorGoneError, NotRunningError
 from barrierflow.runtime.metrics import MetricFamily, counter
 from barrierflow.spark_bridge.chain import plan_chain
-from barrierflow.spark_bridge.errors import SparkCheckpointBehindError
+from barrierflow.spark_bridge.errors import ExecutorPlacementError, SparkCheckpointBehindError
 from barrierflow.spark_bridge.executor_metrics import ExecutorCounters
 from barrierflow.spark_bridge.executors import probe_chain, stage_on_executors
 from barrierflow.spark_bridge.failures import unwrap_spark_error
 from barrierflow.spark_bridge.task_runtime import TaskChain
+from barrierflow.spark_bridge.task_state import STATE_DIRECTORY, KeyedStep, state_stores
 
 __all__ = ["BridgeStats", "SparkBridge", "arrow_schema_of"]
 
@@ -226,6 +231,7 @@ class SparkBridge:
         *,
         stream: str = "spark",
         sink: DeclaredSink | None = None,
+        state_root: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(runtime, BlockingRuntime):
             raise InvalidArgumentError("runtime", "a BlockingRuntime", type(runtime).__name__)
@@ -239,6 +245,7 @@ class SparkBridge:
         self.feed = feed
         self.stream = stream
         self.sink = sink
+        self._state_root = None if state_root is None else check_path_argument(state_root)
         self._writes: ExecutorWrites | None = None
         self._counters = ExecutorCounters()
         self._probed = False
@@ -367,12 +374,36 @@ class SparkBridge:
 
     def _chain(self, source: str) -> TaskChain:
         """The chain from the feed's source actor ``source`` to the sink (in the runtime's
-        thread)."""
+        thread), with where its keyed step keeps its state; its tasks read the state as of
+        the last epoch committed now.
+
+        Raises:
+            ExecutorPlacementError: an actor of the path cannot run in Spark's tasks, or a
+                keyed step feeds a table whose commits cannot carry state.
+        """
         assert self.sink is not None  # checked by _executor_writes
         nodes = self.runtime.runtime.nodes()
-        steps = plan_chain(nodes, source, self.sink.name, self.sink.writers)
+        steps = plan_chain(nodes, source, self.sink.name, self.sink.writers, self.feed.schema.names)
         writes = self._executor_writes()
-        return TaskChain(steps, writes, self.feed.schema, self.runtime.backend, self.sink.name)
+        keyed = next((step for step in steps if step.key is not None), None)
+        state = None
+        if keyed is not None:
+            assert keyed.key is not None
+            if not isinstance(self.sink.coordinator.committer, FileCommitter):
+                raise ExecutorPlacementError(
+                    keyed.name,
+                    f"it is keyed, and its state commits with the table's files, which sink "
+                    f"{self.sink.name!r}'s table ({type(self.sink.table).__name__}) does not "
+                    "carry; write to Parquet, Iceberg or Delta, or run the pipeline with "
+                    "run_on='driver'",
+                )
+            root = Path(self._state_root or Path(writes.root, STATE_DIRECTORY), keyed.name)
+            stores = state_stores(root).values()
+            as_of = max((store.last_committed() for store in stores), default=0)
+            state = KeyedStep(keyed.name, keyed.key, str(root), as_of, 0)
+        return TaskChain(
+            steps, writes, self.feed.schema, self.runtime.backend, self.sink.name, state
+        )
 
     def _probe_chain(self, spark: Any, stream: str) -> TaskChain:
         """Plan the chain and, the first time, build it once on an executor (see
@@ -486,7 +517,13 @@ class SparkBridge:
                 "the executors reach it through the feed)",
                 f"sink {self.sink.name!r} with writers {cut_off} not downstream of it",
             )
-        return key, self._chain(source), self.feed.check_batch(stream, batch_id)
+        chain = self._chain(source)
+        if chain.keyed is not None:
+            # Keyed state is read as of the last commit: every durable epoch's commit (its
+            # state with its rows) must have run first, those a restart recovered included.
+            await self.sink.coordinator.wait_commits_through(rt.committed_epoch)
+            chain = self._chain(source)
+        return key, chain, self.feed.check_batch(stream, batch_id)
 
     def _deliver_on_executors(self, df: Any, stream: str, batch_id: int) -> int | None:
         """Run the chain and stage its output on the executors, then deliver the batch's

@@ -9,9 +9,17 @@ feed's source to the sink's writers.
 
 * Every step is **partition-local** (:attr:`~barrierflow.runtime.Placement.PARTITION_LOCAL`:
   ``map_batches``, ``filter_rows``, ``async_map``, a user's actor class that declares it). A
-  task sees an arbitrary slice of the stream, which is all such an actor asks for. A keyed
-  actor needs every row of a key in one place and a global one the whole stream. A plain
-  function declares nothing, so it counts as global (see :mod:`barrierflow.runtime.placement`).
+  task sees an arbitrary slice of the stream, which is all such an actor asks for. A global
+  actor needs the whole stream. A plain function declares nothing, so it counts as global
+  (see :mod:`barrierflow.runtime.placement`).
+* Except **one keyed step**, an ``aggregate`` or a ``reduce``: the micro-batch is then
+  repartitioned by barrierflow's vnodes of the step's key before the tasks run, so each task
+  holds every row of its keys, and the step's state lives on a shared directory by vnode
+  (:mod:`barrierflow.spark_bridge.task_state`). For the repartition to send each row where
+  its key's state is, the key must be a column of the feed, and only ``filter_rows`` steps
+  (which change no value) may come before the keyed one; a second keyed step would need a
+  second shuffle. Other keyed actors are refused: a window's watermark is the stream's, not
+  a task's, and a user's keyed actor may keep state the task cannot carry over.
 * **No branch.** Nothing else may read what the feed or a step emits, on its main output or a
   side output (another sink, a print, a dead-letter reader). Such an actor would run on the
   driver and get no rows, because none cross: data lost without a word. So it is refused. Run
@@ -34,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import final
 
+from barrierflow.operators._operator import Operator
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.graph import Node
 from barrierflow.runtime.placement import Placement, declared_placement
@@ -52,13 +61,19 @@ class ChainStep:
             carry.
         factory: the factory it was declared with (an operator, an actor class), shipped to
             the tasks.
+        key: the key columns of the keyed step (``None``: a partition-local one).
     """
 
     name: str
     factory: Callable[[], StreamActor]
+    key: tuple[str, ...] | None = None
 
 
 _RUN_ON_DRIVER = "or run the pipeline with run_on='driver'"
+
+
+#: The keyed operators whose state a Spark task loads and stages (all of it in a KeyedState).
+KEYED_KINDS = ("aggregate", "reduce")
 
 
 def _why_not(node: Node) -> str | None:
@@ -67,9 +82,12 @@ def _why_not(node: Node) -> str | None:
     if placement is Placement.PARTITION_LOCAL:
         return None
     if placement is Placement.KEYED:
+        if _kind(node) in KEYED_KINDS:
+            return None
         return (
-            "it is keyed (every row of a key must reach the instance holding the key's state), "
-            "and keyed actors do not run in Spark's tasks yet; " + _RUN_ON_DRIVER
+            "it is keyed, and of the keyed actors only aggregate and reduce run in Spark's "
+            "tasks (a window's watermark is the whole stream's, and another keyed actor may "
+            "keep state a task cannot carry over); " + _RUN_ON_DRIVER
         )
     if placement is Placement.GLOBAL:
         return (
@@ -84,16 +102,66 @@ def _why_not(node: Node) -> str | None:
     )
 
 
+def _kind(node: Node) -> str | None:
+    """The operator kind ``node`` was declared with (``None``: not an operator)."""
+    declared = node.declared_by
+    return declared.kind if isinstance(declared, Operator) else None
+
+
+def _keyed_step(
+    name: str, node: Node, before: Sequence[ChainStep], columns: Sequence[str] | None
+) -> ChainStep:
+    """The chain's keyed step ``name`` (after the steps ``before``; ``columns``: the feed's).
+
+    Raises:
+        ExecutorPlacementError: it cannot be repartitioned for (see the module).
+    """
+    declared = node.declared_by
+    assert isinstance(declared, Operator)  # aggregate or reduce (KEYED_KINDS)
+    assert declared.key is not None
+    if any(step.key is not None for step in before):
+        raise ExecutorPlacementError(
+            name,
+            "it is a second keyed step, and the micro-batch is repartitioned by one key "
+            "before the tasks run; " + _RUN_ON_DRIVER,
+        )
+    changers = [s.name for s in before if not _is_filter(s.factory)]
+    if changers:
+        raise ExecutorPlacementError(
+            name,
+            f"it is keyed and comes after {changers}, which may change the rows the "
+            "micro-batch is repartitioned by; only filter_rows may come before a keyed step "
+            "in Spark's tasks, " + _RUN_ON_DRIVER,
+        )
+    missing = [k for k in declared.key if columns is not None and k not in columns]
+    if missing:
+        raise ExecutorPlacementError(
+            name,
+            f"its key {missing} is not a column of the feed, and the micro-batch is "
+            "repartitioned by the feed's columns; " + _RUN_ON_DRIVER,
+        )
+    return ChainStep(name, declared, declared.key)
+
+
+def _is_filter(factory: Callable[[], StreamActor]) -> bool:
+    return isinstance(factory, Operator) and factory.kind == "filter"
+
+
 def plan_chain(
-    nodes: Mapping[str, Node], source: str, sink: str, writers: Sequence[str]
+    nodes: Mapping[str, Node],
+    source: str,
+    sink: str,
+    writers: Sequence[str],
+    columns: Sequence[str] | None = None,
 ) -> tuple[ChainStep, ...]:
     """The steps between ``source`` (the feed's source actor) and ``writers`` (sink
     ``sink``'s writers) of the graph ``nodes``, in order, each with the factory to run in a
-    Spark task (see the module).
+    Spark task (see the module); ``columns`` are the feed's (``None``: not checked).
 
     Raises:
-        ExecutorPlacementError: the graph is not a chain of partition-local actors from
-            ``source`` to the writers (names the first actor that breaks it, and why).
+        ExecutorPlacementError: the graph is not a chain of partition-local actors, with at
+            most one keyed step, from ``source`` to the writers (names the first actor that
+            breaks it, and why).
     """
     group = {name: node.group or name for name, node in nodes.items()}
     sink_group = {group[w] for w in writers if w in group}
@@ -143,7 +211,10 @@ def plan_chain(
             raise ExecutorPlacementError(current, why)
         declared = members[0].declared_by
         assert callable(declared)  # a node's factory is callable (checked when declared)
-        steps.append(ChainStep(current, declared))
+        if declared_placement(declared) is Placement.KEYED:
+            steps.append(_keyed_step(current, members[0], steps, columns))
+        else:
+            steps.append(ChainStep(current, declared))
     return tuple(steps)
 
 

@@ -41,6 +41,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import structlog
 
@@ -58,6 +60,7 @@ from barrierflow.spark_bridge.task_runtime import (
     failure_of,
     run_partition,
 )
+from barrierflow.spark_bridge.task_state import drop_staged_state
 
 __all__ = ["partition_by_vnode", "probe_chain", "stage_on_executors"]
 
@@ -97,12 +100,12 @@ def stage_partition(
 
 
 def partition_by_vnode(df: Any, key: Sequence[str], writers: int) -> Any:
-    """``df`` repartitioned so that each of ``writers`` partitions holds whole vnode ranges,
-    barrierflow's own (the hash dispatch's ``compute_vnodes``, run on the executors, and the
-    ranges of ``VnodeBitmap.split(writers)``): every key's rows land in one partition, the one
-    its writer actor would own. For a table that needs key ownership; every table of
-    :mod:`barrierflow.connectors` is append-only, so the bridge never adds it (it is an extra
-    Spark stage, a shuffle; ``spark_executors_iceberg_rows_per_s`` measures its cost).
+    """``df`` repartitioned so that partition *p* of ``writers`` holds exactly the rows whose
+    vnode, barrierflow's own (the hash dispatch's ``compute_vnodes``, run on the executors),
+    is in ``VnodeBitmap.split(writers)[p]``: every key's rows land in one partition, the one
+    whose task owns the key's state (or whose writer actor would own it). A Spark stage of its
+    own, a shuffle (``spark_executors_iceberg_rows_per_s`` measures its cost); the bridge adds
+    it before a keyed step.
 
     Raises:
         InvalidArgumentError: no key, or ``writers`` not an int >= 1.
@@ -112,17 +115,50 @@ def partition_by_vnode(df: Any, key: Sequence[str], writers: int) -> Any:
         raise InvalidArgumentError("key", "one or more column names", key)
     if type(writers) is not int or writers < 1:
         raise InvalidArgumentError("writers", "an int >= 1", writers)
-    owners = vnode_owners(VnodeBitmap.split(writers))
+    # Spark sends a row to partition pmod(hash(column), n): each range is labelled with an
+    # int that Spark's own hash sends to the range's partition.
+    labels = _partition_labels(df.sparkSession, writers)[vnode_owners(VnodeBitmap.split(writers))]
     types = require("spark", "pyspark.sql.types")
     schema = types.StructType([*df.schema.fields, types.StructField(OWNER, types.IntegerType())])
 
     def owner(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             vnodes = compute_vnodes(batch, keys)
-            yield batch.append_column(OWNER, pa.array(owners[vnodes], pa.int32()))
+            yield batch.append_column(OWNER, pa.array(labels[vnodes], pa.int32()))
 
     owned = df.mapInArrow(owner, schema)
     return owned.repartition(writers, OWNER).drop(OWNER)
+
+
+#: Labels found per partition count (Spark's hash never changes within a version).
+_LABELS: dict[int, npt.NDArray[np.int32]] = {}
+
+
+def _partition_labels(spark: Any, partitions: int) -> npt.NDArray[np.int32]:
+    """For each partition *p* of ``partitions``, an int that Spark's hash partitioning sends
+    to *p* (``pmod(hash(x), partitions) == p``, asked of Spark once per count).
+
+    Raises:
+        RuntimeError: Spark's hash left a partition without a label among the ints tried
+            (never seen: each is missed with probability about e**-64).
+    """
+    found = _LABELS.get(partitions)
+    if found is None:
+        tried = 64 * partitions
+        rows = (
+            spark.range(0, tried, numPartitions=1)
+            .selectExpr("cast(id as int) as x", f"pmod(hash(cast(id as int)), {partitions}) as p")
+            .toArrow()
+        )
+        xs = rows.column("x").to_numpy()
+        ps = rows.column("p").to_numpy()
+        found = np.full(partitions, -1, np.int32)
+        # The first int of each partition: assign in reverse so the smallest wins.
+        found[ps[::-1]] = xs[::-1]
+        if (found < 0).any():
+            raise RuntimeError(f"no int among {tried} hashes to each of {partitions} partitions")
+        _LABELS[partitions] = found
+    return found
 
 
 def _with_tasks(df: Any, tasks: int | None) -> Any:
@@ -151,12 +187,22 @@ def stage_on_executors(
         ExecutorChainFailedError: a task failed in every attempt Spark made.
     """
 
-    def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return stage_partition(chain, number, batches)
-
     failures = failures_directory(chain.writes.root, number)
     try:  # Spark may run Python while it plans, too: every call is inside
-        runs = _with_tasks(df, tasks).mapInArrow(stage, RESULT_SCHEMA).rdd
+        keyed = chain.keyed
+        if keyed is None:
+            df = _with_tasks(df, tasks)
+        else:
+            # Task p gets the rows of the vnodes of split(N)[p], the ones its state is of.
+            count = tasks if tasks is not None else df.rdd.getNumPartitions()
+            chain = replace(chain, keyed=replace(keyed, tasks=count))
+            df = partition_by_vnode(df, keyed.key, count)
+        staged = chain
+
+        def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return stage_partition(staged, number, batches)
+
+        runs = df.mapInArrow(stage, RESULT_SCHEMA).rdd
         partitions: int = runs.getNumPartitions()
         rows = runs.collect()
     except Exception as exc:
@@ -211,6 +257,8 @@ def _drop_attempts(chain: TaskChain, number: int) -> None:
     them); a failure to is logged, and the committer's recovery drops it later."""
     try:
         chain.writes.adopt(number, [])
+        if chain.keyed is not None:
+            drop_staged_state(chain.keyed, number)
     except Exception as exc:
         _log.warning(
             "staged attempts of a failed Spark job not dropped",

@@ -21,8 +21,10 @@ manifest returned. A task that fails, or is killed, before that returns nothing,
 it again. Its files stay under its own attempt's directory, which the driver never adopts.
 
 The task runtime's state store is a scratch file deleted with the task. A partition-local
-actor's state therefore lives for one task, one partition of one micro-batch. Keyed state on
-the executors is not done yet (:mod:`barrierflow.spark_bridge.chain` refuses keyed actors).
+actor's state therefore lives for one task, one partition of one micro-batch. A keyed step's
+state lives on a shared directory: loaded into the scratch store before the runtime starts,
+and its changes staged there after the checkpoint, both by vnode
+(:mod:`barrierflow.spark_bridge.task_state`); the task's manifest carries the staged deltas.
 
 **What a task returns**: its manifest, and its counters in :class:`TaskReport`: the chain's
 per-actor and per-operator counters, its rows, and its seconds. The driver adds them to its
@@ -45,7 +47,7 @@ import pickle
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, final
 
@@ -58,6 +60,7 @@ from barrierflow.actors.sinks.errors import SinkWriterInputError
 from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.messages import Message
+from barrierflow.channels.schema import conform_schema
 from barrierflow.connectors.executor_staging import ExecutorWrites, TaskWrite, failures_directory
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.config import RuntimeConfig
@@ -65,6 +68,7 @@ from barrierflow.runtime.errors import ActorFailedError
 from barrierflow.runtime.placement import Placement
 from barrierflow.runtime.runtime import Runtime
 from barrierflow.spark_bridge.chain import ChainStep
+from barrierflow.spark_bridge.task_state import KeyedStep, seed_state, stage_state
 
 __all__ = [
     "TaskChain",
@@ -97,6 +101,7 @@ class TaskChain:
         schema: the feed's schema (the chain's input).
         backend: the anyio backend of the task runtime (the driver's).
         sink: the sink's name (the stage actor's, in errors).
+        keyed: where the chain's keyed step keeps its state (``None``: it has none).
     """
 
     steps: tuple[ChainStep, ...]
@@ -104,6 +109,7 @@ class TaskChain:
     schema: pa.Schema
     backend: str
     sink: str
+    keyed: KeyedStep | None = None
 
 
 @final
@@ -115,21 +121,37 @@ class TaskReport:
         rows: rows the task read from its partition.
         seconds: the task's time in :func:`run_partition`.
         counters: ``(metric name, labels, value)`` of the chain's actor and operator counters.
+        state_rows_read: rows of keyed state the task loaded.
+        state_seconds: the task's time loading its keyed state and staging its changes.
     """
 
     rows: int = 0
     seconds: float = 0.0
     counters: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+    state_rows_read: int = 0
+    state_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-able data."""
-        return {"rows": self.rows, "seconds": self.seconds, "counters": self.counters}
+        return {
+            "rows": self.rows,
+            "seconds": self.seconds,
+            "counters": self.counters,
+            "state_rows_read": self.state_rows_read,
+            "state_seconds": self.state_seconds,
+        }
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> TaskReport:
         """A report from :meth:`to_json`'s data."""
         counters = [(str(n), dict(labels), float(v)) for n, labels, v in data["counters"]]
-        return TaskReport(int(data["rows"]), float(data["seconds"]), counters)
+        return TaskReport(
+            int(data["rows"]),
+            float(data["seconds"]),
+            counters,
+            int(data.get("state_rows_read", 0)),
+            float(data.get("state_seconds", 0.0)),
+        )
 
 
 @final
@@ -253,11 +275,25 @@ class _Stage(StreamActor):
 
 
 async def _run_chain(
-    chain: TaskChain, write: TaskWrite, batches: Iterator[pa.RecordBatch], report: TaskReport
-) -> None:
+    chain: TaskChain,
+    write: TaskWrite,
+    batches: Iterator[pa.RecordBatch],
+    report: TaskReport,
+    staging: tuple[int, int, int],
+) -> tuple[dict[str, Any], ...]:
+    """Run the chain in a task runtime of its own; returns the state records of its keyed
+    step (``staging``: the staging number, the partition and Spark's task attempt id)."""
     names = {step.name for step in chain.steps}
+    number, partition, task = staging
+    keyed = chain.keyed
     with tempfile.TemporaryDirectory(prefix="barrierflow-task-") as scratch:
-        rt = Runtime(RuntimeConfig(state_path=Path(scratch, "state.db"), barrier_interval=_NEVER))
+        path = Path(scratch, "state.db")
+        vnodes = None if keyed is None else keyed.vnodes(partition)
+        if keyed is not None and vnodes is not None:
+            started = time.perf_counter()
+            report.state_rows_read = await seed_state(keyed, path, vnodes)
+            report.state_seconds += time.perf_counter() - started
+        rt = Runtime(RuntimeConfig(state_path=path, barrier_interval=_NEVER))
         rt.add_source(SOURCE, schema=chain.schema)
         upstream = SOURCE
         for step in chain.steps:
@@ -271,6 +307,11 @@ async def _run_chain(
                     break
                 if batch.num_rows:
                     report.rows += batch.num_rows
+                    if not batch.schema.equals(chain.schema):
+                        # Spark's nullability may differ from the feed's (checked on the
+                        # driver already); a null where the feed has none is refused here.
+                        table = conform_schema(batch, chain.schema, "micro-batch")
+                        batch = table.to_batches()[0] if table.num_rows else batch
                     await rt.push(SOURCE, Chunk(batch))
             await rt.checkpoint()  # the partition's end: every step drains and passes it
             for family in await rt.metrics.snapshot():
@@ -280,6 +321,12 @@ async def _run_chain(
                     labels = dict(sample.labels)
                     if not sample.suffix and labels.get("actor") in names:
                         report.counters.append((family.name, labels, sample.value))
+        if keyed is None or vnodes is None:
+            return ()
+        started = time.perf_counter()
+        records = await stage_state(keyed, path, number, f"t{task}", vnodes)
+        report.state_seconds += time.perf_counter() - started
+        return records
 
 
 def run_partition(
@@ -301,13 +348,19 @@ def run_partition(
     report = TaskReport()
     try:
         write = chain.writes.open_task(number, partition, task)
+        state: tuple[dict[str, Any], ...] = ()
         if chain.steps:
-            anyio.run(_run_chain, chain, write, batches, report, backend=chain.backend)
+            staging = (number, partition, task)
+            state = anyio.run(
+                _run_chain, chain, write, batches, report, staging, backend=chain.backend
+            )
         else:
             for batch in batches:
                 report.rows += batch.num_rows
                 write.add(batch)
         manifest = write.finish()
+        if state:
+            manifest = replace(manifest, state=state)
     except Exception as exc:
         failure = failure_of(exc, partition, attempt, chain.sink, task)
         record_failure(chain.writes.root, number, failure)

@@ -154,6 +154,7 @@ def check_epoch_batches(sink: str, batches: Sequence[StagedBatch]) -> list[Manif
         if first is not batch:
             got = [_partition(m) for m in (*first.manifests, *batch.manifests)]
             raise PartitionCoverageError(sink, batch.label, batch.partitions, got)
-        # Only files are committed: a partition that staged none was counted, and is done.
-        manifests.extend(manifest for manifest in batch.manifests if manifest.files)
+        # Only files and state are committed: a partition that staged neither was counted,
+        # and is done.
+        manifests.extend(m for m in batch.manifests if m.files or m.state)
     return manifests

@@ -243,6 +243,9 @@ class Manifest:
         positions: the source positions its rows reach (position key → last batch id).
         positions_from: the positions its epoch started after.
         schema_change: a schema change the epoch carries, or ``None``.
+        state: the state deltas a keyed operator's Spark task staged beside the files, as
+            JSON objects (:mod:`barrierflow.connectors.state_commit` makes and commits them;
+            opaque here): the table's committer makes them visible with the files.
 
     Raises:
         InvalidArgumentError: a field of the wrong type or a negative count.
@@ -255,6 +258,7 @@ class Manifest:
     positions: Mapping[str, int] = field(default_factory=dict)
     positions_from: Mapping[str, int] = field(default_factory=dict)
     schema_change: SchemaChange | None = None
+    state: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.writer, str) or not self.writer:
@@ -280,6 +284,8 @@ class Manifest:
         )
         if self.schema_change is not None and not isinstance(self.schema_change, Mapping):
             raise InvalidArgumentError("schema_change", "None or a mapping", self.schema_change)
+        if not isinstance(self.state, tuple) or not all(isinstance(s, Mapping) for s in self.state):
+            raise InvalidArgumentError("state", "a tuple of JSON objects", self.state)
 
     @property
     def rows(self) -> int:
@@ -296,6 +302,7 @@ class Manifest:
             "positions": dict(self.positions),
             "positions_from": dict(self.positions_from),
             "schema_change": None if self.schema_change is None else dict(self.schema_change),
+            "state": [dict(s) for s in self.state],
         }
 
     @classmethod
@@ -329,6 +336,7 @@ class Manifest:
             value.get("positions") or {},
             value.get("positions_from") or {},
             value.get("schema_change"),
+            tuple(value.get("state") or ()),
         )
 
 

@@ -53,7 +53,7 @@ from barrierflow.runtime.state.errors import EpochNotSealedError, VersionCompact
 from barrierflow.runtime.state.table import CommittedState
 from barrierflow.runtime.state.versioned_checks import op_codes
 
-__all__ = ["VersionedTable"]
+__all__ = ["VersionedTable", "stored_tables", "table_directory"]
 
 
 @final
@@ -383,3 +383,23 @@ def table_directory(store_path: str, owner: str, name: str) -> Path:
     """Where the segment files of ``owner``'s table ``name`` live, beside the store file."""
     quote = urllib.parse.quote
     return Path(f"{store_path}.versions") / quote(owner, safe="") / quote(name, safe="")
+
+
+def stored_tables(store_path: str, owner: str) -> dict[str, pa.Schema]:
+    """The versioned tables of ``owner`` that have segment files beside the store at
+    ``store_path``, each with the schema of its rows (read from a file's header; the
+    columns the table adds, ``_vnode`` and ``_op``, left out): what to open a table with when
+    only its files say what it holds."""
+    owned = table_directory(store_path, owner, "-").parent
+    found: dict[str, pa.Schema] = {}
+    if not owned.is_dir():
+        return found
+    for directory in sorted(owned.iterdir()):
+        files = sorted(directory.glob("*.arrow"))
+        if files:
+            schema = Segment(files[0], 0).schema
+            stored = [i for i, n in enumerate(schema.names) if n in (VNODE_COLUMN, OP_COLUMN)]
+            for index in reversed(stored):
+                schema = schema.remove(index)
+            found[urllib.parse.unquote(directory.name)] = schema.remove_metadata()
+    return found

@@ -288,6 +288,17 @@ class Coordinator:
                 self._progress = Notifier()
             await self._progress.wait()
 
+    async def wait_commits_through(self, epoch: int) -> None:
+        """Wait until no epoch up to ``epoch`` waits for its commit: the coordinator has
+        recovered (the pending epochs of the last run are queued) and every epoch acknowledged
+        up to ``epoch`` is committed. A reader of what commits with the table's epochs (the
+        keyed state of a Spark bridge's tasks) waits for it with the runtime's committed
+        epoch before reading "as of the last commit"."""
+        while self._queue is None or self._queue.holds_through(epoch):
+            if self._progress is None:
+                self._progress = Notifier()
+            await self._progress.wait()
+
     def _made_progress(self) -> None:
         if self._progress is not None:
             self._progress.notify()
@@ -389,6 +400,7 @@ class Coordinator:
         tg.start_soon(queue.write_marks)
         for item in recovered.pending:
             queue.push(item)
+        self._made_progress()  # recovered: a wait_commits_through sees the queue now
         await self._committer.recover(
             {item.epoch: item.metadata for item in recovered.pending if item.metadata is not None}
         )
