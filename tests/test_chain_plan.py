@@ -16,7 +16,15 @@ from hypothesis import strategies as st
 from barrierflow.actors import add_sink
 from barrierflow.connectors import ParquetTable
 from barrierflow.errors import ExecutorPlacementError
-from barrierflow.operators import Operator, filter_rows, map_batches
+from barrierflow.operators import (
+    Operator,
+    Tumbling,
+    aggregate,
+    filter_rows,
+    map_batches,
+    reduce,
+    window_aggregate,
+)
 from barrierflow.runtime import Placement, Runtime, RuntimeConfig, StreamActor
 from barrierflow.spark_bridge.chain import ChainStep, plan_chain
 
@@ -41,21 +49,27 @@ def same(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def plan(
-    tmp_path: Path, declare: Callable[[Runtime], str], *, parallelism: int | None = None
+    tmp_path: Path,
+    declare: Callable[[Runtime], str],
+    *,
+    parallelism: int | None = None,
+    columns: list[str] | None = None,
 ) -> tuple[ChainStep, ...]:
     """The plan of the graph ``declare`` builds on a source ``events`` (it returns what the
-    sink ``out`` reads)."""
+    sink ``out`` reads); ``columns``: the feed's, as the bridge passes them."""
     rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db"))
     rt.add_source("events", schema=SCHEMA)
     upstream = declare(rt)
     sink = add_sink(rt, "out", ParquetTable(tmp_path / "t", SCHEMA), input=upstream,
                     parallelism=parallelism)  # fmt: skip
-    return plan_chain(rt.nodes(), "events", sink.name, sink.writers)
+    return plan_chain(rt.nodes(), "events", sink.name, sink.writers, columns)
 
 
-def refusal(tmp_path: Path, declare: Callable[[Runtime], str]) -> ExecutorPlacementError:
+def refusal(
+    tmp_path: Path, declare: Callable[[Runtime], str], *, columns: list[str] | None = None
+) -> ExecutorPlacementError:
     with pytest.raises(ExecutorPlacementError) as info:
-        plan(tmp_path, declare)
+        plan(tmp_path, declare, columns=columns)
     assert "\n" not in str(info.value)
     assert info.value.actor in str(info.value)
     return info.value
@@ -90,8 +104,9 @@ GLOBAL = (
     "row, " + ON_DRIVER
 )
 KEYED = (
-    "it is keyed (every row of a key must reach the instance holding the key's state), and "
-    "keyed actors do not run in Spark's tasks yet; " + ON_DRIVER
+    "it is keyed, and of the keyed actors only aggregate and reduce run in Spark's tasks (a "
+    "window's watermark is the whole stream's, and another keyed actor may keep state a task "
+    "cannot carry over); " + ON_DRIVER
 )
 PLAIN = (
     "its factory is a plain function, which declares no placement; declare it with its "
@@ -115,6 +130,96 @@ def test_an_actor_that_is_not_partition_local_is_refused_naming_it_and_why(
 
     error = refusal(tmp_path, declare)
     assert (error.actor, error.reason) == ("odd", words)
+
+
+def test_a_keyed_aggregate_or_reduce_after_filters_is_planned_with_its_key(
+    tmp_path: Path,
+) -> None:
+    keep = filter_rows(pc.field("id") > 0)
+    total = aggregate("id", n=("id", "count"))
+    folded = reduce("id", lambda acc, rows: acc)
+
+    def declare(rt: Runtime) -> str:
+        rt.add_actor("keep", keep, inputs=["events"])
+        rt.add_actor("total", total, inputs=["keep"], parallelism=2)
+        rt.add_actor("after", Local, inputs=["total"])
+        return "after"
+
+    steps = plan(tmp_path, declare, columns=["id"])
+    assert [(s.name, s.factory, s.key) for s in steps] == [
+        ("keep", keep, None),
+        ("total", total, ("id",)),
+        ("after", Local, None),
+    ]
+    only = plan(tmp_path / "r", lambda rt: rt.add_actor("fold", folded, inputs=["events"]).name)
+    assert [(s.name, s.factory, s.key) for s in only] == [("fold", folded, ("id",))]
+
+
+def test_a_window_aggregate_is_refused_as_a_keyed_actor_other_than_aggregate_and_reduce(
+    tmp_path: Path,
+) -> None:
+    windowed = window_aggregate("id", Tumbling(10), on="id", n=("id", "count"))
+
+    def declare(rt: Runtime) -> str:
+        rt.add_actor("win", windowed, inputs=["events"])
+        return "win"
+
+    error = refusal(tmp_path, declare)
+    assert (error.actor, error.reason) == ("win", KEYED)
+
+
+def test_a_second_keyed_step_is_refused_as_the_batch_is_repartitioned_by_one_key(
+    tmp_path: Path,
+) -> None:
+    def declare(rt: Runtime) -> str:
+        rt.add_actor("first", aggregate("id", n=("id", "count")), inputs=["events"])
+        rt.add_actor("second", aggregate("id", m=("n", "sum")), inputs=["first"])
+        return "second"
+
+    error = refusal(tmp_path, declare, columns=["id"])
+    assert (error.actor, error.reason) == (
+        "second",
+        "it is a second keyed step, and the micro-batch is repartitioned by one key before the "
+        "tasks run; " + ON_DRIVER,
+    )
+
+
+@pytest.mark.parametrize(
+    "before", [lambda: map_batches(same), lambda: Local], ids=["map_batches", "local-actor"]
+)
+def test_a_keyed_step_after_a_step_other_than_filter_rows_is_refused_naming_it(
+    tmp_path: Path, before: Callable[[], Operator | type[StreamActor]]
+) -> None:
+    def declare(rt: Runtime) -> str:
+        rt.add_actor("keep", filter_rows(pc.field("id") > 0), inputs=["events"])
+        rt.add_actor("changes", before(), inputs=["keep"])
+        rt.add_actor("total", aggregate("id", n=("id", "count")), inputs=["changes"])
+        return "total"
+
+    error = refusal(tmp_path, declare, columns=["id"])
+    assert (error.actor, error.reason) == (
+        "total",
+        "it is keyed and comes after ['changes'], which may change the rows the micro-batch "
+        "is repartitioned by; only filter_rows may come before a keyed step in Spark's tasks, "
+        + ON_DRIVER,
+    )
+
+
+def test_a_keyed_step_whose_key_is_not_a_feed_column_is_refused_naming_the_key(
+    tmp_path: Path,
+) -> None:
+    def declare(rt: Runtime) -> str:
+        rt.add_actor("total", aggregate(["id", "user"], n=("id", "count")), inputs=["events"])
+        return "total"
+
+    error = refusal(tmp_path, declare, columns=["id"])
+    assert (error.actor, error.reason) == (
+        "total",
+        "its key ['user'] is not a column of the feed, and the micro-batch is repartitioned "
+        "by the feed's columns; " + ON_DRIVER,
+    )
+    # Without the feed's columns (a plan of the graph alone) the key is not checked.
+    assert [s.key for s in plan(tmp_path / "unchecked", declare)] == [("id", "user")]
 
 
 def test_a_reader_off_the_path_to_the_sink_is_refused_as_it_would_get_no_rows(
