@@ -21,7 +21,7 @@ from barrierflow.errors import (
     InvalidArgumentError,
     SchemaMismatchError,
 )
-from barrierflow.operators import Stream, filter_rows, map_batches
+from barrierflow.operators import Stream, changelog_rows, filter_rows, map_batches
 from barrierflow.operators._operator import OperatorActor, check_columns
 from barrierflow.runtime import (
     ActorContext,
@@ -488,3 +488,81 @@ def test_refuse_changes_counts_deletes_and_update_halves() -> None:
     error = caught.value
     assert (error.actor, error.operator) == ("a", "op")
     assert _fields(error) == ("op 'a': input", "inserts", "a chunk with 3 delete(s) or update(s)")
+
+
+# changelog_rows: a changelog as plain insert rows with its ops in a column.
+
+
+async def test_changelog_rows_names_each_op_as_flinks_row_kind_and_emits_inserts(
+    tmp_path: Path,
+) -> None:
+    ops = [Op.INSERT, Op.UPDATE_DELETE, Op.UPDATE_INSERT, Op.DELETE]
+    [out] = await _run(tmp_path, changelog_rows(), Chunk(_batch([1, 2, 2, 3], [1, 2, 3, 4]), ops))
+    assert out.batch.schema == SCHEMA.append(pa.field("op", pa.string()))
+    assert out.batch.to_pydict() == {
+        "user": [1, 2, 2, 3],
+        "clicks": [1, 2, 3, 4],
+        "op": ["+I", "-U", "+U", "-D"],
+    }
+    assert out.ops is None  # every row is now an insert, which an append-only table takes
+
+
+async def test_changelog_rows_gives_an_insert_only_input_plus_i_in_the_named_column(
+    tmp_path: Path,
+) -> None:
+    [out] = await _run(tmp_path, changelog_rows("kind"), Chunk(_batch([1, 2], [5, 6])))
+    assert out.batch.column("kind").to_pylist() == ["+I", "+I"]
+    assert out.batch.schema.names == ["user", "clicks", "kind"]
+
+
+async def test_changelog_rows_keeps_only_the_visible_rows(tmp_path: Path) -> None:
+    chunk = Chunk(
+        _batch([1, 2, 3], [1, 2, 3]), [Op.INSERT, Op.DELETE, Op.UPDATE_INSERT], [True, False, True]
+    )
+    [out] = await _run(tmp_path, changelog_rows(), chunk)
+    assert out.batch.to_pydict() == {"user": [1, 3], "clicks": [1, 3], "op": ["+I", "+U"]}
+    assert out.visibility is None
+
+
+async def test_changelog_rows_refuses_an_input_that_has_its_column_naming_actor_and_columns(
+    tmp_path: Path,
+) -> None:
+    rt = Runtime(RuntimeConfig(str(tmp_path / "s.db")))
+    rt.add_source("events")
+    Stream(rt, "events").changelog_rows("clicks", name="op")
+    with pytest.raises(ActorFailedError) as caught:
+        async with rt:
+            await rt.push("events", Chunk(_batch([1], [2])))
+            await rt.checkpoint()
+    cause = caught.value.cause
+    assert isinstance(cause, InvalidArgumentError)
+    assert _fields(cause) == (
+        "changelog_rows 'op': column",
+        "a name the input does not have (['user', 'clicks'])",
+        "clicks",
+    )
+
+
+@pytest.mark.parametrize("bad", ["", 3, None])
+def test_changelog_rows_refuses_a_column_that_is_not_a_non_empty_name_when_called(
+    tmp_path: Path, bad: object
+) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        changelog_rows(bad)  # type: ignore[arg-type]
+    assert _fields(caught.value) == ("column", "a non-empty column name", bad)
+    rt = Runtime(RuntimeConfig(str(tmp_path / "s.db")))
+    rt.add_source("events")
+    with pytest.raises(InvalidArgumentError) as caught:
+        Stream(rt, "events").changelog_rows(bad)  # type: ignore[arg-type]
+    assert _fields(caught.value) == ("column", "a non-empty column name", bad)
+    assert rt.nodes().keys() == {"events"}  # nothing declared
+
+
+def test_changelog_rows_is_a_partition_local_operator_and_the_stream_names_its_step() -> None:
+    operator = changelog_rows()
+    assert (operator.kind, operator.placement) == ("changelog_rows", Placement.PARTITION_LOCAL)
+    assert operator() is not operator()
+    job = Job("j")
+    job.add_source("events")
+    Stream(job, "events").changelog_rows(parallelism=2)
+    assert {"events.changelog_rows.0", "events.changelog_rows.1"} <= set(job.actor_names())
