@@ -83,12 +83,14 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, final
 
 import pyarrow as pa
+import structlog
 
 from barrierflow._extras import require
 from barrierflow._fs import check_path_argument
@@ -116,9 +118,16 @@ from barrierflow.spark_bridge.executor_metrics import ExecutorCounters
 from barrierflow.spark_bridge.executors import probe_chain, stage_on_executors
 from barrierflow.spark_bridge.failures import unwrap_spark_error
 from barrierflow.spark_bridge.task_runtime import TaskChain
-from barrierflow.spark_bridge.task_state import STATE_DIRECTORY, KeyedStep, state_stores
+from barrierflow.spark_bridge.task_state import (
+    STATE_DIRECTORY,
+    KeyedStep,
+    compact_state,
+    state_stores,
+)
 
 __all__ = ["BridgeStats", "SparkBridge", "arrow_schema_of"]
+
+_log = structlog.get_logger("barrierflow.spark_bridge")
 
 
 @final
@@ -247,6 +256,8 @@ class SparkBridge:
         self.sink = sink
         self._state_root = None if state_root is None else check_path_argument(state_root)
         self._writes: ExecutorWrites | None = None
+        self._compactor: ThreadPoolExecutor | None = None
+        self._compaction: Future[list[str]] | None = None
         self._counters = ExecutorCounters()
         self._probed = False
         self._number = 0  # the last staging number
@@ -578,7 +589,22 @@ class SparkBridge:
             else:
                 self._batches += 1
                 self._rows += batch.rows
+            if chain.keyed is not None:
+                self._compact(chain.keyed.root)
             return epoch
+
+    def _compact(self, root: str) -> None:
+        """Fold the keyed state's old versions into a base on the bridge's compaction thread,
+        unless the last compaction still runs (see
+        :func:`~barrierflow.spark_bridge.task_state.compact_state`): the next micro-batch
+        does not wait for it. A failure is logged; the next micro-batch's tries again."""
+        running = self._compaction
+        if running is not None and not running.done():
+            return
+        if self._compactor is None:
+            self._compactor = ThreadPoolExecutor(1, thread_name_prefix="barrierflow-compaction")
+        self._compaction = self._compactor.submit(compact_state, root)
+        self._compaction.add_done_callback(_log_compaction_failure)
 
     def _deliver_table(self, stream: str, batch_id: int, table: pa.Table) -> int | None:
         started = time.perf_counter()
@@ -689,6 +715,15 @@ class SparkBridge:
 #: What makes the bridge stage a micro-batch again: the graph failed (and recovered: its
 #: epoch and the committable are gone; its recovery may have deleted the files too).
 _STAGE_AGAIN = (ActorFailedError, ActorGoneError, CoordinatorAbortedError, ExecutorStagingError)
+
+
+def _log_compaction_failure(done: Future[list[str]]) -> None:
+    error = done.exception()
+    if error is not None:
+        _log.warning(
+            "keyed state compaction failed; the next micro-batch tries again",
+            cause=f"{type(error).__name__}: {error}",
+        )
 
 
 def _check_run_on(run_on: object, write_on: object = None) -> str:

@@ -40,6 +40,8 @@ from barrierflow.runtime.state.state_store import StateStore
 from barrierflow.runtime.state.versioned_table import stored_tables
 
 __all__ = [
+    "COMPACT_AFTER",
+    "compact_state",
     "SEEDED",
     "STATE_DIRECTORY",
     "KeyedStep",
@@ -158,3 +160,22 @@ def drop_staged_state(step: KeyedStep, number: int) -> None:
     if directory.is_dir():
         for table in sorted(directory.iterdir()):
             remove_staged(table, number)
+
+
+#: Committed versions a state store keeps before the driver folds them into a base.
+COMPACT_AFTER = 16
+
+
+def compact_state(root: str | Path, after: int = COMPACT_AFTER) -> list[str]:
+    """Fold the versions of every state store under ``root`` that holds more than ``after``
+    of them into a base as of its last committed epoch (blocking: the driver runs it on a
+    worker thread of its own, beside the micro-batches; a store's commits and reads go on
+    meanwhile, see :meth:`~barrierflow.connectors.vnode_state.VnodeStateStore.compact`);
+    returns the tables compacted. Nothing pins an older version: the tasks read as of the
+    last committed epoch, which a base keeps readable."""
+    done = []
+    for name, store in state_stores(root).items():
+        if len(store.committed_epochs()) > after:
+            store.compact(store.last_committed())
+            done.append(name)
+    return done
