@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -278,14 +278,25 @@ def test_a_streaming_query_whose_chain_fails_in_every_attempt_stops_with_the_typ
 
 
 def start_driver(
-    master: str, mode: str, work: Path, service: ChainService, kind: str, backend: Backend
+    master: str,
+    mode: str,
+    work: Path,
+    service: ChainService,
+    kind: str,
+    backend: Backend,
+    *,
+    child: Path = CHILD,
+    env_extra: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[str]:
-    """``_cluster_chain_child.py`` as a process group of its own (the driver and its JVM)."""
+    """``child`` (by default ``_cluster_chain_child.py``; the keyed tests' has the same
+    arguments) as a process group of its own (the driver and its JVM), with ``env_extra``
+    added to its environment."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     for inherited in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
         env.pop(inherited, None)  # the child starts a JVM of its own, never joins ours
     env["BARRIERFLOW_CHILD_GO_SECONDS"] = str(scaled(90))
-    command = [sys.executable, str(CHILD), master, mode, str(work), str(service.port), kind]
+    env |= env_extra or {}
+    command = [sys.executable, str(child), master, mode, str(work), str(service.port), kind]
     return subprocess.Popen(
         [*command, backend],
         stdout=subprocess.PIPE,
