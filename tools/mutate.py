@@ -194,6 +194,11 @@ GROUPS += (
 # The graph on Spark's executors (issue 37): which actors may run in Spark's tasks.
 GROUPS += (
     Group("chain", ("barrierflow/spark_bridge/chain.py",), ("tests/test_chain_plan.py",)),
+    Group(
+        "state_commit",
+        ("barrierflow/connectors/state_commit.py", "barrierflow/connectors/vnode_state.py"),
+        ("tests/test_state_commit.py", "tests/test_vnode_state.py"),
+    ),
 )
 
 DETECTED = {"killed", "timeout", "caught by type check", "segfault"}
