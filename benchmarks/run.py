@@ -22,6 +22,7 @@ from benchmarks.sinks import BENCHMARKS as SINK_BENCHMARKS
 from benchmarks.sources import BENCHMARKS as SOURCE_BENCHMARKS
 from benchmarks.spark_bridge import BENCHMARKS as SPARK_BRIDGE_BENCHMARKS
 from benchmarks.spark_chain import BENCHMARKS as SPARK_CHAIN_BENCHMARKS
+from benchmarks.spark_keyed import BENCHMARKS as SPARK_KEYED_BENCHMARKS
 from benchmarks.views import BENCHMARKS as VIEW_BENCHMARKS
 from benchmarks.windows import BENCHMARKS as WINDOW_BENCHMARKS
 
@@ -35,6 +36,7 @@ BENCHMARKS = {
     **VIEW_BENCHMARKS,
     **SPARK_BRIDGE_BENCHMARKS,
     **SPARK_CHAIN_BENCHMARKS,
+    **SPARK_KEYED_BENCHMARKS,
     **METRICS_BENCHMARKS,
     **OPERATOR_BENCHMARKS,
     **KEYED_AGGREGATE_BENCHMARKS,

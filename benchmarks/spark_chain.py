@@ -228,10 +228,13 @@ def _expect(child: subprocess.Popen[str], key: str, log: Path) -> dict[str, Any]
     )
 
 
-def driver_runs(directory: Path, configs: list[dict[str, Any]]) -> list[DriverRun]:
-    """One fresh driver (``_driver_tree_child.py``) running the query of each of ``configs``
-    in turn (each in a directory of its own under ``directory``), its tree measured from each
-    query's cue to its end; ``directory`` is removed after.
+def driver_runs(
+    directory: Path, configs: list[dict[str, Any]], script: Path = CHILD
+) -> list[DriverRun]:
+    """One fresh driver (the script ``script``, by default ``_driver_tree_child.py``; another
+    benchmark's driver speaks the same cues) running the query of each of ``configs`` in turn
+    (each in a directory of its own under ``directory``), its tree measured from each query's
+    cue to its end; ``directory`` is removed after.
 
     Raises:
         RuntimeError: the driver exited early or failed a check (with its log's last lines).
@@ -245,7 +248,7 @@ def driver_runs(directory: Path, configs: list[dict[str, Any]]) -> list[DriverRu
     try:
         with log.open("w") as stderr:
             child = subprocess.Popen(
-                [sys.executable, str(CHILD), json.dumps(queries)],
+                [sys.executable, str(script), json.dumps(queries)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -388,11 +391,14 @@ def _chain(
     }
 
 
-def _measure(configs: list[dict[str, Any]], reps: int, settings: Settings) -> list[list[DriverRun]]:
+def _measure(
+    configs: list[dict[str, Any]], reps: int, settings: Settings, script: Path = CHILD
+) -> list[list[DriverRun]]:
     """``reps`` runs of each configuration, the order reversing every repetition, each in a
-    fresh driver (with ``--quick``, the runs of one call share one driver: a driver's start
-    takes longer than a quick benchmark may); runs measured earlier in this process count."""
-    keys = [json.dumps(config, sort_keys=True) for config in configs]
+    fresh driver (the script ``script``; with ``--quick``, the runs of one call share one
+    driver: a driver's start takes longer than a quick benchmark may); runs measured earlier
+    in this process count."""
+    keys = [json.dumps({**config, "script": script.name}, sort_keys=True) for config in configs]
     order = list(zip(keys, configs, strict=True))
     pending: list[tuple[str, dict[str, Any]]] = []
     for i in range(reps):
@@ -402,7 +408,7 @@ def _measure(configs: list[dict[str, Any]], reps: int, settings: Settings) -> li
     groups = [pending] if settings.quick else [[run] for run in pending]
     for group in groups:
         if group:
-            runs = driver_runs(_driver_directory(), [config for _, config in group])
+            runs = driver_runs(_driver_directory(), [config for _, config in group], script)
             for (key, _), run in zip(group, runs, strict=True):
                 _measured.setdefault(key, []).append(run)
     return [_measured[key][:reps] for key in keys]
