@@ -117,8 +117,12 @@ def declare_keyed(rt: Any, source: str, service: tuple[str, int]) -> str:
 def make_keyed_table(kind: str, root: Path) -> Any:
     """The ``kind`` table of :data:`KEYED` under ``root`` (created, or opened if there), at
     the places ``_chain_service.table_root`` and ``read_rows`` know."""
-    from barrierflow.connectors import DeltaLakeTable, IcebergTable, ParquetTable
-    from barrierflow.connectors import open_local_catalog
+    from barrierflow.connectors import (
+        DeltaLakeTable,
+        IcebergTable,
+        ParquetTable,
+        open_local_catalog,
+    )
 
     if kind == "iceberg":
         return IcebergTable(open_local_catalog(root / "catalog"), "ns.events", KEYED)
@@ -137,7 +141,7 @@ def die_after_state_commit(number: int) -> None:
     name: the one place the two halves of an epoch's commit are apart."""
     import barrierflow.connectors._file_table as file_table
 
-    commit = file_table.commit_state
+    commit = file_table.commit_state  # type: ignore[attr-defined]
     seen = 0
 
     def commit_then_die(epoch: int, records: Iterable[Mapping[str, Any]]) -> None:
@@ -149,7 +153,7 @@ def die_after_state_commit(number: int) -> None:
             if seen == number:
                 os.killpg(0, signal.SIGKILL)
 
-    file_table.commit_state = commit_then_die
+    file_table.commit_state = commit_then_die  # type: ignore[attr-defined]
 
 
 def main(master: str, mode: str, work_dir: str, port_text: str, kind: str, backend: str) -> None:

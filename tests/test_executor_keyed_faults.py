@@ -21,8 +21,8 @@ the children. Parquet and Delta tables: their commits name the epoch each row ca
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +37,6 @@ from _timeouts import scaled
 from test_executor_chain_faults import (
     CHILD_BATCHES,
     CHILD_ROWS,
-    ROOT,
     FirstAttemptOfPartition1,
     child_spans,
     finished,
@@ -191,3 +190,148 @@ def test_the_reference_changelog_counts_each_event_once_per_batch() -> None:
     kept = events(0, 400).filter(KEEP)
     assert sum(total for _, total, _, _ in final) == pc.sum(kept["id"]).as_py()
     assert sum(n for _, _, n, _ in final) == len(kept)
+
+
+def in_batch(batch: int) -> range:
+    """The ids of the child's static micro-batch ``batch`` (a gate call's id is the largest
+    id of its user so far, so it falls in the batch the task is running)."""
+    return range(batch * CHILD_ROWS, (batch + 1) * CHILD_ROWS)
+
+
+# A driver of its own on a local master: its process group SIGKILLed, then resumed.
+
+
+@pytest.mark.spark
+@pytest.mark.subprocess
+@pytest.mark.parametrize(
+    ("kind", "backend", "epoch"),
+    [("parquet", "asyncio", 1), ("delta", "trio", 2), ("parquet", "trio", 3)],
+)
+def test_a_driver_killed_between_an_epoch_s_state_commit_and_its_table_commit_resumes_once(
+    tmp_path: Path, kind: str, backend: Backend, epoch: int
+) -> None:
+    spans = write_input(tmp_path, [CHILD_ROWS] * CHILD_BATCHES)
+    with ChainService() as service:
+        # The child SIGKILLs its own group right after the state commit of its epoch-th
+        # epoch with rows, before the table commit of that epoch.
+        driver = run_driver(
+            "local[2,4]", "stream", tmp_path, service, kind, backend, kill=str(epoch)
+        )
+        try:
+            driver.communicate(timeout=scaled(180))
+        finally:
+            stop(driver)
+        assert driver.returncode == -signal.SIGKILL
+        # The kill landed where it was meant to: the state is one epoch ahead of the table.
+        store = state_store(kind, tmp_path)
+        assert len(store.committed_epochs()) == epoch
+        assert store.last_committed() > table_epoch(kind, tmp_path)
+        report = finished(run_driver("local[2,4]", "stream", tmp_path, service, kind, backend))
+    assert report["to_arrow_seconds"] == 0.0
+    assert_exactly_once(kind, tmp_path, spans)
+
+
+@pytest.mark.spark
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("kind", "backend"), [("delta", "asyncio"), ("parquet", "trio")])
+def test_a_driver_killed_mid_batch_and_resumed_leaves_state_and_output_exactly_once(
+    tmp_path: Path, kind: str, backend: Backend
+) -> None:
+    spans = write_input(tmp_path, [CHILD_ROWS] * CHILD_BATCHES)
+    # Batch 1's tasks are held at the gate, after their aggregate and before anything of
+    # theirs is staged, while the driver's process group is SIGKILLed.
+    with ChainService(hold=lambda call: call.id in in_batch(1)) as service:
+        driver = run_driver("local[2,4]", "stream", tmp_path, service, kind, backend)
+        try:
+            wait_held(service, 1, driver)
+            kill_group(driver)
+        finally:
+            stop(driver)
+        service.release()
+        report = finished(run_driver("local[2,4]", "stream", tmp_path, service, kind, backend))
+        made = service.calls()
+    assert report["to_arrow_seconds"] == 0.0
+    # The resumed driver ran batch 1 again, in Spark tasks.
+    assert any(c.pid != report["pid"] and c.id in in_batch(1) for c in made)
+    assert_exactly_once(kind, tmp_path, spans)
+
+
+# On the standalone cluster (two one-core executors).
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(("kind", "backend"), [("parquet", "asyncio"), ("delta", "trio")])
+def test_an_executor_killed_mid_batch_leaves_state_and_output_exactly_once(
+    spark_cluster: StandaloneCluster, tmp_path: Path, kind: str, backend: Backend
+) -> None:
+    # Batch 1's first attempts are held at the gate, one task on each executor, while the
+    # test SIGKILLs one executor; Spark runs its task again from the committed state.
+    def first_attempts_of_batch_1(call: Call) -> bool:
+        return call.id in in_batch(1) and call.attempt == 0
+
+    with ChainService(hold=first_attempts_of_batch_1) as service:
+        driver = run_driver(spark_cluster.master_url, "batches", tmp_path, service, kind, backend)
+        try:
+            wait_held(service, 2, driver)
+            kill_one_executor(spark_cluster, (tmp_path / "app_id").read_text())
+            service.release()
+            report = finished(driver)
+        finally:
+            stop(driver)
+        made = service.calls()
+    assert (report["batches"], report["staged_batches"]) == (CHILD_BATCHES, CHILD_BATCHES)
+    assert report["to_arrow_seconds"] == 0.0
+    # The killed executor's task ran again: a later attempt of batch 1 passed the gate.
+    assert any(c.attempt >= 1 for c in made if c.id in in_batch(1))
+    assert_exactly_once(kind, tmp_path, child_spans())
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(("kind", "backend"), [("delta", "asyncio"), ("parquet", "trio")])
+def test_speculative_copies_of_a_keyed_task_commit_one_attempt_s_state_and_rows(
+    spark_cluster: StandaloneCluster, tmp_path: Path, kind: str, backend: Backend
+) -> None:
+    # One attempt of batch 0's partition 1 is held at the gate for good: the job can only
+    # finish through another attempt of it, run by Spark's speculation on the other executor;
+    # both read the same state, and only the winner's delta may be committed.
+    first = FirstAttemptOfPartition1()
+    with ChainService(hold=first) as service:
+        driver = run_driver(spark_cluster.master_url, "speculate", tmp_path, service, kind, backend)
+        try:
+            report = finished(driver)
+        finally:
+            stop(driver)
+        held, made = service.held(), service.calls()
+    assert held  # one attempt started, and was outrun
+    assert {c.attempt for c in held} == {first.attempt}
+    winners = {c.attempt for c in made if c.partition == 1 and c.id in in_batch(0)}
+    assert winners
+    assert first.attempt not in winners
+    assert report["batches"] == CHILD_BATCHES
+    assert_exactly_once(kind, tmp_path, child_spans())
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(("kind", "backend"), [("parquet", "asyncio"), ("delta", "trio")])
+def test_a_rescale_from_2_to_4_partitions_between_runs_moves_state_by_vnode_exactly_once(
+    spark_cluster: StandaloneCluster, tmp_path: Path, kind: str, backend: Backend
+) -> None:
+    master = spark_cluster.master_url
+    with ChainService() as service:
+        two = finished(
+            run_driver(master, "batches", tmp_path, service, kind, backend,
+                       parallelism="2", batches="0,2")
+        )  # fmt: skip
+        before = service.calls()
+        four = finished(
+            run_driver(master, "batches", tmp_path, service, kind, backend,
+                       parallelism="4", batches="2,2")
+        )  # fmt: skip
+        after = service.calls()[len(before) :]
+    # Two tasks a micro-batch, then four: each task ran its own vnodes' keys, whose state the
+    # first run's tasks had written under another split.
+    assert (two["batches"], two["executor_tasks"]) == (2, 4)
+    assert (four["batches"], four["executor_tasks"]) == (2, 8)
+    assert {c.partition for c in before} == {0, 1}
+    assert {c.partition for c in after} == {0, 1, 2, 3}
+    assert_exactly_once(kind, tmp_path, [(b * CHILD_ROWS, CHILD_ROWS) for b in range(4)])
