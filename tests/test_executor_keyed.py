@@ -49,6 +49,7 @@ from barrierflow.connectors import (
     DeltaLakeTable,
     IcebergTable,
     ParquetTable,
+    PostgresTable,
     open_local_catalog,
 )
 from barrierflow.connectors.vnode_state import VnodeStateStore
@@ -56,6 +57,7 @@ from barrierflow.errors import ExecutorChainFailedError, ExecutorPlacementError
 from barrierflow.operators import Stream, Tumbling
 from barrierflow.runtime import BlockingRuntime, Runtime, RuntimeConfig
 from barrierflow.spark_bridge import BridgeStats, SparkBridge
+from barrierflow.testing import PostgresServer
 
 pytestmark = pytest.mark.spark
 
@@ -271,17 +273,20 @@ def run(
 
 @pytest.mark.parametrize(
     ("kind", "backend"),
-    [("parquet", "asyncio"), ("parquet", "trio"), ("iceberg", "asyncio"), ("delta", "trio")],
+    [("parquet", "asyncio"), ("iceberg", "asyncio"), ("delta", "trio")],
 )
-def test_a_keyed_aggregate_on_the_executors_equals_the_reference_in_its_table_and_its_state(
+def test_a_keyed_aggregate_on_the_executors_equals_the_reference_in_table_and_state_once(
     spark: Any, tmp_path: Path, kind: Kind, backend: Backend
 ) -> None:
     # Parquet keeps its state where the bridge puts it by default (under the table's root);
     # Iceberg and Delta in a state root of the test's.
     state_root = None if kind == "parquet" else tmp_path / "state"
     step = (tmp_path / "table" / "_barrierflow_state" if state_root is None else state_root) / STEP
-    done = run(spark, tmp_path, BATCHES, kind=kind, backend=backend, state_root=state_root)
-    assert None not in done.epochs
+    # Spark replays the last batch id: skipped, no Spark job, nothing changes.
+    delivered = [*BATCHES, BATCHES[-1]]
+    done = run(spark, tmp_path, delivered, kind=kind, backend=backend, state_root=state_root)
+    assert [e is None for e in done.epochs] == [False, False, False, True]
+    assert (done.stats.batches, done.stats.replays_skipped) == (len(BATCHES), 1)
     changes = expected_changes(BATCHES, totals)
     if kind == "parquet":
         # Each micro-batch's changes in an epoch of its own: each (key, epoch) once.
@@ -290,30 +295,12 @@ def test_a_keyed_aggregate_on_the_executors_equals_the_reference_in_its_table_an
         assert read_epochs(kind, tmp_path, TOTALS) == [sorted(r for e in changes for r in e)]
     # The state as of its last committed epoch: the last micro-batch's, and the reference's.
     assert committed_state(step, "view", ("k", "total", "n", "top")) == (
-        done.epochs[-1],
+        done.epochs[-2],
         final_state(BATCHES, totals),
     )
     assert staged(step) == []
     # No row crossed to the driver, and each micro-batch ran as the sink's two tasks.
     assert (done.stats.to_arrow_seconds, done.stats.executor_tasks) == (0.0, 2 * len(BATCHES))
-
-
-@BACKENDS
-def test_a_replay_of_the_last_batch_is_skipped_and_changes_neither_the_table_nor_the_state(
-    spark: Any, tmp_path: Path, backend: Backend
-) -> None:
-    step = tmp_path / "table" / "_barrierflow_state" / STEP
-    first = run(spark, tmp_path, BATCHES[:2], backend=backend)
-    before = (read_epochs("parquet", tmp_path, TOTALS), committed_state(step, "view", ["n"]))
-    # Spark replays batch 1 after a restart: skipped, no Spark job, nothing changes.
-    again = run(spark, tmp_path, [BATCHES[1]], backend=backend)
-    assert again.epochs == [None]
-    assert (again.stats.replays_skipped, again.stats.executor_tasks) == (1, 0)
-    assert (read_epochs("parquet", tmp_path, TOTALS), committed_state(step, "view", ["n"])) == (
-        before
-    )
-    assert before[1][0] == first.epochs[-1]
-    assert before[0] == expected_changes(BATCHES[:2], totals)
 
 
 def test_a_filter_then_a_reduce_on_the_executors_equals_the_reference(
@@ -407,16 +394,17 @@ def job_ids(spark: Any) -> set[int]:
     return set(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
 
 
-@REFUSALS
-@pytest.mark.parametrize("entry", ["start", "deliver"])
-def test_a_keyed_chain_the_executors_cannot_run_is_refused_before_any_spark_job(
-    spark: Any, tmp_path: Path, declare: Declare, words: str, entry: str
-) -> None:
+def refused(
+    spark: Any, tmp_path: Path, declare: Declare, table: Any, entry: str
+) -> ExecutorPlacementError:
+    """What ``entry`` (``start`` or ``deliver``, ``run_on="executors"``) refuses for ``events →
+    declare → changelog_rows → table``; asserts that no Spark job ran and nothing was
+    delivered."""
     feed = BatchFeed(IN)
     rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db", barrier_interval=3600.0))
     rt.add_source("events", feed.source)
     last = declare(Stream(rt, "events")).changelog_rows()
-    sink = add_sink(rt, "out", ParquetTable(tmp_path / "table", TOTALS), input=last.name)
+    sink = add_sink(rt, "out", table, input=last.name)
     jobs = job_ids(spark)
     with BlockingRuntime(rt) as handle:
         bridge = SparkBridge(handle, feed, sink=sink)
@@ -428,13 +416,36 @@ def test_a_keyed_chain_the_executors_cannot_run_is_refused_before_any_spark_job(
             else:
                 bridge.deliver(BATCHES[0].frame(spark), 0, run_on="executors")
         assert bridge.stats().batches == 0
-    error = info.value
-    assert error.actor == STEP
-    assert words in error.reason
-    assert "\n" not in str(error)
     assert job_ids(spark) == jobs
     assert spark.streams.active == []
-    assert not (tmp_path / "table").exists() or not any((tmp_path / "table").rglob("*.parquet"))
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+@REFUSALS
+@pytest.mark.parametrize("entry", ["start", "deliver"])
+def test_a_keyed_chain_the_executors_cannot_run_is_refused_before_any_spark_job(
+    spark: Any, tmp_path: Path, declare: Declare, words: str, entry: str
+) -> None:
+    table = ParquetTable(tmp_path / "table", TOTALS)
+    error = refused(spark, tmp_path, declare, table, entry)
+    assert error.actor == STEP
+    assert words in error.reason
+    assert not any((tmp_path / "table").rglob("*.parquet"))
+
+
+@pytest.mark.postgres
+def test_a_keyed_chain_into_a_postgresql_table_is_refused_as_its_commits_carry_no_state(
+    spark: Any, postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    table = PostgresTable(postgres_server.dsn, postgres_server.unique_name(), TOTALS)
+    error = refused(spark, tmp_path, aggregate_totals, table, "deliver")
+    assert (error.actor, error.reason) == (
+        STEP,
+        "it is keyed, and its state commits with the table's files, which sink 'out''s table "
+        "(PostgresTable) does not carry; write to Parquet, Iceberg or Delta, or run the "
+        "pipeline with run_on='driver'",
+    )
 
 
 # Faults.
@@ -469,7 +480,8 @@ def test_a_task_attempt_failing_once_after_the_keyed_step_is_retried_and_equals_
         return aggregate_totals(events).apply("flaky", FailsFirstAttempt)
 
     step = tmp_path / "table" / "_barrierflow_state" / STEP
-    run(spark, tmp_path, BATCHES[:1], declare=declare)
+    batches = BATCHES[:2]
+    run(spark, tmp_path, batches[:1], declare=declare)
     # A delta no manifest names, as a lost or speculative attempt leaves one: never read.
     view = VnodeStateStore.existing(step / "view")
     assert view is not None
@@ -480,14 +492,14 @@ def test_a_task_attempt_failing_once_after_the_keyed_step_is_retried_and_equals_
     )  # fmt: skip
     view.stage(2, "t999", VnodeBitmap.full(view.vnode_count), stray, [Op.INSERT] * KEYS)
     with structlog.testing.capture_logs() as logs:
-        done = run(spark, tmp_path, BATCHES[1:], declare=declare)
+        done = run(spark, tmp_path, batches[1:], declare=declare)
     # Partition 1's first attempt failed at its end in each micro-batch, after the keyed step
     # emitted; Spark's retry read the committed state again, and only it counted.
     failed = [e for e in logs if e["event"] == "executor task attempt failed"]
-    assert [(e["partition"], e["attempt"], e["actor"]) for e in failed] == [(1, 0, "flaky")] * 2
-    assert read_epochs("parquet", tmp_path, TOTALS) == expected_changes(BATCHES, totals)
+    assert [(e["partition"], e["attempt"], e["actor"]) for e in failed] == [(1, 0, "flaky")]
+    assert read_epochs("parquet", tmp_path, TOTALS) == expected_changes(batches, totals)
     assert committed_state(step, "view", ("k", "total", "n", "top")) == (
         done.epochs[-1],
-        final_state(BATCHES, totals),
+        final_state(batches, totals),
     )
     assert staged(step) == [("view", 2, "t999")]
