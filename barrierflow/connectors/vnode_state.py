@@ -484,6 +484,62 @@ class VnodeStateStore:
             )
         return table
 
+    def change_log(self, epoch: int, vnodes: VnodeBitmap | Sequence[int] | None = None) -> pa.Table:
+        """What the committed epoch ``epoch`` changed (of ``vnodes``; ``None``: all), each
+        delta's rows in the order staged, with their ops in :data:`OP_COLUMN`; no rows for an
+        epoch that changed nothing here.
+
+        Raises:
+            InvalidArgumentError: bad ``vnodes``; ``epoch`` is not an int from 1 up to the last
+                committed epoch.
+            VersionCompactedError: ``epoch``'s changes were folded into a base.
+        """
+        bitmap = VnodeBitmap.full(self._vnode_count) if vnodes is None else self._bitmap(vnodes)
+        manifest = self._load_or_empty()
+        if type(epoch) is not int or not 1 <= epoch <= manifest["last"]:
+            raise InvalidArgumentError("epoch", f"a committed epoch (1..{manifest['last']})", epoch)
+        version = next((v for v in manifest["versions"] if v["epoch"] == epoch), None)
+        if epoch < manifest["floor"] or (version is not None and version["deltas"] is None):
+            raise VersionCompactedError(str(self._root), epoch, manifest["floor"])
+        entries = [] if version is None else version["deltas"]
+        parts = [self._read_file(entry, bitmap) for entry in entries]
+        rows = pa.concat_tables([self._stored.empty_table(), *parts])
+        return rows.drop_columns([VNODE_COLUMN])
+
+    # Readers that must keep a version (a snapshot backfill on the driver).
+
+    def pin(self, reader: str, epoch: int) -> None:
+        """Keep ``epoch``'s version and every later epoch's changes readable for ``reader``
+        (one pin per reader; a new one replaces it): :meth:`compact` is given the pins by
+        whoever runs it, and never folds past the oldest. Pins are files under ``pins/``, so
+        they hold across processes and restarts; :meth:`unpin` when done.
+
+        Raises:
+            InvalidArgumentError: ``reader`` is not 1-100 letters, digits, ``_ . -``, or
+                ``epoch`` not an int >= 0.
+        """
+        if not isinstance(reader, str) or not _ATTEMPT.fullmatch(reader):
+            raise InvalidArgumentError("reader", "1-100 letters, digits, '_', '.', '-'", reader)
+        if type(epoch) is not int or epoch < 0:
+            raise InvalidArgumentError("epoch", "an int >= 0", epoch)
+        (self._root / "pins").mkdir(parents=True, exist_ok=True)
+        data = json.dumps({"epoch": epoch}).encode()
+        write_atomically(self._root / "pins" / f"{reader}.json", data)
+
+    def unpin(self, reader: str) -> None:
+        """Release ``reader``'s pin (a no-op without one)."""
+        if isinstance(reader, str) and _ATTEMPT.fullmatch(reader):
+            (self._root / "pins" / f"{reader}.json").unlink(missing_ok=True)
+
+    def pins(self) -> dict[str, int]:
+        """Reader -> pinned epoch."""
+        found: dict[str, int] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for path in (self._root / "pins").glob("*.json"):
+                with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+                    found[path.stem] = int(json.loads(path.read_text())["epoch"])
+        return found
+
     # Driver side.
 
     def commit(self, epoch: int, deltas: Sequence[StateDelta]) -> None:

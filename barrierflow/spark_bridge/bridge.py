@@ -117,6 +117,7 @@ from barrierflow.spark_bridge.errors import ExecutorPlacementError, SparkCheckpo
 from barrierflow.spark_bridge.executor_metrics import ExecutorCounters
 from barrierflow.spark_bridge.executors import probe_chain, stage_on_executors
 from barrierflow.spark_bridge.failures import unwrap_spark_error
+from barrierflow.spark_bridge.shared_view import SharedView
 from barrierflow.spark_bridge.task_runtime import TaskChain
 from barrierflow.spark_bridge.task_state import (
     STATE_DIRECTORY,
@@ -408,13 +409,30 @@ class SparkBridge:
                     "carry; write to Parquet, Iceberg or Delta, or run the pipeline with "
                     "run_on='driver'",
                 )
-            root = Path(self._state_root or Path(writes.root, STATE_DIRECTORY), keyed.name)
+            root = self._state_directory(keyed.name)
             stores = state_stores(root).values()
             as_of = max((store.last_committed() for store in stores), default=0)
             state = KeyedStep(keyed.name, keyed.key, str(root), as_of, 0)
         return TaskChain(
             steps, writes, self.feed.schema, self.runtime.backend, self.sink.name, state
         )
+
+    def _state_directory(self, step: str) -> Path:
+        """Where keyed step ``step`` keeps its state when it runs on the executors."""
+        root = self._state_root or Path(self._executor_writes().root, STATE_DIRECTORY)
+        return Path(root, step)
+
+    def shared_view(self, step: str) -> SharedView:
+        """The view of keyed step ``step`` (an ``aggregate`` or ``reduce`` between the feed
+        and the sink) when it runs on the executors: what a job joining it from the driver
+        reads, declared with ``bridge.shared_view(step).backfill()``.
+
+        Raises:
+            InvalidArgumentError: ``step`` is not a non-empty str, or the bridge has no sink.
+        """
+        if not isinstance(step, str) or not step:
+            raise InvalidArgumentError("step", "the keyed step's actor name", step)
+        return SharedView(self._state_directory(step), step)
 
     def _probe_chain(self, spark: Any, stream: str) -> TaskChain:
         """Plan the chain and, the first time, build it once on an executor (see

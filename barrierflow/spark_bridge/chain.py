@@ -21,7 +21,9 @@ feed's source to the sink's writers.
   second shuffle. Other keyed actors are refused: a window's watermark is the stream's, not
   a task's, and a user's keyed actor may keep state the task cannot carry over.
 * **No branch.** Nothing else may read what the feed or a step emits, on its main output or a
-  side output (another sink, a print, a dead-letter reader). Such an actor would run on the
+  side output (another sink, a print, a dead-letter reader) — except a job that follows a
+  keyed step's shared view (``bridge.shared_view(step).backfill()``), which reads the step's
+  state store, not its rows. Such an actor would run on the
   driver and get no rows, because none cross: data lost without a word. So it is refused. Run
   it in a query of its own, or run this one with ``run_on="driver"``. For the same reason a
   step reads nothing besides the previous step.
@@ -47,6 +49,7 @@ from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.graph import Node
 from barrierflow.runtime.placement import Placement, declared_placement
 from barrierflow.spark_bridge.errors import ExecutorPlacementError
+from barrierflow.spark_bridge.shared_view import Follow
 
 __all__ = ["ChainStep", "plan_chain"]
 
@@ -180,7 +183,7 @@ def plan_chain(
                 current, f"it leads to no writer of sink {sink!r}; the sink must read the chain"
             )
         onward = [g for g in readers if g in sink_group or _leads_to(nodes, group, g, sink_group)]
-        off = [g for g in readers if g not in onward[:1]]
+        off = [g for g in readers if g not in onward[:1] and not _follows(nodes, group, g)]
         if off:
             raise ExecutorPlacementError(
                 off[0],
@@ -216,6 +219,12 @@ def plan_chain(
         else:
             steps.append(ChainStep(current, declared))
     return tuple(steps)
+
+
+def _follows(nodes: Mapping[str, Node], group: Mapping[str, str], reader: str) -> bool:
+    """Whether group ``reader`` follows a shared view (``SharedView.backfill()``): it reads
+    the view's store, not the rows, so it is no branch."""
+    return all(isinstance(n.declared_by, Follow) for n in nodes.values() if group[n.name] == reader)
 
 
 def _leads_to(

@@ -171,11 +171,15 @@ def compact_state(root: str | Path, after: int = COMPACT_AFTER) -> list[str]:
     of them into a base as of its last committed epoch (blocking: the driver runs it on a
     worker thread of its own, beside the micro-batches; a store's commits and reads go on
     meanwhile, see :meth:`~barrierflow.connectors.vnode_state.VnodeStateStore.compact`);
-    returns the tables compacted. Nothing pins an older version: the tasks read as of the
-    last committed epoch, which a base keeps readable."""
+    returns the tables compacted. The tasks read as of the last committed epoch, which a
+    base keeps readable; a reader that pinned an older epoch (a job following the view from
+    the driver, :class:`~barrierflow.spark_bridge.shared_view.SharedView`) holds the fold at
+    its pin, so the changes it has still to replay stay."""
     done = []
     for name, store in state_stores(root).items():
-        if len(store.committed_epochs()) > after:
-            store.compact(store.last_committed())
+        pins = list(store.pins().values())
+        up_to = min([store.last_committed(), *pins])
+        if up_to >= 1 and len([e for e in store.committed_epochs() if e <= up_to]) > after:
+            store.compact(up_to, pins)
             done.append(name)
     return done

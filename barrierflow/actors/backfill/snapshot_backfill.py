@@ -36,6 +36,17 @@ before the job forwards is an :class:`~barrierflow.actors.backfill.errors.
 UpstreamEndedDuringBackfillError` (the epochs owed would be lost, as the seed's "end of
 upstream" error says); once forwarding, it ends the actor cleanly.
 
+**A view kept on Spark's executors** (an ``aggregate`` run in Spark's tasks, whose state lives
+in a shared directory, not in the driver's store) is read through the :class:`SharedViewSource`
+given as ``shared=`` (declared with ``SparkBridge.shared_view(step).backfill()``). No row of it
+flows on the driver, so the job **follows** the view instead of forwarding it: the snapshot
+epoch is the view's last committed epoch, the owed epochs are those the view commits after it
+(each read back whole from its change log once committed, never waited for), at each live
+barrier every committed epoch owed is replayed, and the job never switches to forwarding; its
+pin moves up to the last epoch replayed, so compaction keeps what it still has to read. It
+reports itself finished once the snapshot is done and it has replayed every epoch committed so
+far.
+
 **A view that is itself still backfilling** is a safe upstream: its table holds exactly what it
 has emitted, and its change log every later emission, so the new job sees the view's own output
 stream — whatever its phase.
@@ -53,7 +64,8 @@ vnodes its input routes to it.
 from __future__ import annotations
 
 import math
-from typing import Any, final
+from collections.abc import Sequence
+from typing import Any, Protocol, final
 
 import anyio
 import pyarrow as pa
@@ -71,19 +83,70 @@ from barrierflow.channels.chunk import Chunk
 from barrierflow.channels.errors import InvalidArgumentError, ProtocolError
 from barrierflow.channels.messages import Committable, Message
 from barrierflow.channels.mutation import check_rate
+from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.runtime.actor import ActorContext, StreamActor
 from barrierflow.runtime.inputs import Messages
 from barrierflow.runtime.placement import Placement
 from barrierflow.runtime.progress import Progress
 from barrierflow.runtime.startup import StartupContext
 from barrierflow.runtime.state.state_store import StateTable
-from barrierflow.runtime.state.versioned_table import VersionedTable
 
-__all__ = ["SnapshotBackfill"]
+__all__ = ["SharedViewSource", "SnapshotBackfill", "ViewTable"]
 
 #: The actor's state table.
 TABLE = "snapshot_backfill"
 _OP = "_op"
+
+
+class ViewTable(Protocol):
+    """What the actor reads of a view's table: a
+    :class:`~barrierflow.runtime.state.versioned_table.VersionedTable` of the driver's store, or
+    a shared view's (:class:`SharedViewSource`)."""
+
+    @property
+    def vnode_count(self) -> int:
+        """The vnodes of the key space."""
+        ...
+
+    @property
+    def primary_key(self) -> tuple[str, ...]:
+        """The view's key columns."""
+        ...
+
+    def pin(self, reader: str, epoch: int) -> None:
+        """Keep ``epoch``'s version and every later change log for ``reader``."""
+        ...
+
+    def unpin(self, reader: str) -> None:
+        """Release ``reader``'s pin."""
+        ...
+
+    def epochs_after(self, epoch: int) -> list[int]:
+        """The epochs after ``epoch`` whose change logs are readable, ascending."""
+        ...
+
+    async def change_log(self, epoch: int, vnodes: VnodeBitmap | None = None) -> pa.Table:
+        """What ``epoch`` changed (ops in ``_op``), only ``vnodes``' rows if given."""
+        ...
+
+    async def read_vnode(
+        self, vnode: int, epoch: int, *, after: Sequence[Any] | None = None
+    ) -> pa.Table:
+        """``vnode``'s rows as of ``epoch`` in key order (after the key ``after``)."""
+        ...
+
+
+class SharedViewSource(Protocol):
+    """A view kept outside the driver's store, which no row of flows on the driver: the job
+    follows its committed epochs (see the module)."""
+
+    def tables(self) -> list[ViewTable]:
+        """The view's tables (one per parallel member, or one)."""
+        ...
+
+    def committed_epoch(self) -> int:
+        """The view's last committed epoch (0: none yet)."""
+        ...
 
 
 @final
@@ -96,6 +159,9 @@ class SnapshotBackfill(StreamActor):
         batch_rows: rows per emitted chunk.
         rate_limit: rows per second of snapshot and change-log chunks (``None``: unlimited;
             0: paused).
+        shared: where the view is kept when not in the driver's store (an aggregate run in
+            Spark's tasks: ``SparkBridge.shared_view(step)``); the job then follows it (see
+            the module). Declare such a job with ``SparkBridge.shared_view(step).backfill()``.
 
     Raises:
         InvalidArgumentError: a bad argument.
@@ -112,10 +178,23 @@ class SnapshotBackfill(StreamActor):
     _position: int
 
     def __init__(
-        self, view: str, *, batch_rows: int = 4096, rate_limit: float | None = None
+        self,
+        view: str,
+        *,
+        batch_rows: int = 4096,
+        rate_limit: float | None = None,
+        shared: SharedViewSource | None = None,
     ) -> None:
         if not isinstance(view, str) or not view:
             raise InvalidArgumentError("view", "the name of a Materialize actor", view)
+        if shared is not None and not (
+            callable(getattr(shared, "tables", None))
+            and callable(getattr(shared, "committed_epoch", None))
+        ):
+            raise InvalidArgumentError(
+                "shared", "None or a shared view (SparkBridge.shared_view(step))", shared
+            )
+        self.shared = shared
         if type(batch_rows) is not int or batch_rows < 1:
             raise InvalidArgumentError("batch_rows", "a positive int", batch_rows)
         check_rate("rate_limit", rate_limit)
@@ -129,10 +208,13 @@ class SnapshotBackfill(StreamActor):
         Raises:
             NotAMaterializedViewError: no actor (or parallel group) of that name keeps one.
         """
+        # The view, or its parallel group's members (``view.0``, ``view.1``, …: not a step
+        # named after it, such as ``view.changelog_rows``).
         members = [
             actor
             for name, actor in ctx.graph.items()
-            if name == self.view or name.rpartition(".")[0] == self.view
+            if name == self.view
+            or (name.rpartition(".")[0] == self.view and name.rpartition(".")[2].isdigit())
         ]
         if not members or not all(isinstance(actor, ViewActor) for actor in members):
             raise NotAMaterializedViewError(self.view, VIEW_TABLE)
@@ -145,23 +227,27 @@ class SnapshotBackfill(StreamActor):
         first = await upstream.receive()
         if not isinstance(first, Barrier):
             raise ProtocolError(f"snapshot backfill {ctx.name}: expected a barrier first")
-        views = ctx.read_view(self.view, VIEW_TABLE)
+        shared = self.shared
+        views: list[ViewTable] = []
+        views += ctx.read_view(self.view, VIEW_TABLE) if shared is None else shared.tables()
         if not views:
             raise NotAMaterializedViewError(self.view, VIEW_TABLE)
-        self._views: list[VersionedTable] = views
+        self._views = views
         bitmap = self._mask = ctx.vnode_bitmap
         vnodes = range(views[0].vnode_count) if bitmap is None else bitmap.vnodes()
         table = ctx.table(TABLE)
         saved = await table.items()
         progress = SnapshotProgress.restore(saved, vnodes)
         if progress is None:
-            progress = SnapshotProgress.new(ctx.committed_epoch, vnodes)
+            start = ctx.committed_epoch if shared is None else shared.committed_epoch()
+            progress = SnapshotProgress.new(start, vnodes)
         elif progress.phase is SnapshotPhase.FORWARD:
             undone = progress.unfinished_vnodes()
             if undone:
                 raise SnapshotBackfillStateError(
                     ctx.name, "every vnode's snapshot done in a finished job", f"vnodes {undone}"
                 )
+        progress.follow = shared is not None
         self.progress = progress
         if progress.phase is not SnapshotPhase.FORWARD:
             for view in views:
@@ -178,8 +264,11 @@ class SnapshotBackfill(StreamActor):
             await self._forward(ctx, upstream)
 
     def _owed_after(self, epoch: int, closed: int) -> list[int]:
-        """Epochs after ``epoch`` up to ``closed`` the view wrote (plus ``closed`` itself)."""
+        """Epochs after ``epoch`` up to ``closed`` the view wrote (plus ``closed`` itself); of
+        a followed view, every epoch after ``epoch`` it committed."""
         written = {e for view in self._views for e in view.epochs_after(epoch)}
+        if self.progress.follow:
+            return sorted(written)
         return sorted(e for e in written | {closed} if epoch < e <= closed)
 
     # Phases 1 and 2.
@@ -326,7 +415,13 @@ class SnapshotBackfill(StreamActor):
         changed, rate = message.throttle_for(ctx.actor_id)
         if changed:
             self._rate = rate
-        progress.on_closed(message.epoch.prev)
+        if progress.follow:
+            # What the view committed since: owed (the live barrier's epoch is not its own).
+            known = progress.pending[-1] if progress.pending else progress.replayed
+            for epoch in self._owed_after(known, known):
+                progress.on_closed(epoch)
+        else:
+            progress.on_closed(message.epoch.prev)
         if not self._paused:
             while progress.must_replay():
                 chunk = await self._next_chunk(forced=True)
@@ -336,6 +431,9 @@ class SnapshotBackfill(StreamActor):
         if progress.phase is SnapshotPhase.FORWARD or message.is_stop(ctx.actor_id):
             for view in self._views:
                 view.unpin(ctx.name)
+        elif progress.follow:
+            for view in self._views:  # compaction may fold what it has replayed
+                view.pin(ctx.name, progress.replayed)
         await self._pass(ctx, table, message)
 
     async def _pass(self, ctx: ActorContext, table: StateTable, barrier: Barrier) -> None:
@@ -343,7 +441,9 @@ class SnapshotBackfill(StreamActor):
         progress = self.progress
         for key, value in progress.rows_to_save().items():
             table.put(key, value)
-        done = progress.phase is SnapshotPhase.FORWARD
+        done = progress.phase is SnapshotPhase.FORWARD or (
+            progress.follow and progress.phase is SnapshotPhase.CHANGE_LOG and not progress.owed
+        )
         ctx.report_progress(
             Progress(
                 finished=done,

@@ -78,6 +78,9 @@ class SnapshotProgress:
     max_lag: float = math.inf
     #: Vnodes whose progress changed since the last barrier.
     dirty: set[int] = field(default_factory=set)
+    #: Whether the view is followed, never forwarded (a view kept on Spark's executors: every
+    #: epoch it commits is owed, all of them replayed at each barrier).
+    follow: bool = False
 
     @classmethod
     def new(cls, snapshot_epoch: int, vnodes: Iterable[int]) -> SnapshotProgress:
@@ -161,7 +164,7 @@ class SnapshotProgress:
         latest upstream epoch: a quiet upstream does not keep it waiting on the lag rule)."""
         owed = len(self.pending)
         return self.phase is SnapshotPhase.CHANGE_LOG and (
-            owed > math.floor(self.max_lag) or owed == 1
+            owed > math.floor(self.max_lag) or owed == 1 or (self.follow and owed > 0)
         )
 
     def log_emitted(self, rows: int) -> None:
@@ -177,7 +180,7 @@ class SnapshotProgress:
     def after_barrier(self) -> None:
         """A live barrier was handled: shrink the allowed lag (never grows), and forward once
         nothing is owed."""
-        if self.phase is not SnapshotPhase.CHANGE_LOG:
+        if self.phase is not SnapshotPhase.CHANGE_LOG or self.follow:
             return
         if not self.pending:
             self.phase = SnapshotPhase.FORWARD
