@@ -21,6 +21,10 @@ The bridge sums the tasks' seconds but not their state seconds
 itself: it wraps the bridge module's ``stage_on_executors`` (this process only — a benchmark's
 instrument) and also times each Spark job that way.
 
+With ``"mode": "floor"`` there is no runtime: Spark alone over the same micro-batches, a
+``mapInArrow`` counting rows in the Python tasks, with and without the vnode repartition
+(``BENCH {"done": ..., "floor": ...}``), for the time breakdown.
+
 On ``check`` (unmeasured) the committed changelog is checked against Spark's own aggregate of
 every micro-batch: each ``+I``/``+U`` row counts for and each ``-U``/``-D`` row against, so the
 signed sums of ``n`` and ``total`` must equal the rows and the sum of ``v``, and the signed
@@ -89,6 +93,42 @@ class _Reports:
                 for r in reports
             ],
         }
+
+
+def _floor(spark: Any, config: dict[str, Any]) -> None:
+    """Spark alone over the same micro-batches, for the time breakdown: rows/s of a
+    ``mapInArrow`` counting the rows in the Python tasks, over the batches as made
+    (``spark_python_tasks``) and after the vnode repartition the executor path adds
+    (``vnode_repartition``)."""
+    from barrierflow.spark_bridge.executors import partition_by_vnode
+
+    def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = sum(batch.num_rows for batch in batches)
+        yield pa.record_batch({"rows": pa.array([rows], pa.int64())})
+
+    def counted(frame: Any) -> int:
+        return sum(int(row["rows"]) for row in frame.mapInArrow(count, "rows long").collect())
+
+    def repartitioned(frame: Any) -> Any:
+        return partition_by_vnode(frame, ["k"], config["writers"])
+
+    frames = list(_frames(spark, config))
+    counted(frames[0]), counted(repartitioned(frames[0]))  # warm-up: the Python workers
+    _say(ready=True)
+    if not _await_cue("go"):
+        return
+    figures: dict[str, float] = {}
+    started = time.perf_counter()
+    for name, shape in (("spark_python_tasks", _same), ("vnode_repartition", repartitioned)):
+        begun = time.perf_counter()
+        rows = sum(counted(shape(frame)) for frame in frames[1:])
+        figures[name] = rows / (time.perf_counter() - begun)
+    seconds = time.perf_counter() - started
+    _say(done=True, seconds=seconds, rows=2 * config["rows"] * config["batches"], floor=figures)
+
+
+def _same(frame: Any) -> Any:
+    return frame
 
 
 def _out_schema(feed: pa.Schema) -> pa.Schema:
@@ -194,7 +234,11 @@ def main(configs: list[dict[str, Any]]) -> None:
     reports = _Reports()
     reports.install()
     for config in configs:
-        _query(spark, config, reports)
+        if config["mode"] == "floor":
+            _floor(spark, config)
+            _await_cue("check")
+        else:
+            _query(spark, config, reports)
     spark.stop()
 
 

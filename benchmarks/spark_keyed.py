@@ -26,7 +26,9 @@ Reported:
   total (``TaskReport.seconds``), median and max, and the state rows each task loaded.
 * ``details.breakdown``: where each path's time goes per micro-batch (ms): in all, in the Spark
   jobs (``job``, as the driver saw them) and the adoption of their files (``stage`` includes
-  the job), in delivery and checkpoint (``deliver``), in ``toArrow`` (the driver path).
+  the job), in delivery and checkpoint (``deliver``), in ``toArrow`` (the driver path); and
+  (not with ``--quick``: one more driver) Spark alone's rows/s over the same micro-batches, a
+  ``mapInArrow`` counting rows in the Python tasks, as made and after the vnode repartition.
 """
 
 from __future__ import annotations
@@ -60,11 +62,14 @@ GOAL_RATE = 0.7
 GOAL_CPU = 0.3
 
 
-def _keyed(settings: Settings, run_on: str, keys: int, rows: int, batches: int) -> dict[str, Any]:
-    """A driver run of the keyed aggregate on ``run_on``."""
+def _keyed(
+    settings: Settings, run_on: str, keys: int, rows: int, batches: int, mode: str = "keyed"
+) -> dict[str, Any]:
+    """A driver run of the keyed aggregate on ``run_on`` (``mode="floor"``: Spark alone over
+    the same micro-batches)."""
     placement = _placement(settings, cores_per_executor=1)
     return {
-        "mode": "keyed",
+        "mode": mode,
         "master": placement["master"],
         "conf": placement["conf"],
         "run_on": run_on,
@@ -124,6 +129,15 @@ def executors_keyed_aggregate_rows_per_s(settings: Settings) -> dict[str, Any]:
         CHILD,
     )
     cpu_ratio = median(_cpu(ours)) / median(_cpu(theirs))
+    breakdown: dict[str, Any] = {
+        "ms_per_batch_executors": _breakdown(ours, batches),
+        "ms_per_batch_driver": _breakdown(theirs, batches),
+    }
+    if not settings.quick:
+        (floor,) = _measure(
+            [_keyed(settings, "executors", keys, rows, batches, mode="floor")], 1, settings, CHILD
+        )
+        breakdown["spark_alone_rows_per_s"] = {k: rounded(v) for k, v in floor[0].stats.items()}
 
     def side(figure: Callable[[DriverRun], float]) -> dict[str, float | None]:
         return _per_side(ours, theirs, figure)
@@ -156,10 +170,7 @@ def executors_keyed_aggregate_rows_per_s(settings: Settings) -> dict[str, Any]:
                 "jvm": side(lambda r: r.cpu_jvm / r.rows * 1e6),
             },
             "task_ms": _task_ms(ours),
-            "breakdown": {
-                "ms_per_batch_executors": _breakdown(ours, batches),
-                "ms_per_batch_driver": _breakdown(theirs, batches),
-            },
+            "breakdown": breakdown,
             "rss_growth_mb": side(lambda r: r.growth_mb),
             "machine_cpu_busy": side(lambda r: r.machine_busy),
             "candidate": "run_on='executors': vnode repartition, the aggregate in 4 Spark "
