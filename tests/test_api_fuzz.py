@@ -546,6 +546,7 @@ def _constructors(root: Path) -> dict[str, tuple[Callable[..., Any], dict[str, A
     return {
         "map_batches": (operators_package.map_batches, {"fn": double, "schema": ROWS}),
         "filter_rows": (operators_package.filter_rows, {"predicate": double}),
+        "changelog_rows": (operators_package.changelog_rows, {"column": "op"}),
         "aggregate": (
             operators_package.aggregate,
             {"key": "k", "schema": None, "total": ("v", "sum"), "n": ("v", "count")},
