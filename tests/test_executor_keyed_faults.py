@@ -281,8 +281,12 @@ def test_an_executor_killed_mid_batch_leaves_state_and_output_exactly_once(
         made = service.calls()
     assert (report["batches"], report["staged_batches"]) == (CHILD_BATCHES, CHILD_BATCHES)
     assert report["to_arrow_seconds"] == 0.0
-    # The killed executor's task ran again: a later attempt of batch 1 passed the gate.
-    assert any(c.attempt >= 1 for c in made if c.id in in_batch(1))
+    # The killed executor's task ran again: a partition of batch 1 passed the gate in two
+    # attempts (the vnode repartition is a shuffle, so Spark may rerun the stage, whose
+    # attempts count from 0 again, rather than the task: told apart by the Python worker).
+    batch_1 = [c for c in made if c.id in in_batch(1)]
+    runs = {(c.partition, c.attempt, c.pid) for c in batch_1}
+    assert len(runs) > len({c.partition for c in batch_1})
     assert_exactly_once(kind, tmp_path, child_spans())
 
 
