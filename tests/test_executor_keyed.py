@@ -242,7 +242,7 @@ def run(
     batches: Sequence[Batch],
     *,
     kind: Kind = "parquet",
-    parallelism: int = 2,
+    parallelism: int | None = 2,
     backend: Backend = "asyncio",
     declare: Declare = aggregate_totals,
     schema: pa.Schema = TOTALS,
@@ -357,6 +357,41 @@ def test_a_rescale_between_runs_resplits_the_vnodes_and_equals_the_reference(
         runs[-1].epochs[-1],
         final_state(batches, totals),
     )
+
+
+def test_without_a_sink_parallelism_each_batch_splits_the_vnodes_by_its_partitions(
+    spark: Any, tmp_path: Path
+) -> None:
+    # 3, then 2, then 4 Spark partitions: the vnodes are split three ways, then two, then
+    # four, and each task reads the state of the vnodes it holds now.
+    step = tmp_path / "table" / "_barrierflow_state" / STEP
+    done = run(spark, tmp_path, BATCHES, parallelism=None)
+    assert done.stats.executor_tasks == sum(b.partitions for b in BATCHES)
+    assert read_epochs("parquet", tmp_path, TOTALS) == expected_changes(BATCHES, totals)
+    assert committed_state(step, "view", ("k", "total", "n", "top")) == (
+        done.epochs[-1],
+        final_state(BATCHES, totals),
+    )
+
+
+def test_a_micro_batch_with_no_rows_for_the_keyed_step_keeps_the_state_as_it_was(
+    spark: Any, tmp_path: Path
+) -> None:
+    def declare(events: Stream) -> Stream:
+        return events.filter(even_values).key_by("k").reduce(running_sum, name=STEP)
+
+    step = tmp_path / "table" / "_barrierflow_state" / STEP
+    # Batch 1 holds one odd id: the filter drops it, no task has a row for the keyed step;
+    # batch 2 holds one even id: one task of four has a row, three have none.
+    batches = [BATCHES[0], Batch(1, 301, 1, 1), Batch(2, 302, 1, 1)]
+    done = run(spark, tmp_path, batches, declare=declare, schema=SUMS, parallelism=4)
+    assert None not in done.epochs
+    assert read_epochs("parquet", tmp_path, SUMS) == [
+        e for e in expected_changes(batches, even_sums) if e
+    ]
+    epoch, rows = committed_state(step, "view", ("k", "v"))
+    assert rows == final_state(batches, even_sums)
+    assert epoch == done.epochs[-1]
 
 
 # Refusals: before any Spark job, naming the actor.
