@@ -155,6 +155,7 @@ def _demo(args: argparse.Namespace) -> int:
         write_on=args.write_on,
         postgres_dsn=args.postgres_dsn,
         chain=args.chain,
+        keyed=args.keyed,
     )
     result = _interruptible("demo", run_demo, config, resume_command)
     if result is None:
@@ -349,6 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="spark act: pass the events through filter → async_map (a service on loopback) "
         "→ map_batches before the table, in Spark's tasks with --run-on executors "
         "(default: off)",
+    )
+    demo.add_argument(
+        "--keyed",
+        action="store_true",
+        help="spark act: pass the events through a keyed aggregate (key_by → aggregate → "
+        "changelog_rows → map_batches, keeping every event) before the table; in Spark's "
+        "tasks, its state beside the table, with --run-on executors (default: off)",
     )
     demo.add_argument(
         "--crash-after",

@@ -21,7 +21,9 @@ The default is ``driver``: it runs on any graph, and at the demo's sizes on one 
 are about even; ``executors`` is what scales with a cluster (``--spark-master spark://...``).
 ``--chain`` passes the events through ``filter → async_map`` (a service on loopback) ``→
 map_batches`` before the table — in Spark's tasks with ``--run-on executors`` — keeping every
-event (:mod:`barrierflow.app._demo_chain`).
+event (:mod:`barrierflow.app._demo_chain`). ``--keyed`` passes them through a keyed aggregate
+instead (``key_by → aggregate → changelog_rows → map_batches``), its state on the executors
+with ``--run-on executors``, keeping every event (:mod:`barrierflow.app._demo_keyed`).
 
 It shows live progress (a table on a terminal; without one — output piped to a file, CI — a
 plain line every few seconds), then reads the table back with the format's own reader
@@ -72,6 +74,7 @@ from barrierflow.actors.sinks.errors import SinkStateMismatchError
 from barrierflow.app._demo_chain import EchoService, declare_chain
 from barrierflow.app._demo_faults import CrashingTable, Faults, executor_faults
 from barrierflow.app._demo_input import SCHEMA, TABLES, RunManifest, TableChoice, complete_input
+from barrierflow.app._demo_keyed import declare_keyed
 from barrierflow.app._demo_progress import LiveProgress, RunCounts, batch_line
 from barrierflow.app._demo_runs import resume_command as resume_words
 from barrierflow.app._demo_tables import ICEBERG_TABLE, DemoTable, open_table
@@ -161,6 +164,10 @@ class DemoConfig:
     #: filter → async_map calling a service on loopback → map_batches, keeping every event;
     #: see :mod:`barrierflow.app._demo_chain`), in Spark's tasks with ``write_on="executors"``.
     chain: bool = False
+    #: Pass the events through a keyed aggregate on their way to the table (``--keyed``,
+    #: keeping every event; see :mod:`barrierflow.app._demo_keyed`), in Spark's tasks with
+    #: its state beside the table with ``write_on="executors"``. Not with ``chain``.
+    keyed: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rows", "batches"):
@@ -190,6 +197,11 @@ class DemoConfig:
             )
         if not isinstance(self.chain, bool):
             raise ConfigError("chain", "a bool", self.chain)
+        if not isinstance(self.keyed, bool):
+            raise ConfigError("keyed", "a bool", self.keyed)
+        if self.keyed and self.chain:
+            # Only filters may come before a keyed step on the executors (one repartition).
+            raise ConfigError("keyed", "False with chain=True", self.keyed)
         if self.table == "postgres" and self.write_on != "driver":
             # Spark tasks stage Parquet files; a PostgreSQL writer's stage is a transaction.
             raise ConfigError("write_on", "'driver' with table='postgres'", self.write_on)
@@ -208,7 +220,8 @@ def resume_command(config: DemoConfig) -> str:
     """The command that resumes the run ``config`` describes (for the user to copy)."""
     words = resume_words(None, config.workdir, config.backend)
     words += " --run-on executors" if config.write_on == "executors" else ""
-    return words + (" --chain" if config.chain else "")
+    words += " --chain" if config.chain else ""
+    return words + (" --keyed" if config.keyed else "")
 
 
 #: The errors that refuse a resume (the run stops before a row moves): the state store is
@@ -292,9 +305,11 @@ def build_runtime(
     *,
     adopt_sink_positions: bool = False,
     chain: tuple[str, int] | None = None,
+    keyed: bool = False,
 ) -> tuple[Runtime, BatchFeed, DeclaredSink]:
     """The demo's graph: batch source (→ the chain calling the service at ``chain``, if
-    given) → hash by key → 4 writers of ``table`` + their coordinator."""
+    given; → the keyed aggregate, if ``keyed``) → hash by key → 4 writers of ``table`` + their
+    coordinator."""
     feed = BatchFeed(SCHEMA, chunk_rows=16_384, capacity=8)
     # With recovery, a transient failure rebuilds the graph and the bridge re-delivers the batch.
     config = RuntimeConfig(
@@ -306,6 +321,7 @@ def build_runtime(
     rt = Runtime(config)
     rt.add_source("events", feed.source)
     source = "events" if chain is None else declare_chain(rt, "events", chain)
+    source = declare_keyed(rt, source) if keyed else source
     # Writers events.0..3, hash-dispatched by key, and their coordinator service.
     declared = add_sink(
         rt, "events", CrashingTable(table.sink, faults), input=source, parallelism=WRITERS,
@@ -389,7 +405,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
     service = EchoService() if config.chain else None
     rt, feed, sink = build_runtime(
         workdir, table, faults, adopt_sink_positions=config.adopt_sink_positions,
-        chain=None if service is None else service.address,
+        chain=None if service is None else service.address, keyed=config.keyed,
     )  # fmt: skip
     coordinator = sink.coordinator
     rows_before = table.rows()

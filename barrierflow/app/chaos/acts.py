@@ -14,7 +14,9 @@ its own reader (pyiceberg, deltalake, psycopg). The ``spark-executors`` act is t
 with Spark's tasks staging the rows (``--run-on executors``; Iceberg and Delta only), killed
 while they stage, after they staged and before the commit, and mid-commit. The ``spark-chain``
 act is that act with a chain of actors before the table (``--chain``: filter → async_map
-calling a service on loopback → map_batches), run in Spark's tasks.
+calling a service on loopback → map_batches), run in Spark's tasks. The ``spark-keyed`` act is
+the executors act with a keyed aggregate before the table (``--keyed``), its state read,
+applied and staged by Spark's tasks and committed with the epoch's rows.
 """
 
 from __future__ import annotations
@@ -164,6 +166,16 @@ SPARK_CHAIN = dataclasses.replace(
     SPARK_EXECUTORS, name="spark-chain", options=(*SPARK_EXECUTORS.options, "--chain")
 )
 
+#: The executors act with a keyed aggregate before the table (``--keyed``: key_by → aggregate
+#: → changelog_rows → map_batches), run in Spark's tasks with its state in vnode stores beside
+#: the table, so that a kill lands while they read, apply and stage the state, or between an
+#: epoch's state commit and its rows'. The audit is the Spark act's: the step keeps every event
+#: once, and state committed without its rows (or the reverse) shows as missing (duplicate)
+#: keys (see :mod:`barrierflow.app._demo_keyed`).
+SPARK_KEYED = dataclasses.replace(
+    SPARK_EXECUTORS, name="spark-keyed", options=(*SPARK_EXECUTORS.options, "--keyed")
+)
+
 BACKFILL = Act(
     "backfill",
     ("--streams", "2", "--history", "4000", "--live", "3000"),
@@ -206,4 +218,6 @@ VIEWS = Act(
 )
 
 #: The acts by name.
-ACTS = {act.name: act for act in (SPARK, SPARK_EXECUTORS, SPARK_CHAIN, BACKFILL, VIEWS)}
+ACTS = {
+    act.name: act for act in (SPARK, SPARK_EXECUTORS, SPARK_CHAIN, SPARK_KEYED, BACKFILL, VIEWS)
+}

@@ -19,7 +19,8 @@ twice would show once there and only the log shows it. Rules:
 * every file a reader sees was added by one of those commits, exists, and the record counts
   the log gives add up to the rows read;
 * nothing is left once the run has finished: no staged file (under ``.staging``), and no
-  Parquet file in the table directory that the table does not reference.
+  Parquet file in the table directory that the table does not reference (a keyed step's
+  state, under ``_barrierflow_state``, is its state store's, not the table's).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.app.chaos.audit import Audit, spark_input
+from barrierflow.spark_bridge.task_state import STATE_DIRECTORY
 
 __all__ = ["APP_ID", "PATH", "audit_delta", "audit_delta_table"]
 
@@ -158,7 +160,7 @@ def _check_leftovers(path: Path, seen: set[Path], audit: Audit) -> None:
     stray = [
         p
         for p in path.rglob("*.parquet")
-        if not {".staging", "_delta_log"} & set(p.relative_to(path).parts)
+        if not {".staging", "_delta_log", STATE_DIRECTORY} & set(p.relative_to(path).parts)
         and p.resolve() not in seen
     ]
     if staged:

@@ -11,7 +11,8 @@ Read without any of the pipeline's code: the SQLite catalog under ``<workdir>/wa
   referenced twice, in a snapshot or across the snapshots that added it;
 * every data file the table references exists, and its record count adds up to the table's;
 * nothing a reader could trip over is left once the run has finished: no staged file, and no
-  Parquet file under the table's data directory that no snapshot references.
+  Parquet file under the table's data directory that no snapshot references (a keyed step's
+  state, under ``_barrierflow_state``, is its state store's, not the table's).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from barrierflow.app.chaos.audit import Audit, spark_input
+from barrierflow.spark_bridge.task_state import STATE_DIRECTORY
 
 __all__ = ["audit_iceberg"]
 
@@ -123,7 +125,9 @@ def _check_leftovers(location: Path, referenced: set[str], audit: Audit) -> None
     known = {_local(p) for p in referenced}
     staged = [p for p in data.rglob("*") if p.is_file() and ".staging" in p.parts]
     stray = [
-        p for p in data.rglob("*.parquet") if ".staging" not in p.parts and str(p) not in known
+        p
+        for p in data.rglob("*.parquet")
+        if not {".staging", STATE_DIRECTORY} & set(p.parts) and str(p) not in known
     ]
     if staged:
         audit.add("staged_leftover", f"{len(staged)} files, e.g. {staged[0]}")
