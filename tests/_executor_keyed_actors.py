@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.channels import Barrier, Message
+from barrierflow.channels import Barrier, Chunk, Message
 from barrierflow.runtime import Placement
 from barrierflow.runtime.actor import ActorContext, StreamActor
 
@@ -48,6 +48,9 @@ CURSED_KEY = 5
 
 #: The partition whose first attempt fails (see :class:`FailsFirstAttempt`).
 FLAKY_PARTITION = 1
+
+#: The values from which :class:`FailsFirstAttempt` fails (ids of the second micro-batch on).
+FLAKY_FROM = 300
 
 
 def running_sum(acc: pa.RecordBatch, rows: pa.RecordBatch) -> pa.RecordBatch:
@@ -87,15 +90,24 @@ def first_attempt_of_flaky_partition() -> bool:
 
 class FailsFirstAttempt(StreamActor):
     """Passes everything on, but fails on the partition's end (its checkpoint barrier) in the
-    first attempt of :data:`FLAKY_PARTITION`'s task, after the keyed step before it emitted
-    the attempt's changes. Passes everything on the driver and in every other attempt."""
+    first attempt of :data:`FLAKY_PARTITION`'s task of a micro-batch that brought a ``top`` of
+    :data:`FLAKY_FROM` or more: after the keyed step before it emitted the attempt's changes.
+    Passes everything on the driver and in every other attempt."""
 
     placement = Placement.PARTITION_LOCAL
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._armed = False
+
     async def process(self, message: Message, ctx: ActorContext) -> None:
+        if isinstance(message, Chunk) and message.num_rows:
+            top = pc.max(message.batch["top"]).as_py()
+            self._armed = self._armed or (top is not None and top >= FLAKY_FROM)
         if (
             isinstance(message, Barrier)
             and message.is_checkpoint
+            and self._armed
             and first_attempt_of_flaky_partition()
         ):
             raise RuntimeError("the first attempt of the flaky partition fails at its end")
