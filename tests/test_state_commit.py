@@ -568,6 +568,7 @@ def test_existing_refuses_a_directory_that_is_not_a_store(tmp_path: Path, conten
     with pytest.raises(InvalidArgumentError) as caught:
         VnodeStateStore.existing(tmp_path)
     assert (caught.value.argument, caught.value.got) == ("root", str(tmp_path))
+    assert caught.value.expected == "a directory of a vnode state store (barrierflow.vnode_state/1)"
 
 
 def test_existing_refuses_a_root_that_is_not_a_path() -> None:

@@ -615,3 +615,368 @@ def test_the_last_write_per_key_is_chosen_without_a_loop_per_row() -> None:
         "v": [3, 4],
         vnode_state.OP_COLUMN: [0, 0],
     }
+
+
+# What each refusal says: the argument, what was expected and what came.
+
+FORMAT = "a directory of a vnode state store (barrierflow.vnode_state/1)"
+ATTEMPT_NAMES = "1-100 letters, digits, '_', '.', '-' (not first: '.', '-')"
+NOT_A_SCHEMA = object()
+BOTH_KEYS = SCHEMA.set(1, pa.field("v", pa.int64(), nullable=False))
+
+
+@pytest.mark.parametrize(
+    ("call", "argument", "expected", "got"),
+    [
+        (lambda s: s.stage(-1, "a", [0], SCHEMA.empty_table(), []), "number", "an int >= 0", -1),
+        (lambda s: s.stage(1, ".a", [0], SCHEMA.empty_table(), []), "attempt", ATTEMPT_NAMES, ".a"),
+        (lambda s: s.stage(1, 5, [0], SCHEMA.empty_table(), []), "attempt", ATTEMPT_NAMES, 5),
+        (
+            lambda s: s.stage(1, "a", VnodeBitmap.full(4), SCHEMA.empty_table(), []),
+            "vnodes",
+            f"a bitmap of {VNODES} vnodes",
+            VnodeBitmap.full(4),
+        ),
+        (
+            lambda s: s.stage(1, "a", "01", SCHEMA.empty_table(), []),
+            "vnodes",
+            "a VnodeBitmap or a sequence of ints",
+            "01",
+        ),
+        (
+            lambda s: s.stage(1, "a", [0], SCHEMA.empty_table(), "ab"),
+            "ops",
+            "a sequence of Op codes (int8 0..3)",
+            "ab",
+        ),
+        (
+            lambda s: s.stage(1, "a", [0], SCHEMA.empty_table(), b""),
+            "ops",
+            "a sequence of Op codes (int8 0..3)",
+            b"",
+        ),
+        (lambda s: s.read([0], -1), "as_of", "an epoch (an int >= 0)", -1),
+        (lambda s: s.read([0], 1), "as_of", "a committed epoch (at most 0)", 1),
+        (lambda s: s.commit(0, []), "epoch", "an int >= 1", 0),
+        (lambda s: s.commit(1, "x"), "deltas", "a list or tuple of StateDelta", "x"),
+        (lambda s: s.compact(1), "up_to", "a committed epoch (1..0)", 1),
+        (lambda s: s.compact(1, pinned=5), "pinned", "an iterable of epochs (ints)", 5),
+        (lambda s: s.compact(1, pinned="12"), "pinned", "an iterable of epochs (ints)", "12"),
+        (lambda s: s.compact(1, pinned=b"1"), "pinned", "an iterable of epochs (ints)", b"1"),
+        (lambda s: s.compact(1, pinned=(1.0,)), "pinned", "an iterable of epochs (ints)", [1.0]),
+        (lambda s: s.drop_staged(-2), "number", "an int >= 0", -2),
+        (lambda s: s.drop_staged(True), "number", "an int >= 0", True),
+    ],
+)
+def test_a_refusal_says_what_was_expected_and_what_came(
+    tmp_path: Path, call: Any, argument: str, expected: str, got: Any
+) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        call(make_store(tmp_path))
+    assert (caught.value.argument, caught.value.expected, caught.value.got) == (
+        argument,
+        expected,
+        got,
+    )
+
+
+def test_a_delta_listed_twice_is_refused_saying_so(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    delta = store.stage(1, "a", [0], SCHEMA.empty_table(), [])
+    with pytest.raises(InvalidArgumentError) as caught:
+        store.commit(1, [delta, delta])
+    assert (caught.value.argument, caught.value.expected, caught.value.got) == (
+        "deltas",
+        "each attempt's delta once",
+        [delta, delta],
+    )
+
+
+def test_a_change_outside_the_attempts_vnodes_is_refused_naming_both(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    keys = list(range(40))
+    table = pa.table({"k": keys, "v": keys}, schema=SCHEMA)
+    vnodes = compute_vnodes(table, ["k"], VNODES)
+    outside = sorted({int(v) for v in vnodes if v >= 4})
+    with pytest.raises(InvalidArgumentError) as caught:
+        store.stage(1, "a", [0, 1, 2, 3], table, [UPSERT] * 40)
+    assert (caught.value.argument, caught.value.expected) == (
+        "changes",
+        "rows of the vnodes [(0, 4)]",
+    )
+    first_eight = [int(v) for v in vnodes if v >= 4][:8]
+    assert caught.value.got == f"rows of vnodes {sorted(set(first_eight))}"
+    assert set(first_eight) <= set(outside)
+
+
+@pytest.mark.parametrize(
+    ("schema", "expected"),
+    [
+        (NOT_A_SCHEMA, "a pyarrow Schema"),
+        (SCHEMA.append(pa.field("__op", pa.int8())), "no column named __vnode, __op or __seq"),
+        (SCHEMA.append(pa.field("__seq", pa.int8())), "no column named __vnode, __op or __seq"),
+    ],
+)
+def test_a_bad_schema_is_refused_saying_what_was_expected(
+    tmp_path: Path, schema: Any, expected: str
+) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        VnodeStateStore(tmp_path, ("k",), schema, vnode_count=VNODES, base_ranges=2)
+    assert (caught.value.argument, caught.value.expected, caught.value.got) == (
+        "schema",
+        expected,
+        schema,
+    )
+
+
+@pytest.mark.parametrize("base_ranges", [0, VNODES + 1, 2.0, True])
+def test_base_ranges_outside_one_to_the_vnode_count_are_refused(
+    tmp_path: Path, base_ranges: Any
+) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        make_store(tmp_path, base_ranges=base_ranges)
+    assert (caught.value.argument, caught.value.expected, caught.value.got) == (
+        "base_ranges",
+        f"an int in 1..{VNODES}",
+        base_ranges,
+    )
+
+
+def test_as_many_base_ranges_as_vnodes_write_one_base_file_per_vnode(tmp_path: Path) -> None:
+    store = make_store(tmp_path, base_ranges=VNODES)
+    commit_epoch(store, 1, [(k, UPSERT, k) for k in range(30)])
+    store.compact(1)
+    assert len(list((tmp_path / "bases" / vnode_state._name(1)).glob("*.parquet"))) == VNODES
+    assert read_all(store, 1) == {k: k for k in range(30)}
+
+
+@pytest.mark.parametrize(
+    ("given", "argument", "expected", "got"),
+    [
+        ({"key": ("v",), "schema": BOTH_KEYS}, "key", "['k'], as the store holds", ["v"]),
+        ({"vnode_count": 16}, "vnode_count", "8, as the store holds", 16),
+        (
+            {"schema": SCHEMA.append(pa.field("w", pa.int64()))},
+            "schema",
+            f"{SCHEMA}, as the store holds",
+            None,
+        ),
+    ],
+)
+def test_reopening_a_store_otherwise_says_what_it_holds(
+    tmp_path: Path, given: dict[str, Any], argument: str, expected: str, got: Any
+) -> None:
+    commit_epoch(make_store(tmp_path), 1, [(1, UPSERT, 1)])
+    options = {"key": ("k",), "schema": SCHEMA, "vnode_count": VNODES} | given
+    with pytest.raises(InvalidArgumentError) as caught:
+        VnodeStateStore(
+            tmp_path,
+            options["key"],
+            options["schema"],
+            vnode_count=options["vnode_count"],
+            base_ranges=2,
+        )
+    assert (caught.value.argument, caught.value.expected) == (argument, expected)
+    if argument == "schema":
+        assert caught.value.got.equals(options["schema"])
+    else:
+        assert caught.value.got == got
+
+
+@pytest.mark.parametrize("content", [{"format": "other/1"}, {}])
+def test_a_directory_holding_another_manifest_is_refused_as_a_store(
+    tmp_path: Path, content: dict[str, Any]
+) -> None:
+    (tmp_path / vnode_state.MANIFEST).write_text(json.dumps(content))
+    with pytest.raises(InvalidArgumentError) as caught:
+        make_store(tmp_path)
+    assert (caught.value.argument, caught.value.expected, caught.value.got) == (
+        "root",
+        FORMAT,
+        str(tmp_path),
+    )
+
+
+def test_a_delta_dropped_before_its_commit_is_refused_naming_it(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    deltas = stage_epoch(store, 3, [(1, UPSERT, 1)])
+    store.drop_staged(3)
+    with pytest.raises(ExecutorStagingError) as caught:
+        store.commit(1, deltas)
+    assert caught.value.table == str(tmp_path)
+    assert caught.value.reason == (
+        f"the state delta {deltas[0].path} is gone (a recovery dropped it)"
+    )
+
+
+def test_a_folded_epoch_committed_with_deltas_still_staged_names_them(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    commit_epoch(store, 1, [(1, UPSERT, 1)])
+    commit_epoch(store, 2, [(2, UPSERT, 2)])
+    store.compact(2)
+    with pytest.raises(StateCommitConflictError) as caught:
+        store.commit(1, stage_epoch(store, 9, [(1, UPSERT, 2)]))
+    assert (caught.value.store, caught.value.epoch) == (str(tmp_path), 1)
+    assert (caught.value.committed, caught.value.got) == ((), ((9, "a0"), (9, "a1")))
+
+
+def test_a_read_of_a_folded_epoch_names_the_oldest_readable_one(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    for epoch in range(1, 5):
+        commit_epoch(store, epoch, [(epoch, UPSERT, epoch)])
+    store.compact(3)
+    with pytest.raises(VersionCompactedError) as caught:
+        store.read(range(VNODES), 2)
+    assert (caught.value.table, caught.value.epoch, caught.value.oldest) == (str(tmp_path), 2, 3)
+
+
+def test_a_read_of_an_epoch_between_a_pin_and_a_newer_base_names_that_base(
+    tmp_path: Path,
+) -> None:
+    store = make_store(tmp_path)
+    for epoch in range(1, 7):
+        commit_epoch(store, epoch, [(epoch, UPSERT, epoch)])
+    store.compact(5, pinned=[2])
+    with pytest.raises(VersionCompactedError) as caught:
+        store.read(range(VNODES), 3)
+    assert (caught.value.table, caught.value.epoch, caught.value.oldest) == (str(tmp_path), 3, 5)
+
+
+# Retention: what a compaction keeps for its pins and what it deletes.
+
+
+def _commits(store: VnodeStateStore, last: int) -> dict[int, dict[int, int | None]]:
+    expected = {}
+    for epoch in range(1, last + 1):
+        commit_epoch(store, epoch, [(epoch, UPSERT, epoch), (epoch - 2, DELETE, None)])
+        expected[epoch] = read_all(store, epoch)
+    return expected
+
+
+def test_a_pin_on_the_oldest_base_keeps_that_base(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    expected = _commits(store, 5)
+    store.compact(2)
+    store.compact(4, pinned=[2])
+    assert read_all(store, 2) == expected[2]
+    assert (tmp_path / "bases" / vnode_state._name(2)).is_dir()
+    with pytest.raises(VersionCompactedError):
+        store.read(range(VNODES), 3)
+
+
+def test_a_pin_below_the_floor_is_skipped_and_the_pins_after_it_still_count(
+    tmp_path: Path,
+) -> None:
+    store = make_store(tmp_path)
+    expected = _commits(store, 6)
+    store.compact(2)
+    store.compact(5, pinned=[1, 3])
+    assert read_all(store, 3) == expected[3]
+    assert store.committed_epochs() == [2, 3, 4, 5, 6]
+    with pytest.raises(VersionCompactedError):
+        store.read(range(VNODES), 1)
+
+
+def test_a_pin_after_a_base_forgets_the_versions_before_that_base(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    expected = _commits(store, 5)
+    store.compact(2, pinned=[1])
+    assert store.committed_epochs() == [1, 2, 3, 4, 5]
+    store.compact(4, pinned=[3])
+    assert store.committed_epochs() == [2, 3, 4, 5]
+    assert read_all(store, 3) == expected[3]
+    with pytest.raises(VersionCompactedError):
+        store.read(range(VNODES), 1)
+    assert not (tmp_path / "deltas" / vnode_state._name(1)).exists()
+
+
+def test_a_pin_keeps_only_the_newest_base_at_or_before_it(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    expected = _commits(store, 7)
+    store.compact(2)
+    store.compact(4, pinned=[3])
+    store.compact(6, pinned=[5])
+    assert read_all(store, 5) == expected[5]
+    assert sorted(p.name for p in (tmp_path / "bases").iterdir()) == [
+        vnode_state._name(4),
+        vnode_state._name(6),
+    ]
+    manifest = json.loads((tmp_path / vnode_state.MANIFEST).read_text())
+    assert [b["epoch"] for b in manifest["bases"]] == [4, 6]
+
+
+def test_a_compaction_with_nothing_to_do_rewrites_nothing(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    _commits(store, 3)
+    store.compact(2)
+    files = {p: p.stat().st_ino for p in tmp_path.rglob("*") if p.is_file()}
+    store.compact(2)
+    store.compact(1)
+    assert {p: p.stat().st_ino for p in tmp_path.rglob("*") if p.is_file()} == files
+
+
+def test_a_compaction_cut_short_before_its_manifest_is_done_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store(tmp_path)
+    expected = _commits(store, 3)
+    monkeypatch.setattr(vnode_state, "_publish", _crash)
+    with pytest.raises(SimulatedCrashError):
+        store.compact(2)
+    monkeypatch.undo()
+    assert (tmp_path / "bases" / vnode_state._name(2)).is_dir()  # written, named by nothing
+    make_store(tmp_path).compact(2)
+    assert read_all(store, 2) == expected[2]
+    with pytest.raises(VersionCompactedError):
+        store.read(range(VNODES), 1)
+
+
+def test_files_gone_already_or_a_directory_not_empty_do_not_stop_the_deletion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store(tmp_path)
+    _commits(store, 3)
+    first = tmp_path / "deltas" / vnode_state._name(1)
+    (first / ".debris.tmp").write_bytes(b"")  # left by a crash: the directory stays
+    publish = vnode_state._publish
+
+    def another_compaction_deletes_first(*args: Any) -> None:
+        publish(*args)
+        for path in (tmp_path / "deltas" / vnode_state._name(2)).iterdir():
+            path.unlink()
+
+    monkeypatch.setattr(vnode_state, "_publish", another_compaction_deletes_first)
+    store.compact(2)
+    assert [p.name for p in first.iterdir()] == [".debris.tmp"]
+    assert not (tmp_path / "deltas" / vnode_state._name(2)).exists()
+    assert store.committed_epochs() == [2, 3]
+
+
+@pytest.mark.parametrize("other", [2, 3])
+def test_a_compaction_racing_another_keeps_one_base_per_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other: int
+) -> None:
+    store = make_store(tmp_path)
+    expected = _commits(store, 4)
+    write = vnode_state._write_parquet
+    writes = 0
+
+    def another_compaction_after_the_last_file(path: Path, table: pa.Table) -> None:
+        # (Not before: the base's rows are read as it is written, from files the other
+        # compaction deletes.)
+        nonlocal writes
+        write(path, table)
+        writes += 1
+        if writes == 2:
+            make_store(tmp_path).compact(other)
+
+    monkeypatch.setattr(vnode_state, "_write_parquet", another_compaction_after_the_last_file)
+    store.compact(2)
+    manifest = json.loads((tmp_path / vnode_state.MANIFEST).read_text())
+    assert [b["epoch"] for b in manifest["bases"]] == [other]
+    # Another compaction that went further: this one's files go; one of the same epoch wrote
+    # these very files: they stay.
+    assert sorted(p.name for p in (tmp_path / "bases").iterdir()) == [vnode_state._name(other)]
+    assert len(list((tmp_path / "bases" / vnode_state._name(other)).iterdir())) == 2
+    for epoch in range(other, 5):
+        assert read_all(store, epoch) == expected[epoch]
