@@ -50,6 +50,12 @@ PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
         "barrierflow.connectors._staging",
     ): "the views act waits until the copy's Parquet table has no staged epoch left, by its "
     "staging directory's name; goes when the table protocol offers a public staged-epochs query",
+    (
+        "barrierflow.spark_bridge.task_state",
+        "barrierflow.operators._keyed_state",
+    ): "a Spark task writes the keyed operator's meta beside the state it loaded, so that the "
+    "unchanged operator restores it as its own; goes when keyed operators offer a public "
+    "restore-from-rows entry",
 }
 
 #: The optional packages (each an extra) that the core must not load.

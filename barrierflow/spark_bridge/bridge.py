@@ -102,7 +102,7 @@ from barrierflow.actors.sources.errors import BatchOrderError
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.channels.messages import Committable
 from barrierflow.channels.schema import cast_fixes, check_schema, conform_schema
-from barrierflow.connectors._file_table import FileCommitter
+from barrierflow.connectors import FileCommitter
 from barrierflow.connectors.errors import ExecutorStagingError
 from barrierflow.connectors.executor_staging import (
     ExecutorWrites,

@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import final
 
-from barrierflow.operators._operator import Operator
+from barrierflow.operators import Operator
 from barrierflow.runtime.actor import StreamActor
 from barrierflow.runtime.graph import Node
 from barrierflow.runtime.placement import Placement, declared_placement

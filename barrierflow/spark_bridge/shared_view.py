@@ -35,8 +35,8 @@ from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.channels.vnode import DEFAULT_VNODE_COUNT, VnodeBitmap
 from barrierflow.connectors.vnode_state import OP_COLUMN, VnodeStateStore
 from barrierflow.runtime.placement import Placement
-from barrierflow.runtime.state._segments import OP_COLUMN as VIEW_OP
-from barrierflow.runtime.state._segments import after_key
+from barrierflow.runtime.state.versioned_table import OP_COLUMN as VIEW_OP
+from barrierflow.runtime.state.versioned_table import rows_after
 
 __all__ = ["Follow", "SharedView"]
 
@@ -156,4 +156,4 @@ class _StoreTable:
             return pa.table({})
         rows = await anyio.to_thread.run_sync(store.read, [vnode], epoch)
         rows = rows.sort_by([(column, "ascending") for column in store.key])
-        return rows if after is None else after_key(rows, store.key, after)
+        return rows if after is None else rows_after(rows, store.key, after)

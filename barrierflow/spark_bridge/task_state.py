@@ -35,9 +35,8 @@ from barrierflow.channels.vnode import VnodeBitmap
 from barrierflow.connectors.state_commit import state_record
 from barrierflow.connectors.vnode_state import VnodeStateStore, remove_staged
 from barrierflow.operators._keyed_state import seeded_meta
-from barrierflow.runtime.state._segments import OP_COLUMN
 from barrierflow.runtime.state.state_store import StateStore
-from barrierflow.runtime.state.versioned_table import stored_tables
+from barrierflow.runtime.state.versioned_table import OP_COLUMN, stored_tables
 
 __all__ = [
     "COMPACT_AFTER",

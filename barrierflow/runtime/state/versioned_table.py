@@ -53,7 +53,7 @@ from barrierflow.runtime.state.errors import EpochNotSealedError, VersionCompact
 from barrierflow.runtime.state.table import CommittedState
 from barrierflow.runtime.state.versioned_checks import op_codes
 
-__all__ = ["VersionedTable", "stored_tables", "table_directory"]
+__all__ = ["OP_COLUMN", "VersionedTable", "rows_after", "stored_tables", "table_directory"]
 
 
 @final
@@ -403,3 +403,10 @@ def stored_tables(store_path: str, owner: str) -> dict[str, pa.Schema]:
                 schema = schema.remove(index)
             found[urllib.parse.unquote(directory.name)] = schema.remove_metadata()
     return found
+
+
+def rows_after(rows: pa.Table, key: Sequence[str], after: Sequence[Any]) -> pa.Table:
+    """The rows of ``rows`` whose ``key`` is greater than ``after``, compared column by column
+    as a read in key order sorts them: how a reader of rows in key order resumes (what
+    :meth:`VersionedTable.read_vnode` does with ``after``, for rows read elsewhere)."""
+    return _segments.after_key(rows, key, after)
