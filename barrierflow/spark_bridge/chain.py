@@ -166,12 +166,15 @@ def plan_chain(
             most one keyed step, from ``source`` to the writers (names the first actor that
             breaks it, and why).
     """
-    group = {name: node.group or name for name, node in nodes.items()}
+    # A unit of the chain: a parallel group or a lone actor, told apart even when a group is
+    # named like an actor (a sink "events" whose writers are events.0, events.1, and a source
+    # "events"); its first element is the name errors and steps use.
+    group = {name: _unit(node) for name, node in nodes.items()}
     sink_group = {group[w] for w in writers if w in group}
     steps: list[ChainStep] = []
     current = group[source]
     while current not in sink_group:
-        readers: dict[str, set[str | None]] = {}
+        readers: dict[_Unit, set[str | None]] = {}
         for node in nodes.values():
             if group[node.name] == current:
                 continue
@@ -180,30 +183,30 @@ def plan_chain(
                     readers.setdefault(group[node.name], set()).add(output)
         if not readers:
             raise ExecutorPlacementError(
-                current, f"it leads to no writer of sink {sink!r}; the sink must read the chain"
+                current[0], f"it leads to no writer of sink {sink!r}; the sink must read the chain"
             )
         onward = [g for g in readers if g in sink_group or _leads_to(nodes, group, g, sink_group)]
         off = [g for g in readers if g not in onward[:1] and not _follows(nodes, group, g)]
         if off:
             raise ExecutorPlacementError(
-                off[0],
-                f"it reads {current!r}, whose rows run in Spark's tasks to sink {sink!r} and "
+                off[0][0],
+                f"it reads {current[0]!r}, whose rows run in Spark's tasks to sink {sink!r} and "
                 "never reach the driver, so it would get none; give it a query of its own "
                 "(another bridge), " + _RUN_ON_DRIVER,
             )
         following = onward[0]
         if readers[following] != {None}:
             raise ExecutorPlacementError(
-                following,
-                f"it reads a side output of {current!r}; only main outputs chain in Spark's "
+                following[0],
+                f"it reads a side output of {current[0]!r}; only main outputs chain in Spark's "
                 "tasks, " + _RUN_ON_DRIVER,
             )
         members = [n for n in nodes.values() if group[n.name] == following]
         others = sorted({u for n in members for u in n.inputs if group.get(u) != current})
         if others:
             raise ExecutorPlacementError(
-                following,
-                f"it reads {others} besides {current!r}, and a Spark task holds one chain's "
+                following[0],
+                f"it reads {others} besides {current[0]!r}, and a Spark task holds one chain's "
                 "rows; " + _RUN_ON_DRIVER,
             )
         current = following
@@ -211,24 +214,32 @@ def plan_chain(
             break
         why = _why_not(members[0])
         if why is not None:
-            raise ExecutorPlacementError(current, why)
+            raise ExecutorPlacementError(current[0], why)
         declared = members[0].declared_by
         assert callable(declared)  # a node's factory is callable (checked when declared)
         if declared_placement(declared) is Placement.KEYED:
-            steps.append(_keyed_step(current, members[0], steps, columns))
+            steps.append(_keyed_step(current[0], members[0], steps, columns))
         else:
-            steps.append(ChainStep(current, declared))
+            steps.append(ChainStep(current[0], declared))
     return tuple(steps)
 
 
-def _follows(nodes: Mapping[str, Node], group: Mapping[str, str], reader: str) -> bool:
+#: A unit of the chain (see :func:`plan_chain`): its name, and whether it is a parallel group.
+_Unit = tuple[str, bool]
+
+
+def _unit(node: Node) -> _Unit:
+    return (node.group, True) if node.group else (node.name, False)
+
+
+def _follows(nodes: Mapping[str, Node], group: Mapping[str, _Unit], reader: _Unit) -> bool:
     """Whether group ``reader`` follows a shared view (``SharedView.backfill()``): it reads
     the view's store, not the rows, so it is no branch."""
     return all(isinstance(n.declared_by, Follow) for n in nodes.values() if group[n.name] == reader)
 
 
 def _leads_to(
-    nodes: Mapping[str, Node], group: Mapping[str, str], start: str, goal: set[str]
+    nodes: Mapping[str, Node], group: Mapping[str, _Unit], start: _Unit, goal: set[_Unit]
 ) -> bool:
     """Whether group ``start``'s output reaches one of the groups ``goal``."""
     frontier, seen = [start], {start}
