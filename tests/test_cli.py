@@ -57,7 +57,7 @@ def test_demo_help_describes_every_option_and_its_default(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     options = [a for a in demo_parser()._actions if a.option_strings and a.dest != "help"]
-    assert len(options) == 21
+    assert len(options) == 22
     for action in options:
         assert action.help, action.option_strings
         assert "default" in action.help, action.option_strings
