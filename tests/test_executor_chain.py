@@ -106,6 +106,7 @@ def test_a_partition_local_chain_runs_in_spark_tasks_exactly_once_with_no_row_on
         stats = bridge.stats()
         assert (stats.staged_batches, stats.batches, stats.replays_skipped) == (3, 3, 1)
         assert stats.to_arrow_seconds == 0.0  # no toArrow: no row came to the driver
+        assert stats.rows == 300  # delivered (read by the tasks), not the 200 the chain wrote
         assert stats.executor_tasks == 6  # parallelism 2: two tasks per micro-batch
         # The driver's instances of the chain saw barriers and the committable, no row.
         assert metric(rt, "barrierflow_actor_rows_in", actor="events.filter") == 0
@@ -214,7 +215,7 @@ def test_a_global_actor_on_the_path_is_refused_before_the_query_starts(
     assert "run_on='driver'" in error.reason
 
 
-def test_a_keyed_operator_on_the_path_is_refused_until_keyed_state_runs_there(
+def test_a_keyed_operator_after_a_map_is_refused_as_the_map_may_change_its_key(
     spark: Any, tmp_path: Path
 ) -> None:
     def declare(rt: Runtime) -> str:
@@ -223,7 +224,7 @@ def test_a_keyed_operator_on_the_path_is_refused_until_keyed_state_runs_there(
 
     error = refused(tmp_path, spark, declare)
     assert error.actor.endswith("aggregate")
-    assert "keyed" in error.reason
+    assert "only filter_rows may come before a keyed step" in error.reason
 
 
 def test_a_plain_function_factory_is_refused_as_declaring_no_placement(

@@ -606,7 +606,7 @@ class SparkBridge:
                 self._replays += 1
             else:
                 self._batches += 1
-                self._rows += batch.rows
+                self._rows += sum(report.rows for report in reports)  # read, not written
             if chain.keyed is not None:
                 self._compact(chain.keyed.root)
             return epoch
