@@ -399,12 +399,6 @@ def test_the_keyed_demo_step_keeps_the_inserts_in_the_table_s_columns_and_drops_
     assert kept.to_pylist() == [{"key": 1, "value": 0.5}, {"key": 3, "value": 0.125}]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan_chain (spark_bridge/chain.py) takes the demo's source actor 'events' for the "
-    "writers' group 'events' (sink 'events') and plans an empty chain: the steps are skipped "
-    "in the tasks",
-)
 def test_the_keyed_demo_s_aggregate_is_planned_into_spark_s_tasks(tmp_path: Path) -> None:
     from barrierflow.app._demo_faults import Faults
     from barrierflow.app._demo_tables import open_table
