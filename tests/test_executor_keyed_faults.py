@@ -415,10 +415,43 @@ def test_the_keyed_demo_s_aggregate_is_planned_into_spark_s_tasks(tmp_path: Path
     ]
 
 
+#: Why the keyed demo cannot run on the executors yet: the bridge takes only a FileCommitter
+#: itself for a table whose commits carry state, and the demo's table (CrashingTable, traced)
+#: wraps it (spark_bridge/bridge.py, ``_chain``).
+WRAPPED_COMMITTER_REFUSED = pytest.mark.xfail(
+    strict=True,
+    reason="bridge.py _chain refuses a keyed chain into the demo's CrashingTable: "
+    "isinstance(committer, FileCommitter) is false for a wrapping committer",
+)
+
+
+@pytest.mark.spark
+@pytest.mark.subprocess
+@pytest.mark.timeout(300)
+@WRAPPED_COMMITTER_REFUSED
+def test_the_keyed_demo_runs_its_aggregate_in_spark_s_tasks_with_its_state_beside_the_table(
+    tmp_path: Path,
+) -> None:
+    from test_demo import demo
+
+    options = ["--rows", "2000", "--batches", "2", "--table", "delta", "--run-on", "executors"]
+    done = demo(tmp_path / "d", *options, "--keyed")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == "VERIFIED rows_in=2000 rows_out=2000 duplicates=0 epochs=2"
+    view = tmp_path / "d" / "delta" / "events" / STATE_DIRECTORY / "keyed.aggregate" / "view"
+    store = VnodeStateStore.existing(view)
+    assert store is not None
+    assert len(store.committed_epochs()) == 2
+    every = store.read(range(store.vnode_count), store.last_committed())
+    assert sorted(every["key"].to_pylist()) == list(range(2000))
+
+
 @pytest.mark.spark
 @pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@WRAPPED_COMMITTER_REFUSED
 def test_the_chaos_harness_kills_the_keyed_act_mid_batch_and_finds_nothing(tmp_path: Path) -> None:
     # Seed 128 plans one kill per round at a traced event while Spark's tasks run the keyed
     # step (after a "batch-begin"): round 0 on asyncio into Iceberg, round 1 on trio into
