@@ -25,7 +25,9 @@ arguments of ``_cluster_chain_child.py``), and from the environment:
 * ``BARRIERFLOW_KEYED_KILL``: ``N`` — SIGKILL this driver's whole process group (the driver,
   its JVM, their Python workers) right after the N-th epoch's keyed state was committed and
   before its rows are (the point the commit's ordering argument is about; see
-  :mod:`barrierflow.connectors.state_commit`).
+  :mod:`barrierflow.connectors.state_commit`);
+* ``BARRIERFLOW_KEYED_SKIP``: ``N`` — commit the N-th epoch's rows without its state (a
+  broken commit: the test that shows the exactly-once check catches it).
 
 Modes are the chain child's: ``batches`` (static micro-batches, each commit waited for),
 ``speculate`` (the same with speculative execution on), ``stream`` (a streaming query over
@@ -133,9 +135,11 @@ def make_keyed_table(kind: str, root: Path) -> Any:
     raise ValueError(f"unknown table kind {kind!r}")
 
 
-def die_after_state_commit(number: int) -> None:
-    """SIGKILL this process group right after the ``number``-th epoch whose commit carries
-    keyed state committed that state, before the table commits its rows.
+def hook_state_commit(number: int, action: str) -> None:
+    """At the ``number``-th epoch whose commit carries keyed state: ``"kill"`` — SIGKILL this
+    process group right after that state was committed, before the table commits its rows;
+    ``"skip"`` — commit its rows without its state (a broken commit, for the test that shows
+    the check catches one).
 
     The committer calls the state commit by its module's name, so the test driver wraps that
     name: the one place the two halves of an epoch's commit are apart."""
@@ -144,16 +148,17 @@ def die_after_state_commit(number: int) -> None:
     commit = file_table.commit_state  # type: ignore[attr-defined]
     seen = 0
 
-    def commit_then_die(epoch: int, records: Iterable[Mapping[str, Any]]) -> None:
+    def hooked(epoch: int, records: Iterable[Mapping[str, Any]]) -> None:
         nonlocal seen
         records = list(records)
+        seen += bool(records)
+        if action == "skip" and seen == number and records:
+            return
         commit(epoch, records)
-        if records:
-            seen += 1
-            if seen == number:
-                os.killpg(0, signal.SIGKILL)
+        if action == "kill" and seen == number and records:
+            os.killpg(0, signal.SIGKILL)
 
-    file_table.commit_state = commit_then_die  # type: ignore[attr-defined]
+    file_table.commit_state = hooked  # type: ignore[attr-defined]
 
 
 def main(master: str, mode: str, work_dir: str, port_text: str, kind: str, backend: str) -> None:
@@ -167,8 +172,9 @@ def main(master: str, mode: str, work_dir: str, port_text: str, kind: str, backe
 
     parallelism = int(os.environ.get("BARRIERFLOW_KEYED_PARALLELISM", str(PARTITIONS)))
     first, count = map(int, os.environ.get("BARRIERFLOW_KEYED_BATCHES", f"0,{BATCHES}").split(","))
-    if "BARRIERFLOW_KEYED_KILL" in os.environ:
-        die_after_state_commit(int(os.environ["BARRIERFLOW_KEYED_KILL"]))
+    for action in ("kill", "skip"):
+        if f"BARRIERFLOW_KEYED_{action.upper()}" in os.environ:
+            hook_state_commit(int(os.environ[f"BARRIERFLOW_KEYED_{action.upper()}"]), action)
     conf = {"spark.driver.host": "127.0.0.1"}
     if master.startswith("spark://"):
         conf["spark.executor.memory"] = "512m"

@@ -235,6 +235,23 @@ def test_a_driver_killed_between_an_epoch_s_state_commit_and_its_table_commit_re
 
 @pytest.mark.spark
 @pytest.mark.subprocess
+def test_the_check_fails_a_run_whose_epoch_committed_its_rows_without_its_state(
+    tmp_path: Path,
+) -> None:
+    spans = write_input(tmp_path, [CHILD_ROWS] * CHILD_BATCHES)
+    with ChainService() as service:
+        # The second epoch's state is never committed: the third batch's tasks read the
+        # state of the first, and write totals short of the second batch's events.
+        driver = run_driver(
+            "local[2,4]", "stream", tmp_path, service, "parquet", "asyncio", skip="2"
+        )
+        finished(driver)
+    with pytest.raises(AssertionError):
+        assert_exactly_once("parquet", tmp_path, spans)
+
+
+@pytest.mark.spark
+@pytest.mark.subprocess
 @pytest.mark.parametrize(("kind", "backend"), [("delta", "asyncio"), ("parquet", "trio")])
 def test_a_driver_killed_mid_batch_and_resumed_leaves_state_and_output_exactly_once(
     tmp_path: Path, kind: str, backend: Backend
