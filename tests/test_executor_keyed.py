@@ -301,6 +301,9 @@ def test_a_keyed_aggregate_on_the_executors_equals_the_reference_in_table_and_st
     assert staged(step) == []
     # No row crossed to the driver, and each micro-batch ran as the sink's two tasks.
     assert (done.stats.to_arrow_seconds, done.stats.executor_tasks) == (0.0, 2 * len(BATCHES))
+    # The second and third batches' tasks loaded every key the one before left.
+    assert done.stats.state_rows_read == 2 * KEYS
+    assert 0 < done.stats.state_seconds < done.stats.task_seconds
 
 
 def test_a_filter_then_a_reduce_on_the_executors_equals_the_reference_across_an_emptied_batch(

@@ -222,3 +222,19 @@ def test_a_job_joins_an_aggregate_maintained_on_the_executors_from_the_driver(
     assert replayed(Collect.seen) == reference
     # The snapshot (37 keys as of batch 1), then one update pair per key per later batch.
     assert len(Collect.seen) == 37 + 3 * 2 * 37
+
+
+def test_a_store_is_compacted_once_its_changes_weigh_as_much_as_its_base(
+    view: tuple[SharedView, VnodeStateStore],
+) -> None:
+    shared, store = view
+    commit(store, 1, dict.fromkeys(range(100), 1))
+    commit(store, 2, dict.fromkeys(range(10), 2))
+    assert compact_state(shared.root) == [VIEW_TABLE]  # 110 rows of changes, no base yet
+    assert store.sizes() == (100, 0)
+    commit(store, 3, dict.fromkeys(range(50), 3))
+    assert compact_state(shared.root) == []  # 50 rows against a base of 100
+    commit(store, 4, dict.fromkeys(range(50, 100), 4))
+    assert compact_state(shared.root) == [VIEW_TABLE]  # 100 against 100
+    assert store.sizes() == (100, 0)
+    assert store.read(ALL, 4).sort_by("k")["total"].to_pylist() == [3] * 50 + [4] * 50

@@ -72,6 +72,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -282,6 +283,22 @@ class VnodeStateStore:
     def vnode_count(self) -> int:
         """The vnodes of the key space."""
         return self._vnode_count
+
+    def sizes(self) -> tuple[int, int]:
+        """``(base rows, delta rows)``: the rows of the newest base, and of the committed
+        deltas after it — what a read of every vnode goes through besides the base (what a
+        compaction policy weighs)."""
+        manifest = self._load_or_empty()
+        bases = manifest["bases"]
+        since = bases[-1]["epoch"] if bases else 0
+        base = sum(int(f["rows"]) for f in bases[-1]["files"]) if bases else 0
+        deltas = sum(
+            int(entry["rows"])
+            for version in manifest["versions"]
+            if version["epoch"] > since and version["deltas"] is not None
+            for entry in version["deltas"]
+        )
+        return base, deltas
 
     def last_committed(self) -> int:
         """The last committed epoch (0 before the first commit)."""
@@ -702,8 +719,10 @@ class VnodeStateStore:
 
 def _write_parquet(path: Path, table: pa.Table) -> None:
     """Write ``table`` at ``path``: temporary name, fsync, rename (the directory is fsynced by
-    the caller, once for all its files)."""
-    temporary = path.with_name(f".{path.name}.tmp")
+    the caller, once for all its files). The temporary name is the writer's own (process and
+    thread): two compactions to the same epoch write the same files side by side, and the
+    second rename replaces the first with the same rows."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     pq.write_table(table, temporary, row_group_size=_ROW_GROUP_ROWS)
     fsync_path(temporary)
     os.replace(temporary, path)
@@ -801,10 +820,11 @@ def _latest(rows: pa.Table, key: Sequence[str]) -> pa.Table:
     """What ``rows`` (oldest first) leave behind: each key's last row, if it is an upsert (one
     hash aggregation: the largest row number per key)."""
     sequence = pa.array(np.arange(rows.num_rows, dtype=np.int64))
-    numbered = rows.append_column(_SEQUENCE, sequence)
+    numbered = rows.select(list(key)).append_column(_SEQUENCE, sequence)
     last = numbered.group_by(list(key)).aggregate([(_SEQUENCE, "max")])
-    keep = pc.and_(
-        pc.is_in(sequence, value_set=last.column(f"{_SEQUENCE}_max")),
-        pc.is_in(rows.column(OP_COLUMN), value_set=pa.array(_UPSERTS, pa.int8())),
+    # Each key's last row taken first, then the upserts among them: the filter runs over the
+    # keys, not over every row of every delta.
+    latest = rows.take(last.column(f"{_SEQUENCE}_max"))
+    return latest.filter(
+        pc.is_in(latest.column(OP_COLUMN), value_set=pa.array(_UPSERTS, pa.int8()))
     )
-    return rows.filter(keep)

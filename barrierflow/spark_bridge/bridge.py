@@ -152,6 +152,10 @@ class BridgeStats:
     #: seconds, summed over the attempts Spark kept.
     executor_tasks: int = 0
     task_seconds: float = 0.0
+    #: Of those seconds, the time a keyed step's tasks spent loading their state and staging
+    #: its changes, and the state rows they loaded.
+    state_seconds: float = 0.0
+    state_rows_read: int = 0
 
 
 def arrow_schema_of(df: Any) -> pa.Schema:
@@ -351,6 +355,8 @@ class SparkBridge:
             stage_seconds=self._stage,
             executor_tasks=self._counters.tasks,
             task_seconds=self._counters.seconds,
+            state_seconds=self._counters.state_seconds,
+            state_rows_read=self._counters.state_rows_read,
         )
 
     def _check_running(self) -> None:

@@ -33,6 +33,8 @@ class ExecutorCounters:
         self._sums: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._tasks = 0
         self._seconds = 0.0
+        self._state_seconds = 0.0
+        self._state_rows_read = 0
 
     @property
     def tasks(self) -> int:
@@ -44,11 +46,23 @@ class ExecutorCounters:
         """The tasks' seconds, summed."""
         return self._seconds
 
+    @property
+    def state_seconds(self) -> float:
+        """The tasks' seconds loading keyed state and staging its changes, summed."""
+        return self._state_seconds
+
+    @property
+    def state_rows_read(self) -> int:
+        """The keyed state rows the tasks loaded, summed."""
+        return self._state_rows_read
+
     def add(self, reports: Iterable[TaskReport]) -> None:
         """Add the reports of one micro-batch's kept task attempts."""
         for report in reports:
             self._tasks += 1
             self._seconds += report.seconds
+            self._state_seconds += report.state_seconds
+            self._state_rows_read += report.state_rows_read
             for name, labels, value in report.counters:
                 key = (name, tuple(sorted({**labels, "on": "executors"}.items())))
                 self._sums[key] = self._sums.get(key, 0.0) + value

@@ -161,24 +161,33 @@ def drop_staged_state(step: KeyedStep, number: int) -> None:
             remove_staged(table, number)
 
 
-#: Committed versions a state store keeps before the driver folds them into a base.
+#: Committed versions a state store keeps before the driver folds them into a base, at most.
 COMPACT_AFTER = 16
 
 
 def compact_state(root: str | Path, after: int = COMPACT_AFTER) -> list[str]:
-    """Fold the versions of every state store under ``root`` that holds more than ``after``
-    of them into a base as of its last committed epoch (blocking: the driver runs it on a
-    worker thread of its own, beside the micro-batches; a store's commits and reads go on
-    meanwhile, see :meth:`~barrierflow.connectors.vnode_state.VnodeStateStore.compact`);
-    returns the tables compacted. The tasks read as of the last committed epoch, which a
-    base keeps readable; a reader that pinned an older epoch (a job following the view from
-    the driver, :class:`~barrierflow.spark_bridge.shared_view.SharedView`) holds the fold at
-    its pin, so the changes it has still to replay stay."""
+    """Fold the versions of the state stores under ``root`` into a base as of the last
+    committed epoch, for each store that holds more than ``after`` of them, or at least two
+    whose changes hold as many rows as its base (blocking: the driver runs it on a worker
+    thread of its own, beside the micro-batches; a store's commits and reads go on meanwhile,
+    see :meth:`~barrierflow.connectors.vnode_state.VnodeStateStore.compact`); returns the
+    tables compacted.
+
+    Why rows: every task of every micro-batch reads its vnodes' base and each delta after it,
+    and keeps each key's last row. Folding once the deltas weigh as much as the base keeps that
+    read within twice the state, for a rewrite of the state every time its size changed hands
+    — a constant share of the rows written, as in a log-structured merge. The tasks read as of
+    the last committed epoch, which a base keeps readable; a reader that pinned an older epoch
+    (a job following the view from the driver,
+    :class:`~barrierflow.spark_bridge.shared_view.SharedView`) holds the fold at its pin, so
+    the changes it has still to replay stay."""
     done = []
     for name, store in state_stores(root).items():
         pins = list(store.pins().values())
         up_to = min([store.last_committed(), *pins])
-        if up_to >= 1 and len([e for e in store.committed_epochs() if e <= up_to]) > after:
+        versions = len([e for e in store.committed_epochs() if e <= up_to])
+        base, deltas = store.sizes()
+        if up_to >= 1 and (versions > after or (versions >= 2 and deltas >= max(base, 1))):
             store.compact(up_to, pins)
             done.append(name)
     return done
