@@ -980,3 +980,20 @@ def test_a_compaction_racing_another_keeps_one_base_per_epoch(
     assert len(list((tmp_path / "bases" / vnode_state._name(other)).iterdir())) == 2
     for epoch in range(other, 5):
         assert read_all(store, epoch) == expected[epoch]
+
+
+def test_sizes_are_the_newest_bases_rows_and_the_committed_delta_rows_after_it(
+    tmp_path: Path,
+) -> None:
+    store = make_store(tmp_path)
+    assert store.sizes() == (0, 0)
+    commit_epoch(store, 1, [(1, UPSERT, 1), (2, UPSERT, 2), (3, UPSERT, 3)])
+    commit_epoch(store, 2, [(1, DELETE, None), (4, UPSERT, 4)])
+    stage_epoch(store, 9, [(5, UPSERT, 5)])  # staged, not committed: not counted
+    assert store.sizes() == (0, 5)
+    commit_epoch(store, 3, [(6, UPSERT, 6)])
+    commit_epoch(store, 4, [(7, UPSERT, 7), (8, UPSERT, 8)])
+    store.compact(3, pinned=[2])  # the pin keeps epochs 1 and 2's deltas: not after the base
+    assert store.sizes() == (4, 2)  # keys 2, 3, 4, 6; then epoch 4's two rows
+    store.compact(4)
+    assert make_store(tmp_path).sizes() == (6, 0)
