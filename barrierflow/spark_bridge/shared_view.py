@@ -40,6 +40,10 @@ from barrierflow.runtime.state.versioned_table import rows_after
 
 __all__ = ["Follow", "SharedView"]
 
+#: What a view without a store yet reads: no row (a table of no column would slice to any
+#: length in pyarrow, so it has one).
+_NOTHING = pa.table({"_": pa.array([], pa.null())})
+
 #: What a reader's name may hold in a pin file's name.
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -144,7 +148,7 @@ class _StoreTable:
     async def change_log(self, epoch: int, vnodes: VnodeBitmap | None = None) -> pa.Table:
         store = self._opened()
         if store is None:
-            return pa.table({})
+            return _NOTHING
         rows = await anyio.to_thread.run_sync(store.change_log, epoch, vnodes)
         return rows.rename_columns([VIEW_OP if n == OP_COLUMN else n for n in rows.column_names])
 
@@ -153,7 +157,7 @@ class _StoreTable:
     ) -> pa.Table:
         store = self._opened()
         if store is None:
-            return pa.table({})
+            return _NOTHING
         rows = await anyio.to_thread.run_sync(store.read, [vnode], epoch)
         rows = rows.sort_by([(column, "ascending") for column in store.key])
         return rows if after is None else rows_after(rows, store.key, after)
