@@ -997,3 +997,151 @@ def test_sizes_are_the_newest_bases_rows_and_the_committed_delta_rows_after_it(
     assert store.sizes() == (4, 2)  # keys 2, 3, 4, 6; then epoch 4's two rows
     store.compact(4)
     assert make_store(tmp_path).sizes() == (6, 0)
+
+
+# Change logs and pins (a reader on the driver: a snapshot backfill following the state).
+
+
+def change_rows(table: pa.Table) -> list[tuple[int, int | None, int]]:
+    rows = table.to_pydict()
+    return list(zip(rows["k"], rows["v"], rows[vnode_state.OP_COLUMN], strict=True))
+
+
+def test_a_change_log_is_what_the_epoch_changed_with_ops_in_the_order_staged(
+    tmp_path: Path,
+) -> None:
+    store = make_store(tmp_path)
+    commit_epoch(store, 1, [(1, UPSERT, 1), (2, UPSERT, 2)])
+    commit_epoch(store, 2, [(1, DELETE, None), (3, UPSERT, 3), (1, UPSERT, 11), (4, DELETE, None)])
+    log = store.change_log(2)
+    assert log.schema.names == ["k", "v", vnode_state.OP_COLUMN]
+    assert sorted(change_rows(log), key=lambda r: r[0]) == [
+        (1, None, DELETE),
+        (1, 11, UPSERT),
+        (3, 3, UPSERT),
+        (4, None, DELETE),
+    ]
+    assert sorted(change_rows(store.change_log(1))) == [(1, 1, UPSERT), (2, 2, UPSERT)]
+
+
+def test_a_change_log_of_some_vnodes_has_only_their_rows(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    keys = list(range(30))
+    commit_epoch(store, 1, [(k, UPSERT, k) for k in keys])
+    table = pa.table({"k": keys}, schema=pa.schema([SCHEMA.field("k")]))
+    vnode_of = dict(zip(keys, compute_vnodes(table, ["k"], VNODES).tolist(), strict=True))
+    for asked in ([0], [1, 6], HALVES[1]):
+        wanted = set(asked.vnodes()) if isinstance(asked, VnodeBitmap) else set(asked)
+        got = sorted(change_rows(store.change_log(1, asked)))
+        assert got == [(k, k, UPSERT) for k in keys if vnode_of[k] in wanted]
+
+
+def test_an_epoch_that_changed_nothing_here_has_an_empty_change_log(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    commit_epoch(store, 1, [(1, UPSERT, 1)])
+    store.commit(2, [])
+    commit_epoch(store, 4, [(2, UPSERT, 2)])
+    for epoch in (2, 3):  # a version without deltas; an epoch with no version here
+        log = store.change_log(epoch)
+        assert (log.num_rows, log.schema.names) == (0, ["k", "v", vnode_state.OP_COLUMN])
+
+
+def test_a_change_log_folded_into_a_base_is_refused_naming_the_oldest_epoch(
+    tmp_path: Path,
+) -> None:
+    store = make_store(tmp_path)
+    for epoch in range(1, 5):
+        commit_epoch(store, epoch, [(epoch, UPSERT, epoch)])
+    store.compact(3)
+    for epoch in (1, 3):  # before the floor; the base's own epoch (its deltas folded)
+        with pytest.raises(VersionCompactedError) as caught:
+            store.change_log(epoch)
+        assert (caught.value.table, caught.value.epoch, caught.value.oldest) == (
+            str(tmp_path),
+            epoch,
+            3,
+        )
+    assert change_rows(store.change_log(4)) == [(4, 4, UPSERT)]
+
+
+@pytest.mark.parametrize("epoch", [0, 3, -1, True, 1.0, "1"])
+def test_a_change_log_of_an_epoch_not_committed_is_refused(tmp_path: Path, epoch: Any) -> None:
+    store = make_store(tmp_path)
+    commit_epoch(store, 1, [(1, UPSERT, 1)])
+    store.commit(2, [])
+    with pytest.raises(InvalidArgumentError) as caught:
+        store.change_log(epoch)
+    assert (caught.value.argument, caught.value.expected, caught.value.got) == (
+        "epoch",
+        "a committed epoch (1..2)",
+        epoch,
+    )
+
+
+def test_a_change_log_of_bad_vnodes_is_refused(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    commit_epoch(store, 1, [(1, UPSERT, 1)])
+    with pytest.raises(InvalidArgumentError) as caught:
+        store.change_log(1, [VNODES])
+    assert caught.value.argument == "vnodes"
+
+
+def test_a_pin_per_reader_replaced_by_its_next_and_released_by_unpin(tmp_path: Path) -> None:
+    root = tmp_path / "not yet"
+    store = make_store(root)
+    assert store.pins() == {}
+    store.pin("snapshot-1", 3)  # before anything is committed: the directory is made
+    store.pin("snapshot-1", 5)
+    store.pin("b.2", 0)
+    assert make_store(root).pins() == {"snapshot-1": 5, "b.2": 0}  # files: they hold
+    store.unpin("snapshot-1")
+    store.unpin("snapshot-1")  # none left: a no-op
+    store.unpin("never")
+    assert store.pins() == {"b.2": 0}
+
+
+def test_unpin_of_a_name_no_pin_can_have_touches_nothing(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    store.pin("a", 1)
+    (tmp_path / "x.json").write_text("{}")
+    store.unpin("../x")
+    store.unpin(5)  # type: ignore[arg-type]
+    assert (tmp_path / "x.json").exists()
+    assert store.pins() == {"a": 1}
+
+
+def test_pins_skip_damaged_or_vanished_pin_files(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    store.pin("good", 4)
+    pins = tmp_path / "pins"
+    (pins / "not-json.json").write_text("{")
+    (pins / "no-epoch.json").write_text("{}")
+    (pins / "gone.json").symlink_to(pins / "nowhere.json")  # listed, then not found
+    (pins / "other.txt").write_text('{"epoch": 1}')
+    assert store.pins() == {"good": 4}
+
+
+@pytest.mark.parametrize(
+    ("reader", "epoch", "argument", "expected"),
+    [
+        ("", 1, "reader", "1-100 letters, digits, '_', '.', '-'"),
+        ("../x", 1, "reader", "1-100 letters, digits, '_', '.', '-'"),
+        (5, 1, "reader", "1-100 letters, digits, '_', '.', '-'"),
+        ("a", -1, "epoch", "an int >= 0"),
+        ("a", True, "epoch", "an int >= 0"),
+        ("a", "1", "epoch", "an int >= 0"),
+    ],
+)
+def test_a_bad_pin_is_refused_saying_what_was_expected(
+    tmp_path: Path, reader: Any, epoch: Any, argument: str, expected: str
+) -> None:
+    store = make_store(tmp_path)
+    with pytest.raises(InvalidArgumentError) as caught:
+        store.pin(reader, epoch)
+    got = reader if argument == "reader" else epoch
+    assert (caught.value.argument, caught.value.expected, caught.value.got) == (
+        argument,
+        expected,
+        got,
+    )
+    assert store.pins() == {}
