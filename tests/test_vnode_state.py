@@ -1145,3 +1145,30 @@ def test_a_bad_pin_is_refused_saying_what_was_expected(
         got,
     )
     assert store.pins() == {}
+
+
+def test_two_compactions_overtaken_by_a_third_both_give_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store(tmp_path)
+    expected = _commits(store, 4)
+    fsync = vnode_state.fsync_path
+    bases_synced = 0
+
+    def others_once_a_base_is_written(path: Any) -> None:
+        nonlocal bases_synced
+        fsync(path)
+        if Path(path) == tmp_path / "bases":  # the last step of writing a base
+            bases_synced += 1
+            if bases_synced == 1:  # a second compaction to the same epoch
+                make_store(tmp_path).compact(2)
+            elif bases_synced == 2:  # a third goes further and publishes first
+                make_store(tmp_path).compact(3)
+
+    monkeypatch.setattr(vnode_state, "fsync_path", others_once_a_base_is_written)
+    store.compact(2)
+    assert bases_synced == 3
+    manifest = json.loads((tmp_path / vnode_state.MANIFEST).read_text())
+    assert [b["epoch"] for b in manifest["bases"]] == [3]
+    assert sorted(p.name for p in (tmp_path / "bases").iterdir()) == [vnode_state._name(3)]
+    assert read_all(store, 3) == expected[3]
