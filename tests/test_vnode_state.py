@@ -32,6 +32,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from barrierflow import _fs
 from barrierflow.channels import Op, VnodeBitmap
 from barrierflow.channels.vnode import compute_vnodes
 from barrierflow.connectors import vnode_state
@@ -1152,7 +1153,7 @@ def test_two_compactions_overtaken_by_a_third_both_give_way(
 ) -> None:
     store = make_store(tmp_path)
     expected = _commits(store, 4)
-    fsync = vnode_state.fsync_path
+    fsync = _fs.fsync_path
     bases_synced = 0
 
     def others_once_a_base_is_written(path: Any) -> None:
