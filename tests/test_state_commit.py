@@ -615,7 +615,7 @@ EPOCHS = st.lists(
 )
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(epochs=EPOCHS)
 async def test_epochs_cut_short_at_random_points_and_recovered_equal_a_model(
     epochs: list[tuple[dict[int, int | None], str | None]],
