@@ -1065,6 +1065,17 @@ def test_a_change_log_folded_into_a_base_is_refused_naming_the_oldest_epoch(
     assert change_rows(store.change_log(4)) == [(4, 4, UPSERT)]
 
 
+def test_the_change_log_of_a_base_epoch_no_commit_had_is_empty(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    commit_epoch(store, 1, [(1, UPSERT, 1)])
+    commit_epoch(store, 3, [(3, UPSERT, 3)])
+    store.compact(2)  # a base as of epoch 2, which changed nothing here
+    assert store.change_log(2).num_rows == 0
+    assert change_rows(store.change_log(3)) == [(3, 3, UPSERT)]
+    with pytest.raises(VersionCompactedError):
+        store.change_log(1)
+
+
 @pytest.mark.parametrize("epoch", [0, 3, -1, True, 1.0, "1"])
 def test_a_change_log_of_an_epoch_not_committed_is_refused(tmp_path: Path, epoch: Any) -> None:
     store = make_store(tmp_path)
@@ -1111,14 +1122,19 @@ def test_unpin_of_a_name_no_pin_can_have_touches_nothing(tmp_path: Path) -> None
     assert store.pins() == {"a": 1}
 
 
-def test_pins_skip_damaged_or_vanished_pin_files(tmp_path: Path) -> None:
+def test_pins_skip_damaged_or_vanished_pin_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = make_store(tmp_path)
     store.pin("good", 4)
     pins = tmp_path / "pins"
     (pins / "not-json.json").write_text("{")
     (pins / "no-epoch.json").write_text("{}")
-    (pins / "gone.json").symlink_to(pins / "nowhere.json")  # listed, then not found
+    (pins / "a-gone.json").symlink_to(pins / "nowhere.json")  # listed, then not found
     (pins / "other.txt").write_text('{"epoch": 1}')
+    glob = Path.glob
+    # Listed in name order: the vanished pin first, the others after it still count.
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: iter(sorted(glob(self, pattern))))
     assert store.pins() == {"good": 4}
 
 
