@@ -145,6 +145,10 @@ class FileCommitter(ABC):
     call runs on a worker thread, one at a time (a limiter of one per committer).
     """
 
+    #: Whether the format records an epoch that adds no file (an epoch with only keyed
+    #: state commits its state, and the table's marker then moves only if it does).
+    publishes_empty: bool = False
+
     def __init__(self, root: Path, name: str, *, evolves: bool) -> None:
         self._root = root
         self._name = name
@@ -283,6 +287,12 @@ class FileCommitter(ABC):
             return AlreadyCommitted()
         # The epoch's keyed state first, then its rows (see .state_commit for why).
         commit_state(epoch, metadata.get("state", ()))
+        if not (metadata.get("paths") or "schema_change" in metadata or self.publishes_empty):
+            # Keyed state and no row (a step after it emitted nothing), in a format that
+            # records no epoch without files: its committed epoch moves with the next epoch
+            # that has rows.
+            self.drop_staging(metadata)
+            return Committed()
         placed = self.place(epoch, metadata)
         started = time.perf_counter()
         self.publish(state, EpochCommit(epoch, placed, metadata, held))

@@ -261,6 +261,9 @@ class IcebergCommitter(FileCommitter):
     catalog is :class:`~barrierflow.actors.sinks.table.Failed`.
     """
 
+    #: A snapshot may add no file: an epoch of keyed state alone still records its positions.
+    publishes_empty = True
+
     def __init__(self, sink: IcebergTable, *, keep_snapshots: int, expire_every: int) -> None:
         for name, value in (("keep_snapshots", keep_snapshots), ("expire_every", expire_every)):
             if type(value) is not int or value < 1:

@@ -202,7 +202,8 @@ class VnodeStateStore:
         key: the key columns (non-nullable, hashable: the vnode of a row is their hash).
         schema: the key columns and the state columns.
         vnode_count: the vnodes of the key space (must match the operator's partitioning).
-        base_ranges: how many vnode ranges (one base file each) compaction writes.
+        base_ranges: how many vnode ranges (one base file each) compaction writes (default:
+            16, or one per vnode when there are fewer).
 
     Raises:
         InvalidArgumentError: a bad argument, or a ``root`` whose store was made with another
@@ -216,7 +217,7 @@ class VnodeStateStore:
         schema: pa.Schema,
         *,
         vnode_count: int = DEFAULT_VNODE_COUNT,
-        base_ranges: int = 16,
+        base_ranges: int | None = None,
     ) -> None:
         self._root = Path(os.path.abspath(check_path_argument(root)))
         if not isinstance(schema, pa.Schema):
@@ -231,6 +232,8 @@ class VnodeStateStore:
         # VnodeBitmap checks the count (1..32768); int16 holds vnodes 0..32767.
         VnodeBitmap.empty(vnode_count)
         self._vnode_count = vnode_count
+        if base_ranges is None:
+            base_ranges = min(16, vnode_count)
         if type(base_ranges) is not int or not 1 <= base_ranges <= vnode_count:
             raise InvalidArgumentError("base_ranges", f"an int in 1..{vnode_count}", base_ranges)
         self._ranges = [b.runs()[0] for b in VnodeBitmap.split(base_ranges, vnode_count)]
