@@ -115,14 +115,17 @@ from barrierflow.runtime.metrics import MetricFamily, counter
 from barrierflow.spark_bridge.chain import plan_chain
 from barrierflow.spark_bridge.errors import ExecutorPlacementError, SparkCheckpointBehindError
 from barrierflow.spark_bridge.executor_metrics import ExecutorCounters
-from barrierflow.spark_bridge.executors import probe_chain, stage_on_executors
+from barrierflow.spark_bridge.executors import (
+    compact_on_executors,
+    probe_chain,
+    stage_on_executors,
+)
 from barrierflow.spark_bridge.failures import unwrap_spark_error
 from barrierflow.spark_bridge.shared_view import SharedView
 from barrierflow.spark_bridge.task_runtime import TaskChain
 from barrierflow.spark_bridge.task_state import (
     STATE_DIRECTORY,
     KeyedStep,
-    compact_state,
     state_stores,
 )
 
@@ -614,20 +617,21 @@ class SparkBridge:
                 self._batches += 1
                 self._rows += sum(report.rows for report in reports)  # read, not written
             if chain.keyed is not None:
-                self._compact(chain.keyed.root)
+                self._compact(df.sparkSession, chain.keyed.root)
             return epoch
 
-    def _compact(self, root: str) -> None:
-        """Fold the keyed state's old versions into a base on the bridge's compaction thread,
-        unless the last compaction still runs (see
-        :func:`~barrierflow.spark_bridge.task_state.compact_state`): the next micro-batch
-        does not wait for it. A failure is logged; the next micro-batch's tries again."""
+    def _compact(self, spark: Any, root: str) -> None:
+        """Fold the keyed state's old versions into a base in a Spark task, started from the
+        bridge's compaction thread, unless the last compaction still runs (see
+        :func:`~barrierflow.spark_bridge.executors.compact_on_executors`): the next
+        micro-batch does not wait for it, and the driver spends no time reading and
+        rewriting the state. A failure is logged; the next micro-batch's tries again."""
         running = self._compaction
         if running is not None and not running.done():
             return
         if self._compactor is None:
             self._compactor = ThreadPoolExecutor(1, thread_name_prefix="barrierflow-compaction")
-        self._compaction = self._compactor.submit(compact_state, root)
+        self._compaction = self._compactor.submit(compact_on_executors, spark, root)
         self._compaction.add_done_callback(_log_compaction_failure)
 
     def _deliver_table(self, stream: str, batch_id: int, table: pa.Table) -> int | None:

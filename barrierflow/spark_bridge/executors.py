@@ -60,9 +60,9 @@ from barrierflow.spark_bridge.task_runtime import (
     failure_of,
     run_partition,
 )
-from barrierflow.spark_bridge.task_state import drop_staged_state
+from barrierflow.spark_bridge.task_state import compact_state, drop_staged_state
 
-__all__ = ["partition_by_vnode", "probe_chain", "stage_on_executors"]
+__all__ = ["compact_on_executors", "partition_by_vnode", "probe_chain", "stage_on_executors"]
 
 #: The column :func:`partition_by_vnode` partitions by (dropped before staging).
 OWNER = "__barrierflow_owner"
@@ -217,6 +217,27 @@ def stage_on_executors(
         reports = [TaskReport.from_json(json.loads(row["report"])) for row in rows]
         return partitions, manifests, reports
     raise error  # outside the except block: the Py4J wall is not chained on as the context
+
+
+def compact_on_executors(spark: Any, root: str) -> list[str]:
+    """Compact the keyed state stores under ``root`` in one Spark task
+    (:func:`~barrierflow.spark_bridge.task_state.compact_state`), so that folding the state,
+    which reads and rewrites all of it, takes an executor's time and not the driver's;
+    returns the tables compacted.
+
+    Raises:
+        Exception: the Spark job failed (the caller logs it; the next micro-batch tries
+            again).
+    """
+
+    def compact(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for _ in batches:
+            pass
+        done = compact_state(root)
+        yield pa.record_batch({"table": pa.array(done, pa.string())})
+
+    rows = spark.range(1, numPartitions=1).mapInArrow(compact, "table string").collect()
+    return [str(row["table"]) for row in rows]
 
 
 def probe_chain(spark: Any, chain: TaskChain) -> None:
