@@ -163,6 +163,11 @@ class CrashingCommitter:
         self.inner = inner
         self._faults = faults
 
+    @property
+    def commits_state(self) -> bool:
+        """Whether the committer it wraps commits keyed state (see ``state_commit``)."""
+        return self.inner.commits_state
+
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         await self.inner.recover(pending)
 

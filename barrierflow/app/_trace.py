@@ -33,6 +33,7 @@ from barrierflow.actors.sinks.table import (
     StagingWriter,
     Table,
 )
+from barrierflow.connectors.state_commit import commits_state
 
 __all__ = ["ENV", "TracedCommitter", "TracedTable", "follow_job", "trace", "tracing"]
 
@@ -93,6 +94,11 @@ class TracedCommitter:
 
     def __init__(self, inner: Committer) -> None:
         self.inner = inner
+
+    @property
+    def commits_state(self) -> bool:
+        """Whether the committer it wraps commits keyed state (see ``state_commit``)."""
+        return commits_state(self.inner)
 
     async def recover(self, pending: Mapping[int, CommitMetadata]) -> None:
         await self.inner.recover(pending)

@@ -145,6 +145,9 @@ class FileCommitter(ABC):
     call runs on a worker thread, one at a time (a limiter of one per committer).
     """
 
+    #: It commits the keyed state the manifests carry with their epoch (see .state_commit).
+    commits_state = True
+
     #: Whether the format records an epoch that adds no file (an epoch with only keyed
     #: state commits its state, and the table's marker then moves only if it does).
     publishes_empty: bool = False

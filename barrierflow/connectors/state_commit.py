@@ -45,7 +45,14 @@ from barrierflow.actors.sinks.table import Manifest
 from barrierflow.channels.errors import InvalidArgumentError
 from barrierflow.connectors.vnode_state import StateDelta, VnodeStateStore
 
-__all__ = ["commit_state", "drop_state", "gather_state", "state_record"]
+__all__ = ["commit_state", "commits_state", "drop_state", "gather_state", "state_record"]
+
+
+def commits_state(committer: object) -> bool:
+    """Whether ``committer`` makes the state its manifests carry visible with their epoch:
+    it says so with ``commits_state = True`` (every file table's committer does; a wrapper
+    says what the committer it wraps says)."""
+    return getattr(committer, "commits_state", False) is True
 
 
 def state_record(store: VnodeStateStore, delta: StateDelta) -> dict[str, Any]:

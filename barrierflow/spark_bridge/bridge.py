@@ -102,13 +102,13 @@ from barrierflow.actors.sources.errors import BatchOrderError
 from barrierflow.channels.errors import InvalidArgumentError, SchemaMismatchError
 from barrierflow.channels.messages import Committable
 from barrierflow.channels.schema import cast_fixes, check_schema, conform_schema
-from barrierflow.connectors import FileCommitter
 from barrierflow.connectors.errors import ExecutorStagingError
 from barrierflow.connectors.executor_staging import (
     ExecutorWrites,
     executor_writes,
     staging_number,
 )
+from barrierflow.connectors.state_commit import commits_state
 from barrierflow.runtime.blocking import BlockingRuntime
 from barrierflow.runtime.errors import ActorFailedError, ActorGoneError, NotRunningError
 from barrierflow.runtime.metrics import MetricFamily, counter
@@ -410,7 +410,7 @@ class SparkBridge:
         state = None
         if keyed is not None:
             assert keyed.key is not None
-            if not isinstance(self.sink.coordinator.committer, FileCommitter):
+            if not commits_state(self.sink.coordinator.committer):
                 raise ExecutorPlacementError(
                     keyed.name,
                     f"it is keyed, and its state commits with the table's files, which sink "
