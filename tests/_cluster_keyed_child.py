@@ -162,6 +162,7 @@ def hook_state_commit(number: int, action: str) -> None:
 
 
 def main(master: str, mode: str, work_dir: str, port_text: str, kind: str, backend: str) -> None:
+    import structlog
     from _chain_service import events_frame
     from _cluster_chain_child import SPECULATION, stream_frame
 
@@ -170,6 +171,8 @@ def main(master: str, mode: str, work_dir: str, port_text: str, kind: str, backe
     from barrierflow.spark_bridge import SparkBridge, arrow_schema_of
     from barrierflow.spark_bridge.session import spark_session
 
+    # Stdout's last line is the report: log lines (a warning at exit included) go to stderr.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     parallelism = int(os.environ.get("BARRIERFLOW_KEYED_PARALLELISM", str(PARTITIONS)))
     first, count = map(int, os.environ.get("BARRIERFLOW_KEYED_BATCHES", f"0,{BATCHES}").split(","))
     for action in ("kill", "skip"):
