@@ -265,7 +265,6 @@ class SparkBridge:
         self._state_root = None if state_root is None else check_path_argument(state_root)
         self._writes: ExecutorWrites | None = None
         self._compactor: ThreadPoolExecutor | None = None
-        self._compaction: Future[list[str]] | None = None
         self._counters = ExecutorCounters()
         self._probed = False
         self._number = 0  # the last staging number
@@ -567,7 +566,25 @@ class SparkBridge:
         """Run the chain and stage its output on the executors, then deliver the batch's
         files as a committable with its end mark through the feed: two crossings into the
         runtime (the batch-id check before any Spark work, the delivery). The whole is
-        retried after a graph failure (see the module docstring)."""
+        retried after a graph failure (see the module docstring).
+
+        A keyed chain's state is compacted meanwhile, in a Spark job of its own beside the
+        batch's (:func:`~barrierflow.spark_bridge.executors.compact_on_executors`): the
+        driver spends no time rewriting the state, and the compaction is over when this
+        returns, so none outlives the last micro-batch, or the SparkSession. A failed
+        compaction is logged; the next micro-batch's tries again."""
+        compactions: list[Future[list[str]]] = []
+        try:
+            return self._run_on_executors(df, stream, batch_id, compactions)
+        finally:
+            for compaction in compactions:
+                _wait_for_compaction(compaction)
+
+    def _run_on_executors(
+        self, df: Any, stream: str, batch_id: int, compactions: list[Future[list[str]]]
+    ) -> int | None:
+        """:meth:`_deliver_on_executors`'s work; a compaction it starts joins
+        ``compactions``."""
         assert self.sink is not None  # checked by _executor_writes
         sink = self.sink.coordinator.sink
         rt = self.runtime.runtime
@@ -585,6 +602,11 @@ class SparkBridge:
             if not self._probed:
                 probe_chain(df.sparkSession, chain)
                 self._probed = True
+            if chain.keyed is not None and not compactions:
+                if self._compactor is None:
+                    self._compactor = ThreadPoolExecutor(1, thread_name_prefix="bf-compaction")
+                spark, root = df.sparkSession, chain.keyed.root
+                compactions.append(self._compactor.submit(compact_on_executors, spark, root))
             self._number = staging_number(self._number)
             started = time.perf_counter()
             writes = chain.writes
@@ -616,23 +638,7 @@ class SparkBridge:
             else:
                 self._batches += 1
                 self._rows += sum(report.rows for report in reports)  # read, not written
-            if chain.keyed is not None:
-                self._compact(df.sparkSession, chain.keyed.root)
             return epoch
-
-    def _compact(self, spark: Any, root: str) -> None:
-        """Fold the keyed state's old versions into a base in a Spark task, started from the
-        bridge's compaction thread, unless the last compaction still runs (see
-        :func:`~barrierflow.spark_bridge.executors.compact_on_executors`): the next
-        micro-batch does not wait for it, and the driver spends no time reading and
-        rewriting the state. A failure is logged; the next micro-batch's tries again."""
-        running = self._compaction
-        if running is not None and not running.done():
-            return
-        if self._compactor is None:
-            self._compactor = ThreadPoolExecutor(1, thread_name_prefix="barrierflow-compaction")
-        self._compaction = self._compactor.submit(compact_on_executors, spark, root)
-        self._compaction.add_done_callback(_log_compaction_failure)
 
     def _deliver_table(self, stream: str, batch_id: int, table: pa.Table) -> int | None:
         started = time.perf_counter()
@@ -745,12 +751,15 @@ class SparkBridge:
 _STAGE_AGAIN = (ActorFailedError, ActorGoneError, CoordinatorAbortedError, ExecutorStagingError)
 
 
-def _log_compaction_failure(done: Future[list[str]]) -> None:
-    error = done.exception()
-    if error is not None:
+def _wait_for_compaction(compaction: Future[list[str]]) -> None:
+    """Wait until ``compaction`` is over; a failure is logged (the next micro-batch tries
+    again: the state stays readable as it was)."""
+    try:
+        compaction.result()
+    except Exception as exc:
         _log.warning(
             "keyed state compaction failed; the next micro-batch tries again",
-            cause=f"{type(error).__name__}: {error}",
+            cause=" ".join(f"{type(exc).__name__}: {exc}".split())[:300],
         )
 
 
