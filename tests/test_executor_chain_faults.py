@@ -492,10 +492,17 @@ def test_speculative_copies_of_a_chain_task_commit_one_attempt_and_show_no_orpha
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_chaos_harness_kills_the_chain_act_mid_batch_and_finds_nothing(tmp_path: Path) -> None:
-    # Seed 128 plans one kill per round at a traced event, each while Spark's tasks run the
-    # chain (after a "batch-begin"): round 0 on asyncio into Iceberg, round 1 on trio into
-    # Delta; each round then resumes and its final audit reads the table.
-    command = [sys.executable, "-m", "barrierflow", "chaos", "--acts", "spark-chain"]
+    chaos_act_finds_nothing(tmp_path, "spark-chain")
+
+
+def chaos_act_finds_nothing(tmp_path: Path, act: str) -> None:
+    """Run the chaos harness's ``act`` with two kills and check its audit found nothing.
+
+    Seed 128 plans one kill per round at a traced event, each while Spark's tasks run the
+    act's steps (after a "batch-begin"): round 0 on asyncio into Iceberg, round 1 on trio into
+    Delta; each round then resumes and its final audit reads the table.
+    """
+    command = [sys.executable, "-m", "barrierflow", "chaos", "--acts", act]
     command += ["--kills", "2", "--max-kills-per-round", "1", "--random-share", "0"]
     command += ["--seed", "128", "--workdir", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(800), cwd=ROOT)
@@ -508,7 +515,7 @@ def test_the_chaos_harness_kills_the_chain_act_mid_batch_and_finds_nothing(tmp_p
     )  # fmt: skip
     assert [k["plan"].split("#")[0] for k in report["kills"]] == ["batch-begin"] * 2
     rounds = [(r["act"], r["backend"], r["table"]) for r in report["rounds"]]
-    assert rounds == [("spark-chain", "asyncio", "iceberg"), ("spark-chain", "trio", "delta")]
+    assert rounds == [(act, "asyncio", "iceberg"), (act, "trio", "delta")]
 
 
 async def test_the_demo_chain_s_call_returns_every_event_it_sent_exactly() -> None:

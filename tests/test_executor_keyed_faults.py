@@ -24,7 +24,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -39,8 +38,8 @@ from _timeouts import scaled
 from test_executor_chain_faults import (
     CHILD_BATCHES,
     CHILD_ROWS,
-    ROOT,
     FirstAttemptOfPartition1,
+    chaos_act_finds_nothing,
     child_spans,
     finished,
     kill_group,
@@ -471,20 +470,4 @@ def test_the_keyed_demo_runs_its_aggregate_in_spark_s_tasks_with_its_state_besid
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_chaos_harness_kills_the_keyed_act_mid_batch_and_finds_nothing(tmp_path: Path) -> None:
-    # Seed 128 plans one kill per round at a traced event while Spark's tasks run the keyed
-    # step (after a "batch-begin"): round 0 on asyncio into Iceberg, round 1 on trio into
-    # Delta; each round then resumes and its final audit reads the table.
-    command = [sys.executable, "-m", "barrierflow", "chaos", "--acts", "spark-keyed"]
-    command += ["--kills", "2", "--max-kills-per-round", "1", "--random-share", "0"]
-    command += ["--seed", "128", "--workdir", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(800), cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    report = json.loads((tmp_path / "chaos-report.json").read_text())
-    totals = report["totals"]
-    assert totals["kills"] == 2
-    assert (totals["lost"], totals["duplicated"], totals["foreign"], totals["findings"]) == (
-        0, 0, 0, 0
-    )  # fmt: skip
-    assert [k["plan"].split("#")[0] for k in report["kills"]] == ["batch-begin"] * 2
-    rounds = [(r["act"], r["backend"], r["table"]) for r in report["rounds"]]
-    assert rounds == [("spark-keyed", "asyncio", "iceberg"), ("spark-keyed", "trio", "delta")]
+    chaos_act_finds_nothing(tmp_path, "spark-keyed")
