@@ -27,6 +27,7 @@ from barrierflow.operators import (
 )
 from barrierflow.runtime import Placement, Runtime, RuntimeConfig, StreamActor
 from barrierflow.spark_bridge.chain import ChainStep, plan_chain
+from barrierflow.spark_bridge.shared_view import SharedView
 
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
 
@@ -328,3 +329,37 @@ def test_any_straight_chain_of_partition_local_steps_is_planned_as_declared(
     steps = plan(tmp_path_factory.mktemp("chain"), declare)
     assert [s.name for s in steps] == [f"s{i}" for i in range(len(chain))]
     assert [s.factory for s in steps] == declared
+
+
+def test_a_sink_named_like_the_source_is_not_taken_for_it(tmp_path: Path) -> None:
+    # The sink "events" (writers events.0, events.1) and the source "events": a parallel group
+    # and a lone actor of one name are two units, so the chain between them is planned.
+    rt = Runtime(RuntimeConfig(state_path=tmp_path / "state.db"))
+    rt.add_source("events", schema=SCHEMA)
+    rt.add_actor("keep", filter_rows(pc.field("id") > 0), inputs=["events"])
+    rt.add_actor("last", Local, inputs=["keep"])
+    sink = add_sink(rt, "events", ParquetTable(tmp_path / "t", SCHEMA), input="last",
+                    parallelism=2)  # fmt: skip
+    steps = plan_chain(rt.nodes(), "events", sink.name, sink.writers)
+    assert [s.name for s in steps] == ["keep", "last"]
+
+
+def test_a_job_following_the_keyed_step_s_shared_view_is_no_branch(tmp_path: Path) -> None:
+    total = aggregate("id", n=("id", "count"))
+    follow = SharedView(tmp_path / "state", "total").backfill()
+
+    def declare(rt: Runtime) -> str:
+        rt.add_actor("total", total, inputs=["events"])
+        rt.add_actor("follow", follow, inputs=["total"])
+        rt.add_actor("after", Local, inputs=["total"])
+        return "after"
+
+    steps = plan(tmp_path, declare, columns=["id"])
+    assert [s.name for s in steps] == ["total", "after"]
+
+    def tapped(rt: Runtime) -> str:
+        declare(rt)
+        rt.add_actor("tap", Local, inputs=["total"])
+        return "after"
+
+    assert refusal(tmp_path / "tap", tapped, columns=["id"]).actor == "tap"
